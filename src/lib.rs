@@ -1,0 +1,4 @@
+//! kvplane (skeleton, filled in below)
+pub mod index;
+pub mod protocol;
+pub mod transport;
