@@ -154,7 +154,14 @@ mod tests {
 
     #[test]
     fn i128_round_trip_at_the_edges() {
-        for v in [i64::MIN as i128, -1, 0, 1, i64::MAX as i128, u64::MAX as i128] {
+        for v in [
+            i64::MIN as i128,
+            -1,
+            0,
+            1,
+            i64::MAX as i128,
+            u64::MAX as i128,
+        ] {
             assert_eq!(ChunkHash::from_i128(v).map(ChunkHash::as_i128), Some(v));
         }
         assert_eq!(ChunkHash::from_i128(u64::MAX as i128 + 1), None);

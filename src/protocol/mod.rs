@@ -1,5 +1,18 @@
-//! Wire types and codec (pure: no tokio, no sockets, no globals).
+//! Wire types and codec for the LMCache 0.5.6 controller protocol.
+//!
+//! Pure: no tokio, no sockets, no globals. [`decode`] turns any frame a peer may send into a
+//! [`Msg`] or a [`DecodeError`] (never a panic); [`encode`] writes the bytes msgspec writes.
+//! Chunk hashes are [`ChunkHash`], which covers the whole `i64 ∪ u64` range exactly.
+
+mod codec;
 mod hash;
+mod messages;
 mod ops;
+
+pub use codec::{decode, encode, encode_json, peek_tag, DecodeError};
 pub use hash::ChunkHash;
+pub use messages::*;
 pub use ops::{KVOpEvent, OpType};
+
+#[cfg(test)]
+mod tests;
