@@ -1,4 +1,222 @@
-//! kvplane (skeleton, filled in below)
+//! # kvplane
+//!
+//! A control plane for distributed LLM KV caches, wire-compatible with the LMCache 0.5.6
+//! controller: a real LMCache worker pointed at `kvplane serve` works unchanged.
+//!
+//! ## Layout
+//!
+//! Read the modules in this order; dependencies point one way, down this list:
+//!
+//! - [`protocol`] — the 51 LMCache message types, msgspec-identical encoding, tolerant
+//!   decoding, [`protocol::ChunkHash`] (the whole `i64 ∪ u64` range). Pure.
+//! - [`index`] — the registry (instance → worker → location) and the one reverse index
+//!   chunk hash → holders, with the sequence check and the full-sync tracker. Pure and
+//!   synchronous: tested without a runtime.
+//! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
+//!   wrappers with timeouts, fresh sockets after failures.
+//! - [`controller`] — the async tasks: the PULL loop, the two ROUTER loops, one downlink per
+//!   worker, the liveness sweep; handlers are plain functions of the shared state.
+//! - [`http`] — the axum router (health and metrics).
+//! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
+//! - [`metrics`] — every metric name and help text, in one place.
+//!
+//! [`start`] binds every socket and returns a [`Server`] with the bound addresses (port 0
+//! works everywhere); [`run`] serves until a cancellation token fires.
+
+pub mod config;
+pub mod controller;
+pub mod http;
 pub mod index;
+pub mod metrics;
 pub mod protocol;
 pub mod transport;
+
+use config::ServeConfig;
+use controller::handlers::RouterKind;
+use controller::state::host_port;
+use controller::{loops, BoundAddrs, Shared};
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long shutdown waits for tasks to drain before giving up on them.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Why the server could not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// A ZMQ socket could not be bound.
+    #[error("cannot bind the {socket} socket on {addr}: {source}")]
+    Zmq {
+        /// Which socket.
+        socket: &'static str,
+        /// The address tried.
+        addr: String,
+        /// The transport error.
+        source: transport::TransportError,
+    },
+    /// The HTTP port could not be bound.
+    #[error("cannot bind the HTTP server on {addr}: {source}")]
+    Http {
+        /// The address tried.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+}
+
+/// A running kvplane server.
+pub struct Server {
+    /// The addresses actually bound.
+    pub addrs: BoundAddrs,
+    /// Shared state (index, downlinks, metrics), for tests and embedding.
+    pub shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Server {
+    /// Stops every loop and waits (at most a few seconds) for them to finish.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(DRAIN_DEADLINE, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some tasks did not stop within {DRAIN_DEADLINE:?}");
+        }
+    }
+}
+
+/// Binds every socket and starts serving.
+///
+/// # Errors
+/// [`StartError`] if a socket cannot be bound.
+pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let ports = config.monitor_ports;
+    let zmq_addr = |port: u16| host_port(&config.host, port);
+
+    let pull = match ports.pull {
+        Some(port) => {
+            let addr = zmq_addr(port);
+            let bound = transport::PullListener::bind(&addr)
+                .await
+                .map_err(|source| StartError::Zmq {
+                    socket: "pull",
+                    addr,
+                    source,
+                })?;
+            Some(bound)
+        }
+        None => None,
+    };
+    let mut routers = Vec::new();
+    for (kind, port) in [
+        (RouterKind::Reply, ports.reply),
+        (RouterKind::Heartbeat, ports.heartbeat),
+    ] {
+        if let Some(port) = port {
+            let addr = zmq_addr(port);
+            let bound = transport::RouterListener::bind(&addr)
+                .await
+                .map_err(|source| StartError::Zmq {
+                    socket: kind.label(),
+                    addr,
+                    source,
+                })?;
+            routers.push((kind, bound));
+        }
+    }
+    let http_addr = host_port(&config.host, config.http_port);
+    let listener = tokio::net::TcpListener::bind(&http_addr)
+        .await
+        .map_err(|source| StartError::Http {
+            addr: http_addr.clone(),
+            source,
+        })?;
+    let http = listener.local_addr().map_err(|source| StartError::Http {
+        addr: http_addr,
+        source,
+    })?;
+
+    let addr_of = |kind| {
+        routers
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, (_, a))| *a)
+    };
+    let addrs = BoundAddrs {
+        http,
+        pull: pull.as_ref().map(|(_, a)| *a),
+        reply: addr_of(RouterKind::Reply),
+        heartbeat: addr_of(RouterKind::Heartbeat),
+    };
+    let health_interval = config.health_check_interval;
+    let shared = Arc::new(Shared::new(config, addrs.heartbeat.map(|a| a.port())));
+
+    if let Some((socket, _)) = pull {
+        tasks.spawn(loops::pull_loop(
+            Arc::clone(&shared),
+            socket,
+            shutdown.clone(),
+        ));
+    }
+    for (kind, (socket, _)) in routers {
+        tasks.spawn(loops::router_loop(
+            Arc::clone(&shared),
+            socket,
+            kind,
+            shutdown.clone(),
+        ));
+    }
+    if let Some(interval) = health_interval {
+        tasks.spawn(controller::liveness::liveness_loop(
+            Arc::clone(&shared),
+            interval,
+            shutdown.clone(),
+        ));
+    }
+    let app = http::router(Arc::clone(&shared));
+    let http_shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(http_shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!("HTTP server failed: {e}");
+        }
+    });
+    tracing::info!(
+        http = %addrs.http,
+        pull = ?addrs.pull,
+        reply = ?addrs.reply,
+        heartbeat = ?addrs.heartbeat,
+        "kvplane controller listening"
+    );
+    if addrs.heartbeat.is_none() {
+        tracing::warn!("no heartbeat port configured: LMCache workers will not heartbeat");
+    }
+    Ok(Server {
+        addrs,
+        shared,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Serves until `shutdown` is cancelled, then drains.
+///
+/// # Errors
+/// [`StartError`] if a socket cannot be bound.
+pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> Result<(), StartError> {
+    let server = start(config).await?;
+    shutdown.cancelled().await;
+    tracing::info!("shutting down");
+    server.stop().await;
+    Ok(())
+}

@@ -230,7 +230,7 @@ impl<'a> Cursor<'a> {
             0xc4 => Header::Bin(self.uint(1)?),
             0xc5 => Header::Bin(self.uint(2)?),
             0xc6 => Header::Bin(self.uint(4)?),
-            0xc7 | 0xc8 | 0xc9 => {
+            0xc7..=0xc9 => {
                 let len = self.uint(1 << (marker - 0xc7))?;
                 self.take(1)?;
                 Header::Ext(len)

@@ -1,0 +1,259 @@
+//! Command-line and environment configuration, validated once.
+//!
+//! Flags and defaults follow LMCache's `lmcache_controller` (`--host`, `--port`,
+//! `--monitor-ports`, `--health-check-interval`, `--lmcache-worker-timeout`); every flag also
+//! reads `KVPLANE_<FLAG>` from the environment. kvplane's own flags come after them.
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use std::time::Duration;
+use thiserror::Error;
+
+/// `kvplane`: a control plane for distributed LLM KV caches.
+#[derive(Debug, Parser)]
+#[command(name = "kvplane", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller (LMCache 0.5.6 compatible).
+    Serve(ServeArgs),
+}
+
+/// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address every socket binds to.
+    #[arg(long, env = "KVPLANE_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// HTTP port (API, dashboard, metrics). 0 picks a free port.
+    #[arg(long, env = "KVPLANE_PORT", default_value_t = 9000)]
+    pub port: u16,
+    /// ZMQ ports as JSON, any subset of {"pull","reply","heartbeat"}; a key left out is not
+    /// bound. 0 picks a free port.
+    #[arg(
+        long,
+        env = "KVPLANE_MONITOR_PORTS",
+        default_value = r#"{"pull": 8300, "reply": 8400, "heartbeat": 8082}"#
+    )]
+    pub monitor_ports: String,
+    /// Deprecated in LMCache and ignored there too (0.5.6 always uses --monitor-ports).
+    #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
+    pub monitor_port: Option<u16>,
+    /// Seconds between liveness sweeps; -1 turns them off.
+    #[arg(
+        long,
+        env = "KVPLANE_HEALTH_CHECK_INTERVAL",
+        default_value_t = 10.0,
+        allow_hyphen_values = true
+    )]
+    pub health_check_interval: f64,
+    /// Seconds of silence after which a worker is probed, and removed if the probe fails.
+    #[arg(long, env = "KVPLANE_LMCACHE_WORKER_TIMEOUT", default_value_t = 300.0)]
+    pub lmcache_worker_timeout: f64,
+    /// Host put in `RegisterRetMsg.heartbeat_url` (default: the bind host, or when that is
+    /// 0.0.0.0, 127.0.0.1 for workers on this host and this host's outward address otherwise).
+    #[arg(long, env = "KVPLANE_ADVERTISE_HOST")]
+    pub advertise_host: Option<String>,
+    /// Seconds a command on a worker's downlink may take before it fails with a timeout.
+    #[arg(long, env = "KVPLANE_DOWNLINK_TIMEOUT", default_value_t = 5.0)]
+    pub downlink_timeout: f64,
+    /// Seconds without progress after which a full sync is marked failed (the worker is then
+    /// told to retry on its next heartbeat).
+    #[arg(long, env = "KVPLANE_FULL_SYNC_TIMEOUT", default_value_t = 300.0)]
+    pub full_sync_timeout: f64,
+    /// Fraction of workers whose sync must be complete before workers may leave freeze mode.
+    #[arg(
+        long,
+        env = "KVPLANE_FULL_SYNC_COMPLETION_THRESHOLD",
+        default_value_t = 0.8
+    )]
+    pub full_sync_completion_threshold: f64,
+    /// Largest frame accepted on any ZMQ socket, in bytes; larger frames are counted and dropped.
+    #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub max_frame_bytes: usize,
+}
+
+/// The ZMQ ports, as in LMCache's `controller_monitor_ports`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MonitorPorts {
+    /// PULL socket for admit/evict batches, full-sync batches and deregistration.
+    pub pull: Option<u16>,
+    /// ROUTER socket for registration, P2P lookups and full-sync start/status.
+    pub reply: Option<u16>,
+    /// ROUTER socket for heartbeats (workers heartbeat only when it exists).
+    pub heartbeat: Option<u16>,
+}
+
+/// A configuration error, reported before anything binds.
+#[derive(Debug, Error, PartialEq)]
+pub enum ConfigError {
+    /// `--monitor-ports` is not the expected JSON.
+    #[error("--monitor-ports: {0} (expected JSON like {{\"pull\": 8300, \"reply\": 8400, \"heartbeat\": 8082}})")]
+    MonitorPorts(String),
+    /// A duration flag is out of range.
+    #[error("--{flag}: {detail}")]
+    Value {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// The validated configuration of `kvplane serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Bind host.
+    pub host: String,
+    /// HTTP port.
+    pub http_port: u16,
+    /// ZMQ ports.
+    pub monitor_ports: MonitorPorts,
+    /// Liveness sweep period; `None` = off.
+    pub health_check_interval: Option<Duration>,
+    /// Silence before a probe.
+    pub worker_timeout: Duration,
+    /// Explicit advertised host.
+    pub advertise_host: Option<String>,
+    /// Downlink request timeout.
+    pub downlink_timeout: Duration,
+    /// Full-sync inactivity timeout.
+    pub full_sync_timeout: Duration,
+    /// Full-sync completion threshold (0..=1).
+    pub full_sync_completion_threshold: f64,
+    /// Largest accepted ZMQ frame.
+    pub max_frame_bytes: usize,
+}
+
+fn seconds(flag: &'static str, v: f64) -> Result<Duration, ConfigError> {
+    Duration::try_from_secs_f64(v).map_err(|_| ConfigError::Value {
+        flag,
+        detail: format!("{v} is not a non-negative number of seconds"),
+    })
+}
+
+impl ServeArgs {
+    /// Validates the flags.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag at fault.
+    pub fn validate(&self) -> Result<ServeConfig, ConfigError> {
+        let monitor_ports: MonitorPorts = serde_json::from_str(&self.monitor_ports)
+            .map_err(|e| ConfigError::MonitorPorts(e.to_string()))?;
+        let health_check_interval = match self.health_check_interval {
+            v if v == -1.0 || v == 0.0 => None,
+            v if v > 0.0 => Some(seconds("health-check-interval", v)?),
+            v => {
+                return Err(ConfigError::Value {
+                    flag: "health-check-interval",
+                    detail: format!("{v}: use a positive number of seconds, or -1 for off"),
+                })
+            }
+        };
+        let threshold = self.full_sync_completion_threshold;
+        if !(0.0..=1.0).contains(&threshold) {
+            return Err(ConfigError::Value {
+                flag: "full-sync-completion-threshold",
+                detail: format!("{threshold} is not in [0, 1]"),
+            });
+        }
+        let positive = |flag, v: f64| {
+            if v > 0.0 {
+                seconds(flag, v)
+            } else {
+                Err(ConfigError::Value {
+                    flag,
+                    detail: format!("{v} must be > 0"),
+                })
+            }
+        };
+        Ok(ServeConfig {
+            host: self.host.clone(),
+            http_port: self.port,
+            monitor_ports,
+            health_check_interval,
+            worker_timeout: positive("lmcache-worker-timeout", self.lmcache_worker_timeout)?,
+            advertise_host: self.advertise_host.clone().filter(|h| !h.is_empty()),
+            downlink_timeout: positive("downlink-timeout", self.downlink_timeout)?,
+            full_sync_timeout: positive("full-sync-timeout", self.full_sync_timeout)?,
+            full_sync_completion_threshold: threshold,
+            max_frame_bytes: self.max_frame_bytes,
+        })
+    }
+}
+
+impl ServeConfig {
+    /// A configuration for tests: everything on 127.0.0.1 with ephemeral ports, fast timers.
+    pub fn ephemeral() -> Self {
+        ServeConfig {
+            host: "127.0.0.1".into(),
+            http_port: 0,
+            monitor_ports: MonitorPorts {
+                pull: Some(0),
+                reply: Some(0),
+                heartbeat: Some(0),
+            },
+            health_check_interval: None,
+            worker_timeout: Duration::from_secs(300),
+            advertise_host: None,
+            downlink_timeout: Duration::from_secs(2),
+            full_sync_timeout: Duration::from_secs(300),
+            full_sync_completion_threshold: 0.8,
+            max_frame_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<ServeConfig, String> {
+        let mut full = vec!["kvplane", "serve"];
+        full.extend_from_slice(args);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        let Command::Serve(a) = cli.command;
+        a.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_match_lmcache() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!((c.host.as_str(), c.http_port), ("0.0.0.0", 9000));
+        assert_eq!(
+            c.monitor_ports,
+            MonitorPorts {
+                pull: Some(8300),
+                reply: Some(8400),
+                heartbeat: Some(8082)
+            }
+        );
+        assert_eq!(c.worker_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn monitor_ports_subset_and_errors() {
+        let c = parse(&["--monitor-ports", r#"{"pull":0,"reply":0}"#]).expect("subset");
+        assert_eq!(c.monitor_ports.heartbeat, None);
+        let e = parse(&["--monitor-ports", r#"{"pull":1,"bogus":2}"#]).expect_err("unknown key");
+        assert!(e.contains("--monitor-ports"), "{e}");
+        assert!(parse(&["--monitor-ports", "8300"]).is_err());
+    }
+
+    #[test]
+    fn health_check_minus_one_is_off_and_bad_values_name_the_flag() {
+        let c = parse(&["--health-check-interval", "-1"]).expect("off");
+        assert_eq!(c.health_check_interval, None);
+        let e = parse(&["--lmcache-worker-timeout", "0"]).expect_err("zero timeout");
+        assert!(e.contains("--lmcache-worker-timeout"), "{e}");
+        let e = parse(&["--health-check-interval", "-5"]).expect_err("negative");
+        assert!(e.contains("--health-check-interval"), "{e}");
+    }
+}

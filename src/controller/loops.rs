@@ -1,0 +1,128 @@
+//! The socket loops. Each one selects on the shutdown token, handles one message at a time
+//! and never ends on bad input: every malformed frame is counted, logged and dropped.
+
+use super::handlers::{handle_push, handle_request, RouterKind};
+use super::state::Shared;
+use crate::protocol::{decode, encode, ErrorMsg, Msg};
+use crate::transport::{PullListener, RouterListener};
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Pause after a socket-level receive error, so a persistent fault cannot spin a core.
+const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// Receives admit/evict batches, full-sync batches and deregistrations until shutdown.
+pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: CancellationToken) {
+    let m = &shared.metrics;
+    loop {
+        let frames = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = socket.recv() => match r {
+                Ok(frames) => frames,
+                Err(e) => {
+                    m.dropped("pull", "transport");
+                    tracing::warn!("PULL receive error: {e}");
+                    tokio::time::sleep(ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        m.frames_received
+            .with_label_values(&["pull"])
+            .inc_by(frames.len() as u64);
+        for frame in frames {
+            if frame.len() > shared.config.max_frame_bytes {
+                m.dropped("pull", "too_large");
+                tracing::warn!(
+                    bytes = frame.len(),
+                    "PULL frame over --max-frame-bytes dropped"
+                );
+                continue;
+            }
+            match decode(&frame) {
+                Ok(msg) => {
+                    let tag = msg.tag();
+                    if let Err(reason) = handle_push(&shared, msg) {
+                        m.dropped("pull", reason);
+                        tracing::debug!(tag, reason, "PULL message had no effect");
+                    }
+                }
+                Err(e) => {
+                    m.dropped("pull", e.reason());
+                    tracing::warn!(bytes = frame.len(), "PULL frame dropped: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Answers requests on a ROUTER socket until shutdown: exactly one reply per request, in
+/// order (the loop is sequential), `ErrorMsg` for anything it cannot handle.
+pub async fn router_loop(
+    shared: Arc<Shared>,
+    mut socket: RouterListener,
+    kind: RouterKind,
+    shutdown: CancellationToken,
+) {
+    let m = &shared.metrics;
+    let label = kind.label();
+    loop {
+        let request = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = socket.recv() => match r {
+                Ok(request) => request,
+                Err(e) => {
+                    m.dropped(label, "transport");
+                    tracing::warn!(socket = label, "ROUTER receive error: {e}");
+                    tokio::time::sleep(ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        m.frames_received.with_label_values(&[label]).inc();
+        let reply = match request.frames.as_slice() {
+            // A DEALER sends [b"", payload]; the ROUTER prepends the identity, stripped here.
+            [delimiter, payload] if delimiter.is_empty() => {
+                if payload.len() > shared.config.max_frame_bytes {
+                    m.dropped(label, "too_large");
+                    error_reply("frame larger than the controller's --max-frame-bytes")
+                } else {
+                    match decode(payload) {
+                        Ok(msg) => handle_request(&shared, kind, msg),
+                        Err(e) => {
+                            m.dropped(label, e.reason());
+                            tracing::warn!(socket = label, "request dropped: {e}");
+                            error_reply(&format!("could not decode request: {e}"))
+                        }
+                    }
+                }
+            }
+            _ => {
+                m.dropped(label, "bad_envelope");
+                tracing::warn!(
+                    socket = label,
+                    frames = request.frames.len(),
+                    "request without the [\"\", payload] envelope"
+                );
+                error_reply(
+                    "expected a DEALER request: an empty delimiter frame, then one payload frame",
+                )
+            }
+        };
+        if let Err(e) = socket
+            .reply(&request.peer, Bytes::from(encode(&reply)))
+            .await
+        {
+            m.dropped(label, "reply_failed");
+            tracing::warn!(socket = label, "could not reply: {e}");
+        }
+    }
+}
+
+fn error_reply(text: &str) -> Msg {
+    Msg::ErrorMsg(ErrorMsg {
+        error: text.to_owned(),
+    })
+}
