@@ -14,7 +14,10 @@ echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
 echo "== cargo test"
-cargo test --all-targets
+cargo test --lib --bins --tests --examples
 
 echo "== doc tests"
 cargo test --doc
+
+echo "== benches compile (never timed in CI)"
+cargo bench --no-run

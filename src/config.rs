@@ -4,6 +4,7 @@
 //! `--monitor-ports`, `--health-check-interval`, `--lmcache-worker-timeout`); every flag also
 //! reads `KVPLANE_<FLAG>` from the environment. kvplane's own flags come after them.
 
+use crate::protocol::ChunkHash;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the controller (LMCache 0.5.6 compatible).
     Serve(ServeArgs),
+    /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
@@ -77,6 +80,48 @@ pub struct ServeArgs {
     /// Largest frame accepted on any ZMQ socket, in bytes; larger frames are counted and dropped.
     #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_frame_bytes: usize,
+    /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
+    /// require; unset, they are open to anyone who reaches the HTTP port.
+    #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = ApiToken::parse)]
+    pub api_token: Option<ApiToken>,
+    /// Tokens per chunk when HTTP /lookup hashes tokens (LMCache's `chunk_size`).
+    #[arg(long, env = "KVPLANE_LOOKUP_CHUNK_SIZE", default_value_t = 256)]
+    pub lookup_chunk_size: usize,
+    /// Prefix hash of the first chunk when HTTP /lookup hashes tokens (LMCache's `NONE_HASH`:
+    /// 0, or vLLM's when the workers import vLLM); any integer in [-2^63, 2^64-1].
+    #[arg(
+        long,
+        env = "KVPLANE_LOOKUP_NONE_HASH",
+        default_value = "0",
+        allow_hyphen_values = true
+    )]
+    pub lookup_none_hash: String,
+}
+
+/// A secret that never shows in `Debug` output or logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken(String);
+
+impl ApiToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        ApiToken(token.into())
+    }
+
+    fn parse(s: &str) -> Result<Self, std::convert::Infallible> {
+        Ok(ApiToken(s.to_owned()))
+    }
+
+    /// The token itself, for comparison.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiToken(<redacted>)")
+    }
 }
 
 /// The ZMQ ports, as in LMCache's `controller_monitor_ports`.
@@ -130,6 +175,12 @@ pub struct ServeConfig {
     pub full_sync_completion_threshold: f64,
     /// Largest accepted ZMQ frame.
     pub max_frame_bytes: usize,
+    /// Token the mutating HTTP routes require; `None` = open.
+    pub api_token: Option<ApiToken>,
+    /// Tokens per chunk for HTTP /lookup (≥ 1).
+    pub lookup_chunk_size: usize,
+    /// First prefix hash for HTTP /lookup.
+    pub lookup_none_hash: ChunkHash,
 }
 
 fn seconds(flag: &'static str, v: f64) -> Result<Duration, ConfigError> {
@@ -185,6 +236,29 @@ impl ServeArgs {
             full_sync_timeout: positive("full-sync-timeout", self.full_sync_timeout)?,
             full_sync_completion_threshold: threshold,
             max_frame_bytes: self.max_frame_bytes,
+            api_token: self.api_token.clone().filter(|t| !t.0.is_empty()),
+            lookup_chunk_size: match self.lookup_chunk_size {
+                0 => {
+                    return Err(ConfigError::Value {
+                        flag: "lookup-chunk-size",
+                        detail: "0 must be ≥ 1".into(),
+                    })
+                }
+                n => n,
+            },
+            lookup_none_hash: self
+                .lookup_none_hash
+                .trim()
+                .parse::<i128>()
+                .ok()
+                .and_then(ChunkHash::from_i128)
+                .ok_or_else(|| ConfigError::Value {
+                    flag: "lookup-none-hash",
+                    detail: format!(
+                        "{:?} is not an integer in [-2^63, 2^64-1]",
+                        self.lookup_none_hash
+                    ),
+                })?,
         })
     }
 }
@@ -207,6 +281,9 @@ impl ServeConfig {
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: 0.8,
             max_frame_bytes: 64 * 1024 * 1024,
+            api_token: None,
+            lookup_chunk_size: 256,
+            lookup_none_hash: ChunkHash::from_i64(0),
         }
     }
 }
@@ -219,8 +296,10 @@ mod tests {
         let mut full = vec!["kvplane", "serve"];
         full.extend_from_slice(args);
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
-        let Command::Serve(a) = cli.command;
-        a.validate().map_err(|e| e.to_string())
+        match cli.command {
+            Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
+            Command::Bench(_) => Err("not serve".into()),
+        }
     }
 
     #[test]
@@ -255,5 +334,36 @@ mod tests {
         assert!(e.contains("--lmcache-worker-timeout"), "{e}");
         let e = parse(&["--health-check-interval", "-5"]).expect_err("negative");
         assert!(e.contains("--health-check-interval"), "{e}");
+    }
+
+    #[test]
+    fn http_flags_defaults_and_validation() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(c.api_token, None);
+        assert_eq!(c.lookup_chunk_size, 256);
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_i64(0));
+        let c = parse(&[
+            "--api-token",
+            "s3cret",
+            "--lookup-chunk-size",
+            "16",
+            "--lookup-none-hash",
+            "18446744073709551615",
+        ])
+        .expect("valid");
+        assert_eq!(c.api_token, Some(ApiToken::new("s3cret")));
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token is redacted"
+        );
+        assert_eq!(c.lookup_chunk_size, 16);
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_u64(u64::MAX));
+        let c = parse(&["--lookup-none-hash", "-5", "--api-token", ""]).expect("valid");
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_i64(-5));
+        assert_eq!(c.api_token, None, "an empty token means no token");
+        let e = parse(&["--lookup-chunk-size", "0"]).expect_err("zero");
+        assert!(e.contains("--lookup-chunk-size"), "{e}");
+        let e = parse(&["--lookup-none-hash", "18446744073709551616"]).expect_err("too big");
+        assert!(e.contains("--lookup-none-hash"), "{e}");
     }
 }

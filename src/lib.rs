@@ -19,10 +19,13 @@
 //! - [`http`] — the axum router (health and metrics).
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
+//! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
+//!   (protocol + transport only).
 //!
 //! [`start`] binds every socket and returns a [`Server`] with the bound addresses (port 0
 //! works everywhere); [`run`] serves until a cancellation token fires.
 
+pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod http;

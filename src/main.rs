@@ -31,6 +31,16 @@ fn main() -> anyhow::Result<()> {
                 kvplane::run(config, shutdown).await
             })?;
         }
+        Command::Bench(args) => {
+            let report = runtime
+                .block_on(kvplane::bench::run(&args))
+                .map_err(anyhow::Error::msg)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.summary());
+            }
+        }
     }
     Ok(())
 }

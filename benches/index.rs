@@ -1,0 +1,101 @@
+//! Index costs in process, one thread: applying 50-op batches, and P2P lookups of 100-hash
+//! prefixes with 1M and 10M keys indexed. Bytes per membership are printed from the index's own
+//! accounting (`memory_stats`); RSS is measured by `kvplane bench --pid` (docs/BENCHMARKS.md).
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use kvplane::index::Index;
+use kvplane::protocol::{ChunkHash, KVOpEvent, OpType};
+
+const LOC: &str = "LocalCPUBackend";
+const HOLDERS: i64 = 10;
+
+fn key(holder: i64, i: u64) -> ChunkHash {
+    let x = (holder as u64) << 40 ^ i;
+    ChunkHash::from_u64(x.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (x >> 17))
+}
+
+fn admits(holder: i64, from: u64, n: u64, seq: &mut i64) -> Vec<KVOpEvent> {
+    (from..from + n)
+        .map(|i| {
+            *seq += 1;
+            KVOpEvent { op_type: OpType::Admit, key: key(holder, i), seq_num: *seq }
+        })
+        .collect()
+}
+
+/// An index with `keys` keys spread over ten holders as 100-hash prefix chains.
+fn filled(keys: u64) -> Index {
+    let mut index = Index::new();
+    for h in 0..HOLDERS {
+        let peer = format!("127.0.0.1:{}", 7000 + h);
+        index
+            .register(&format!("inst-{h}"), 0, "127.0.0.1", 8000, Some(peer.as_str()), 0.0)
+            .expect("register");
+    }
+    let per = keys / HOLDERS as u64;
+    for h in 0..HOLDERS {
+        let mut seq = -1;
+        let mut i = 0;
+        while i < per {
+            let ops = admits(h, i, 50.min(per - i), &mut seq);
+            index.apply_batch(&format!("inst-{h}"), 0, LOC, &ops, 0.0);
+            i += 50;
+        }
+    }
+    index
+}
+
+fn apply(c: &mut Criterion) {
+    let mut g = c.benchmark_group("index/apply");
+    g.throughput(Throughput::Elements(50));
+    let mut index = filled(1_000_000);
+    let mut seq = 1_000_000;
+    let mut next = 10_000_000u64;
+    // 40 admits of new keys + 10 evicts of the previous batch's keys, like a busy worker.
+    g.bench_function("batch50 at 1M keys", |b| {
+        b.iter_batched(
+            || {
+                let mut ops = admits(0, next, 40, &mut seq);
+                for i in next - 40..next - 30 {
+                    seq += 1;
+                    ops.push(KVOpEvent { op_type: OpType::Evict, key: key(0, i), seq_num: seq });
+                }
+                next += 40;
+                ops
+            },
+            |ops| index.apply_batch("inst-0", 0, LOC, &ops, 0.0),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+fn lookup(c: &mut Criterion) {
+    for keys in [1_000_000u64, 10_000_000] {
+        let index = filled(keys);
+        let stats = index.memory_stats();
+        eprintln!(
+            "index with {keys} keys: {:.1} bytes per membership ({} buckets, {} entries)",
+            stats.bytes_per_membership, stats.map_buckets, stats.map_entries
+        );
+        let chains: Vec<Vec<ChunkHash>> = (0..1000u64)
+            .map(|c| {
+                let h = (c % HOLDERS as u64) as i64;
+                let start = (c * 100) % (keys / HOLDERS as u64 - 100);
+                (start..start + 100).map(|i| key(h, i)).collect()
+            })
+            .collect();
+        let mut g = c.benchmark_group(format!("index/p2p_lookup_100/{}M", keys / 1_000_000));
+        let mut i = 0;
+        g.bench_function("hit", |b| {
+            b.iter(|| {
+                i = (i + 1) % chains.len();
+                black_box(index.p2p_lookup(&chains[i], "asker", 0).map(|h| h.num_hit_chunks))
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, apply, lookup);
+criterion_main!(benches);
