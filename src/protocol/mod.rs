@@ -5,11 +5,13 @@
 //! Chunk hashes are [`ChunkHash`], which covers the whole `i64 ∪ u64` range exactly.
 
 mod codec;
+mod fast;
 mod hash;
 mod messages;
 mod ops;
 
 pub use codec::{decode, encode, encode_json, peek_tag, DecodeError};
+pub use fast::{decode_batch, BatchView};
 pub use hash::ChunkHash;
 pub use messages::*;
 pub use ops::{KVOpEvent, OpType};
