@@ -2,7 +2,9 @@
 //! worker sends), reported as ops/s (elements) and bytes/s.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use kvplane::protocol::{decode, encode, BatchedKVOperationMsg, ChunkHash, KVOpEvent, Msg, OpType};
+use kvplane::protocol::{
+    decode, decode_batch, encode, BatchedKVOperationMsg, ChunkHash, KVOpEvent, Msg, OpType,
+};
 
 fn batch(ops: usize, seed: u64) -> Msg {
     let operations = (0..ops as u64)
@@ -27,9 +29,22 @@ fn codec(c: &mut Criterion) {
     let mut g = c.benchmark_group("codec/batch50");
     g.throughput(Throughput::Elements(50));
     g.bench_function("decode (ops)", |b| b.iter(|| decode(black_box(&bytes))));
+    let mut ops = Vec::with_capacity(64);
+    g.bench_function("decode_batch fast path (ops)", |b| {
+        b.iter(|| {
+            ops.clear();
+            decode_batch(black_box(&bytes), &mut ops).map(|v| v.worker_id)
+        })
+    });
     g.bench_function("encode (ops)", |b| b.iter(|| encode(black_box(&msg))));
     g.throughput(Throughput::Bytes(bytes.len() as u64));
     g.bench_function("decode (bytes)", |b| b.iter(|| decode(black_box(&bytes))));
+    g.bench_function("decode_batch fast path (bytes)", |b| {
+        b.iter(|| {
+            ops.clear();
+            decode_batch(black_box(&bytes), &mut ops).map(|v| v.worker_id)
+        })
+    });
     g.finish();
 }
 
