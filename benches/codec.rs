@@ -9,7 +9,11 @@ use kvplane::protocol::{
 fn batch(ops: usize, seed: u64) -> Msg {
     let operations = (0..ops as u64)
         .map(|i| KVOpEvent {
-            op_type: if i % 5 == 4 { OpType::Evict } else { OpType::Admit },
+            op_type: if i % 5 == 4 {
+                OpType::Evict
+            } else {
+                OpType::Admit
+            },
             // Spread over the u64 range like digest-style hashes (9-byte msgpack ints).
             key: ChunkHash::from_u64((seed ^ i).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
             seq_num: i as i64 + 1_000,

@@ -18,7 +18,11 @@ fn admits(holder: i64, from: u64, n: u64, seq: &mut i64) -> Vec<KVOpEvent> {
     (from..from + n)
         .map(|i| {
             *seq += 1;
-            KVOpEvent { op_type: OpType::Admit, key: key(holder, i), seq_num: *seq }
+            KVOpEvent {
+                op_type: OpType::Admit,
+                key: key(holder, i),
+                seq_num: *seq,
+            }
         })
         .collect()
 }
@@ -29,7 +33,14 @@ fn filled(keys: u64) -> Index {
     for h in 0..HOLDERS {
         let peer = format!("127.0.0.1:{}", 7000 + h);
         index
-            .register(&format!("inst-{h}"), 0, "127.0.0.1", 8000, Some(peer.as_str()), 0.0)
+            .register(
+                &format!("inst-{h}"),
+                0,
+                "127.0.0.1",
+                8000,
+                Some(peer.as_str()),
+                0.0,
+            )
             .expect("register");
     }
     let per = keys / HOLDERS as u64;
@@ -58,7 +69,11 @@ fn apply(c: &mut Criterion) {
                 let mut ops = admits(0, next, 40, &mut seq);
                 for i in next - 40..next - 30 {
                     seq += 1;
-                    ops.push(KVOpEvent { op_type: OpType::Evict, key: key(0, i), seq_num: seq });
+                    ops.push(KVOpEvent {
+                        op_type: OpType::Evict,
+                        key: key(0, i),
+                        seq_num: seq,
+                    });
                 }
                 next += 40;
                 ops
@@ -90,7 +105,11 @@ fn lookup(c: &mut Criterion) {
         g.bench_function("hit", |b| {
             b.iter(|| {
                 i = (i + 1) % chains.len();
-                black_box(index.p2p_lookup(&chains[i], "asker", 0).map(|h| h.num_hit_chunks))
+                black_box(
+                    index
+                        .p2p_lookup(&chains[i], "asker", 0)
+                        .map(|h| h.num_hit_chunks),
+                )
             })
         });
         g.finish();
