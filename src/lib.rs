@@ -21,6 +21,8 @@
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).
+//! - [`worker`] — the library workers link to join a kvplane or LMCache controller
+//!   (protocol + transport only; see docs/WORKER.md).
 //!
 //! [`start`] binds every socket and returns a [`Server`] with the bound addresses (port 0
 //! works everywhere); [`run`] serves until a cancellation token fires.
@@ -33,6 +35,7 @@ pub mod index;
 pub mod metrics;
 pub mod protocol;
 pub mod transport;
+pub mod worker;
 
 use config::ServeConfig;
 use controller::handlers::RouterKind;
