@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 echo "== python environment for the LMCache interop tests"
 bash scripts/setup-python.sh
+bash scripts/setup-browser.sh
 
 echo "== cargo fmt --check"
 cargo fmt --check

@@ -1,0 +1,160 @@
+// Headless check of the kvplane dashboard (driven by tests/dashboard.rs).
+//
+//   node dashboard.mjs <base-url> <screenshot.png> '<expectations JSON>'
+//
+// Loads the page in Debian's Chromium (playwright-core, no browser download), checks that the
+// totals, the workers and the charts show, that filtering and selecting work, runs /health
+// through the form and its confirmation modal, checks the answer is shown, and saves a
+// screenshot. Fails on any console error, page error (a CSP violation included) or request
+// that leaves the base origin. Prints a JSON report as its last line; exits 1 on failure.
+
+import { chromium } from "playwright-core";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+
+const [base, shot, expectJson] = process.argv.slice(2);
+if (!base || !shot || !expectJson) {
+  console.error("usage: node dashboard.mjs <base-url> <screenshot.png> '<expectations JSON>'");
+  process.exit(2);
+}
+const expect = JSON.parse(expectJson);
+const origin = new URL(base).origin;
+const STEP_MS = 20000;
+const report = { ok: false, checks: [] };
+const problems = [];
+const log = (msg) => { report.checks.push(msg); console.log(`[browser] ${msg}`); };
+const check = (cond, msg) => { if (!cond) throw new Error(`check failed: ${msg}`); log(`ok: ${msg}`); };
+
+const profile = mkdtempSync(join(tmpdir(), "kvplane-chromium-"));
+let context;
+let page;
+try {
+  context = await chromium.launchPersistentContext(profile, {
+    executablePath: "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
+    ],
+    viewport: { width: 1440, height: 900 },
+    deviceScaleFactor: 1,
+    colorScheme: process.env.KVPLANE_COLOR_SCHEME === "light" ? "light" : "dark",
+    timeout: STEP_MS,
+  });
+  context.setDefaultTimeout(STEP_MS);
+  context.on("request", (req) => {
+    const url = req.url();
+    if (!url.startsWith(`${origin}/`) && !url.startsWith("data:")) problems.push(`request left the host: ${url}`);
+  });
+  page = context.pages()[0] || (await context.newPage());
+  page.on("console", (m) => { if (m.type() === "error") problems.push(`console error: ${m.text()}`); });
+  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+
+  // 1. Load with a fast poll so the charts fill within seconds.
+  const resp = await page.goto(`${base}/?interval=500`, { waitUntil: "load" });
+  check(resp && resp.status() === 200, `GET / answered 200 (${resp && resp.status()})`);
+  check((resp.headers()["content-security-policy"] || "").includes("connect-src 'self'"), "the page has a same-origin CSP");
+
+  // 2. Totals and workers.
+  await page.waitForFunction((n) => document.querySelector('[data-k="workers"]')?.textContent.replace(/,/g, "") === String(n), expect.workers);
+  check(true, `workers total shows ${expect.workers}`);
+  const instances = (await page.textContent('[data-k="instances"]')).replace(/,/g, "");
+  check(instances === String(expect.instances), `instances total shows ${expect.instances} (got ${instances})`);
+  const keys = await page.textContent('[data-k="keys"]');
+  check(keys !== "–" && keys !== "0", `keys total shows (${keys})`);
+  const rowsAre = (n) => Number(document.getElementById("grid").getAttribute("aria-rowcount")) - 1 === n;
+  await page.waitForFunction(rowsAre, expect.workers);
+  const domRows = await page.$$eval("#grid-body .grid-row:not([hidden])", (els) => els.length);
+  check(domRows > 0 && domRows <= Math.min(expect.workers, 60), `the grid has ${expect.workers} rows, ${domRows} of them in the DOM`);
+  const statuses = await page.$$eval("#grid-body .grid-row:not([hidden]) .c-status", (els) => els.map((e) => e.textContent.trim()));
+  check(statuses.includes("active") && statuses.includes("warning") && statuses.includes("inactive"), `status colours: ${[...new Set(statuses)].join(", ")}`);
+  const regLabel = await page.$$eval("#grid-body .grid-row:not([hidden]) .c-hb .reg", (els) => els.length);
+  check(regLabel >= 1, `workers that never heartbeated are labelled (${regLabel})`);
+  const syncBars = await page.$$eval("#sync-list li .bar", (els) => els.length);
+  check(syncBars >= 1, `full-sync progress bars (${syncBars})`);
+
+  // 3. Charts have data points and a non-zero ingest rate.
+  await page.waitForFunction(() => Number(document.getElementById("chart-ingest").dataset.points) >= 8, null, { timeout: 30000 });
+  const points = await page.$eval("#chart-ingest", (c) => Number(c.dataset.points));
+  const lookupPoints = await page.$eval("#chart-lookups", (c) => Number(c.dataset.points));
+  check(points >= 8 && lookupPoints >= 8, `charts have data (${points} ingest, ${lookupPoints} lookup points)`);
+  await page.waitForFunction(() => {
+    const v = document.querySelector('[data-k="ingest"]').textContent;
+    return v !== "–" && v !== "0";
+  });
+  check(true, `ingest rate shows ${await page.textContent('[data-k="ingest"]')} ops/s`);
+  const aria = await page.getAttribute("#chart-ingest", "aria-label");
+  check(/now admit/.test(aria), "the chart describes itself to screen readers");
+
+  // 4. Filter, then clear it.
+  await page.fill("#filter", expect.filter);
+  await page.waitForFunction(rowsAre, expect.filter_rows);
+  check(true, `filter "${expect.filter}" leaves ${expect.filter_rows} rows`);
+  await page.fill("#filter", "");
+  await page.waitForFunction(rowsAre, expect.workers);
+
+  // 5. Sort by keys (descending) and check the order.
+  await page.click('.grid-head button[data-sort="keys"]');
+  const keyCol = await page.$$eval("#grid-body .grid-row:not([hidden])", (rows) => rows
+    .map((r) => [Number(r.getAttribute("aria-rowindex")), Number(r.querySelector(".c-keys").textContent.replace(/,/g, ""))])
+    .sort((a, b) => a[0] - b[0]).map((x) => x[1]));
+  check(keyCol.every((v, i) => i === 0 || keyCol[i - 1] >= v), "sorting by keys orders the rows");
+  await page.click('.grid-head button[data-sort="instance"]');
+
+  // 6. Select a worker: the details panel shows it.
+  const [selInst, selRank] = expect.select;
+  await page.locator("#grid-body .grid-row:not([hidden])", { hasText: selInst }).filter({ has: page.locator(".c-wid", { hasText: new RegExp(`^${selRank}$`) }) }).first().click();
+  await page.waitForFunction((inst) => document.querySelector("#details-body .d-title")?.textContent.startsWith(inst), selInst);
+  const detailText = await page.textContent("#details-body");
+  check(detailText.includes("LocalCPUBackend") && detailText.includes("Endpoint") && detailText.includes("Full sync"), "the details panel shows locations and endpoints");
+
+  // 7. /health through the form: prefill from the details, review, confirm, read the answer.
+  await page.click('#details-body button:has-text("Check health")');
+  const prefilled = await page.inputValue('#form-health input[name="instance_id"]');
+  check(prefilled === expect.action_instance, `the health form is prefilled (${prefilled})`);
+  await page.click('#form-health button[type="submit"]');
+  await page.waitForSelector("#confirm[open]");
+  const sent = JSON.parse(await page.textContent("#confirm-body"));
+  check(sent.instance_id === expect.action_instance && Object.keys(sent).length === 1, `the modal shows the exact body ${JSON.stringify(sent)}`);
+  check((await page.textContent("#confirm-route")) === "/health", "the modal names the route");
+  await page.click("#confirm-send");
+  await page.waitForSelector("#confirm-answer:not([hidden])");
+  const answer = await page.textContent("#confirm-answer");
+  const status = await page.getAttribute("#result", "data-status");
+  report.action = { status: Number(status), answer: answer.slice(0, 400) };
+  check(status === "200", `POST /health answered 200 (got ${status}: ${answer.slice(0, 200)})`);
+  check(answer.includes("error_codes") && answer.includes(`${expect.action_workers}/${expect.action_workers} healthy`), "the modal shows the answer JSON and its summary");
+  await page.click("#confirm-cancel");
+  await page.waitForSelector("#confirm", { state: "hidden" });
+  const last = await page.textContent("#result");
+  check(last.includes("200 OK") && last.includes(`${expect.action_workers}/${expect.action_workers} healthy`), "the last answer stays under the form");
+
+  // 8. A one-minute window with enough history, the ingest chart hovered (tooltip in the
+  //    screenshot), the side column at its top; then the screenshot.
+  await page.click('[data-window="60"]');
+  await page.waitForFunction(() => Number(document.getElementById("chart-ingest").dataset.points) >= 70, null, { timeout: 60000 });
+  await page.$eval(".col-side", (e) => { e.scrollTop = 0; });
+  const box = await page.locator("#chart-ingest").boundingBox();
+  await page.mouse.move(box.x + box.width * 0.72, box.y + box.height * 0.5);
+  await page.waitForTimeout(400);
+  await page.screenshot({ path: shot, fullPage: false });
+  check(true, `screenshot saved to ${shot}`);
+
+  if (problems.length) throw new Error(problems.join("\n"));
+  report.ok = true;
+} catch (e) {
+  report.error = String(e && e.stack ? e.stack : e);
+  if (problems.length) report.problems = problems;
+  console.error(report.error);
+  if (page) {
+    const failed = join(tmpdir(), `kvplane-dashboard-failure-${process.pid}.png`);
+    await page.screenshot({ path: failed }).then(() => console.error(`screenshot of the failure: ${failed}`), () => {});
+  }
+} finally {
+  if (context) await context.close().catch(() => {});
+  rmSync(profile, { recursive: true, force: true });
+}
+console.log(JSON.stringify(report));
+process.exit(report.ok ? 0 : 1);
