@@ -16,7 +16,8 @@
 //!   wrappers with timeouts, fresh sockets after failures.
 //! - [`controller`] — the async tasks: the PULL loop, the two ROUTER loops, one downlink per
 //!   worker, the liveness sweep; handlers are plain functions of the shared state.
-//! - [`http`] — the axum router (health and metrics).
+//! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
+//!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
@@ -207,6 +208,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     if addrs.heartbeat.is_none() {
         tracing::warn!("no heartbeat port configured: LMCache workers will not heartbeat");
     }
+    http::log_policy(&shared);
     Ok(Server {
         addrs,
         shared,

@@ -1,15 +1,119 @@
 //! Every metric kvplane exports, declared in one place under one prefix.
 //!
 //! Counters are updated on the hot paths with no lock beyond prometheus' atomics; the
-//! LMCache-named gauges are refreshed from the index when `/metrics` is scraped.
+//! LMCache-named gauges ([`LmcacheGauges`]) are refreshed from the index and the socket loops'
+//! live counters when `/metrics` is scraped.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 
 /// kvplane's own metric prefix.
 pub const PREFIX: &str = "kvplane";
+
+/// Prefix of the gauges LMCache 0.5.6's controller exports (all labelled `role="controller"`).
+pub const LMCACHE_PREFIX: &str = "lmcache:cache_controller_";
+
+/// The 13 gauges of LMCache 0.5.6's controller (`cache_controller/observability.py`), same
+/// names, help texts and `role="controller"` label, so existing dashboards and alerts keep
+/// working. Set at scrape time (`Shared::refresh_lmcache_gauges`).
+#[derive(Clone)]
+pub struct LmcacheGauges {
+    /// Keys over every worker and location (a chunk held twice counts twice, as in LMCache).
+    pub kv_pool_keys_count: Gauge,
+    /// Registered workers.
+    pub registered_workers_count: Gauge,
+    /// Frames received on the PULL socket.
+    pub pull_socket_message_count: Gauge,
+    /// Messages received on the ROUTER sockets (reply and heartbeat, as in LMCache).
+    pub reply_socket_message_count: Gauge,
+    /// 1 if the PULL loop found a message waiting when it last came back for one.
+    pub pull_socket_has_pending: Gauge,
+    /// Same for the ROUTER loops (1 if either found one waiting).
+    pub reply_socket_has_pending: Gauge,
+    /// Frames from the PULL socket being handled right now.
+    pub pull_socket_active_requests: Gauge,
+    /// Requests from the ROUTER sockets being handled right now.
+    pub reply_socket_active_requests: Gauge,
+    /// Admit/evict batches with a sequence gap.
+    pub kv_op_seq_discontinuity_count: Gauge,
+    /// Workers in a full sync.
+    pub full_sync_workers_syncing: Gauge,
+    /// Workers whose last full sync completed.
+    pub full_sync_workers_completed: Gauge,
+    /// Fraction of workers idle or completed (1.0 with no workers).
+    pub full_sync_global_progress: Gauge,
+    /// Batches missing, summed over syncing workers.
+    pub full_sync_missing_batches_total: Gauge,
+}
+
+impl LmcacheGauges {
+    fn new(registry: &Registry) -> Self {
+        let gauge = |name: &str, help: &str| {
+            let g = Gauge::with_opts(
+                Opts::new(format!("{LMCACHE_PREFIX}{name}"), help)
+                    .const_label("role", "controller"),
+            )
+            .unwrap_or_else(|e| unreachable!("static metric {name} is valid: {e}"));
+            registry
+                .register(Box::new(g.clone()))
+                .unwrap_or_else(|e| unreachable!("metric {name} registered twice: {e}"));
+            g
+        };
+        LmcacheGauges {
+            kv_pool_keys_count: gauge("kv_pool_keys_count", "The number of keys in the KV pool"),
+            registered_workers_count: gauge(
+                "registered_workers_count",
+                "The total number of registered workers",
+            ),
+            pull_socket_message_count: gauge(
+                "pull_socket_message_count",
+                "The total number of messages received on PULL socket",
+            ),
+            reply_socket_message_count: gauge(
+                "reply_socket_message_count",
+                "The total number of messages received on REPLY socket",
+            ),
+            pull_socket_has_pending: gauge(
+                "pull_socket_has_pending",
+                "Whether PULL socket has pending messages (1=yes, 0=no)",
+            ),
+            reply_socket_has_pending: gauge(
+                "reply_socket_has_pending",
+                "Whether REPLY socket has pending messages (1=yes, 0=no)",
+            ),
+            pull_socket_active_requests: gauge(
+                "pull_socket_active_requests",
+                "Number of requests being processed from PULL socket",
+            ),
+            reply_socket_active_requests: gauge(
+                "reply_socket_active_requests",
+                "Number of requests being processed from REPLY socket",
+            ),
+            kv_op_seq_discontinuity_count: gauge(
+                "kv_op_seq_discontinuity_count",
+                "Total count of KV operation sequence number discontinuities",
+            ),
+            full_sync_workers_syncing: gauge(
+                "full_sync_workers_syncing",
+                "Number of workers currently in full sync",
+            ),
+            full_sync_workers_completed: gauge(
+                "full_sync_workers_completed",
+                "Number of workers that have completed full sync",
+            ),
+            full_sync_global_progress: gauge(
+                "full_sync_global_progress",
+                "Global full sync progress (0.0 to 1.0)",
+            ),
+            full_sync_missing_batches_total: gauge(
+                "full_sync_missing_batches_total",
+                "Total count of missing batches across all syncing workers",
+            ),
+        }
+    }
+}
 
 /// The metrics of one kvplane process (each server has its own registry, so tests can run
 /// several servers in one process).
@@ -41,6 +145,19 @@ pub struct Metrics {
     pub workers_removed: IntCounterVec,
     /// Registered workers.
     pub workers: IntGauge,
+    /// LMCache's controller gauges.
+    pub lmcache: LmcacheGauges,
+    /// HTTP requests, by method, matched route (`unmatched` for none) and status code.
+    pub http_requests: IntCounterVec,
+    /// HTTP request handling time, seconds, by method and matched route.
+    pub http_request_seconds: HistogramVec,
+    /// HTTP `/lookup` calls, by result (`hit`, `miss`).
+    pub http_lookups: IntCounterVec,
+    /// HTTP `/lookup` time inside the controller (hashing and index), seconds.
+    pub http_lookup_seconds: Histogram,
+    /// Orchestration commands, by command and outcome (`ok`, `not_found`, `timeout`,
+    /// `worker_error`, `busy`, `conflict`).
+    pub commands: IntCounterVec,
 }
 
 impl Metrics {
@@ -113,14 +230,49 @@ impl Metrics {
             &["command"],
         )
         .unwrap_or_else(|e| unreachable!("{e}"));
+        let http_requests = counter_vec(
+            "http_requests_total",
+            "HTTP requests, by method, matched route and status code.",
+            &["method", "route", "status"],
+        );
+        let http_lookups = counter_vec(
+            "http_lookups_total",
+            "HTTP /lookup calls, by result.",
+            &["result"],
+        );
+        let commands = counter_vec(
+            "commands_total",
+            "Orchestration commands (clear, pin, compress, decompress, move, health), by outcome.",
+            &["command", "outcome"],
+        );
+        let http_request_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                name("http_request_seconds"),
+                "HTTP request handling time, by method and matched route.",
+            )
+            .buckets(prometheus::exponential_buckets(1e-5, 4.0, 12).unwrap_or_default()),
+            &["method", "route"],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let http_lookup_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                name("http_lookup_seconds"),
+                "HTTP /lookup time in the controller: token hashing plus the index query.",
+            )
+            .buckets(prometheus::exponential_buckets(1e-6, 4.0, 12).unwrap_or_default()),
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
         for c in [
             Box::new(seq_discontinuities.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(workers.clone()),
             Box::new(p2p_lookup_seconds.clone()),
             Box::new(downlink_seconds.clone()),
+            Box::new(http_request_seconds.clone()),
+            Box::new(http_lookup_seconds.clone()),
         ] {
             registry.register(c).unwrap_or_else(|e| unreachable!("{e}"));
         }
+        let lmcache = LmcacheGauges::new(&registry);
         Metrics {
             registry,
             frames_received,
@@ -135,6 +287,12 @@ impl Metrics {
             downlink_seconds,
             workers_removed,
             workers,
+            lmcache,
+            http_requests,
+            http_request_seconds,
+            http_lookups,
+            http_lookup_seconds,
+            commands,
         }
     }
 

@@ -324,6 +324,17 @@ fn apply_ops(
             .index
             .write()
             .apply_batch(instance_id, worker_id, location, ops, unix_now());
+    record_batch(shared, outcome, instance_id, worker_id, location);
+}
+
+/// Counts what applying one admit/evict batch did, and logs sequence gaps.
+pub fn record_batch(
+    shared: &Shared,
+    outcome: BatchOutcome,
+    instance_id: &str,
+    worker_id: i64,
+    location: &str,
+) {
     let m = &shared.metrics;
     match outcome {
         BatchOutcome::Applied {

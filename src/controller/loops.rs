@@ -1,9 +1,9 @@
 //! The socket loops. Each one selects on the shutdown token, handles one message at a time
 //! and never ends on bad input: every malformed frame is counted, logged and dropped.
 
-use super::handlers::{handle_push, handle_request, RouterKind};
-use super::state::Shared;
-use crate::protocol::{decode, encode, ErrorMsg, Msg};
+use super::handlers::{handle_push, handle_request, record_batch, RouterKind};
+use super::state::{unix_now, Shared};
+use crate::protocol::{decode, decode_batch, encode, ErrorMsg, KVOpEvent, Msg};
 use crate::transport::{PullListener, RouterListener};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -16,10 +16,13 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Receives admit/evict batches, full-sync batches and deregistrations until shutdown.
 pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: CancellationToken) {
     let m = &shared.metrics;
+    let stats = &shared.sockets.pull;
+    let _serving = stats.start_serving();
+    let mut ops = Vec::with_capacity(64);
     loop {
         let frames = tokio::select! {
             () = shutdown.cancelled() => return,
-            r = socket.recv() => match r {
+            r = stats.observe(socket.recv()) => match r {
                 Ok(frames) => frames,
                 Err(e) => {
                     m.dropped("pull", "transport");
@@ -32,27 +35,53 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
         m.frames_received
             .with_label_values(&["pull"])
             .inc_by(frames.len() as u64);
-        for frame in frames {
-            if frame.len() > shared.config.max_frame_bytes {
-                m.dropped("pull", "too_large");
-                tracing::warn!(
-                    bytes = frame.len(),
-                    "PULL frame over --max-frame-bytes dropped"
-                );
-                continue;
+        let _active = stats.handling(frames.len());
+        apply_frames(&shared, &frames, &mut ops);
+    }
+}
+
+/// Applies one multipart from the PULL socket, in order. Admit/evict batches take the
+/// allocation-free fast path and share one index write lock; any other frame releases it and
+/// goes through the general decoder and [`handle_push`].
+pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>) {
+    let m = &shared.metrics;
+    let now = unix_now();
+    let mut index = None;
+    for frame in frames {
+        if frame.len() > shared.config.max_frame_bytes {
+            m.dropped("pull", "too_large");
+            tracing::warn!(
+                bytes = frame.len(),
+                "PULL frame over --max-frame-bytes dropped"
+            );
+            continue;
+        }
+        ops.clear();
+        if let Some(batch) = decode_batch(frame, ops) {
+            let guard = index.get_or_insert_with(|| shared.index.write());
+            let outcome =
+                guard.apply_batch(batch.instance_id, batch.worker_id, batch.location, ops, now);
+            record_batch(
+                shared,
+                outcome,
+                batch.instance_id,
+                batch.worker_id,
+                batch.location,
+            );
+            continue;
+        }
+        drop(index.take());
+        match decode(frame) {
+            Ok(msg) => {
+                let tag = msg.tag();
+                if let Err(reason) = handle_push(shared, msg) {
+                    m.dropped("pull", reason);
+                    tracing::debug!(tag, reason, "PULL message had no effect");
+                }
             }
-            match decode(&frame) {
-                Ok(msg) => {
-                    let tag = msg.tag();
-                    if let Err(reason) = handle_push(&shared, msg) {
-                        m.dropped("pull", reason);
-                        tracing::debug!(tag, reason, "PULL message had no effect");
-                    }
-                }
-                Err(e) => {
-                    m.dropped("pull", e.reason());
-                    tracing::warn!(bytes = frame.len(), "PULL frame dropped: {e}");
-                }
+            Err(e) => {
+                m.dropped("pull", e.reason());
+                tracing::warn!(bytes = frame.len(), "PULL frame dropped: {e}");
             }
         }
     }
@@ -68,10 +97,15 @@ pub async fn router_loop(
 ) {
     let m = &shared.metrics;
     let label = kind.label();
+    let stats = match kind {
+        RouterKind::Reply => &shared.sockets.reply,
+        RouterKind::Heartbeat => &shared.sockets.heartbeat,
+    };
+    let _serving = stats.start_serving();
     loop {
         let request = tokio::select! {
             () = shutdown.cancelled() => return,
-            r = socket.recv() => match r {
+            r = stats.observe(socket.recv()) => match r {
                 Ok(request) => request,
                 Err(e) => {
                     m.dropped(label, "transport");
@@ -82,6 +116,7 @@ pub async fn router_loop(
             },
         };
         m.frames_received.with_label_values(&[label]).inc();
+        let _active = stats.handling(1);
         let reply = match request.frames.as_slice() {
             // A DEALER sends [b"", payload]; the ROUTER prepends the identity, stripped here.
             [delimiter, payload] if delimiter.is_empty() => {

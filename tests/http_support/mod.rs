@@ -1,0 +1,183 @@
+//! Helpers shared by the HTTP tests: fake workers (a REP socket on its own task), a `oneshot`
+//! caller for the router, and a minimal HTTP/1.1 client for the end-to-end tests. Every wait
+//! is bounded; loopback only.
+
+#![allow(dead_code)]
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use kvplane::protocol::{decode, encode, Msg};
+use kvplane::transport::RepServer;
+use serde_json::Value;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+
+/// Bound on any single await in these tests.
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// Awaits `f`, failing the test after [`STEP`].
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(STEP, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// Aborts the task when dropped.
+pub struct AbortOnDrop(pub JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A worker's command socket on 127.0.0.1 served by a background task.
+pub struct FakeWorker {
+    /// The REP port.
+    pub port: u16,
+    /// Every command received, in order.
+    pub commands: mpsc::UnboundedReceiver<Msg>,
+    _task: AbortOnDrop,
+}
+
+impl FakeWorker {
+    /// Starts a worker that answers each command with `answer(command)`, or stays silent when
+    /// it returns `None`.
+    pub async fn start(answer: impl Fn(&Msg) -> Option<Msg> + Send + 'static) -> Self {
+        let (mut rep, addr) = within("bind rep", RepServer::bind("127.0.0.1:0"))
+            .await
+            .expect("rep binds");
+        let (tx, commands) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Ok(bytes) = rep.recv().await {
+                let Ok(msg) = decode(&bytes) else { continue };
+                let reply = answer(&msg);
+                let _ = tx.send(msg);
+                if let Some(reply) = reply {
+                    let _ = rep.reply(Bytes::from(encode(&reply))).await;
+                }
+            }
+        });
+        FakeWorker {
+            port: addr.port(),
+            commands,
+            _task: AbortOnDrop(task),
+        }
+    }
+
+    /// The next command received.
+    pub async fn next_command(&mut self) -> Msg {
+        within("worker command", self.commands.recv())
+            .await
+            .expect("worker task alive")
+    }
+}
+
+/// A response: status, headers and the body as JSON (or a JSON string for non-JSON bodies).
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+/// Sends one request through the router with `oneshot`.
+pub async fn call(
+    app: Router,
+    method: &str,
+    uri: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let mut builder = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let request = match body {
+        Some(b) => builder
+            .header("content-type", "application/json")
+            .body(Body::from(b.to_owned())),
+        None => builder.body(Body::empty()),
+    }
+    .expect("request builds");
+    let response = within(&format!("{method} {uri}"), app.oneshot(request))
+        .await
+        .expect("infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = within("body", response.into_body().collect())
+        .await
+        .expect("body")
+        .to_bytes();
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A minimal HTTP/1.1 client over a fresh TCP connection (`Connection: close`).
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.unwrap_or("");
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let raw = within(&format!("HTTP {method} {path}"), async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(head.as_bytes()).await.expect("write head");
+        s.write_all(body.as_bytes()).await.expect("write body");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("read");
+        out
+    })
+    .await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, payload) = text.split_once("\r\n\r\n").expect("HTTP response");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let payload = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(payload)
+    } else {
+        payload.to_owned()
+    };
+    let value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
+    (status, value)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
