@@ -107,11 +107,12 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     let tasks = TaskTracker::new();
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
+    let limits = transport::TransportLimits::with_max_frame_bytes(config.max_frame_bytes);
 
     let pull = match ports.pull {
         Some(port) => {
             let addr = zmq_addr(port);
-            let bound = transport::PullListener::bind(&addr)
+            let bound = transport::PullListener::bind_with(&addr, &limits)
                 .await
                 .map_err(|source| StartError::Zmq {
                     socket: "pull",
@@ -129,7 +130,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     ] {
         if let Some(port) = port {
             let addr = zmq_addr(port);
-            let bound = transport::RouterListener::bind(&addr)
+            let bound = transport::RouterListener::bind_with(&addr, &limits)
                 .await
                 .map_err(|source| StartError::Zmq {
                     socket: kind.label(),

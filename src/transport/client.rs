@@ -15,7 +15,7 @@ use zeromq::{DealerSocket, PushSocket, ReqSocket, ZmqMessage};
 
 use super::{
     client_options, connect_socket, message, socket_error, PeerId, Result, RouterListener,
-    RouterRequest, TransportError,
+    RouterRequest, TransportError, TransportLimits,
 };
 
 /// Runs `op` on the socket in `slot` (connecting a new one to `endpoint` first if there is
@@ -198,10 +198,15 @@ pub struct RepServer {
 }
 
 impl RepServer {
-    /// Binds to `addr` (`host:port`, port 0 allowed) and returns the server with the address
-    /// actually bound.
+    /// Binds to `addr` (`host:port`, port 0 allowed) with the default [`TransportLimits`] and
+    /// returns the server with the address actually bound.
     pub async fn bind(addr: &str) -> Result<(Self, SocketAddr)> {
-        let (router, local) = RouterListener::bind(addr).await?;
+        Self::bind_with(addr, &TransportLimits::default()).await
+    }
+
+    /// As [`bind`](Self::bind), with the given limits for every peer.
+    pub async fn bind_with(addr: &str, limits: &TransportLimits) -> Result<(Self, SocketAddr)> {
+        let (router, local) = RouterListener::bind_with(addr, limits).await?;
         let server = Self {
             router,
             pending: None,

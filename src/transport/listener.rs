@@ -7,7 +7,7 @@ use bytes::Bytes;
 use zeromq::prelude::*;
 use zeromq::{PullSocket, RouterRecvHalf, RouterSendHalf, RouterSocket, ZmqMessage};
 
-use super::{bind_socket, socket_error, Result, TransportError};
+use super::{bind_socket, socket_error, Result, TransportError, TransportLimits};
 
 /// How long a ROUTER or REP reply may wait before it fails, unless set otherwise.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -18,10 +18,15 @@ pub struct PullListener {
 }
 
 impl PullListener {
-    /// Binds to `addr` (`host:port`, port 0 allowed) and returns the listener with the address
-    /// actually bound.
+    /// Binds to `addr` (`host:port`, port 0 allowed) with the default [`TransportLimits`] and
+    /// returns the listener with the address actually bound.
     pub async fn bind(addr: &str) -> Result<(Self, SocketAddr)> {
-        let mut socket = PullSocket::new();
+        Self::bind_with(addr, &TransportLimits::default()).await
+    }
+
+    /// As [`bind`](Self::bind), with the given limits for every peer.
+    pub async fn bind_with(addr: &str, limits: &TransportLimits) -> Result<(Self, SocketAddr)> {
+        let mut socket = PullSocket::with_options(limits.socket_options());
         let local = bind_socket(&mut socket, addr).await?;
         Ok((Self { socket }, local))
     }
@@ -29,8 +34,9 @@ impl PullListener {
     /// Waits for the next multipart message from any peer and returns its frames (at least
     /// one; LMCache sends up to 50, each one encoded message).
     ///
-    /// Peers are served fairly, one message each in turn. A peer whose connection breaks or
-    /// sends undecodable framing is dropped and logged; receiving goes on with the others.
+    /// Peers are served fairly, one message each in turn. A peer whose connection breaks,
+    /// sends undecodable framing or breaks a [`TransportLimits`] limit is dropped and logged;
+    /// receiving goes on with the others.
     /// Waits as long as it takes; cancel-safe (no message is lost when the future is dropped).
     pub async fn recv(&mut self) -> Result<Vec<Bytes>> {
         loop {
@@ -86,10 +92,15 @@ pub struct RouterListener {
 }
 
 impl RouterListener {
-    /// Binds to `addr` (`host:port`, port 0 allowed) and returns the listener with the address
-    /// actually bound.
+    /// Binds to `addr` (`host:port`, port 0 allowed) with the default [`TransportLimits`] and
+    /// returns the listener with the address actually bound.
     pub async fn bind(addr: &str) -> Result<(Self, SocketAddr)> {
-        let mut socket = RouterSocket::new();
+        Self::bind_with(addr, &TransportLimits::default()).await
+    }
+
+    /// As [`bind`](Self::bind), with the given limits for every peer.
+    pub async fn bind_with(addr: &str, limits: &TransportLimits) -> Result<(Self, SocketAddr)> {
+        let mut socket = RouterSocket::with_options(limits.socket_options());
         let local = bind_socket(&mut socket, addr).await?;
         let (send, recv) = socket.split();
         let listener = Self {
@@ -137,8 +148,9 @@ pub struct RouterReceiver {
 
 impl RouterReceiver {
     /// Waits for the next message from any peer. Peers are served fairly, one message each in
-    /// turn, so a flooding peer cannot starve the others; broken peers are dropped silently by
-    /// the socket. Waits as long as it takes; cancel-safe.
+    /// turn, so a flooding peer cannot starve the others; broken peers, and peers that break a
+    /// [`TransportLimits`] limit, are dropped silently by the socket. Waits as long as it
+    /// takes; cancel-safe.
     pub async fn recv(&mut self) -> Result<RouterRequest> {
         let mut frames = self
             .half

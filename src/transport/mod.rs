@@ -8,7 +8,9 @@
 //! Controller side: [`PullListener`] (fire-and-forget worker batches), [`RouterListener`]
 //! (requests from workers' DEALER sockets, replies by peer identity, splittable into
 //! [`RouterReceiver`] and [`RouterSender`]) and [`ReqClient`] (the downlink to one worker's REP
-//! socket). Worker side: [`PushSender`], [`DealerClient`] and [`RepServer`].
+//! socket). Worker side: [`PushSender`], [`DealerClient`] and [`RepServer`]. The listeners'
+//! `bind_with` takes the [`TransportLimits`] their peers must keep to; clients use the
+//! defaults.
 //!
 //! What `zeromq` 0.7.0 lacks, and how this module makes up for it (pinned by the learning tests
 //! in `tests/transport.rs`):
@@ -27,12 +29,12 @@
 //!   a ROUTER socket instead. Broken peers are only noticed while `recv` runs.
 //! * A dropped `zeromq` PULL socket keeps its accepted connections open: [`PullListener`]
 //!   closes them on drop. A dropped listener frees its port shortly after, not at once.
-//!
-//! Known hazards this module does not fix (pinned by the tests): `zeromq` reserves a
-//! frame's claimed length before reading it, so any TCP client that sends a greeting and a
-//! header claiming a huge frame aborts the process on the failed allocation; and it has no
-//! handshake timeout, so a client that connects and stays silent holds a task and a file
-//! descriptor until it leaves. Do not expose these ports to untrusted networks.
+//! * No defence against hostile peers: upstream 0.7.0 reserves a frame's claimed length
+//!   before reading it (73 bytes claiming 1 TiB abort the process), buffers an endless
+//!   multipart message, and has no handshake timeout. kvplane builds a patched copy
+//!   (`vendor/zeromq`, see its `KVPLANE-PATCHES.md`) and sets [`TransportLimits`] on every
+//!   socket it creates: a frame or message over the limit, or a handshake not done in time,
+//!   closes that one connection, and memory is prepared only as a frame's bytes arrive.
 //!
 //! Addresses are `host:port` without a scheme, as LMCache writes them (`tcp://` is accepted
 //! too); `*` as a bind host means all interfaces.
@@ -47,6 +49,7 @@ pub use listener::{
 };
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use bytes::Bytes;
 use zeromq::{Socket, ZmqError, ZmqMessage};
@@ -147,10 +150,69 @@ async fn connect_socket<S: Socket>(socket: &mut S, endpoint: &str) -> Result<()>
         })
 }
 
-/// Socket options for client sockets: no connect timeout of the crate's own (its default is
-/// 30 s), because every client call is bounded by the caller's timeout as a whole.
+/// Default for [`TransportLimits::max_frame_bytes`], as the controller's `--max-frame-bytes`.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Default for [`TransportLimits::max_message_bytes`].
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// Default for [`TransportLimits::handshake_timeout`].
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room a message always has beside one frame of the largest size, for its envelope (a
+/// DEALER's empty delimiter, say).
+const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
+
+/// What one peer may make a socket hold. Breaking a limit closes that peer's connection; the
+/// socket goes on serving the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransportLimits {
+    /// Largest frame accepted. A frame header claiming more closes the connection before any
+    /// of the frame is read.
+    pub max_frame_bytes: usize,
+    /// Largest multipart message accepted, all frames together (each counts at least 32
+    /// bytes, so a flood of empty frames is bounded too). Never less, in effect, than
+    /// `max_frame_bytes` plus 64 KiB, so one frame of the largest size always fits.
+    pub max_message_bytes: usize,
+    /// Time a new connection has for the ZMTP greeting and READY exchange.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for TransportLimits {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+        }
+    }
+}
+
+impl TransportLimits {
+    /// The defaults, with `max_frame_bytes` as given.
+    pub fn with_max_frame_bytes(max_frame_bytes: usize) -> Self {
+        Self {
+            max_frame_bytes,
+            ..Self::default()
+        }
+    }
+
+    /// The `zeromq` options that enforce these limits.
+    fn socket_options(&self) -> zeromq::SocketOptions {
+        let max_message = self
+            .max_message_bytes
+            .max(self.max_frame_bytes.saturating_add(ENVELOPE_ALLOWANCE));
+        let mut options = zeromq::SocketOptions::default();
+        options
+            .max_frame_size(self.max_frame_bytes)
+            .max_message_size(max_message)
+            .handshake_timeout(self.handshake_timeout);
+        options
+    }
+}
+
+/// Socket options for client sockets: the default [`TransportLimits`], and no connect timeout
+/// of the crate's own (its default is 30 s), because every client call is bounded by the
+/// caller's timeout as a whole.
 fn client_options() -> zeromq::SocketOptions {
-    let mut options = zeromq::SocketOptions::default();
+    let mut options = TransportLimits::default().socket_options();
     options.no_connect_timeout();
     options
 }
@@ -162,8 +224,6 @@ fn message(frames: Vec<Bytes>) -> Option<ZmqMessage> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -180,6 +240,17 @@ mod tests {
         assert_eq!(connect_target("10.0.0.5:8001"), "tcp://10.0.0.5:8001");
         assert_eq!(connect_target("tcp://10.0.0.5:8001"), "tcp://10.0.0.5:8001");
         assert_eq!(connect_target("[::1]:8001"), "tcp://[::1]:8001");
+    }
+
+    #[test]
+    fn limits_default_to_the_controller_defaults() {
+        let limits = TransportLimits::default();
+        assert_eq!(limits.max_frame_bytes, 64 * 1024 * 1024);
+        assert_eq!(limits.max_message_bytes, 256 * 1024 * 1024);
+        assert_eq!(limits.handshake_timeout, Duration::from_secs(10));
+        let custom = TransportLimits::with_max_frame_bytes(1024);
+        assert_eq!(custom.max_frame_bytes, 1024);
+        assert_eq!(custom.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);
     }
 
     #[test]
