@@ -105,6 +105,8 @@ pub fn key(run: u64, worker: usize, i: u64) -> ChunkHash {
 
 /// One worker's pre-encoded op stream.
 pub struct OpStream {
+    /// An empty batch of this worker, sent first to connect the socket (applies nothing).
+    pub warmup: Bytes,
     /// Multipart sends, each a list of frames (each frame one batch).
     pub sends: Vec<Vec<Bytes>>,
     /// Ops in the stream.
@@ -169,7 +171,14 @@ pub fn op_stream(
         .chunks(frames_per_send.max(1))
         .map(<[Bytes]>::to_vec)
         .collect();
+    let warmup = Bytes::from(encode(&Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+        instance_id: worker.instance_id.clone(),
+        worker_id: worker.worker_id,
+        location: LOCATION.into(),
+        operations: Vec::new(),
+    })));
     OpStream {
+        warmup,
         sends,
         ops,
         net_keys: net,

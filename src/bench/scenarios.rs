@@ -12,7 +12,9 @@ use crate::protocol::{
 use crate::transport::{DealerClient, PushSender};
 use bytes::Bytes;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 /// Applied-ingest result.
@@ -50,14 +52,20 @@ async fn wait_for_keys(args: &BenchArgs, target: u64, start: Instant) -> Result<
     }
 }
 
-/// Pushes pre-encoded streams from one PUSH socket per worker; returns the send time.
-async fn push_streams(pull: &str, streams: Vec<fleet::OpStream>) -> Result<f64, String> {
-    let start = Instant::now();
+/// Pushes pre-encoded streams from one PUSH socket per worker. Every socket first connects
+/// and delivers its empty warm-up batch; only then does the clock start, so connection set-up
+/// is not counted as ingest. Returns the start instant and the seconds until the last send.
+async fn push_streams(pull: &str, streams: Vec<fleet::OpStream>) -> Result<(Instant, f64), String> {
+    let barrier = Arc::new(Barrier::new(streams.len() + 1));
     let mut tasks = JoinSet::new();
     for stream in streams {
         let pull = pull.to_owned();
+        let barrier = Arc::clone(&barrier);
         tasks.spawn(async move {
             let mut push = PushSender::new(pull);
+            let warm = push.send(vec![stream.warmup], REQUEST_TIMEOUT).await;
+            barrier.wait().await;
+            warm.map_err(|e| format!("push (warm-up): {e}"))?;
             for frames in stream.sends {
                 push.send(frames, REQUEST_TIMEOUT)
                     .await
@@ -66,10 +74,12 @@ async fn push_streams(pull: &str, streams: Vec<fleet::OpStream>) -> Result<f64, 
             Ok::<(), String>(())
         });
     }
+    barrier.wait().await;
+    let start = Instant::now();
     while let Some(r) = tasks.join_next().await {
         r.map_err(|e| format!("sender task: {e}"))??;
     }
-    Ok(start.elapsed().as_secs_f64())
+    Ok((start, start.elapsed().as_secs_f64()))
 }
 
 /// Registers `workers` and pushes `ops` ops in batches; measures until applied.
@@ -100,8 +110,7 @@ pub async fn ingest(args: &BenchArgs, run: u64) -> Result<Ingest, String> {
     let ops: u64 = streams.iter().map(|s| s.ops).sum();
     let net_keys: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http).await?;
-    let start = Instant::now();
-    let send_seconds = push_streams(&args.pull, streams).await?;
+    let (start, send_seconds) = push_streams(&args.pull, streams).await?;
     let applied_seconds = wait_for_keys(args, baseline + net_keys, start).await?;
     if !args.keep {
         fleet::deregister_all(&args.pull, &workers).await;
@@ -162,8 +171,8 @@ pub async fn lookup(args: &BenchArgs, run: u64) -> Result<Lookup, String> {
         .collect();
     let indexed: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http).await?;
-    push_streams(&args.pull, streams).await?;
-    wait_for_keys(args, baseline + indexed, Instant::now()).await?;
+    let (start, _) = push_streams(&args.pull, streams).await?;
+    wait_for_keys(args, baseline + indexed, start).await?;
 
     let per_task = (args.lookup_requests / args.concurrency.max(1)).max(1);
     let start = Instant::now();
