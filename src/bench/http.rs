@@ -60,12 +60,12 @@ pub async fn get_json(
         .map_err(|_| format!("GET {path}: no answer within {timeout:?}"))?
 }
 
-/// `total_key_count` from `GET /controller/key-stats`.
+/// `total_key_count` from `GET /controller/key-stats`, waiting at most `timeout`.
 ///
 /// # Errors
 /// As [`get_json`], or when the field is missing.
-pub async fn total_keys(base: &str) -> Result<u64, String> {
-    let v = get_json(base, "/controller/key-stats", Duration::from_secs(10)).await?;
+pub async fn total_keys(base: &str, timeout: Duration) -> Result<u64, String> {
+    let v = get_json(base, "/controller/key-stats", timeout).await?;
     v["total_key_count"]
         .as_u64()
         .ok_or_else(|| format!("key-stats without total_key_count: {v}"))
