@@ -22,3 +22,9 @@ cargo test --doc
 
 echo "== benches compile (never timed in CI)"
 cargo bench --no-run
+
+echo "== schemathesis against /openapi.json (no 5xx but the documented 504; --api-token rule)"
+bash scripts/schemathesis.sh
+
+echo "== fuzz smoke: every cargo-fuzz target briefly (property tests on decode run above)"
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}" bash scripts/fuzz-smoke.sh

@@ -80,6 +80,21 @@ pub struct ServeArgs {
     /// Largest frame accepted on any ZMQ socket, in bytes; larger frames are counted and dropped.
     #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_frame_bytes: usize,
+    /// Most workers registered at once; registrations (and heartbeats of unknown workers)
+    /// beyond are refused with an ErrorMsg.
+    #[arg(long, env = "KVPLANE_MAX_WORKERS", default_value_t = 1 << 16)]
+    pub max_workers: usize,
+    /// Most keys one worker may hold over all its locations; admits of new keys beyond are
+    /// dropped and counted (evicts always apply).
+    #[arg(long, env = "KVPLANE_MAX_KEYS_PER_WORKER", default_value_t = 1 << 24)]
+    pub max_keys_per_worker: u64,
+    /// Most operations in one admit/evict batch (and keys in one full-sync batch); larger
+    /// batches are dropped whole and counted.
+    #[arg(long, env = "KVPLANE_MAX_BATCH_OPS", default_value_t = 1 << 16)]
+    pub max_batch_ops: usize,
+    /// Largest HTTP request body, in bytes; larger requests get 413.
+    #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = crate::http::MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
     /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
     /// require; unset, they are open to anyone who reaches the HTTP port.
     #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = ApiToken::parse)]
@@ -175,6 +190,14 @@ pub struct ServeConfig {
     pub full_sync_completion_threshold: f64,
     /// Largest accepted ZMQ frame.
     pub max_frame_bytes: usize,
+    /// Most registered workers.
+    pub max_workers: usize,
+    /// Most keys per worker (all locations).
+    pub max_keys_per_worker: u64,
+    /// Most ops per admit/evict batch, keys per full-sync batch.
+    pub max_batch_ops: usize,
+    /// Largest HTTP request body.
+    pub max_body_bytes: usize,
     /// Token the mutating HTTP routes require; `None` = open.
     pub api_token: Option<ApiToken>,
     /// Tokens per chunk for HTTP /lookup (≥ 1).
@@ -188,6 +211,16 @@ fn seconds(flag: &'static str, v: f64) -> Result<Duration, ConfigError> {
         flag,
         detail: format!("{v} is not a non-negative number of seconds"),
     })
+}
+
+fn at_least_one(flag: &'static str, v: usize) -> Result<usize, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::Value {
+            flag,
+            detail: "0 must be ≥ 1".into(),
+        });
+    }
+    Ok(v)
 }
 
 impl ServeArgs {
@@ -235,7 +268,11 @@ impl ServeArgs {
             downlink_timeout: positive("downlink-timeout", self.downlink_timeout)?,
             full_sync_timeout: positive("full-sync-timeout", self.full_sync_timeout)?,
             full_sync_completion_threshold: threshold,
-            max_frame_bytes: self.max_frame_bytes,
+            max_frame_bytes: at_least_one("max-frame-bytes", self.max_frame_bytes)?,
+            max_workers: at_least_one("max-workers", self.max_workers)?,
+            max_keys_per_worker: self.max_keys_per_worker,
+            max_batch_ops: at_least_one("max-batch-ops", self.max_batch_ops)?,
+            max_body_bytes: at_least_one("max-body-bytes", self.max_body_bytes)?,
             api_token: self.api_token.clone().filter(|t| !t.0.is_empty()),
             lookup_chunk_size: match self.lookup_chunk_size {
                 0 => {
@@ -281,6 +318,10 @@ impl ServeConfig {
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: 0.8,
             max_frame_bytes: 64 * 1024 * 1024,
+            max_workers: 1 << 16,
+            max_keys_per_worker: 1 << 24,
+            max_batch_ops: 1 << 16,
+            max_body_bytes: crate::http::MAX_BODY_BYTES,
             api_token: None,
             lookup_chunk_size: 256,
             lookup_none_hash: ChunkHash::from_i64(0),
@@ -365,5 +406,49 @@ mod tests {
         assert!(e.contains("--lookup-chunk-size"), "{e}");
         let e = parse(&["--lookup-none-hash", "18446744073709551616"]).expect_err("too big");
         assert!(e.contains("--lookup-none-hash"), "{e}");
+    }
+
+    #[test]
+    fn resource_limits_have_defaults_and_refuse_zero() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(
+            (
+                c.max_workers,
+                c.max_keys_per_worker,
+                c.max_batch_ops,
+                c.max_body_bytes,
+                c.max_frame_bytes
+            ),
+            (65_536, 16_777_216, 65_536, 32 << 20, 64 << 20)
+        );
+        let c = parse(&[
+            "--max-workers",
+            "3",
+            "--max-keys-per-worker",
+            "0",
+            "--max-batch-ops",
+            "50",
+            "--max-body-bytes",
+            "1024",
+        ])
+        .expect("valid");
+        assert_eq!(
+            (
+                c.max_workers,
+                c.max_keys_per_worker,
+                c.max_batch_ops,
+                c.max_body_bytes
+            ),
+            (3, 0, 50, 1024)
+        );
+        for flag in [
+            "--max-workers",
+            "--max-batch-ops",
+            "--max-body-bytes",
+            "--max-frame-bytes",
+        ] {
+            let e = parse(&[flag, "0"]).expect_err("zero");
+            assert!(e.contains(flag), "{e}");
+        }
     }
 }

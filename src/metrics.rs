@@ -158,6 +158,18 @@ pub struct Metrics {
     /// Orchestration commands, by command and outcome (`ok`, `not_found`, `timeout`,
     /// `worker_error`, `busy`, `conflict`).
     pub commands: IntCounterVec,
+    /// Times a resource limit refused something, by limit (`workers`, `keys_per_worker`,
+    /// `batch_ops`, `frame_bytes`, `http_body_bytes`).
+    pub limit_hits: IntCounterVec,
+    /// Admits refused because their worker held `--max-keys-per-worker` keys.
+    pub keys_refused: IntCounter,
+    /// Tokio tasks alive in the process (set at scrape time).
+    pub tasks: IntGauge,
+    /// Worker downlinks open (one task and at most one socket each; set at scrape time).
+    pub downlinks: IntGauge,
+    /// File descriptors open in the process, from `/proc/self/fd` (set at scrape time; 0
+    /// where that does not exist).
+    pub open_fds: IntGauge,
 }
 
 impl Metrics {
@@ -254,6 +266,22 @@ impl Metrics {
             &["method", "route"],
         )
         .unwrap_or_else(|e| unreachable!("{e}"));
+        let limit_hits = counter_vec(
+            "limit_hits_total",
+            "Times a resource limit refused something (a registration, a batch, keys, a frame, a request), by limit.",
+            &["limit"],
+        );
+        let keys_refused = IntCounter::new(
+            name("keys_refused_total"),
+            "Admits refused because the worker already held --max-keys-per-worker keys.",
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let gauge = |n: &str, help: &str| {
+            IntGauge::new(name(n), help).unwrap_or_else(|e| unreachable!("{e}"))
+        };
+        let tasks = gauge("tasks", "Tokio tasks alive in the process.");
+        let downlinks = gauge("downlinks", "Worker downlinks open.");
+        let open_fds = gauge("open_fds", "File descriptors open in the process.");
         let http_lookup_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 name("http_lookup_seconds"),
@@ -269,6 +297,10 @@ impl Metrics {
             Box::new(downlink_seconds.clone()),
             Box::new(http_request_seconds.clone()),
             Box::new(http_lookup_seconds.clone()),
+            Box::new(keys_refused.clone()),
+            Box::new(tasks.clone()),
+            Box::new(downlinks.clone()),
+            Box::new(open_fds.clone()),
         ] {
             registry.register(c).unwrap_or_else(|e| unreachable!("{e}"));
         }
@@ -293,7 +325,17 @@ impl Metrics {
             http_lookups,
             http_lookup_seconds,
             commands,
+            limit_hits,
+            keys_refused,
+            tasks,
+            downlinks,
+            open_fds,
         }
+    }
+
+    /// Counts one refusal by a resource limit.
+    pub fn limit_hit(&self, limit: &str) {
+        self.limit_hits.with_label_values(&[limit]).inc();
     }
 
     /// Counts a dropped frame.

@@ -1,9 +1,10 @@
 //! What the controller does with each message: pure functions of the shared state, called
 //! by the socket loops (and directly by tests). No socket I/O here.
 
+use super::limits::Limit;
 use super::state::{host_port, unix_now, Shared};
 use crate::index::{
-    BatchOutcome, HeartbeatOutcome, RegisterOutcome, SyncBatchOutcome, SyncEndOutcome,
+    BatchOutcome, HeartbeatOutcome, IndexError, RegisterOutcome, SyncBatchOutcome, SyncEndOutcome,
 };
 use crate::protocol::{
     BatchedP2PLookupRetMsg, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg, HeartbeatCommand,
@@ -67,7 +68,7 @@ pub fn handle_request(shared: &Shared, kind: RouterKind, msg: Msg) -> Msg {
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(e) => {
-                    tracing::warn!(instance = %m.instance_id, worker = m.worker_id, "registration refused: {e}");
+                    refused_worker(shared, &e, &m.instance_id, m.worker_id, "registration");
                     return error(format!("registration refused: {e}"));
                 }
             };
@@ -108,7 +109,7 @@ pub fn handle_request(shared: &Shared, kind: RouterKind, msg: Msg) -> Msg {
             let outcome = match outcome {
                 Ok(o) => o,
                 Err(e) => {
-                    tracing::warn!(instance = %m.instance_id, worker = m.worker_id, "heartbeat refused: {e}");
+                    refused_worker(shared, &e, &m.instance_id, m.worker_id, "heartbeat");
                     return error(format!("heartbeat refused: {e}"));
                 }
             };
@@ -187,7 +188,9 @@ pub fn handle_request(shared: &Shared, kind: RouterKind, msg: Msg) -> Msg {
                     keys = m.total_keys, batches = m.batch_count, "full sync started"
                 ),
                 Some(e) => {
-                    tracing::warn!(instance = %m.instance_id, worker = m.worker_id, "full sync refused: {e}")
+                    if let Some(held_back) = shared.drop_log.admit() {
+                        tracing::warn!(instance = %m.instance_id, worker = m.worker_id, held_back, "full sync refused: {e}")
+                    }
                 }
             }
             Msg::FullSyncStartRetMsg(FullSyncStartRetMsg {
@@ -252,15 +255,23 @@ pub fn handle_push(shared: &Shared, msg: Msg) -> Result<(), &'static str> {
             Ok(())
         }
         Msg::FullSyncBatchMsg(m) => {
-            let outcome = shared.index.write().sync_batch(
-                &m.instance_id,
-                m.worker_id,
-                &m.location,
-                &m.sync_id,
-                m.batch_id,
-                &m.keys,
-                unix_now(),
-            );
+            let (outcome, refused) = {
+                let mut index = shared.index.write();
+                let before = index.keys_refused();
+                let outcome = index.sync_batch(
+                    &m.instance_id,
+                    m.worker_id,
+                    &m.location,
+                    &m.sync_id,
+                    m.batch_id,
+                    &m.keys,
+                    unix_now(),
+                );
+                (outcome, index.keys_refused() - before)
+            };
+            if refused > 0 {
+                refused_keys(shared, refused, &m.instance_id, m.worker_id, &m.location);
+            }
             match outcome {
                 SyncBatchOutcome::Accepted => Ok(()),
                 SyncBatchOutcome::Completed => {
@@ -268,8 +279,20 @@ pub fn handle_push(shared: &Shared, msg: Msg) -> Result<(), &'static str> {
                     Ok(())
                 }
                 SyncBatchOutcome::Rejected => {
-                    tracing::warn!(instance = %m.instance_id, worker = m.worker_id, sync_id = %m.sync_id, batch = m.batch_id, "full-sync batch for no active sync dropped");
+                    if let Some(held_back) = shared.drop_log.admit() {
+                        tracing::warn!(instance = %m.instance_id, worker = m.worker_id, sync_id = %m.sync_id, batch = m.batch_id, held_back, "full-sync batch for no active sync dropped");
+                    }
                     Err("stale_sync")
+                }
+                SyncBatchOutcome::TooLarge => {
+                    refused_batch(
+                        shared,
+                        Some(m.keys.len()),
+                        &m.instance_id,
+                        m.worker_id,
+                        "full-sync",
+                    );
+                    Err("too_many_ops")
                 }
             }
         }
@@ -303,8 +326,8 @@ pub fn handle_push(shared: &Shared, msg: Msg) -> Result<(), &'static str> {
                     .inc();
                 shared.refresh_gauges();
                 tracing::info!(instance = %m.instance_id, worker = m.worker_id, "worker deregistered");
-            } else {
-                tracing::warn!(instance = %m.instance_id, worker = m.worker_id, "deregistration of an unknown worker");
+            } else if let Some(held_back) = shared.drop_log.admit() {
+                tracing::warn!(instance = %m.instance_id, worker = m.worker_id, held_back, "deregistration of an unknown worker");
             }
             Ok(())
         }
@@ -341,17 +364,24 @@ pub fn record_batch(
             admits,
             evicts,
             gaps,
+            refused,
             ..
         } => {
+            if refused > 0 {
+                refused_keys(shared, refused as u64, instance_id, worker_id, location);
+            }
+            // Refused admits were received but not applied.
             m.ops_applied
                 .with_label_values(&["admit"])
-                .inc_by(admits as u64);
+                .inc_by((admits - refused) as u64);
             m.ops_applied
                 .with_label_values(&["evict"])
                 .inc_by(evicts as u64);
             if gaps > 0 {
                 m.seq_discontinuities.inc();
-                tracing::warn!(instance = %instance_id, worker = worker_id, location, gaps, "sequence gap in admit/evict batch (ops applied anyway)");
+                if let Some(held_back) = shared.drop_log.admit() {
+                    tracing::warn!(instance = %instance_id, worker = worker_id, location, gaps, held_back, "sequence gap in admit/evict batch (ops applied anyway)");
+                }
             }
         }
         BatchOutcome::DiscardedSyncing => {
@@ -366,12 +396,61 @@ pub fn record_batch(
             m.batches_discarded
                 .with_label_values(&["too_many_locations"])
                 .inc();
-            tracing::warn!(
-                instance = %instance_id, worker = worker_id, location,
-                "batch for a new location over the per-worker limit dropped"
-            );
+            if let Some(held_back) = shared.drop_log.admit() {
+                tracing::warn!(
+                    instance = %instance_id, worker = worker_id, location, held_back,
+                    "batch for a new location over the per-worker limit dropped"
+                );
+            }
+        }
+        BatchOutcome::TooLarge => {
+            m.batches_discarded
+                .with_label_values(&["too_many_ops"])
+                .inc();
+            refused_batch(shared, None, instance_id, worker_id, "admit/evict");
         }
     }
+}
+
+fn refused_worker(shared: &Shared, e: &IndexError, instance_id: &str, worker_id: i64, what: &str) {
+    match e {
+        IndexError::TooManyWorkers { limit } => {
+            shared
+                .limits
+                .hit(&shared.metrics, Limit::Workers, *limit as u64, &|| {
+                    format!("{what} of worker {instance_id}/{worker_id} refused")
+                });
+        }
+        IndexError::CapacityExceeded => {
+            tracing::warn!(instance = %instance_id, worker = worker_id, "{what} refused: {e}");
+        }
+    }
+}
+
+fn refused_keys(shared: &Shared, n: u64, instance_id: &str, worker_id: i64, location: &str) {
+    shared.metrics.keys_refused.inc_by(n);
+    let limit = shared.config.max_keys_per_worker;
+    shared
+        .limits
+        .hit(&shared.metrics, Limit::KeysPerWorker, limit, &|| {
+            format!("{n} admits of worker {instance_id}/{worker_id} ({location}) refused")
+        });
+}
+
+fn refused_batch(
+    shared: &Shared,
+    keys: Option<usize>,
+    instance_id: &str,
+    worker_id: i64,
+    what: &str,
+) {
+    let limit = shared.config.max_batch_ops;
+    shared
+        .limits
+        .hit(&shared.metrics, Limit::BatchOps, limit as u64, &|| {
+            let size = keys.map_or_else(String::new, |n| format!(" of {n} keys"));
+            format!("{what} batch{size} from worker {instance_id}/{worker_id} dropped whole")
+        });
 }
 
 /// The `heartbeat_url` a worker at `worker_ip` can reach: `--advertise-host`, else the bind

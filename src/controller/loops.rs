@@ -1,7 +1,9 @@
 //! The socket loops. Each one selects on the shutdown token, handles one message at a time
-//! and never ends on bad input: every malformed frame is counted, logged and dropped.
+//! and never ends on bad input: every malformed frame is counted, logged (at most one line
+//! every 10 s, with how many were held back) and dropped.
 
 use super::handlers::{handle_push, handle_request, record_batch, RouterKind};
+use super::limits::Limit;
 use super::state::{unix_now, Shared};
 use crate::protocol::{decode, decode_batch, encode, ErrorMsg, KVOpEvent, Msg};
 use crate::transport::{PullListener, RouterListener};
@@ -12,6 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Pause after a socket-level receive error, so a persistent fault cannot spin a core.
 const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// Capacity of the PULL loop's scratch ops vector kept after a multipart (a 50-op LMCache
+/// batch needs 50); above it, the vector is freed.
+const MAX_RETAINED_OPS: usize = 1 << 16;
 
 /// Receives admit/evict batches, full-sync batches and deregistrations until shutdown.
 pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: CancellationToken) {
@@ -26,7 +32,9 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
                 Ok(frames) => frames,
                 Err(e) => {
                     m.dropped("pull", "transport");
-                    tracing::warn!("PULL receive error: {e}");
+                    if let Some(held_back) = shared.drop_log.admit() {
+                        tracing::warn!(held_back, "PULL receive error: {e}");
+                    }
                     tokio::time::sleep(ERROR_BACKOFF).await;
                     continue;
                 }
@@ -42,7 +50,8 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
 
 /// Applies one multipart from the PULL socket, in order. Admit/evict batches take the
 /// allocation-free fast path and share one index write lock; any other frame releases it and
-/// goes through the general decoder and [`handle_push`].
+/// goes through the general decoder and [`handle_push`]. `ops` is scratch space kept between
+/// calls (public so that the `pull_frames` fuzz target drives exactly this path).
 pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>) {
     let m = &shared.metrics;
     let now = unix_now();
@@ -50,10 +59,7 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
     for frame in frames {
         if frame.len() > shared.config.max_frame_bytes {
             m.dropped("pull", "too_large");
-            tracing::warn!(
-                bytes = frame.len(),
-                "PULL frame over --max-frame-bytes dropped"
-            );
+            frame_too_large(shared, "pull", frame.len());
             continue;
         }
         ops.clear();
@@ -81,9 +87,15 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
             }
             Err(e) => {
                 m.dropped("pull", e.reason());
-                tracing::warn!(bytes = frame.len(), "PULL frame dropped: {e}");
+                if let Some(held_back) = shared.drop_log.admit() {
+                    tracing::warn!(bytes = frame.len(), held_back, "PULL frame dropped: {e}");
+                }
             }
         }
+    }
+    // One huge batch must not pin its ops vector for the life of the loop.
+    if ops.capacity() > MAX_RETAINED_OPS {
+        *ops = Vec::with_capacity(64);
     }
 }
 
@@ -109,7 +121,9 @@ pub async fn router_loop(
                 Ok(request) => request,
                 Err(e) => {
                     m.dropped(label, "transport");
-                    tracing::warn!(socket = label, "ROUTER receive error: {e}");
+                    if let Some(held_back) = shared.drop_log.admit() {
+                        tracing::warn!(socket = label, held_back, "ROUTER receive error: {e}");
+                    }
                     tokio::time::sleep(ERROR_BACKOFF).await;
                     continue;
                 }
@@ -122,13 +136,16 @@ pub async fn router_loop(
             [delimiter, payload] if delimiter.is_empty() => {
                 if payload.len() > shared.config.max_frame_bytes {
                     m.dropped(label, "too_large");
+                    frame_too_large(&shared, label, payload.len());
                     error_reply("frame larger than the controller's --max-frame-bytes")
                 } else {
                     match decode(payload) {
                         Ok(msg) => handle_request(&shared, kind, msg),
                         Err(e) => {
                             m.dropped(label, e.reason());
-                            tracing::warn!(socket = label, "request dropped: {e}");
+                            if let Some(held_back) = shared.drop_log.admit() {
+                                tracing::warn!(socket = label, held_back, "request dropped: {e}");
+                            }
                             error_reply(&format!("could not decode request: {e}"))
                         }
                     }
@@ -136,11 +153,14 @@ pub async fn router_loop(
             }
             _ => {
                 m.dropped(label, "bad_envelope");
-                tracing::warn!(
-                    socket = label,
-                    frames = request.frames.len(),
-                    "request without the [\"\", payload] envelope"
-                );
+                if let Some(held_back) = shared.drop_log.admit() {
+                    tracing::warn!(
+                        socket = label,
+                        frames = request.frames.len(),
+                        held_back,
+                        "request without the [\"\", payload] envelope"
+                    );
+                }
                 error_reply(
                     "expected a DEALER request: an empty delimiter frame, then one payload frame",
                 )
@@ -151,9 +171,23 @@ pub async fn router_loop(
             .await
         {
             m.dropped(label, "reply_failed");
-            tracing::warn!(socket = label, "could not reply: {e}");
+            if let Some(held_back) = shared.drop_log.admit() {
+                tracing::warn!(socket = label, held_back, "could not reply: {e}");
+            }
         }
     }
+}
+
+/// Counts and (throttled) logs a frame over `--max-frame-bytes` that reached a loop. The
+/// transport normally closes the sending connection before such a frame is read; this is the
+/// second line of defence.
+fn frame_too_large(shared: &Shared, socket: &str, bytes: usize) {
+    let limit = shared.config.max_frame_bytes as u64;
+    shared
+        .limits
+        .hit(&shared.metrics, Limit::FrameBytes, limit, &|| {
+            format!("{socket} frame of {bytes} bytes dropped")
+        });
 }
 
 fn error_reply(text: &str) -> Msg {

@@ -6,6 +6,7 @@
 
 pub mod downlink;
 pub mod handlers;
+pub mod limits;
 pub mod liveness;
 pub mod loops;
 pub mod state;

@@ -2,6 +2,7 @@
 //! the socket loops' live counters and the log of orchestration commands.
 
 use super::downlink::Downlink;
+use super::limits::{LimitLog, LogThrottle};
 use crate::config::ServeConfig;
 use crate::index::{Index, IndexConfig};
 use crate::metrics::Metrics;
@@ -54,6 +55,12 @@ pub struct Shared {
     pub sockets: SocketStats,
     /// Orchestration commands and their status (HTTP `/check_finish`).
     pub commands: CommandLog,
+    /// Log throttle of the resource limits.
+    pub limits: LimitLog,
+    /// Log throttle of the warnings a peer can cause once per message: frames the socket
+    /// loops drop (bad input, receive errors), sequence gaps, stale full-sync messages,
+    /// deregistrations of unknown workers.
+    pub drop_log: LogThrottle,
     generation: AtomicU64,
 }
 
@@ -62,6 +69,9 @@ impl Shared {
     pub fn new(config: ServeConfig, heartbeat_port: Option<u16>) -> Self {
         let index = Index::with_config(IndexConfig {
             sync_completion_threshold: config.full_sync_completion_threshold,
+            max_workers: config.max_workers,
+            max_keys_per_worker: config.max_keys_per_worker,
+            max_batch_ops: config.max_batch_ops,
             ..IndexConfig::default()
         });
         let ports = config.monitor_ports;
@@ -75,6 +85,8 @@ impl Shared {
                 heartbeat: LoopStats::new(ports.heartbeat.is_some()),
             },
             commands: CommandLog::new(COMMAND_LOG_CAPACITY),
+            limits: LimitLog::default(),
+            drop_log: LogThrottle::default(),
             config,
             heartbeat_port,
             generation: AtomicU64::new(0),
@@ -151,6 +163,14 @@ impl Shared {
         g.full_sync_workers_completed.set(completed as f64);
         g.full_sync_global_progress.set(progress);
         g.full_sync_missing_batches_total.set(missing as f64);
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            m.tasks.set(count(rt.metrics().num_alive_tasks()));
+        }
+        m.downlinks.set(count(self.downlinks.len()));
+        m.open_fds.set(count(
+            std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()),
+        ));
     }
 }
 

@@ -2,6 +2,7 @@
 //! template such as `/controller/workers`, never the raw path, so label cardinality stays
 //! bounded; `unmatched` for the 404 fallback) and status code, and timed.
 
+use crate::controller::limits::Limit;
 use crate::controller::Shared;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::Method;
@@ -36,6 +37,12 @@ pub async fn track(State(shared): State<Arc<Shared>>, request: Request, next: Ne
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let response = next.run(request).await;
     let m = &shared.metrics;
+    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        let limit = shared.config.max_body_bytes as u64;
+        shared.limits.hit(m, Limit::HttpBodyBytes, limit, &|| {
+            format!("{method} {route} got 413")
+        });
+    }
     m.http_requests
         .with_label_values(&[method, &route, response.status().as_str()])
         .inc();

@@ -45,7 +45,8 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use std::sync::Arc;
 
-/// Largest request body accepted (a `/lookup` of a million tokens is ~8 MB of JSON).
+/// Default of `--max-body-bytes`, the largest request body accepted (a `/lookup` of a million
+/// tokens is ~8 MB of JSON).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Who may call a route when `--api-token` is set.
@@ -146,7 +147,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .merge(dashboard::routes())
         .fallback(not_found)
         // Layers last, so that they wrap every route above.
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&shared),
             metrics_layer::track,

@@ -34,7 +34,7 @@ pub use chunks::MemoryStats;
 pub use lookup::{P2PHit, PrefixHolder};
 pub use sync::{
     SyncBatchOutcome, SyncEndOutcome, SyncError, SyncStatus, SyncView, FAILURE_TIMEOUT,
-    MAX_SYNC_BATCH_COUNT,
+    MAX_REPORTED_MISSING, MAX_SYNC_BATCH_COUNT,
 };
 pub use views::{InstanceSummary, LocationView, WorkerAddr, WorkerView};
 
@@ -77,6 +77,17 @@ pub struct IndexConfig {
     /// Automatic compaction runs when tombstoned memberships reach this many *and* a quarter
     /// of all memberships. Default 65,536.
     pub compact_min_dead: u64,
+    /// Most keys one worker may hold, over all its locations. An admit of a key the worker does
+    /// not hold yet is refused while it holds this many (counted in
+    /// [`BatchOutcome::Applied::refused`] and [`Index::keys_refused`]); evicts always apply.
+    /// Full-sync keys obey the same limit. Default 16,777,216 (~0.5 GB of index at ~30 B per
+    /// membership).
+    pub max_keys_per_worker: u64,
+    /// Most operations in one admit/evict batch, and most keys in one full-sync batch. A
+    /// larger batch is refused whole ([`BatchOutcome::TooLarge`],
+    /// [`SyncBatchOutcome::TooLarge`]), so that no single message holds the index lock for
+    /// long. Default 65,536 (LMCache sends at most 50 ops, and full-sync batches of 2,000).
+    pub max_batch_ops: usize,
 }
 
 impl Default for IndexConfig {
@@ -86,6 +97,8 @@ impl Default for IndexConfig {
             max_workers: 1 << 16,
             max_locations_per_worker: 64,
             compact_min_dead: 1 << 16,
+            max_keys_per_worker: 1 << 24,
+            max_batch_ops: 1 << 16,
         }
     }
 }
@@ -144,6 +157,10 @@ pub enum BatchOutcome {
         keys_removed: usize,
         /// Ops whose `seq_num` was not the previous one + 1 (applied anyway).
         gaps: usize,
+        /// Admits of new keys refused because the worker already held
+        /// [`IndexConfig::max_keys_per_worker`] keys (counted in `admits`, not in
+        /// `keys_added`; their sequence numbers still count as received).
+        refused: usize,
     },
     /// The worker is not registered; the batch was dropped.
     UnknownWorker,
@@ -152,6 +169,9 @@ pub enum BatchOutcome {
     /// The location is new and the worker already has
     /// [`IndexConfig::max_locations_per_worker`] locations; the batch was dropped.
     TooManyLocations,
+    /// The batch has more than [`IndexConfig::max_batch_ops`] operations; it was dropped
+    /// whole, before anything else was looked at.
+    TooLarge,
 }
 
 /// The KV index. See the module docs.
@@ -162,6 +182,12 @@ pub struct Index {
     config: IndexConfig,
     seq_discontinuities: u64,
     seq_gap_ops: u64,
+    keys_refused: u64,
+}
+
+/// Keys `w` holds over all its locations.
+fn worker_keys(w: &Worker, chunks: &Chunks) -> u64 {
+    w.locations.iter().map(|l| chunks.key_count(l.holder)).sum()
 }
 
 /// Index of location `name` on worker `w` (slot `ws`), creating it with a fresh holder if
@@ -321,6 +347,9 @@ impl Index {
         ops: &[KVOpEvent],
         now: f64,
     ) -> BatchOutcome {
+        if ops.len() > self.config.max_batch_ops {
+            return BatchOutcome::TooLarge;
+        }
         let Some(ws) = self.reg.find(instance_id, worker_id) else {
             return BatchOutcome::UnknownWorker;
         };
@@ -335,16 +364,26 @@ impl Index {
         let Some(li) = ensure_location(w, ws, location, &mut self.chunks, max) else {
             return BatchOutcome::TooManyLocations;
         };
+        let max_keys = self.config.max_keys_per_worker;
+        let mut held = worker_keys(w, &self.chunks);
         let loc = &mut w.locations[li];
-        let (mut admits, mut keys_added, mut keys_removed, mut gaps) = (0, 0, 0, 0);
+        let (mut admits, mut keys_added, mut keys_removed, mut gaps, mut refused) = (0, 0, 0, 0, 0);
         for op in ops {
             match op.op_type {
                 OpType::Admit => {
                     admits += 1;
-                    keys_added += usize::from(self.chunks.admit(loc.holder, op.key));
+                    if held >= max_keys && !chunks::has(self.chunks.members(op.key), loc.holder) {
+                        refused += 1;
+                    } else if self.chunks.admit(loc.holder, op.key) {
+                        keys_added += 1;
+                        held += 1;
+                    }
                 }
                 OpType::Evict => {
-                    keys_removed += usize::from(self.chunks.evict(loc.holder, op.key));
+                    if self.chunks.evict(loc.holder, op.key) {
+                        keys_removed += 1;
+                        held = held.saturating_sub(1);
+                    }
                 }
             }
             if let Some(last) = loc.last_seq {
@@ -358,13 +397,21 @@ impl Index {
             self.seq_discontinuities += 1;
             self.seq_gap_ops += gaps as u64;
         }
+        self.keys_refused += refused as u64;
         BatchOutcome::Applied {
             admits,
             evicts: ops.len() - admits,
             keys_added,
             keys_removed,
             gaps,
+            refused,
         }
+    }
+
+    /// Admits refused so far (batches and full syncs) because a worker held
+    /// [`IndexConfig::max_keys_per_worker`] keys.
+    pub fn keys_refused(&self) -> u64 {
+        self.keys_refused
     }
 
     /// Batches that contained at least one sequence gap (LMCache's

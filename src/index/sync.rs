@@ -13,6 +13,7 @@
 //! This module owns no keys: admitting batch keys and clearing a location on start go through
 //! the facade's reverse index.
 
+use super::chunks::has;
 use super::registry::Worker;
 use super::{ensure_location, Index};
 use crate::protocol::ChunkHash;
@@ -21,6 +22,11 @@ use thiserror::Error;
 /// Largest `batch_count` a `FullSyncStartMsg` may announce (the received set is a bitset of
 /// that many bits). LMCache workers send `ceil(keys / 2000)`, so this allows 2·10^10 keys.
 pub const MAX_SYNC_BATCH_COUNT: i64 = 10_000_000;
+
+/// Most batch ids one `FullSyncStatusRetMsg.missing_batches` lists (the lowest ones). A worker
+/// resends those and asks again; without the cap, a start announcing millions of batches
+/// would make every status request build and send a reply of tens of megabytes.
+pub const MAX_REPORTED_MISSING: usize = 10_000;
 
 /// Failure reason recorded by [`Index::expire_syncs`].
 pub const FAILURE_TIMEOUT: &str = "timeout";
@@ -57,6 +63,9 @@ pub enum SyncBatchOutcome {
     /// Dropped: unknown worker, not syncing, other sync id, `batch_id` out of range, or the
     /// location could not be created.
     Rejected,
+    /// Dropped: more keys than [`IndexConfig::max_batch_ops`](super::IndexConfig); the batch
+    /// is not recorded, so it stays missing and the sync cannot complete with it.
+    TooLarge,
 }
 
 /// Result of a `FullSyncEndMsg`.
@@ -83,7 +92,8 @@ pub struct SyncStatus {
     pub global_progress: f64,
     /// `is_complete` and `global_progress` ≥ the configured threshold.
     pub can_exit_freeze: bool,
-    /// Sorted batch ids not yet received, while syncing under this sync id.
+    /// Sorted batch ids not yet received, while syncing under this sync id (the first
+    /// [`MAX_REPORTED_MISSING`]).
     pub missing_batches: Vec<i64>,
 }
 
@@ -143,11 +153,26 @@ impl Sync {
         self.batch_count.saturating_sub(self.received_batches)
     }
 
+    /// The first [`MAX_REPORTED_MISSING`] missing batch ids, in order. Full words of the
+    /// bitset are skipped at once.
     fn missing(&self) -> Vec<i64> {
-        (0..self.batch_count)
-            .filter(|&b| !self.has(b))
-            .map(|b| b as i64)
-            .collect()
+        let mut out = Vec::new();
+        for (wi, &word) in self.received.iter().enumerate() {
+            if word == u64::MAX {
+                continue;
+            }
+            let base = wi as u64 * 64;
+            for bit in 0..64 {
+                let b = base + bit;
+                if b >= self.batch_count || out.len() >= MAX_REPORTED_MISSING {
+                    return out;
+                }
+                if word & (1 << bit) == 0 {
+                    out.push(b as i64);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -374,7 +399,9 @@ impl Index {
     /// Handles `FullSyncBatchMsg`: if the worker is syncing under `sync_id` and `batch_id` is in
     /// `0..batch_count`, marks the batch received (duplicates are not double counted) and admits
     /// `keys` to `location` without sequence checks. Completes the sync if the end already
-    /// arrived and this was the last missing batch.
+    /// arrived and this was the last missing batch. Keys beyond
+    /// [`IndexConfig::max_keys_per_worker`](super::IndexConfig) are refused (counted in
+    /// [`Index::keys_refused`]); a batch over `max_batch_ops` keys is not recorded at all.
     #[allow(clippy::too_many_arguments)]
     pub fn sync_batch(
         &mut self,
@@ -386,6 +413,9 @@ impl Index {
         keys: &[ChunkHash],
         now: f64,
     ) -> SyncBatchOutcome {
+        if keys.len() > self.config.max_batch_ops {
+            return SyncBatchOutcome::TooLarge;
+        }
         let Some(ws) = self.reg.find(instance_id, worker_id) else {
             return SyncBatchOutcome::Rejected;
         };
@@ -401,8 +431,14 @@ impl Index {
             return SyncBatchOutcome::Rejected;
         };
         let h = w.locations[li].holder;
+        let max_keys = self.config.max_keys_per_worker;
+        let mut held = super::worker_keys(w, &self.chunks);
         for &key in keys {
-            self.chunks.admit(h, key);
+            if held < max_keys {
+                held += u64::from(self.chunks.admit(h, key));
+            } else if !has(self.chunks.members(key), h) {
+                self.keys_refused += 1;
+            }
         }
         if w.sync.record_batch(b, keys.len(), now) {
             SyncBatchOutcome::Completed

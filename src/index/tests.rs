@@ -142,7 +142,8 @@ fn batch_ops_apply_in_order() {
             evicts: 2,
             keys_added: 2,
             keys_removed: 1,
-            gaps: 0
+            gaps: 0,
+            refused: 0,
         }
     );
     assert_eq!(ix.keys_of("a", 0, CPU), hs(&[2]));
@@ -676,6 +677,122 @@ fn limits() {
         SyncBatchOutcome::Rejected
     );
     assert_eq!(ix.key_count(), 2);
+}
+
+#[test]
+fn keys_per_worker_limit_refuses_new_admits_only() {
+    let mut ix = Index::with_config(IndexConfig {
+        max_keys_per_worker: 3,
+        ..IndexConfig::default()
+    });
+    reg(&mut ix, "a", 0);
+    reg(&mut ix, "b", 0);
+    // Two locations share the worker's budget of 3.
+    put(&mut ix, "a", 0, CPU, &[1, 2]);
+    let out = ix.apply_batch(
+        "a",
+        0,
+        "LocalDiskBackend",
+        &[admit(3, 2), admit(4, 3), admit(1, 4), admit(5, 5)],
+        2.0,
+    );
+    assert_eq!(
+        out,
+        BatchOutcome::Applied {
+            admits: 4,
+            evicts: 0,
+            keys_added: 1,
+            keys_removed: 0,
+            gaps: 0,
+            refused: 3,
+        }
+    );
+    assert_eq!(ix.keys_of("a", 0, "LocalDiskBackend"), hs(&[3]));
+    assert_eq!(ix.keys_refused(), 3);
+    // Re-admitting a held key is not refused; an evict makes room again.
+    let out = ix.apply_batch("a", 0, CPU, &[admit(1, 2), evict(2, 3), admit(9, 4)], 3.0);
+    assert!(matches!(
+        out,
+        BatchOutcome::Applied {
+            refused: 0,
+            keys_added: 1,
+            keys_removed: 1,
+            gaps: 0,
+            ..
+        }
+    ));
+    assert_eq!(ix.keys_of("a", 0, CPU), hs(&[1, 9]));
+    // Other workers have their own budget.
+    put(&mut ix, "b", 0, CPU, &[1, 2, 3]);
+    assert_eq!(ix.keys_of("b", 0, CPU), hs(&[1, 2, 3]));
+    // Full-sync keys obey the same limit, and the batch still counts as received.
+    ix.sync_start("a", 0, CPU, "s", 5, 1, 4.0).unwrap();
+    assert_eq!(
+        ix.sync_batch("a", 0, CPU, "s", 0, &hs(&[10, 11, 12, 13, 14]), 4.0),
+        SyncBatchOutcome::Accepted
+    );
+    assert_eq!(ix.keys_of("a", 0, CPU), hs(&[10, 11]));
+    assert_eq!(ix.keys_refused(), 6);
+    assert_eq!(ix.sync_end("a", 0, "s", 5, 4.0), SyncEndOutcome::Completed);
+    assert_eq!(ix.key_count(), 3 + 3);
+}
+
+#[test]
+fn batches_over_the_ops_limit_are_refused_whole() {
+    let mut ix = Index::with_config(IndexConfig {
+        max_batch_ops: 2,
+        ..IndexConfig::default()
+    });
+    reg(&mut ix, "a", 0);
+    let three = [admit(1, 0), admit(2, 1), admit(3, 2)];
+    assert_eq!(
+        ix.apply_batch("a", 0, CPU, &three, 1.0),
+        BatchOutcome::TooLarge
+    );
+    assert_eq!(
+        ix.apply_batch("nobody", 0, CPU, &three, 1.0),
+        BatchOutcome::TooLarge,
+        "refused before any lookup"
+    );
+    assert_eq!(ix.key_count(), 0);
+    assert!(matches!(
+        ix.apply_batch("a", 0, CPU, &three[..2], 1.0),
+        BatchOutcome::Applied { admits: 2, .. }
+    ));
+    // A full-sync batch over the limit stays missing: the sync cannot complete with it.
+    ix.sync_start("a", 0, CPU, "s", 3, 1, 2.0).unwrap();
+    assert_eq!(
+        ix.sync_batch("a", 0, CPU, "s", 0, &hs(&[1, 2, 3]), 2.0),
+        SyncBatchOutcome::TooLarge
+    );
+    assert!(matches!(
+        ix.sync_end("a", 0, "s", 3, 2.0),
+        SyncEndOutcome::Incomplete { .. }
+    ));
+    assert_eq!(ix.sync_status("a", 0, "s").missing_batches, vec![0]);
+    assert_eq!(ix.key_count(), 0);
+}
+
+#[test]
+fn status_lists_at_most_the_first_missing_batches() {
+    let mut ix = Index::new();
+    reg(&mut ix, "a", 0);
+    ix.sync_start("a", 0, CPU, "s", 0, MAX_SYNC_BATCH_COUNT, 1.0)
+        .unwrap();
+    for b in [0, 1, 5] {
+        ix.sync_batch("a", 0, CPU, "s", b, &[], 1.0);
+    }
+    let missing = ix.sync_status("a", 0, "s").missing_batches;
+    assert_eq!(missing.len(), MAX_REPORTED_MISSING);
+    assert_eq!(&missing[..4], &[2, 3, 4, 6]);
+    // Near the end of a nearly complete sync, the last ones are found past full words.
+    let mut ix = Index::new();
+    reg(&mut ix, "a", 0);
+    ix.sync_start("a", 0, CPU, "s", 0, 200, 1.0).unwrap();
+    for b in (0..200).filter(|b| *b != 130 && *b != 199) {
+        ix.sync_batch("a", 0, CPU, "s", b, &[], 1.0);
+    }
+    assert_eq!(ix.sync_status("a", 0, "s").missing_batches, vec![130, 199]);
 }
 
 #[test]

@@ -223,6 +223,42 @@ fn absurd_lengths_and_deep_nesting_are_rejected_cheaply() {
     );
 }
 
+/// Found by `cargo fuzz run decode` (fuzz/, input `crash-e9f99a2d…`): a float64 that
+/// serde_json's default (fast, not always exact) parser read back one ULP off through the JSON
+/// path. Fixed by serde_json's `float_roundtrip` feature: JSON floats now parse exactly, as
+/// msgspec parses them.
+#[test]
+fn fuzz_regression_json_floats_round_trip_exactly() {
+    let frame = unhex(concat!(
+        "86a474797065b446756c6c53796e635374617475735265744d7367a773796e635f6964a873796e63",
+        "2d616263ab69735f636f6d706c657465c2af676c6f62616c5f70726f6772657373cbdce000000080",
+        "0000af63616e5f657869745f667265657a65c2af6d6973736992955f62617463686573920104",
+    ));
+    let msg = decode(&frame).expect("decodes");
+    let Msg::FullSyncStatusRetMsg(m) = &msg else {
+        panic!("{msg:?}")
+    };
+    assert_eq!(m.global_progress.to_bits(), 0xdce0_0000_0080_0000);
+    let json = encode_json(&msg);
+    assert_eq!(
+        decode(json.as_bytes()).expect("JSON decodes"),
+        msg,
+        "{json}"
+    );
+    // The same for a range of awkward floats.
+    for bits in [
+        0x0000_0000_0000_0001_u64,
+        0x7fef_ffff_ffff_ffff,
+        0x3fb9_9999_9999_999a,
+        0xdce0_0000_0080_0000,
+    ] {
+        let f = f64::from_bits(bits);
+        let back: f64 =
+            serde_json::from_str(&serde_json::to_string(&f).expect("f64")).expect("parses");
+        assert_eq!(back.to_bits(), bits, "{f:e}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
