@@ -1161,7 +1161,13 @@ async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
     // Three more rounds of 10,000: what the first round kept (map capacity, tombstones below
     // the compaction threshold, allocator pools) is reused, so a per-cycle leak would show as
     // growth from round to round.
-    let mut rss_prev = rss1;
+    //
+    // Within a round, tombstoned memberships pile up to the compaction threshold and allocator
+    // slack moves with the machine's load, so RSS wobbles by a few MiB from round to round. A
+    // real leak of ~2 KB per cycle (a registry entry and a downlink task) would add ~20 MiB per
+    // round: comparing round 4 with round 2 under an 8 MiB margin catches any leak of
+    // ~400 bytes per cycle or more without flaking on the wobble.
+    let mut rss_round2 = rss1;
     for round in 2..=4 {
         churn(ports, 8, 10_000, &format!("round{round}")).await;
         until("round drained", SLOW, idle).await;
@@ -1169,13 +1175,14 @@ async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
         let (rss, fds, tasks) = (kv.rss_kib(), kv.fds(), kv.tasks().await);
         eprintln!("round {round} of 10,000: RSS {rss} KiB, fds {fds}, tasks {tasks}");
         assert!(fds <= fds0 && tasks <= tasks0, "fds {fds}, tasks {tasks}");
-        if round == 4 {
-            assert!(
-                rss <= rss_prev + 2 * 1024,
-                "RSS still growing in round {round}: {rss_prev} KiB → {rss} KiB"
-            );
+        match round {
+            2 => rss_round2 = rss,
+            4 => assert!(
+                rss <= rss_round2 + 8 * 1024,
+                "RSS grew over two rounds of 10,000 cycles: {rss_round2} KiB → {rss} KiB"
+            ),
+            _ => {}
         }
-        rss_prev = rss;
     }
     kv.kill9().await;
 }
