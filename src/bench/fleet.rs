@@ -6,7 +6,8 @@ use crate::protocol::{
 };
 use crate::transport::{DealerClient, PushSender};
 use bytes::Bytes;
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 /// The location every simulated op uses (LMCache's hot CPU cache).
 pub const LOCATION: &str = "LocalCPUBackend";
@@ -80,8 +81,10 @@ pub async fn register_all(reply: &str, workers: &[SimWorker]) -> Result<Option<S
     Ok(heartbeat_url)
 }
 
-/// Sends a `DeRegisterMsg` for every worker (best effort, so repeated runs start clean).
-pub async fn deregister_all(pull: &str, workers: &[SimWorker]) {
+/// Sends a `DeRegisterMsg` for every worker, so repeated runs start clean, and keeps the PUSH
+/// socket open until `/controller/key-stats` no longer lists them (at most 10 s): a PUSH send
+/// only queues the frame locally, and dropping the socket at once could discard it.
+pub async fn deregister_all(pull: &str, http_base: &str, workers: &[SimWorker]) {
     let mut push = PushSender::new(pull.to_owned());
     for w in workers {
         let msg = Msg::DeRegisterMsg(DeRegisterMsg {
@@ -93,6 +96,27 @@ pub async fn deregister_all(pull: &str, workers: &[SimWorker]) {
         let _ = push
             .send(vec![Bytes::from(encode(&msg))], REQUEST_TIMEOUT)
             .await;
+    }
+    let ours: HashSet<&str> = workers.iter().map(|w| w.instance_id.as_str()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let stats =
+            super::http::get_json(http_base, "/controller/key-stats", Duration::from_secs(5));
+        if let Ok(v) = stats.await {
+            let listed = v["instances"].as_array().map_or(0, |all| {
+                all.iter()
+                    .filter(|i| {
+                        i["instance_id"]
+                            .as_str()
+                            .is_some_and(|id| ours.contains(id))
+                    })
+                    .count()
+            });
+            if listed == 0 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -118,7 +118,7 @@ pub async fn ingest(args: &BenchArgs, run: u64) -> Result<Ingest, String> {
     let (start, send_seconds) = push_streams(&args.pull, streams).await?;
     let applied_seconds = wait_for_keys(args, baseline + net_keys, start).await?;
     if !args.keep {
-        fleet::deregister_all(&args.pull, &workers).await;
+        fleet::deregister_all(&args.pull, &args.http, &workers).await;
     }
     Ok(Ingest {
         workers: workers.len(),
@@ -230,7 +230,7 @@ pub async fn lookup(args: &BenchArgs, run: u64) -> Result<Lookup, String> {
     }
     let elapsed = start.elapsed().as_secs_f64();
     if !args.keep {
-        fleet::deregister_all(&args.pull, &holders).await;
+        fleet::deregister_all(&args.pull, &args.http, &holders).await;
     }
     Ok(Lookup {
         indexed_keys: indexed,
@@ -337,7 +337,7 @@ pub async fn full_sync(args: &BenchArgs, run: u64) -> Result<FullSync, String> {
     }
     let seconds = started.elapsed().as_secs_f64();
     if !args.keep {
-        fleet::deregister_all(&args.pull, std::slice::from_ref(&worker)).await;
+        fleet::deregister_all(&args.pull, &args.http, std::slice::from_ref(&worker)).await;
     }
     Ok(FullSync {
         keys,
@@ -404,7 +404,7 @@ pub async fn heartbeat(args: &BenchArgs, run: u64) -> Result<Heartbeat, String> 
         samples.extend(r.map_err(|e| format!("heartbeat task: {e}"))??);
     }
     if !args.keep {
-        fleet::deregister_all(&args.pull, &workers).await;
+        fleet::deregister_all(&args.pull, &args.http, &workers).await;
     }
     Ok(Heartbeat {
         workers: n,
