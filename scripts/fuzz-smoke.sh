@@ -38,7 +38,7 @@ fi
 
 cd fuzz
 echo "== building fuzz targets"
-cargo "${toolchain[@]}" fuzz build -O "${targets[@]:0:1}" >/dev/null
+cargo "${toolchain[@]}" fuzz build -O >/dev/null
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     echo "== fuzz $t for ${seconds}s"
