@@ -13,10 +13,10 @@
 #     second, P2P lookups, a worker leaving and rejoining every ~10 s;
 #   * HTTP: POST /lookup and GET /controller/workers every 200 ms;
 #   * heartbeats: `kvplane bench --scenarios heartbeat` (200 workers, 1/s) in a loop.
-# Liveness sweeps run (interval 2 s, timeout 8 s): they reap the workers `kvplane bench` leaves
-# behind (its deregistrations are sometimes lost when it exits), so bench runs are spaced by
-# SOAK_BENCH_GAP seconds (12) for the reaping to finish before the next run measures its
-# baseline key count.
+# Liveness sweeps run (interval 2 s, timeout 8 s) and reap any worker a load generator leaves
+# behind; bench runs are spaced by SOAK_BENCH_GAP seconds (12) so that such reaping finishes
+# before the next run measures its baseline key count (the recorded soak predates the bench
+# fix that waits for its own deregistrations).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
