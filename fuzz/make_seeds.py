@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets from the LMCache 0.5.6 golden vectors.
 
-    python3 fuzz/make_seeds.py [../shared/conformance/lmcache-0.5.6/controller_messages.jsonl]
+    python3 fuzz/make_seeds.py [tests/conformance/lmcache-0.5.6/controller_messages.jsonl]
 
 Seeds go to fuzz/corpus/<target>/seed-*; files already there (found by earlier runs) stay.
 Standard library only.
@@ -14,7 +14,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_VECTORS = os.path.join(
-    HERE, "..", "..", "shared", "conformance", "lmcache-0.5.6", "controller_messages.jsonl"
+    HERE, "..", "tests", "conformance", "lmcache-0.5.6", "controller_messages.jsonl"
 )
 
 # Messages that arrive on a ROUTER socket (the rest go to PULL or are replies/commands).

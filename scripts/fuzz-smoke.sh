@@ -29,12 +29,7 @@ else
     export RUSTC_BOOTSTRAP=1
 fi
 
-vectors="../shared/conformance/lmcache-0.5.6/controller_messages.jsonl"
-if [ -f "$vectors" ]; then
-    python3 fuzz/make_seeds.py "$vectors"
-else
-    echo "== $vectors not found: fuzzing from fuzz/corpus only"
-fi
+python3 fuzz/make_seeds.py tests/conformance/lmcache-0.5.6/controller_messages.jsonl
 
 cd fuzz
 echo "== building fuzz targets"

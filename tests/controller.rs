@@ -11,17 +11,6 @@ use std::time::Duration;
 
 const CPU: &str = "LocalCPUBackend";
 
-fn keys(server: &kvplane::Server, instance: &str, worker: i64) -> BTreeSet<i64> {
-    server
-        .shared
-        .index
-        .read()
-        .keys_of(instance, worker, CPU)
-        .into_iter()
-        .map(|k| i64::try_from(k.as_i128()).expect("test keys are i64"))
-        .collect()
-}
-
 fn lookup_msg(instance: &str, worker_id: i64, hashes: &[i64]) -> Msg {
     Msg::BatchedP2PLookupMsg(BatchedP2PLookupMsg {
         hashes: hashes.iter().map(|h| ChunkHash::from_i64(*h)).collect(),
@@ -573,19 +562,8 @@ async fn json_frames_are_accepted_on_pull_and_router() {
 #[tokio::test]
 async fn healthz_answers_over_http() {
     let server = server().await;
-    let addr = server.addrs.http;
-    let body = within("healthz", async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .expect("write");
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.expect("read");
-        out
-    })
-    .await;
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(body.contains("\"status\":\"ok\""), "{body}");
+    let (status, body) = http(server.addrs.http, "GET", "/healthz", None, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "ok", "{body}");
     server.stop().await;
 }

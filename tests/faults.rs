@@ -15,17 +15,14 @@
 //! child on free loopback ports with `KVPLANE_*` variables.
 
 mod common;
-mod http_support;
 
 use bytes::Bytes;
-use common::lmcache::{free_port, worker_args, LmcacheWorker};
+use common::lmcache::{worker_args, LmcacheWorker};
 use common::*;
-use http_support::{http, FakeWorker};
 use kvplane::protocol::*;
 use kvplane::transport::{DealerClient, PushSender};
 use kvplane::worker::{
-    Backoff, FullSyncConfig, MemoryKeys, NoCommands, Worker, WorkerConfig, WorkerHandle,
-    WorkerState, LOCAL_CPU_BACKEND,
+    MemoryKeys, NoCommands, Worker, WorkerConfig, WorkerHandle, WorkerState, LOCAL_CPU_BACKEND,
 };
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -168,35 +165,6 @@ where
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// A kvplane worker configuration with fast timers.
-fn worker_config(pull: u16, reply: u16, instance: &str, worker_id: i64) -> WorkerConfig {
-    let mut c = WorkerConfig::new(
-        instance,
-        worker_id,
-        format!("127.0.0.1:{pull}"),
-        format!("127.0.0.1:{reply}"),
-    );
-    c.command_host = "127.0.0.1".into();
-    c.heartbeat_interval = Some(Duration::from_millis(200));
-    c.heartbeat_delay = Duration::from_millis(100);
-    c.request_timeout = Duration::from_secs(1);
-    c.retry_backoff = Backoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-    };
-    c.full_sync = FullSyncConfig {
-        batch_size: 100,
-        batch_interval: Duration::from_millis(1),
-        startup_delay: Duration::from_millis(50),
-        poll_interval: Duration::from_millis(50),
-        max_retries: 3,
-        retry_delay: Duration::from_millis(100),
-        max_polls: 200,
-    };
-    c.shutdown_timeout = Duration::from_secs(3);
-    c
 }
 
 async fn start_worker(config: WorkerConfig, keys: &MemoryKeys) -> WorkerHandle {

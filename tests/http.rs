@@ -2,9 +2,9 @@
 //! status code it can answer. Commands reach fake workers over real ZMQ REP sockets on
 //! 127.0.0.1 (the downlinks are real); every await is bounded.
 
-mod http_support;
+mod common;
 
-use http_support::{call, within, Answer, FakeWorker};
+use common::{call, vector, within, Answer, FakeWorker};
 use kvplane::config::{ApiToken, ServeConfig};
 use kvplane::controller::Shared;
 use kvplane::http::router;
@@ -84,18 +84,6 @@ fn assert_event_id(v: &Value, prefix: &str) {
         id.starts_with(prefix) && id.len() == prefix.len() + 36,
         "{id}"
     );
-}
-
-fn vector(name: &str) -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/lmcache-0.5.6/lookup_token_hashes.jsonl"
-    );
-    let text = std::fs::read_to_string(path).expect("conformance vectors beside the checkout");
-    text.lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("vector {name}"))
 }
 
 fn vector_hashes(v: &Value) -> Vec<ChunkHash> {

@@ -3,27 +3,13 @@
 //! commands, and HTTP over a real TCP connection. Every await is bounded.
 
 mod common;
-mod http_support;
 
-use common::{eventually, server_with, TestWorker};
-use http_support::{http, FakeWorker};
+use common::{eventually, http, server_with, vector, FakeWorker, TestWorker};
 use kvplane::protocol::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 const CPU: &str = "LocalCPUBackend";
-
-fn vector(name: &str) -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/lmcache-0.5.6/lookup_token_hashes.jsonl"
-    );
-    let text = std::fs::read_to_string(path).expect("conformance vectors beside the checkout");
-    text.lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("JSON"))
-        .find(|v| v["name"] == name)
-        .unwrap_or_else(|| panic!("vector {name}"))
-}
 
 async fn fast_server() -> kvplane::Server {
     server_with(|c| c.downlink_timeout = Duration::from_millis(500)).await
@@ -164,9 +150,7 @@ async fn a_silent_worker_yields_504_within_the_timeout_while_another_instance_wo
         "health took {:?}",
         t.elapsed()
     );
-    let ((status, body), elapsed) = http_support::within("stuck clear", stuck)
-        .await
-        .expect("task");
+    let ((status, body), elapsed) = common::within("stuck clear", stuck).await.expect("task");
     assert_eq!(status, 504, "{body}");
     assert!(
         elapsed >= Duration::from_millis(450) && elapsed < Duration::from_secs(2),

@@ -2,11 +2,9 @@
 //! in `kvplane_limit_hits_total{limit}`, and leaves everything under it working.
 
 mod common;
-mod http_support;
 
 use bytes::Bytes;
 use common::*;
-use http_support::http;
 use kvplane::protocol::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -32,17 +30,6 @@ fn hits(text: &str, limit: &str) -> f64 {
         text,
         &format!("kvplane_limit_hits_total{{limit=\"{limit}\"}}"),
     )
-}
-
-fn keys(server: &kvplane::Server, instance: &str) -> BTreeSet<i64> {
-    server
-        .shared
-        .index
-        .read()
-        .keys_of(instance, 0, CPU)
-        .into_iter()
-        .map(|k| i64::try_from(k.as_i128()).expect("small"))
-        .collect()
 }
 
 #[tokio::test]
@@ -105,11 +92,11 @@ async fn max_keys_per_worker_drops_new_admits_and_keeps_evicts() {
     a.push(&[first, second]).await;
     b.push(&[other]).await;
     eventually("batches applied", STEP, || {
-        keys(&server, "b").len() == 3 && keys(&server, "a").len() == 5
+        keys(&server, "b", 0).len() == 3 && keys(&server, "a", 0).len() == 5
     })
     .await;
     // 1..=5 fill the budget; 6 and 7 are refused; evicting 1 makes room for 8.
-    assert_eq!(keys(&server, "a"), BTreeSet::from([2, 3, 4, 5, 8]));
+    assert_eq!(keys(&server, "a", 0), BTreeSet::from([2, 3, 4, 5, 8]));
     let text = metrics(&server).await;
     assert_eq!(sample(&text, "kvplane_keys_refused_total"), 2.0);
     assert_eq!(
@@ -138,10 +125,10 @@ async fn max_batch_ops_drops_whole_batches() {
     let ok = a.batch(CPU, &ok);
     a.push(&[big, ok]).await;
     eventually("the 50-op batch applied", STEP, || {
-        keys(&server, "a").len() == 50
+        keys(&server, "a", 0).len() == 50
     })
     .await;
-    assert_eq!(keys(&server, "a"), (100..150).collect());
+    assert_eq!(keys(&server, "a", 0), (100..150).collect());
     let text = metrics(&server).await;
     assert_eq!(hits(&text, "batch_ops"), 1.0);
     assert_eq!(
@@ -180,11 +167,11 @@ async fn max_frame_bytes_drops_the_frame_and_the_socket_keeps_serving() {
     let small = a.batch(CPU, &[(true, 1), (true, 2)]);
     a.push(&[small]).await;
     eventually("small batch applied", STEP, || {
-        keys(&server, "a") == BTreeSet::from([1, 2])
+        keys(&server, "a", 0) == BTreeSet::from([1, 2])
     })
     .await;
     assert!(
-        keys(&server, "a").iter().all(|k| *k < 1_000_000),
+        keys(&server, "a", 0).iter().all(|k| *k < 1_000_000),
         "nothing of the oversized batch was applied"
     );
     server.stop().await;

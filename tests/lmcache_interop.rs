@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::lmcache::{free_port, worker_args, LmcacheWorker};
+use common::lmcache::{worker_args, LmcacheWorker};
 use common::*;
 use kvplane::protocol::*;
 use serde_json::{json, Value};
@@ -12,17 +12,6 @@ use std::time::Duration;
 
 const CPU: &str = "LocalCPUBackend";
 const SLOW: Duration = Duration::from_secs(40);
-
-fn keys(server: &kvplane::Server, instance: &str) -> BTreeSet<i128> {
-    server
-        .shared
-        .index
-        .read()
-        .keys_of(instance, 0, CPU)
-        .into_iter()
-        .map(ChunkHash::as_i128)
-        .collect()
-}
 
 fn is(event: &'static str) -> impl Fn(&Value) -> bool {
     move |e| e["event"] == event
@@ -59,7 +48,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     )
     .await;
     eventually("A's admits applied", SLOW, || {
-        keys(&server, "inst-A") == held.iter().copied().collect()
+        keys(&server, "inst-A", 0) == held.iter().copied().collect()
     })
     .await;
 
@@ -116,7 +105,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     })
     .await;
     eventually("A's evicts after clear applied", SLOW, || {
-        keys(&server, "inst-A").is_empty()
+        keys(&server, "inst-A", 0).is_empty()
     })
     .await;
 
@@ -125,7 +114,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     a.call(json!({"cmd": "admit", "keys": [201, 202, 203]}), SLOW)
         .await;
     eventually("new admits applied", SLOW, || {
-        keys(&server, "inst-A").len() == 3
+        keys(&server, "inst-A", 0).len() == 3
     })
     .await;
     let addrs = server.addrs;
@@ -138,7 +127,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         .await;
     assert!(cmd.to_string().contains("worker_re_registered"), "{cmd}");
     eventually("index rebuilt by A's full sync", SLOW, || {
-        keys(&server, "inst-A") == BTreeSet::from([201, 202, 203])
+        keys(&server, "inst-A", 0) == BTreeSet::from([201, 202, 203])
     })
     .await;
     let done = a

@@ -7,7 +7,9 @@
 //! kvplane builds `zeromq` from `vendor/zeromq`, patched (`vendor/zeromq/KVPLANE-PATCHES.md`);
 //! the regression tests near the end pin what the patch fixes.
 
-use std::future::Future;
+mod common;
+
+use common::{free_port, within, STEP};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -20,25 +22,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use zeromq::prelude::*;
 
-/// Upper bound for any single await in these tests.
-const BOUND: Duration = Duration::from_secs(10);
 /// Timeout given to the clients under test.
 const SHORT: Duration = Duration::from_millis(500);
 
-async fn within<F: Future>(what: &str, fut: F) -> F::Output {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: no result within {BOUND:?}"))
-}
-
 fn bytes(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
-}
-
-/// A port that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind probe");
-    listener.local_addr().expect("probe addr").port()
 }
 
 fn random_bytes(len: usize) -> Vec<u8> {
@@ -779,7 +767,7 @@ fn zmtp_handshake(socket_type: &str) -> Vec<u8> {
 async fn assert_listener_hangs_up(port: u16, bytes: &[u8], case: &str) -> Duration {
     let mut stream = raw_connect(port).await;
     let start = Instant::now();
-    let _ = tokio::time::timeout(BOUND, stream.write_all(bytes)).await;
+    let _ = tokio::time::timeout(STEP, stream.write_all(bytes)).await;
     let mut sink = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut sink)).await;
     assert!(closed.is_ok(), "{case}: listener kept the connection open");
@@ -1146,7 +1134,7 @@ async fn push_pull_throughput() {
         let sender = tokio::spawn(async move {
             let mut push = PushSender::new(addr.to_string());
             for _ in 0..messages {
-                push.send(frames.clone(), BOUND).await.expect("send");
+                push.send(frames.clone(), STEP).await.expect("send");
             }
             push
         });

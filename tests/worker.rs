@@ -4,7 +4,6 @@
 
 mod common;
 
-use common::lmcache::free_port;
 use common::*;
 use kvplane::controller::BoundAddrs;
 use kvplane::protocol::*;
@@ -22,28 +21,10 @@ const DISK: &str = "LocalDiskBackend";
 /// Bound on convergence after a controller restart (several retries with backoff).
 const SLOW: Duration = Duration::from_secs(30);
 
-/// A configuration with fast timers for `instance`/`worker_id` against `addrs`.
+/// [`worker_config`] for `instance`/`worker_id` against `addrs`.
 fn config(addrs: &BoundAddrs, instance: &str, worker_id: i64) -> WorkerConfig {
-    let mut c = WorkerConfig::new(instance, worker_id, ep(addrs.pull), ep(addrs.reply));
-    c.command_host = "127.0.0.1".into();
-    c.heartbeat_interval = Some(Duration::from_millis(200));
-    c.heartbeat_delay = Duration::from_millis(100);
-    c.request_timeout = Duration::from_secs(1);
-    c.retry_backoff = Backoff {
-        initial: Duration::from_millis(50),
-        max: Duration::from_millis(500),
-    };
-    c.full_sync = FullSyncConfig {
-        batch_size: 100,
-        batch_interval: Duration::from_millis(1),
-        startup_delay: Duration::from_millis(50),
-        poll_interval: Duration::from_millis(50),
-        max_retries: 3,
-        retry_delay: Duration::from_millis(100),
-        max_polls: 100,
-    };
-    c.shutdown_timeout = Duration::from_secs(3);
-    c
+    let port = |a: Option<std::net::SocketAddr>| a.expect("socket configured").port();
+    worker_config(port(addrs.pull), port(addrs.reply), instance, worker_id)
 }
 
 /// Logs to the test's output when `RUST_LOG` is set (e.g. `RUST_LOG=kvplane::worker=debug`).

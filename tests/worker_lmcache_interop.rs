@@ -9,7 +9,8 @@
 
 mod common;
 
-use common::lmcache::{free_port, python};
+use common::free_port;
+use common::lmcache::python;
 use kvplane::protocol::{ChunkHash, ClearWorkerMsg, HealthWorkerMsg};
 use kvplane::worker::*;
 use serde_json::{json, Value};
@@ -17,57 +18,30 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 const CPU: &str = LOCAL_CPU_BACKEND;
 /// Bound on anything that waits for the Python controller.
 const SLOW: Duration = Duration::from_secs(60);
 
-/// A minimal HTTP/1.0 client (one request per connection), enough for LMCache's JSON API.
+/// [`common::http`] to `127.0.0.1:port` with an optional JSON body.
 async fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let exchange = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
-        let body = body.map(Value::to_string).unwrap_or_default();
-        let request = format!(
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        Ok::<_, std::io::Error>(raw)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 10 s"))
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: bad response {head:?}"));
-    let json = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
-    (status, json)
+    let body = body.map(Value::to_string);
+    common::http(common::loopback(port), method, path, body.as_deref(), &[]).await
 }
 
 /// Is anything answering HTTP on `port` yet?
 async fn http_up(port: u16) -> bool {
-    let probe = async {
-        let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        let request = "GET /controller/key-stats HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.ok()?;
-        Some(raw.starts_with(b"HTTP/1.1 200") || raw.starts_with(b"HTTP/1.0 200"))
-    };
+    let probe = common::try_http(
+        common::loopback(port),
+        "GET",
+        "/controller/key-stats",
+        None,
+        &[],
+    );
     matches!(
         tokio::time::timeout(Duration::from_secs(2), probe).await,
-        Ok(Some(true))
+        Ok(Ok((200, _)))
     )
 }
 

@@ -103,12 +103,7 @@ mod tests {
     use serde_json::Value;
 
     fn vectors() -> Vec<Value> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../shared/conformance/lmcache-0.5.6/lookup_token_hashes.jsonl"
-        );
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (../shared must be beside the checkout)"));
+        let text = crate::protocol::tests::conformance_file("lookup_token_hashes.jsonl");
         text.lines()
             .filter(|l| !l.trim().is_empty())
             .map(|l| serde_json::from_str(l).expect("vector is JSON"))

@@ -17,4 +17,4 @@ pub use messages::*;
 pub use ops::{KVOpEvent, OpType};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,18 +4,20 @@ use super::*;
 use proptest::prelude::*;
 use serde_json::Value;
 
-fn conformance_file(name: &str) -> String {
+/// The text of a golden-vector file in `tests/conformance/lmcache-0.5.6/` (in the repository;
+/// see the README there for how the vectors were made). `KVPLANE_CONFORMANCE_DIR` overrides
+/// the directory. Shared by every unit test that reads a vector.
+pub(crate) fn conformance_file(name: &str) -> String {
     let dir = std::env::var("KVPLANE_CONFORMANCE_DIR").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/conformance/lmcache-0.5.6"
+            "/tests/conformance/lmcache-0.5.6"
         )
         .to_owned()
     });
     let path = format!("{dir}/{name}");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("golden vectors missing at {path} (../shared beside the checkout): {e}")
-    })
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("golden vectors missing at {path}: {e}"))
 }
 
 fn unhex(s: &str) -> Vec<u8> {

@@ -171,11 +171,3 @@ pub fn worker_args(
     }
     args
 }
-
-/// A free TCP port on 127.0.0.1 (bound, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}

@@ -1,16 +1,28 @@
-//! Shared helpers for integration tests: a kvplane server on 127.0.0.1 with ephemeral ports,
-//! and test-side worker sockets. Every wait is bounded.
+//! The one test-support module of the integration tests: a kvplane server on 127.0.0.1 with
+//! ephemeral ports, test-side worker sockets, a worker configuration with fast timers, the
+//! golden vectors, key-set reads, loopback ports, and (in [`http`]) fake workers, the router
+//! caller and the HTTP client. Every wait is bounded. Each test file declares `mod common;`
+//! and uses what it needs.
 
 #![allow(dead_code)]
 
+pub mod http;
 pub mod lmcache;
+
+#[allow(unused_imports)] // not every test binary uses them
+pub use http::*;
 
 use bytes::Bytes;
 use kvplane::config::ServeConfig;
 use kvplane::protocol::{decode, encode, Msg};
 use kvplane::transport::{DealerClient, PushSender, RepServer};
+use kvplane::worker::{Backoff, FullSyncConfig, WorkerConfig};
 use kvplane::Server;
+use serde_json::Value;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Bound on any single await in a test.
@@ -196,4 +208,122 @@ pub async fn restart_on(addrs: kvplane::controller::BoundAddrs) -> Server {
             Err(e) => panic!("restart on the same ports failed for {STEP:?}: {e}"),
         }
     }
+}
+
+/// The text of a golden-vector file of `tests/conformance/lmcache-0.5.6/` (in the repository;
+/// its README says how the vectors were made). `KVPLANE_CONFORMANCE_DIR` overrides the
+/// directory.
+pub fn conformance_file(name: &str) -> String {
+    let dir = std::env::var("KVPLANE_CONFORMANCE_DIR").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/conformance/lmcache-0.5.6"
+        )
+        .to_owned()
+    });
+    let path = format!("{dir}/{name}");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("golden vectors missing at {path}: {e}"))
+}
+
+/// The token-hash vector called `name` of `lookup_token_hashes.jsonl`.
+pub fn vector(name: &str) -> Value {
+    conformance_file("lookup_token_hashes.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<Value>(l).expect("vector line is JSON"))
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no vector {name}"))
+}
+
+/// The keys the index holds for `(instance, worker)` at `LocalCPUBackend`.
+pub fn keys(server: &Server, instance: &str, worker: i64) -> BTreeSet<i128> {
+    server
+        .shared
+        .index
+        .read()
+        .keys_of(instance, worker, kvplane::worker::LOCAL_CPU_BACKEND)
+        .into_iter()
+        .map(kvplane::protocol::ChunkHash::as_i128)
+        .collect()
+}
+
+/// A worker configuration against `127.0.0.1:pull` / `127.0.0.1:reply` with fast timers
+/// (heartbeat 200 ms, request timeout 1 s, full-sync polls every 50 ms, at most 200).
+pub fn worker_config(pull: u16, reply: u16, instance: &str, worker_id: i64) -> WorkerConfig {
+    let mut c = WorkerConfig::new(
+        instance,
+        worker_id,
+        format!("127.0.0.1:{pull}"),
+        format!("127.0.0.1:{reply}"),
+    );
+    c.command_host = "127.0.0.1".into();
+    c.heartbeat_interval = Some(Duration::from_millis(200));
+    c.heartbeat_delay = Duration::from_millis(100);
+    c.request_timeout = Duration::from_secs(1);
+    c.retry_backoff = Backoff {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(500),
+    };
+    c.full_sync = FullSyncConfig {
+        batch_size: 100,
+        batch_interval: Duration::from_millis(1),
+        startup_delay: Duration::from_millis(50),
+        poll_interval: Duration::from_millis(50),
+        max_retries: 3,
+        retry_delay: Duration::from_millis(100),
+        max_polls: 200,
+    };
+    c.shutdown_timeout = Duration::from_secs(3);
+    c
+}
+
+/// A loopback port for a peer that is not up yet and must be told its port in advance (a
+/// child process, a Python worker, a controller started later). Prefer binding port 0 and
+/// reading the bound address wherever the test owns the socket.
+///
+/// Safer than "bind port 0, then drop": the port is taken *below* the kernel's ephemeral range
+/// (`ip_local_port_range`), where neither port-0 binds nor outgoing connections land, so the
+/// other tests of this machine (which all bind port 0) cannot take it in between; and this
+/// process never hands the same port out twice.
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (from, to) = if low > 12_000 {
+        (10_000, low - 1)
+    } else {
+        (0, 0)
+    };
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    if to > from {
+        let span = u32::from(to - from);
+        // Start at a pseudo-random place so concurrent test processes spread out.
+        let seed = std::process::id().wrapping_mul(2_654_435_761) % span;
+        for i in 0..span {
+            let port = from + ((seed + i * 7_919) % span) as u16;
+            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
+    // No room below the ephemeral range: fall back to the kernel's choice.
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if given.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// `127.0.0.1:port`.
+pub fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
 }

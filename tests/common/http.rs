@@ -1,9 +1,8 @@
-//! Helpers shared by the HTTP tests: fake workers (a REP socket on its own task), a `oneshot`
-//! caller for the router, and a minimal HTTP/1.1 client for the end-to-end tests. Every wait
-//! is bounded; loopback only.
+//! HTTP and fake-worker helpers: fake workers (a REP socket on its own task), a `oneshot`
+//! caller for the router, and the one HTTP/1.1 client the integration tests use over real
+//! sockets. Every wait is bounded; loopback only.
 
-#![allow(dead_code)]
-
+use super::within;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::Router;
@@ -12,20 +11,10 @@ use http_body_util::BodyExt;
 use kvplane::protocol::{decode, encode, Msg};
 use kvplane::transport::RepServer;
 use serde_json::Value;
-use std::time::Duration;
+use std::net::SocketAddr;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
-
-/// Bound on any single await in these tests.
-pub const STEP: Duration = Duration::from_secs(10);
-
-/// Awaits `f`, failing the test after [`STEP`].
-pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
 
 /// Aborts the task when dropped.
 pub struct AbortOnDrop(pub JoinHandle<()>);
@@ -122,14 +111,33 @@ pub async fn call(
     }
 }
 
-/// A minimal HTTP/1.1 client over a fresh TCP connection (`Connection: close`).
+/// One HTTP/1.1 request over a fresh TCP connection (`Connection: close`), bounded by
+/// [`STEP`](super::STEP): the status and the body as JSON (a JSON string for a non-JSON body).
+/// Panics on a connection error or a malformed response.
 pub async fn http(
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     method: &str,
     path: &str,
     body: Option<&str>,
     headers: &[(&str, &str)],
 ) -> (u16, Value) {
+    within(
+        &format!("HTTP {method} {path}"),
+        try_http(addr, method, path, body, headers),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("HTTP {method} {path} to {addr}: {e}"))
+}
+
+/// [`http`] without the bound and the panic: an error if the connection fails or the answer
+/// is not HTTP (for probing a server that may not be up yet; wrap it in a timeout).
+pub async fn try_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, Value)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = body.unwrap_or("");
     let mut head = format!(
@@ -141,22 +149,19 @@ pub async fn http(
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    let raw = within(&format!("HTTP {method} {path}"), async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(head.as_bytes()).await.expect("write head");
-        s.write_all(body.as_bytes()).await.expect("write body");
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.expect("read");
-        out
-    })
-    .await;
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(head.as_bytes()).await?;
+    s.write_all(body.as_bytes()).await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
     let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, payload) = text.split_once("\r\n\r\n").expect("HTTP response");
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
+    let (head, payload) = text.split_once("\r\n\r\n").ok_or_else(bad)?;
     let status: u16 = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .expect("status code");
+        .ok_or_else(bad)?;
     let payload = if head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
@@ -166,7 +171,7 @@ pub async fn http(
         payload.to_owned()
     };
     let value = serde_json::from_str(&payload).unwrap_or(Value::String(payload));
-    (status, value)
+    Ok((status, value))
 }
 
 fn dechunk(mut s: &str) -> String {
