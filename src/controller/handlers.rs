@@ -294,6 +294,21 @@ pub fn handle_push(shared: &Shared, msg: Msg) -> Result<(), &'static str> {
                     );
                     Err("too_many_ops")
                 }
+                SyncBatchOutcome::OverBudget => {
+                    let limit = shared.index.read().config().max_sync_ranges;
+                    shared.limits.hit(
+                        &shared.metrics,
+                        Limit::SyncRanges,
+                        limit as u64,
+                        &|| {
+                            format!(
+                                "out-of-order full-sync batch {} from worker {}/{} dropped (it stays missing)",
+                                m.batch_id, m.instance_id, m.worker_id
+                            )
+                        },
+                    );
+                    Err("sync_ranges")
+                }
             }
         }
         Msg::FullSyncEndMsg(m) => {

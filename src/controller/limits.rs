@@ -29,14 +29,18 @@ pub enum Limit {
     FrameBytes,
     /// `--max-body-bytes`: an HTTP request got 413.
     HttpBodyBytes,
+    /// The full-sync range budget (built in, `IndexConfig::max_sync_ranges` and
+    /// `max_sync_ranges_per_worker`): an out-of-order full-sync batch was refused.
+    SyncRanges,
 }
 
-const ALL: [Limit; 5] = [
+const ALL: [Limit; 6] = [
     Limit::Workers,
     Limit::KeysPerWorker,
     Limit::BatchOps,
     Limit::FrameBytes,
     Limit::HttpBodyBytes,
+    Limit::SyncRanges,
 ];
 
 impl Limit {
@@ -48,6 +52,7 @@ impl Limit {
             Limit::BatchOps => "batch_ops",
             Limit::FrameBytes => "frame_bytes",
             Limit::HttpBodyBytes => "http_body_bytes",
+            Limit::SyncRanges => "sync_ranges",
         }
     }
 
@@ -59,6 +64,7 @@ impl Limit {
             Limit::BatchOps => "--max-batch-ops",
             Limit::FrameBytes => "--max-frame-bytes",
             Limit::HttpBodyBytes => "--max-body-bytes",
+            Limit::SyncRanges => "full-sync ranges (built in)",
         }
     }
 

@@ -21,6 +21,7 @@
 
 mod chunks;
 mod lookup;
+mod received;
 mod registry;
 mod sync;
 mod views;
@@ -32,6 +33,7 @@ mod tests;
 
 pub use chunks::MemoryStats;
 pub use lookup::{P2PHit, PrefixHolder};
+pub use received::{DEFAULT_MAX_SYNC_RANGES, DEFAULT_MAX_SYNC_RANGES_PER_WORKER};
 pub use sync::{
     SyncBatchOutcome, SyncEndOutcome, SyncError, SyncStatus, SyncView, FAILURE_TIMEOUT,
     MAX_REPORTED_MISSING, MAX_SYNC_BATCH_COUNT,
@@ -88,6 +90,15 @@ pub struct IndexConfig {
     /// [`SyncBatchOutcome::TooLarge`]), so that no single message holds the index lock for
     /// long. Default 65,536 (LMCache sends at most 50 ops, and full-sync batches of 2,000).
     pub max_batch_ops: usize,
+    /// Most extra ranges of received full-sync batch ids all syncing workers hold together.
+    /// A sync's received ids are kept as ranges; batches sent in order (as LMCache does) need
+    /// one range, which is always free; each batch that arrives out of order past a gap needs
+    /// one more (~40 bytes). A batch that would need a range over this (or over
+    /// `max_sync_ranges_per_worker`) is refused ([`SyncBatchOutcome::OverBudget`]) and stays
+    /// missing. Default 1,048,576 (~40 MiB at most).
+    pub max_sync_ranges: usize,
+    /// Most extra ranges one sync may hold. Default 65,536 (~2.5 MiB).
+    pub max_sync_ranges_per_worker: usize,
 }
 
 impl Default for IndexConfig {
@@ -99,6 +110,8 @@ impl Default for IndexConfig {
             compact_min_dead: 1 << 16,
             max_keys_per_worker: 1 << 24,
             max_batch_ops: 1 << 16,
+            max_sync_ranges: received::DEFAULT_MAX_SYNC_RANGES,
+            max_sync_ranges_per_worker: received::DEFAULT_MAX_SYNC_RANGES_PER_WORKER,
         }
     }
 }
@@ -183,6 +196,8 @@ pub struct Index {
     seq_discontinuities: u64,
     seq_gap_ops: u64,
     keys_refused: u64,
+    /// Budget of the received-batch ranges of every sync (see `received.rs`).
+    sync_ranges: received::RangeBudget,
 }
 
 /// Keys `w` holds over all its locations.
@@ -223,6 +238,10 @@ impl Index {
     /// An empty index with `config`.
     pub fn with_config(config: IndexConfig) -> Self {
         Index {
+            sync_ranges: received::RangeBudget::new(
+                config.max_sync_ranges,
+                config.max_sync_ranges_per_worker,
+            ),
             config,
             ..Self::default()
         }

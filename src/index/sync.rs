@@ -14,13 +14,15 @@
 //! the facade's reverse index.
 
 use super::chunks::has;
+use super::received::{Insert, RangeBudget, Received};
 use super::registry::Worker;
 use super::{ensure_location, Index};
 use crate::protocol::ChunkHash;
 use thiserror::Error;
 
-/// Largest `batch_count` a `FullSyncStartMsg` may announce (the received set is a bitset of
-/// that many bits). LMCache workers send `ceil(keys / 2000)`, so this allows 2·10^10 keys.
+/// Largest `batch_count` a `FullSyncStartMsg` may announce. It costs no memory by itself (the
+/// received set grows with the batches that arrive, see `received.rs`); LMCache workers send
+/// `ceil(keys / 2000)`, so this allows 2·10^10 keys.
 pub const MAX_SYNC_BATCH_COUNT: i64 = 10_000_000;
 
 /// Most batch ids one `FullSyncStatusRetMsg.missing_batches` lists (the lowest ones). A worker
@@ -66,6 +68,11 @@ pub enum SyncBatchOutcome {
     /// Dropped: more keys than [`IndexConfig::max_batch_ops`](super::IndexConfig); the batch
     /// is not recorded, so it stays missing and the sync cannot complete with it.
     TooLarge,
+    /// Dropped: the batch arrived out of order and recording it needs a new range of received
+    /// ids over [`IndexConfig::max_sync_ranges_per_worker`](super::IndexConfig) or the shared
+    /// [`IndexConfig::max_sync_ranges`](super::IndexConfig). Not recorded (its keys are not
+    /// admitted), so it stays missing and is reported until the worker resends it.
+    OverBudget,
 }
 
 /// Result of a `FullSyncEndMsg`.
@@ -133,8 +140,8 @@ pub(crate) struct Sync {
     location: Box<str>,
     expected_total_keys: i64,
     batch_count: u64,
-    /// Bitset of received batch ids (dropped once the sync is over).
-    received: Vec<u64>,
+    /// Received batch ids (emptied once the sync is over).
+    received: Received,
     received_batches: u64,
     received_keys: u64,
     end_total_keys: Option<i64>,
@@ -143,36 +150,14 @@ pub(crate) struct Sync {
 }
 
 impl Sync {
-    fn has(&self, batch: u64) -> bool {
-        self.received
-            .get((batch / 64) as usize)
-            .is_some_and(|w| w & (1 << (batch % 64)) != 0)
-    }
-
     fn missing_count(&self) -> u64 {
         self.batch_count.saturating_sub(self.received_batches)
     }
 
-    /// The first [`MAX_REPORTED_MISSING`] missing batch ids, in order. Full words of the
-    /// bitset are skipped at once.
+    /// The first [`MAX_REPORTED_MISSING`] missing batch ids, in order.
     fn missing(&self) -> Vec<i64> {
-        let mut out = Vec::new();
-        for (wi, &word) in self.received.iter().enumerate() {
-            if word == u64::MAX {
-                continue;
-            }
-            let base = wi as u64 * 64;
-            for bit in 0..64 {
-                let b = base + bit;
-                if b >= self.batch_count || out.len() >= MAX_REPORTED_MISSING {
-                    return out;
-                }
-                if word & (1 << bit) == 0 {
-                    out.push(b as i64);
-                }
-            }
-        }
-        out
+        self.received
+            .missing(self.batch_count, MAX_REPORTED_MISSING)
     }
 }
 
@@ -211,6 +196,7 @@ impl SyncState {
         total_keys: i64,
         batch_count: i64,
         now: f64,
+        budget: &RangeBudget,
     ) -> Result<(), SyncError> {
         if let SyncState::Syncing(s) = self {
             if &*s.sync_id != sync_id {
@@ -228,7 +214,7 @@ impl SyncState {
             location: location.into(),
             expected_total_keys: total_keys,
             batch_count: count,
-            received: vec![0; count.div_ceil(64) as usize],
+            received: Received::new(budget.clone()),
             received_batches: 0,
             received_keys: 0,
             end_total_keys: None,
@@ -248,18 +234,24 @@ impl SyncState {
         }
     }
 
+    /// Whether accepted batch `b` can be recorded: it is recorded already, or recording it
+    /// stays within the range budget.
+    fn can_record(&self, b: u64) -> bool {
+        match self {
+            SyncState::Syncing(s) => s.received.contains(b) || s.received.would_fit(b),
+            _ => false,
+        }
+    }
+
     /// Records accepted batch `b`; returns whether the sync completed.
     fn record_batch(&mut self, b: u64, keys: usize, now: f64) -> bool {
         let SyncState::Syncing(s) = self else {
             return false;
         };
         s.last_activity = now;
-        if !s.has(b) {
-            if let Some(w) = s.received.get_mut((b / 64) as usize) {
-                *w |= 1 << (b % 64);
-                s.received_batches += 1;
-                s.received_keys += keys as u64;
-            }
+        if s.received.insert(b) == Insert::New {
+            s.received_batches += 1;
+            s.received_keys += keys as u64;
         }
         if s.end_total_keys.is_some() && s.missing_count() == 0 {
             self.complete();
@@ -304,7 +296,7 @@ impl SyncState {
     fn finish(&mut self, to: impl FnOnce(Box<Sync>) -> SyncState) {
         if self.is_syncing() {
             if let SyncState::Syncing(mut s) = std::mem::take(self) {
-                s.received = Vec::new();
+                s.received = Received::new(s.received.budget().clone());
                 *self = to(s);
             }
         }
@@ -377,8 +369,14 @@ impl Index {
             return Err(SyncError::UnknownWorker);
         };
         w.touch(now);
-        w.sync
-            .start(sync_id, location, total_keys, batch_count, now)?;
+        w.sync.start(
+            sync_id,
+            location,
+            total_keys,
+            batch_count,
+            now,
+            &self.sync_ranges,
+        )?;
         if let Some(li) = w.location(location) {
             self.chunks.kill_holder(w.locations[li].holder);
             match self.chunks.alloc_holder(ws) {
@@ -427,6 +425,9 @@ impl Index {
         let Some(b) = w.sync.accepts_batch(sync_id, batch_id) else {
             return SyncBatchOutcome::Rejected;
         };
+        if !w.sync.can_record(b) {
+            return SyncBatchOutcome::OverBudget;
+        }
         let Some(li) = ensure_location(w, ws, location, &mut self.chunks, max_locations) else {
             return SyncBatchOutcome::Rejected;
         };
@@ -519,6 +520,12 @@ impl Index {
                 Some((instance, wid))
             })
             .collect()
+    }
+
+    /// Extra ranges of received batch ids held by all syncs together (each sync's first range
+    /// is free), against [`IndexConfig::max_sync_ranges`](super::IndexConfig).
+    pub fn sync_ranges_used(&self) -> usize {
+        self.sync_ranges.used()
     }
 
     /// `(syncing workers, completed workers, missing batches summed over syncing workers)`, for

@@ -822,3 +822,124 @@ fn tombstones_are_reclaimed_by_automatic_compaction() {
     assert_eq!(ix.compact(), 60);
     assert_eq!(ix.memory_stats().map_entries, 50);
 }
+
+/// Full-sync bookkeeping follows the batches received, not the count announced, and the
+/// out-of-order ranges share one budget (review §2.1.5).
+#[test]
+fn full_sync_bookkeeping_is_bounded_by_what_arrived() {
+    let mut ix = Index::with_config(IndexConfig {
+        max_sync_ranges: 2,
+        max_sync_ranges_per_worker: 100,
+        ..IndexConfig::default()
+    });
+    let max = MAX_SYNC_BATCH_COUNT;
+    for w in ["a", "b"] {
+        reg(&mut ix, w, 0);
+        ix.sync_start(w, 0, CPU, "s", 0, max, 1.0).unwrap();
+    }
+    // Announcing 10^7 batches costs no range; batches in order use each sync's free range.
+    for b in 0..50 {
+        let outcome = ix.sync_batch("b", 0, CPU, "s", b, &hs(&[1_000 + b]), 2.0);
+        assert_eq!(outcome, SyncBatchOutcome::Accepted);
+    }
+    assert_eq!(ix.sync_ranges_used(), 0);
+
+    // "a" sends out of order: 0, 2, 4 take two extra ranges, the budget; 6 is refused.
+    for b in [0, 2, 4] {
+        let outcome = ix.sync_batch("a", 0, CPU, "s", b, &hs(&[b]), 2.0);
+        assert_eq!(outcome, SyncBatchOutcome::Accepted);
+    }
+    assert_eq!(ix.sync_ranges_used(), 2);
+    assert_eq!(
+        ix.sync_batch("a", 0, CPU, "s", 6, &hs(&[6]), 3.0),
+        SyncBatchOutcome::OverBudget
+    );
+    // Refused: not recorded, keys not admitted, still reported missing.
+    assert_eq!(ix.keys_of("a", 0, CPU), hs(&[0, 2, 4]));
+    let missing = ix.sync_status("a", 0, "s").missing_batches;
+    assert_eq!(&missing[..5], &[1, 3, 5, 6, 7]);
+    assert_eq!(ix.worker("a", 0).unwrap().sync.received_batches, 3);
+    // "b" in order is unaffected by the spent budget; its own out-of-order batch is not.
+    assert_eq!(
+        ix.sync_batch("b", 0, CPU, "s", 50, &hs(&[1_050]), 3.0),
+        SyncBatchOutcome::Accepted
+    );
+    assert_eq!(
+        ix.sync_batch("b", 0, CPU, "s", 60, &hs(&[1_060]), 3.0),
+        SyncBatchOutcome::OverBudget
+    );
+    // A batch that joins two ranges gives one back, and the refused batch then fits.
+    assert_eq!(
+        ix.sync_batch("a", 0, CPU, "s", 1, &hs(&[1]), 4.0),
+        SyncBatchOutcome::Accepted
+    );
+    assert_eq!(ix.sync_ranges_used(), 1);
+    assert_eq!(
+        ix.sync_batch("b", 0, CPU, "s", 60, &hs(&[1_060]), 4.0),
+        SyncBatchOutcome::Accepted
+    );
+    assert_eq!(ix.sync_ranges_used(), 2);
+
+    // An end with batches missing stays open; its ranges are kept.
+    assert!(matches!(
+        ix.sync_end("a", 0, "s", 5, 5.0),
+        SyncEndOutcome::Incomplete { .. }
+    ));
+    assert_eq!(ix.sync_ranges_used(), 2);
+    // Every way a sync ends returns its ranges: expiry ("b")…
+    assert_eq!(ix.expire_syncs(100.0, 10.0).len(), 2);
+    assert_eq!(ix.sync_ranges_used(), 0);
+    // …a restart, a deregistration, and completion.
+    ix.sync_start("a", 0, CPU, "t", 0, 8, 101.0).unwrap();
+    for b in [0, 2, 4] {
+        ix.sync_batch("a", 0, CPU, "t", b, &[], 101.0);
+    }
+    assert_eq!(ix.sync_ranges_used(), 2);
+    ix.sync_start("a", 0, CPU, "t", 0, 8, 102.0).unwrap();
+    assert_eq!(ix.sync_ranges_used(), 0);
+    for b in [0, 2] {
+        ix.sync_batch("a", 0, CPU, "t", b, &[], 102.0);
+    }
+    assert_eq!(ix.sync_ranges_used(), 1);
+    assert!(ix.deregister("a", 0));
+    assert_eq!(ix.sync_ranges_used(), 0);
+    reg(&mut ix, "a", 0);
+    ix.sync_start("a", 0, CPU, "u", 0, 3, 103.0).unwrap();
+    for b in [2, 0] {
+        ix.sync_batch("a", 0, CPU, "u", b, &[], 103.0);
+    }
+    assert_eq!(ix.sync_ranges_used(), 1);
+    assert_eq!(
+        ix.sync_end("a", 0, "u", 0, 103.0),
+        SyncEndOutcome::Incomplete { missing: 1 }
+    );
+    assert_eq!(
+        ix.sync_batch("a", 0, CPU, "u", 1, &[], 104.0),
+        SyncBatchOutcome::Completed
+    );
+    assert_eq!(ix.sync_ranges_used(), 0);
+}
+
+/// Many syncing workers announcing the largest count and sending in order hold no budget:
+/// honest workers are never refused, however many there are.
+#[test]
+fn many_in_order_syncs_take_no_budget() {
+    let mut ix = Index::with_config(IndexConfig {
+        max_sync_ranges: 0,
+        ..IndexConfig::default()
+    });
+    for w in 0..1_000 {
+        reg(&mut ix, "i", w);
+        ix.sync_start("i", w, CPU, "s", 0, MAX_SYNC_BATCH_COUNT, 1.0)
+            .unwrap();
+        for b in 0..3 {
+            let outcome = ix.sync_batch("i", w, CPU, "s", b, &hs(&[w * 10 + b]), 1.0);
+            assert_eq!(outcome, SyncBatchOutcome::Accepted);
+        }
+    }
+    assert_eq!(ix.sync_ranges_used(), 0);
+    assert_eq!(
+        ix.sync_counts(),
+        (1_000, 0, 1_000 * (MAX_SYNC_BATCH_COUNT as u64 - 3))
+    );
+}
