@@ -1,11 +1,17 @@
 # Multi-stage build of the kvplane controller.
+# The build stage copies exactly what `cargo build --locked` needs; scripts/check-docker-context.sh
+# (run by scripts/test.sh) checks that these COPY lines are enough.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# Cargo.toml patches zeromq from vendor/zeromq.
+COPY vendor ./vendor
 COPY src ./src
+# Embedded at compile time: the dashboard (rust-embed) and the worker library's docs.
 COPY frontend ./frontend
+COPY docs ./docs
+# Declared as [[bench]] targets, so the manifest needs them.
 COPY benches ./benches
-COPY examples ./examples
 RUN cargo build --release --locked --bin kvplane
 
 FROM debian:bookworm-slim

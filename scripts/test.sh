@@ -22,6 +22,9 @@ if cargo tree --no-default-features --features worker -e normal --prefix none \
     exit 1
 fi
 
+echo "== the Docker build context is enough to build (a real docker build where Docker runs)"
+bash scripts/check-docker-context.sh
+
 echo "== cargo test"
 cargo test --lib --bins --tests --examples
 
