@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{free_port, within, STEP};
+use common::{hold_port, within, STEP};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -321,7 +321,7 @@ async fn router_reply_to_vanished_peer_is_dropped_or_an_error() {
 /// not failed), and once a REP server comes up on that port the same client succeeds.
 #[tokio::test]
 async fn req_to_dead_port_times_out_then_recovers() {
-    let port = free_port();
+    let (hold, port) = hold_port();
     let mut client = ReqClient::new(format!("127.0.0.1:{port}"), SHORT);
     let start = Instant::now();
     let result = within("request", client.request(bytes("ping"))).await;
@@ -329,6 +329,7 @@ async fn req_to_dead_port_times_out_then_recovers() {
     assert!(matches!(result, Err(TransportError::Timeout)), "{result:?}");
     assert!(elapsed >= SHORT && elapsed < SHORT * 3, "took {elapsed:?}");
 
+    drop(hold);
     let (mut rep, _) = within("bind", RepServer::bind(&format!("127.0.0.1:{port}")))
         .await
         .expect("bind");

@@ -428,19 +428,22 @@ async fn commands_reach_the_handler_and_its_answers_return() {
     within("server stop", server.stop()).await;
 }
 
-fn unbound_addrs() -> BoundAddrs {
-    let at = |port: u16| Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
-    BoundAddrs {
-        http: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-        pull: at(free_port()),
-        reply: at(free_port()),
-        heartbeat: at(free_port()),
-    }
+/// Addresses of a controller that is not up yet: ports held (connections refused) until the
+/// holds are dropped, right before the controller binds them.
+fn unbound_addrs() -> (BoundAddrs, [PortHold; 3]) {
+    let (pull, reply, heartbeat) = (hold_port(), hold_port(), hold_port());
+    let addrs = BoundAddrs {
+        http: loopback(0),
+        pull: Some(loopback(pull.1)),
+        reply: Some(loopback(reply.1)),
+        heartbeat: Some(loopback(heartbeat.1)),
+    };
+    (addrs, [pull.0, reply.0, heartbeat.0])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_waits_for_a_controller_that_starts_late() {
-    let addrs = unbound_addrs();
+    let (addrs, holds) = unbound_addrs();
     let keys = MemoryKeys::new();
     let worker = start(config(&addrs, "inst-late", 0), &keys).await;
     for key in 0..20_i64 {
@@ -451,6 +454,7 @@ async fn registration_waits_for_a_controller_that_starts_late() {
     assert_eq!(worker.state(), WorkerState::Registering);
     assert_eq!(worker.status().registrations, 0);
 
+    drop(holds);
     let server = restart_on(addrs).await;
     ready(&worker).await;
     eventually("held ops applied", STEP, || {

@@ -278,9 +278,23 @@ pub fn worker_config(pull: u16, reply: u16, instance: &str, worker_id: i64) -> W
     c
 }
 
+/// A loopback port bound (port 0, read back) but not listening: connections to it are refused,
+/// as to a free port, yet nobody else can take it until the hold is dropped. For a test that
+/// needs "nothing listens here yet" and binds the port itself later: drop the hold right
+/// before that bind, so the port is exposed for microseconds instead of the whole test.
+pub struct PortHold(tokio::net::TcpSocket);
+
+/// Holds a fresh loopback port; see [`PortHold`].
+pub fn hold_port() -> (PortHold, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(loopback(0)).expect("bind 127.0.0.1:0");
+    let port = socket.local_addr().expect("bound address").port();
+    (PortHold(socket), port)
+}
+
 /// A loopback port for a peer that is not up yet and must be told its port in advance (a
-/// child process, a Python worker, a controller started later). Prefer binding port 0 and
-/// reading the bound address wherever the test owns the socket.
+/// child process, a Python worker). Prefer binding port 0 and reading the bound address
+/// wherever the test owns the socket, or [`hold_port`] when it binds later.
 ///
 /// Safer than "bind port 0, then drop": the port is taken *below* the kernel's ephemeral range
 /// (`ip_local_port_range`), where neither port-0 binds nor outgoing connections land, so the
