@@ -1,7 +1,9 @@
 //! The `kvplane serve` binary: flags from `KVPLANE_*` environment variables, port 0 on every
 //! socket, bound addresses logged, clean exit on SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -63,16 +65,17 @@ fn serve_reads_env_flags_logs_addresses_and_stops_on_sigterm() {
         );
     }
 
-    let mut stream = std::net::TcpStream::connect(&http).expect("HTTP port open");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    let addr = http.parse().expect("HTTP address");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (status, body) = runtime.block_on(common::http(addr, "GET", "/healthz", None, &[]));
+    assert_eq!(
+        (status, &body["status"]),
+        (200, &serde_json::json!("ok")),
+        "{body}"
+    );
 
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
