@@ -163,10 +163,9 @@ impl Received {
                 self.ranges.insert(id, end);
             }
             (None, None) => {
-                if !self.ranges.is_empty() {
-                    if self.ranges.len() > self.budget.per_sync || !self.budget.take() {
-                        return Insert::OverBudget;
-                    }
+                let over = |r: &Self| r.ranges.len() > r.budget.per_sync || !r.budget.take();
+                if !self.ranges.is_empty() && over(self) {
+                    return Insert::OverBudget;
                 }
                 self.ranges.insert(id, after);
             }

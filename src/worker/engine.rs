@@ -568,7 +568,7 @@ async fn register(ctx: &Ctx, uplink: &mut Uplink, registered: &watch::Sender<Opt
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 let delay = c.retry_backoff.delay(attempt);
-                if attempt == 1 || attempt % 10 == 0 {
+                if attempt == 1 || attempt.is_multiple_of(10) {
                     tracing::warn!(
                         instance = %c.instance_id, worker = c.worker_id, attempt,
                         "registration with {} failed: {e}; retrying in {delay:?}", c.controller_reply

@@ -115,7 +115,7 @@ pub(crate) async fn run(
             Err(e) => {
                 failures += 1;
                 inc(&ctx.stats.heartbeats_failed);
-                if failures == 1 || failures % 10 == 0 {
+                if failures == 1 || failures.is_multiple_of(10) {
                     tracing::warn!(failures, "heartbeat to {endpoint} failed: {e}");
                 }
                 false
