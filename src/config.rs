@@ -80,6 +80,19 @@ pub struct ServeArgs {
     /// Largest frame accepted on any ZMQ socket, in bytes; larger frames are counted and dropped.
     #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub max_frame_bytes: usize,
+    /// Most connections each ZMQ listening socket keeps open at once; connections beyond are
+    /// closed at accept and counted.
+    #[arg(
+        long,
+        env = "KVPLANE_MAX_ZMQ_CONNECTIONS",
+        default_value_t = crate::transport::DEFAULT_MAX_CONNECTIONS
+    )]
+    pub max_zmq_connections: usize,
+    /// Seconds a ZMQ connection may go, after its handshake, without a complete message
+    /// before it is closed and counted; 0 (the default) = never, since LMCache workers may be
+    /// silent for hours (their heartbeat is off by default).
+    #[arg(long, env = "KVPLANE_ZMQ_IDLE_TIMEOUT", default_value_t = 0.0)]
+    pub zmq_idle_timeout: f64,
     /// Most workers registered at once; registrations (and heartbeats of unknown workers)
     /// beyond are refused with an ErrorMsg.
     #[arg(long, env = "KVPLANE_MAX_WORKERS", default_value_t = 1 << 16)]
@@ -190,6 +203,10 @@ pub struct ServeConfig {
     pub full_sync_completion_threshold: f64,
     /// Largest accepted ZMQ frame.
     pub max_frame_bytes: usize,
+    /// Most open connections per ZMQ listening socket.
+    pub max_zmq_connections: usize,
+    /// Silence allowed on a ZMQ connection after its handshake; `None` = unlimited.
+    pub zmq_idle_timeout: Option<Duration>,
     /// Most registered workers.
     pub max_workers: usize,
     /// Most keys per worker (all locations).
@@ -269,6 +286,11 @@ impl ServeArgs {
             full_sync_timeout: positive("full-sync-timeout", self.full_sync_timeout)?,
             full_sync_completion_threshold: threshold,
             max_frame_bytes: at_least_one("max-frame-bytes", self.max_frame_bytes)?,
+            max_zmq_connections: at_least_one("max-zmq-connections", self.max_zmq_connections)?,
+            zmq_idle_timeout: match self.zmq_idle_timeout {
+                v if v == 0.0 => None,
+                v => Some(positive("zmq-idle-timeout", v)?),
+            },
             max_workers: at_least_one("max-workers", self.max_workers)?,
             max_keys_per_worker: self.max_keys_per_worker,
             max_batch_ops: at_least_one("max-batch-ops", self.max_batch_ops)?,
@@ -318,6 +340,8 @@ impl ServeConfig {
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: 0.8,
             max_frame_bytes: 64 * 1024 * 1024,
+            max_zmq_connections: crate::transport::DEFAULT_MAX_CONNECTIONS,
+            zmq_idle_timeout: None,
             max_workers: 1 << 16,
             max_keys_per_worker: 1 << 24,
             max_batch_ops: 1 << 16,
@@ -409,6 +433,19 @@ mod tests {
     }
 
     #[test]
+    fn zmq_connection_flags_default_safe_and_parse() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!((c.max_zmq_connections, c.zmq_idle_timeout), (4096, None));
+        let c = parse(&["--max-zmq-connections", "8", "--zmq-idle-timeout", "2.5"]).expect("valid");
+        assert_eq!(
+            (c.max_zmq_connections, c.zmq_idle_timeout),
+            (8, Some(Duration::from_millis(2500)))
+        );
+        let e = parse(&["--zmq-idle-timeout=-1"]).expect_err("negative");
+        assert!(e.contains("--zmq-idle-timeout"), "{e}");
+    }
+
+    #[test]
     fn resource_limits_have_defaults_and_refuse_zero() {
         let c = parse(&[]).expect("defaults");
         assert_eq!(
@@ -446,6 +483,7 @@ mod tests {
             "--max-batch-ops",
             "--max-body-bytes",
             "--max-frame-bytes",
+            "--max-zmq-connections",
         ] {
             let e = parse(&[flag, "0"]).expect_err("zero");
             assert!(e.contains(flag), "{e}");
