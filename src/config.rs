@@ -287,9 +287,10 @@ impl ServeArgs {
             full_sync_completion_threshold: threshold,
             max_frame_bytes: at_least_one("max-frame-bytes", self.max_frame_bytes)?,
             max_zmq_connections: at_least_one("max-zmq-connections", self.max_zmq_connections)?,
-            zmq_idle_timeout: match self.zmq_idle_timeout {
-                v if v == 0.0 => None,
-                v => Some(positive("zmq-idle-timeout", v)?),
+            zmq_idle_timeout: if self.zmq_idle_timeout == 0.0 {
+                None
+            } else {
+                Some(positive("zmq-idle-timeout", self.zmq_idle_timeout)?)
             },
             max_workers: at_least_one("max-workers", self.max_workers)?,
             max_keys_per_worker: self.max_keys_per_worker,

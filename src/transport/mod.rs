@@ -24,9 +24,11 @@
 //!   builds a fresh one.
 //! * A connect to a port where nothing listens retries (with backoff) until the timeout.
 //! * A broken peer connection makes `zeromq`'s PULL `recv` return an error (after dropping
-//!   that peer): [`PullListener`] logs it and keeps receiving from the others. `zeromq`'s REP
-//!   socket keeps such a peer and returns the same error forever, so [`RepServer`] is built on
-//!   a ROUTER socket instead. Broken peers are only noticed while `recv` runs.
+//!   that peer): [`PullListener`] returns it as [`TransportError::PeerDropped`] and keeps
+//!   receiving from the others. Upstream, `zeromq`'s REP socket keeps such a peer and returns
+//!   the same error forever (the patch ends a peer's stream after its first error), so
+//!   [`RepServer`] is built on a ROUTER socket instead. Broken peers are only noticed while
+//!   `recv` runs.
 //! * A dropped `zeromq` PULL socket keeps its accepted connections open: [`PullListener`]
 //!   closes them on drop. A dropped listener frees its port shortly after, not at once.
 //! * No defence against hostile peers: upstream 0.7.0 reserves a frame's claimed length
