@@ -3,6 +3,8 @@
 
 mod common;
 mod http_support;
+#[path = "common/zmtp.rs"]
+mod zmtp;
 
 use bytes::Bytes;
 use common::*;
@@ -282,5 +284,50 @@ async fn zmq_connection_cap_is_counted_in_metrics() {
     let again = metrics(&server).await;
     assert_eq!(hits(&again, "zmq_connections"), 1.0);
     drop(held);
+    server.stop().await;
+}
+
+/// `--max-frame-bytes` at the transport: a raw peer on the PULL port announcing a frame over
+/// the limit is hung up on, the drop shows in `/metrics` (as a disconnect and a `frame_bytes`
+/// limit hit), and the PULL loop goes on applying a real worker's batches.
+#[tokio::test]
+async fn transport_frame_limit_is_counted_and_the_pull_loop_goes_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = server_with(|c| c.max_frame_bytes = 1024).await;
+    let (_rep, port) = rep().await;
+    let mut a = TestWorker::new(&server, "a", 0);
+    a.register(port, None).await;
+    let pull = server.addrs.pull.expect("pull port");
+    let mut attack = zmtp::zmtp_handshake("PUSH");
+    attack.extend_from_slice(&zmtp::zmtp_header(2048, false, false));
+    let mut peer = within("connect", tokio::net::TcpStream::connect(pull))
+        .await
+        .expect("connect");
+    within("write", peer.write_all(&attack))
+        .await
+        .expect("write");
+    let mut sink = Vec::new();
+    let _ = within("hang-up", peer.read_to_end(&mut sink)).await;
+
+    let batch = a.batch(CPU, &[(true, 1), (true, 2)]);
+    a.push(&[batch]).await;
+    eventually("batch applied", STEP, || keys(&server, "a").len() == 2).await;
+    let text = metrics(&server).await;
+    assert_eq!(
+        sample(
+            &text,
+            "kvplane_peer_disconnects_total{reason=\"frame_too_large\",socket=\"pull\"}"
+        ),
+        1.0
+    );
+    assert_eq!(hits(&text, "frame_bytes"), 1.0);
+    assert_eq!(
+        sample(
+            &text,
+            "kvplane_frames_dropped_total{reason=\"transport\",socket=\"pull\"}"
+        ),
+        0.0,
+        "a peer drop is not a socket failure"
+    );
     server.stop().await;
 }
