@@ -32,6 +32,13 @@ pub mod defaults {
     pub const FULL_SYNC_COMPLETION_THRESHOLD: f64 = 0.8;
     /// Largest ZMQ frame accepted from a peer.
     pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+    /// Most connections one ZMQ listening socket keeps open: far above one per LMCache
+    /// worker, and three sockets' worth stays well under a 65,536 fd limit.
+    pub const MAX_ZMQ_CONNECTIONS: usize = 4096;
+    /// Seconds a ZMQ connection may go without a complete message after its handshake;
+    /// 0 = no limit, because LMCache workers may be silent for hours (heartbeats are off by
+    /// default in LMCache).
+    pub const ZMQ_IDLE_TIMEOUT_S: f64 = 0.0;
     /// Most workers registered at once.
     pub const MAX_WORKERS: usize = 1 << 16;
     /// Most keys one worker may hold over all its locations.
@@ -134,6 +141,10 @@ pub struct ServeConfig {
     pub full_sync_completion_threshold: f64,
     /// Largest accepted ZMQ frame.
     pub max_frame_bytes: usize,
+    /// Most open connections per ZMQ listening socket.
+    pub max_zmq_connections: usize,
+    /// Silence allowed on a ZMQ connection after its handshake; `None` = unlimited.
+    pub zmq_idle_timeout: Option<Duration>,
     /// Most registered workers.
     pub max_workers: usize,
     /// Most keys per worker (all locations).
@@ -255,6 +266,8 @@ impl ServeConfig {
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: defaults::FULL_SYNC_COMPLETION_THRESHOLD,
             max_frame_bytes: defaults::MAX_FRAME_BYTES,
+            max_zmq_connections: defaults::MAX_ZMQ_CONNECTIONS,
+            zmq_idle_timeout: None,
             max_workers: defaults::MAX_WORKERS,
             max_keys_per_worker: defaults::MAX_KEYS_PER_WORKER,
             max_batch_ops: defaults::MAX_BATCH_OPS,

@@ -130,12 +130,18 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     let tasks = TaskTracker::new();
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
-    let limits = transport::TransportLimits::with_max_frame_bytes(config.max_frame_bytes);
+    let peer_drops = controller::peer_drops::PeerDrops::new();
+    let limits = |stats: &Arc<transport::TransportStats>| transport::TransportLimits {
+        max_connections: Some(config.max_zmq_connections),
+        idle_timeout: config.zmq_idle_timeout,
+        stats: Some(Arc::clone(stats)),
+        ..transport::TransportLimits::with_max_frame_bytes(config.max_frame_bytes)
+    };
 
     let pull = match ports.pull {
         Some(port) => {
             let addr = zmq_addr(port);
-            let bound = transport::PullListener::bind_with(&addr, &limits)
+            let bound = transport::PullListener::bind_with(&addr, &limits(&peer_drops.pull))
                 .await
                 .map_err(|source| StartError::Zmq {
                     socket: "pull",
@@ -153,7 +159,11 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     ] {
         if let Some(port) = port {
             let addr = zmq_addr(port);
-            let bound = transport::RouterListener::bind_with(&addr, &limits)
+            let stats = match kind {
+                RouterKind::Reply => &peer_drops.reply,
+                RouterKind::Heartbeat => &peer_drops.heartbeat,
+            };
+            let bound = transport::RouterListener::bind_with(&addr, &limits(stats))
                 .await
                 .map_err(|source| StartError::Zmq {
                     socket: kind.label(),
@@ -188,7 +198,9 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
         heartbeat: addr_of(RouterKind::Heartbeat),
     };
     let health_interval = config.health_check_interval;
-    let shared = Arc::new(Shared::new(config, addrs.heartbeat.map(|a| a.port())));
+    let mut shared = Shared::new(config, addrs.heartbeat.map(|a| a.port()));
+    shared.peer_drops = peer_drops;
+    let shared = Arc::new(shared);
 
     if let Some((socket, _)) = pull {
         tasks.spawn(loops::pull_loop(

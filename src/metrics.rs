@@ -159,8 +159,14 @@ pub struct Metrics {
     /// `worker_error`, `busy`, `conflict`).
     pub commands: IntCounterVec,
     /// Times a resource limit refused something, by limit (`workers`, `keys_per_worker`,
-    /// `batch_ops`, `frame_bytes`, `http_body_bytes`).
+    /// `batch_ops`, `frame_bytes`, `http_body_bytes`, and from the ZMQ transport
+    /// `message_bytes`, `zmq_handshake_timeout`, `zmq_idle_timeout`, `zmq_connections`).
     pub limit_hits: IntCounterVec,
+    /// ZMQ peer connections a listening socket closed, by socket (`pull`, `reply`,
+    /// `heartbeat`) and reason (`frame_too_large`, `message_too_large`, `handshake_timeout`,
+    /// `idle_timeout`, `connection_limit`, `protocol_error`, `io_error`). Updated at scrape
+    /// time.
+    pub peer_disconnects: IntCounterVec,
     /// Admits refused because their worker held `--max-keys-per-worker` keys.
     pub keys_refused: IntCounter,
     /// Tokio tasks alive in the process (set at scrape time).
@@ -271,6 +277,11 @@ impl Metrics {
             "Times a resource limit refused something (a registration, a batch, keys, a frame, a request), by limit.",
             &["limit"],
         );
+        let peer_disconnects = counter_vec(
+            "peer_disconnects_total",
+            "ZMQ peer connections a listening socket closed (a limit broken, a timeout, bad framing, a failed read), by socket and reason.",
+            &["socket", "reason"],
+        );
         let keys_refused = IntCounter::new(
             name("keys_refused_total"),
             "Admits refused because the worker already held --max-keys-per-worker keys.",
@@ -326,6 +337,7 @@ impl Metrics {
             http_lookup_seconds,
             commands,
             limit_hits,
+            peer_disconnects,
             keys_refused,
             tasks,
             downlinks,

@@ -230,3 +230,89 @@ async fn max_body_bytes_answers_413_and_counts_it() {
     assert_eq!(hits(&metrics(&server).await, "http_body_bytes"), 1.0);
     server.stop().await;
 }
+
+/// `--max-zmq-connections`: a connection to the PULL port beyond the cap is closed at accept,
+/// and `/metrics` shows it under `kvplane_peer_disconnects_total{socket,reason}` and
+/// `kvplane_limit_hits_total{limit="zmq_connections"}`; the other drop series are there at 0.
+#[tokio::test]
+async fn zmq_connection_cap_is_counted_in_metrics() {
+    use tokio::io::AsyncReadExt;
+    let server = server_with(|c| c.max_zmq_connections = 1).await;
+    let port = server.addrs.pull.expect("pull port").port();
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", port));
+    let mut held = within("connect", connect()).await.expect("connect");
+    let mut greeting = [0u8; 64];
+    within("greeting", held.read_exact(&mut greeting))
+        .await
+        .expect("the controller's greeting");
+    let mut extra = within("connect", connect()).await.expect("connect");
+    let mut sink = Vec::new();
+    let _ = within("hang-up", extra.read_to_end(&mut sink)).await;
+    assert!(sink.is_empty(), "the extra connection got a greeting");
+
+    let text = metrics(&server).await;
+    let drops = |socket: &str, reason: &str| {
+        sample(
+            &text,
+            &format!("kvplane_peer_disconnects_total{{reason=\"{reason}\",socket=\"{socket}\"}}"),
+        )
+    };
+    assert_eq!(drops("pull", "connection_limit"), 1.0);
+    assert_eq!(hits(&text, "zmq_connections"), 1.0);
+    assert!(
+        text.contains(
+            "kvplane_peer_disconnects_total{reason=\"idle_timeout\",socket=\"heartbeat\"} 0"
+        ),
+        "series missing:\n{text}"
+    );
+    // A scrape adds only what is new.
+    let again = metrics(&server).await;
+    assert_eq!(hits(&again, "zmq_connections"), 1.0);
+    drop(held);
+    server.stop().await;
+}
+
+/// `--max-frame-bytes` at the transport: a raw peer on the PULL port announcing a frame over
+/// the limit is hung up on, the drop shows in `/metrics` (as a disconnect and a `frame_bytes`
+/// limit hit), and the PULL loop goes on applying a real worker's batches.
+#[tokio::test]
+async fn transport_frame_limit_is_counted_and_the_pull_loop_goes_on() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = server_with(|c| c.max_frame_bytes = 1024).await;
+    let (_rep, port) = rep().await;
+    let mut a = TestWorker::new(&server, "a", 0);
+    a.register(port, None).await;
+    let pull = server.addrs.pull.expect("pull port");
+    let mut attack = common::zmtp::zmtp_handshake("PUSH");
+    attack.extend_from_slice(&common::zmtp::zmtp_header(2048, false, false));
+    let mut peer = within("connect", tokio::net::TcpStream::connect(pull))
+        .await
+        .expect("connect");
+    within("write", peer.write_all(&attack))
+        .await
+        .expect("write");
+    let mut sink = Vec::new();
+    let _ = within("hang-up", peer.read_to_end(&mut sink)).await;
+
+    let batch = a.batch(CPU, &[(true, 1), (true, 2)]);
+    a.push(&[batch]).await;
+    eventually("batch applied", STEP, || keys(&server, "a", 0).len() == 2).await;
+    let text = metrics(&server).await;
+    assert_eq!(
+        sample(
+            &text,
+            "kvplane_peer_disconnects_total{reason=\"frame_too_large\",socket=\"pull\"}"
+        ),
+        1.0
+    );
+    assert_eq!(hits(&text, "frame_bytes"), 1.0);
+    assert_eq!(
+        sample(
+            &text,
+            "kvplane_frames_dropped_total{reason=\"transport\",socket=\"pull\"}"
+        ),
+        0.0,
+        "a peer drop is not a socket failure"
+    );
+    server.stop().await;
+}

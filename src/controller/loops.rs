@@ -6,7 +6,7 @@ use super::handlers::{handle_push, handle_request, record_batch, RouterKind};
 use super::limits::Limit;
 use super::state::{unix_now, Shared};
 use crate::protocol::{decode, decode_batch, encode, ErrorMsg, KVOpEvent, Msg};
-use crate::transport::{PullListener, RouterListener};
+use crate::transport::{PullListener, RouterListener, TransportError};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,14 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
             () = shutdown.cancelled() => return,
             r = stats.observe(socket.recv()) => match r {
                 Ok(frames) => frames,
+                // One peer's connection was closed (and counted in
+                // kvplane_peer_disconnects_total); the socket serves the others at once.
+                Err(TransportError::PeerDropped { reason }) => {
+                    if let Some(held_back) = shared.drop_log.admit() {
+                        tracing::warn!(held_back, %reason, "PULL peer connection dropped");
+                    }
+                    continue;
+                }
                 Err(e) => {
                     m.dropped("pull", "transport");
                     if let Some(held_back) = shared.drop_log.admit() {

@@ -9,6 +9,7 @@ pub mod handlers;
 pub mod limits;
 pub mod liveness;
 pub mod loops;
+pub mod peer_drops;
 pub mod state;
 
 pub use downlink::{Downlink, DownlinkError};

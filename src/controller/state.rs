@@ -3,6 +3,7 @@
 
 use super::downlink::Downlink;
 use super::limits::{LimitLog, LogThrottle};
+use super::peer_drops::PeerDrops;
 use crate::config::ServeConfig;
 use crate::index::{Index, IndexConfig};
 use crate::metrics::Metrics;
@@ -61,6 +62,8 @@ pub struct Shared {
     /// loops drop (bad input, receive errors), sequence gaps, stale full-sync messages,
     /// deregistrations of unknown workers.
     pub drop_log: LogThrottle,
+    /// ZMQ peer connections the listening sockets dropped, by socket and reason.
+    pub peer_drops: PeerDrops,
     generation: AtomicU64,
 }
 
@@ -87,6 +90,7 @@ impl Shared {
             commands: CommandLog::new(COMMAND_LOG_CAPACITY),
             limits: LimitLog::default(),
             drop_log: LogThrottle::default(),
+            peer_drops: PeerDrops::new(),
             config,
             heartbeat_port,
             generation: AtomicU64::new(0),

@@ -185,6 +185,7 @@ pub async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 /// `GET /metrics`: every metric in the Prometheus text format, LMCache's gauges refreshed.
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     shared.refresh_lmcache_gauges();
+    shared.peer_drops.export(&shared.metrics);
     (
         [(
             header::CONTENT_TYPE,

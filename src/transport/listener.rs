@@ -7,7 +7,7 @@ use bytes::Bytes;
 use zeromq::prelude::*;
 use zeromq::{PullSocket, RouterRecvHalf, RouterSendHalf, RouterSocket, ZmqMessage};
 
-use super::{bind_socket, socket_error, Result, TransportError, TransportLimits};
+use super::{bind_socket, socket_error, DropReason, Result, TransportError, TransportLimits};
 
 /// How long a ROUTER or REP reply may wait before it fails, unless set otherwise.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,17 +34,30 @@ impl PullListener {
     /// Waits for the next multipart message from any peer and returns its frames (at least
     /// one; LMCache sends up to 50, each one encoded message).
     ///
-    /// Peers are served fairly, one message each in turn. A peer whose connection breaks,
-    /// sends undecodable framing or breaks a [`TransportLimits`] limit is dropped and logged;
-    /// receiving goes on with the others.
-    /// Waits as long as it takes; cancel-safe (no message is lost when the future is dropped).
+    /// Peers are served fairly, one message each in turn. Waits as long as it takes;
+    /// cancel-safe (no message is lost when the future is dropped).
+    ///
+    /// # Errors
+    /// [`TransportError::PeerDropped`] when the listener closed one peer's connection after
+    /// its handshake (broken connection, undecodable framing, a [`TransportLimits`] limit
+    /// broken, idle too long). That peer is gone, the drop is already counted in the limits'
+    /// [`TransportStats`](super::TransportStats), and the listener serves the others: call
+    /// `recv` again. Peers dropped before their handshake completes (connection cap,
+    /// handshake timeout) are only counted.
     pub async fn recv(&mut self) -> Result<Vec<Bytes>> {
         loop {
             match self.socket.recv().await {
                 Ok(message) => return Ok(message.into_vec()),
                 // zeromq's PULL reports one peer's broken stream as an error of the whole
                 // socket, after it has already dropped that peer.
-                Err(error) => tracing::debug!(%error, "PULL peer dropped"),
+                Err(error) => match error.peer_drop_reason() {
+                    Some(reason) => {
+                        return Err(TransportError::PeerDropped {
+                            reason: DropReason::from_zmq(reason),
+                        })
+                    }
+                    None => tracing::debug!(%error, "PULL peer left"),
+                },
             }
         }
     }
@@ -149,8 +162,8 @@ pub struct RouterReceiver {
 impl RouterReceiver {
     /// Waits for the next message from any peer. Peers are served fairly, one message each in
     /// turn, so a flooding peer cannot starve the others; broken peers, and peers that break a
-    /// [`TransportLimits`] limit, are dropped silently by the socket. Waits as long as it
-    /// takes; cancel-safe.
+    /// [`TransportLimits`] limit, are dropped by the socket and only counted in the limits'
+    /// [`TransportStats`](super::TransportStats). Waits as long as it takes; cancel-safe.
     pub async fn recv(&mut self) -> Result<RouterRequest> {
         let mut frames = self
             .half

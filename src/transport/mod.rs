@@ -24,9 +24,11 @@
 //!   builds a fresh one.
 //! * A connect to a port where nothing listens retries (with backoff) until the timeout.
 //! * A broken peer connection makes `zeromq`'s PULL `recv` return an error (after dropping
-//!   that peer): [`PullListener`] logs it and keeps receiving from the others. `zeromq`'s REP
-//!   socket keeps such a peer and returns the same error forever, so [`RepServer`] is built on
-//!   a ROUTER socket instead. Broken peers are only noticed while `recv` runs.
+//!   that peer): [`PullListener`] returns it as [`TransportError::PeerDropped`] and keeps
+//!   receiving from the others. Upstream, `zeromq`'s REP socket keeps such a peer and returns
+//!   the same error forever (the patch ends a peer's stream after its first error), so
+//!   [`RepServer`] is built on a ROUTER socket instead. Broken peers are only noticed while
+//!   `recv` runs.
 //! * A dropped `zeromq` PULL socket keeps its accepted connections open: [`PullListener`]
 //!   closes them on drop. A dropped listener frees its port shortly after, not at once.
 //! * No defence against hostile peers: upstream 0.7.0 reserves a frame's claimed length
@@ -35,20 +37,29 @@
 //!   (`vendor/zeromq`, see its `KVPLANE-PATCHES.md`) and sets [`TransportLimits`] on every
 //!   socket it creates: a frame or message over the limit, or a handshake not done in time,
 //!   closes that one connection, and memory is prepared only as a frame's bytes arrive.
+//! * No cap on connections and no idle timeout: a peer could open thousands of connections,
+//!   or complete a handshake and then hold its connection silently forever. The patch adds
+//!   both, set through [`TransportLimits`] (`max_connections`, `idle_timeout`).
+//! * Dropped peers are invisible: the patch reports each one with its reason, and the
+//!   listeners count them in the [`TransportStats`] attached to their limits.
+//!   [`PullListener::recv`] also returns them as [`TransportError::PeerDropped`].
 //!
 //! Addresses are `host:port` without a scheme, as LMCache writes them (`tcp://` is accepted
 //! too); `*` as a bind host means all interfaces.
 
 mod client;
 mod listener;
+mod stats;
 
 pub use client::{DealerClient, PushSender, RepServer, ReqClient};
 pub use listener::{
     PeerId, PullListener, RouterListener, RouterReceiver, RouterRequest, RouterSender,
     DEFAULT_REPLY_TIMEOUT,
 };
+pub use stats::{DropReason, TransportStats};
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,6 +100,14 @@ pub enum TransportError {
     /// A message must have at least one frame.
     #[error("cannot send a message with no frames")]
     EmptyMessage,
+    /// A listener closed one peer's connection (already counted in its [`TransportStats`]).
+    /// Not a failure of the listener: it goes on serving the other peers, and the next
+    /// `recv` may be called at once.
+    #[error("peer connection dropped: {reason}")]
+    PeerDropped {
+        /// Why.
+        reason: DropReason,
+    },
 }
 
 /// Result alias for this module.
@@ -156,13 +175,18 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 /// Default for [`TransportLimits::handshake_timeout`].
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`TransportLimits::max_connections`], as the controller's
+/// `--max-zmq-connections`: far above one connection per socket per LMCache worker, far below
+/// a default file-descriptor limit of 65 536.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Room a message always has beside one frame of the largest size, for its envelope (a
 /// DEALER's empty delimiter, say).
 const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
 
-/// What one peer may make a socket hold. Breaking a limit closes that peer's connection; the
-/// socket goes on serving the others.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What one peer may make a socket hold, and where the connections a listener drops are
+/// counted. Breaking a limit closes that peer's connection; the socket goes on serving the
+/// others.
+#[derive(Clone, Debug)]
 pub struct TransportLimits {
     /// Largest frame accepted. A frame header claiming more closes the connection before any
     /// of the frame is read.
@@ -173,6 +197,16 @@ pub struct TransportLimits {
     pub max_message_bytes: usize,
     /// Time a new connection has for the ZMTP greeting and READY exchange.
     pub handshake_timeout: Duration,
+    /// Most connections a listener keeps open at once; one accepted beyond is closed at
+    /// once. `None`: unlimited.
+    pub max_connections: Option<usize>,
+    /// Longest a connection may go, after its handshake, without delivering a complete
+    /// message (a partial frame does not count). `None` (the default): no limit, because a
+    /// healthy LMCache worker's PUSH or DEALER socket may be silent for hours. Enforced while
+    /// the listener's `recv` is waiting.
+    pub idle_timeout: Option<Duration>,
+    /// Where dropped peers are counted; `None`: nowhere (they are still logged at debug).
+    pub stats: Option<Arc<TransportStats>>,
 }
 
 impl Default for TransportLimits {
@@ -181,6 +215,9 @@ impl Default for TransportLimits {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            max_connections: Some(DEFAULT_MAX_CONNECTIONS),
+            idle_timeout: None,
+            stats: None,
         }
     }
 }
@@ -204,6 +241,15 @@ impl TransportLimits {
             .max_frame_size(self.max_frame_bytes)
             .max_message_size(max_message)
             .handshake_timeout(self.handshake_timeout);
+        if let Some(max) = self.max_connections {
+            options.max_connections(max);
+        }
+        if let Some(idle) = self.idle_timeout {
+            options.idle_timeout(idle);
+        }
+        if let Some(stats) = &self.stats {
+            options.peer_drop_observer(stats.observer());
+        }
         options
     }
 }
@@ -248,6 +294,8 @@ mod tests {
         assert_eq!(limits.max_frame_bytes, 64 * 1024 * 1024);
         assert_eq!(limits.max_message_bytes, 256 * 1024 * 1024);
         assert_eq!(limits.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(limits.max_connections, Some(4096));
+        assert_eq!(limits.idle_timeout, None);
         let custom = TransportLimits::with_max_frame_bytes(1024);
         assert_eq!(custom.max_frame_bytes, 1024);
         assert_eq!(custom.max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES);

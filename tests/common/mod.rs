@@ -8,6 +8,7 @@
 
 pub mod http;
 pub mod lmcache;
+pub mod zmtp;
 
 #[allow(unused_imports)] // not every test binary uses them
 pub use http::*;

@@ -72,6 +72,24 @@ pub(crate) struct ServeArgs {
     /// disconnected (counted).
     #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = defaults::MAX_FRAME_BYTES)]
     max_frame_bytes: usize,
+    /// Most connections each ZMQ listening socket keeps open at once; connections beyond are
+    /// closed at accept and counted.
+    #[arg(
+        long,
+        env = "KVPLANE_MAX_ZMQ_CONNECTIONS",
+        default_value_t = defaults::MAX_ZMQ_CONNECTIONS
+    )]
+    max_zmq_connections: usize,
+    /// Seconds a ZMQ connection may go, after its handshake, without a complete message
+    /// before it is closed and counted; 0 (the default) or -1 = never, since LMCache workers
+    /// may be silent for hours (their heartbeat is off by default).
+    #[arg(
+        long,
+        env = "KVPLANE_ZMQ_IDLE_TIMEOUT",
+        default_value_t = defaults::ZMQ_IDLE_TIMEOUT_S,
+        allow_hyphen_values = true
+    )]
+    zmq_idle_timeout: f64,
     /// Most workers registered at once; registrations (and heartbeats of unknown workers)
     /// beyond are refused with an ErrorMsg.
     #[arg(long, env = "KVPLANE_MAX_WORKERS", default_value_t = defaults::MAX_WORKERS)]
@@ -138,6 +156,11 @@ impl ServeArgs {
                 self.full_sync_completion_threshold,
             )?,
             max_frame_bytes: config::at_least_one("max-frame-bytes", self.max_frame_bytes)?,
+            max_zmq_connections: config::at_least_one(
+                "max-zmq-connections",
+                self.max_zmq_connections,
+            )?,
+            zmq_idle_timeout: config::period_or_off("zmq-idle-timeout", self.zmq_idle_timeout)?,
             max_workers: config::at_least_one("max-workers", self.max_workers)?,
             max_keys_per_worker: self.max_keys_per_worker,
             max_batch_ops: config::at_least_one("max-batch-ops", self.max_batch_ops)?,
@@ -163,6 +186,19 @@ mod tests {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
             Command::Bench(_) => Err("not serve".into()),
         }
+    }
+
+    #[test]
+    fn zmq_connection_flags_default_safe_and_parse() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!((c.max_zmq_connections, c.zmq_idle_timeout), (4096, None));
+        let c = parse(&["--max-zmq-connections", "8", "--zmq-idle-timeout", "2.5"]).expect("valid");
+        assert_eq!(
+            (c.max_zmq_connections, c.zmq_idle_timeout),
+            (8, Some(Duration::from_millis(2500)))
+        );
+        let e = parse(&["--zmq-idle-timeout", "-3"]).expect_err("negative");
+        assert!(e.contains("--zmq-idle-timeout"), "{e}");
     }
 
     #[test]
@@ -268,6 +304,7 @@ mod tests {
             "--max-batch-ops",
             "--max-body-bytes",
             "--max-frame-bytes",
+            "--max-zmq-connections",
         ] {
             let e = parse(&[flag, "0"]).expect_err("zero");
             assert!(e.contains(flag), "{e}");

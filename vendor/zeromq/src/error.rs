@@ -1,8 +1,8 @@
-use crate::codec::{CodecError, Message, ZmtpVersion};
+use crate::codec::{CodecError, Message, ZmtpVersion, FRAME_TOO_LARGE, MESSAGE_TOO_LARGE};
 use crate::endpoint::Endpoint;
 use crate::endpoint::EndpointError;
 use crate::task_handle::TaskError;
-use crate::ZmqMessage;
+use crate::{PeerDropReason, ZmqMessage};
 
 use futures::channel::mpsc;
 use thiserror::Error;
@@ -53,6 +53,41 @@ pub enum ZmqError {
     ConnectTimeout(Duration),
     #[error("Handshake timed out after {0:?}")]
     HandshakeTimeout(Duration),
+}
+
+/// What a handshake fails with when the peer closes the connection before it
+/// completes: the peer's own hang-up, not a drop.
+pub(crate) const HANDSHAKE_EOF: &str = "Peer closed the connection during the handshake";
+
+impl ZmqError {
+    /// Why a connection that failed with this error was dropped; `None` when the
+    /// peer simply closed it during the handshake.
+    pub fn peer_drop_reason(&self) -> Option<PeerDropReason> {
+        match self {
+            ZmqError::Codec(error) => error.peer_drop_reason(),
+            ZmqError::Network(_) => Some(PeerDropReason::Io),
+            ZmqError::HandshakeTimeout(_) => Some(PeerDropReason::HandshakeTimeout),
+            ZmqError::Other(message) if *message == HANDSHAKE_EOF => None,
+            _ => Some(PeerDropReason::Protocol),
+        }
+    }
+}
+
+impl CodecError {
+    /// Why a connection whose reader failed with this error was dropped.
+    pub fn peer_drop_reason(&self) -> Option<PeerDropReason> {
+        Some(match self {
+            CodecError::Decode(message) if *message == FRAME_TOO_LARGE => {
+                PeerDropReason::FrameTooLarge
+            }
+            CodecError::Decode(message) if *message == MESSAGE_TOO_LARGE => {
+                PeerDropReason::MessageTooLarge
+            }
+            CodecError::IdleTimeout => PeerDropReason::IdleTimeout,
+            CodecError::Io(_) => PeerDropReason::Io,
+            _ => PeerDropReason::Protocol,
+        })
+    }
 }
 
 impl From<mpsc::TrySendError<Message>> for ZmqError {

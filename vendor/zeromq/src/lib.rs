@@ -352,6 +352,32 @@ pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 /// Default for [`SocketOptions::handshake_timeout`].
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a socket closed one peer's connection; given to the
+/// [`SocketOptions::peer_drop_observer`]. A peer that closes its own
+/// connection is not dropped and is not reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PeerDropReason {
+    /// A frame header claimed more than [`SocketOptions::max_frame_size`].
+    FrameTooLarge,
+    /// A multipart message grew past [`SocketOptions::max_message_size`].
+    MessageTooLarge,
+    /// The handshake did not complete within [`SocketOptions::handshake_timeout`].
+    HandshakeTimeout,
+    /// No complete message or command within [`SocketOptions::idle_timeout`].
+    IdleTimeout,
+    /// Accepted while [`SocketOptions::max_connections`] were open, and closed at once.
+    ConnectionLimit,
+    /// Undecodable framing or a failed handshake (bad greeting, incompatible socket type).
+    Protocol,
+    /// The connection failed (reset, truncated frame), or accepting it failed.
+    Io,
+}
+
+/// Called once for every connection a socket drops, with the reason. It runs on
+/// the socket's I/O path: it must be cheap and must not block.
+pub type PeerDropObserver = Arc<dyn Fn(PeerDropReason) + Send + Sync>;
+
 pub struct SocketOptions {
     pub(crate) peer_id: Option<PeerIdentity>,
     pub(crate) connect_timeout: Option<Duration>,
@@ -362,6 +388,9 @@ pub struct SocketOptions {
     pub(crate) max_frame_size: usize,
     pub(crate) max_message_size: usize,
     pub(crate) handshake_timeout: Option<Duration>,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) max_connections: Option<usize>,
+    pub(crate) peer_drop_observer: Option<PeerDropObserver>,
 }
 
 impl Default for SocketOptions {
@@ -375,6 +404,9 @@ impl Default for SocketOptions {
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),
+            idle_timeout: None,
+            max_connections: None,
+            peer_drop_observer: None,
         }
     }
 }
@@ -474,6 +506,36 @@ impl SocketOptions {
     pub fn no_handshake_timeout(&mut self) -> &mut Self {
         self.handshake_timeout = None;
         self
+    }
+
+    /// Longest silence allowed after the handshake: a connection that delivers no
+    /// complete message or command for this long (a partial frame does not count)
+    /// is dropped. Off by default. Enforced while the socket polls its peers (a
+    /// receive is in progress); tokio runtime only.
+    pub fn idle_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// Most connections each bound listener keeps open at once (unlimited by
+    /// default). A connection accepted beyond it is closed at once, before the
+    /// handshake. Tokio runtime only.
+    pub fn max_connections(&mut self, max: usize) -> &mut Self {
+        self.max_connections = Some(max);
+        self
+    }
+
+    /// Sets the function told of every connection this socket drops, and why.
+    pub fn peer_drop_observer(&mut self, observer: PeerDropObserver) -> &mut Self {
+        self.peer_drop_observer = Some(observer);
+        self
+    }
+
+    /// Reports one dropped connection to the observer, if any.
+    pub(crate) fn peer_dropped(&self, reason: PeerDropReason) {
+        if let Some(observer) = &self.peer_drop_observer {
+            observer(reason);
+        }
     }
 }
 

@@ -140,7 +140,7 @@ pub(crate) async fn greet_exchange(raw_socket: &mut FramedIo) -> ZmqResult<ZmtpV
 
     let greeting = match raw_socket.read_half.next().await {
         Some(message) => message?,
-        None => return Err(ZmqError::Other("Failed Greeting exchange")),
+        None => return Err(ZmqError::Other(crate::error::HANDSHAKE_EOF)),
     };
     negotiate_version(greeting)
 }
@@ -183,7 +183,7 @@ pub(crate) async fn ready_exchange(
         },
         Some(Ok(_)) => Err(ZmqError::Other("Failed to confirm ready state")),
         Some(Err(e)) => Err(e.into()),
-        None => Err(ZmqError::Other("No reply from server")),
+        None => Err(ZmqError::Other(crate::error::HANDSHAKE_EOF)),
     }
 }
 
@@ -201,12 +201,24 @@ pub(crate) async fn peer_handshake(
     backend: Arc<dyn MultiPeerBackend>,
 ) -> ZmqResult<PeerIdentity> {
     // A peer that stays silent (or stops halfway) must not hold the connection forever.
-    match backend.socket_options().handshake_timeout {
+    let options = Arc::clone(backend.socket_options());
+    let result = match options.handshake_timeout {
         Some(limit) => async_rt::task::timeout(limit, greet_and_ready(raw_socket, backend))
             .await
-            .map_err(|_| ZmqError::HandshakeTimeout(limit))?,
+            .map_err(|_| ZmqError::HandshakeTimeout(limit))
+            .and_then(|result| result),
         None => greet_and_ready(raw_socket, backend).await,
+    };
+    match &result {
+        // From here on the reader reports its own failures, and its idle timer runs.
+        Ok(_) => raw_socket.read_half.established(),
+        Err(error) => {
+            if let Some(reason) = error.peer_drop_reason() {
+                options.peer_dropped(reason);
+            }
+        }
     }
+    result
 }
 
 async fn greet_and_ready(

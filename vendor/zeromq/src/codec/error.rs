@@ -16,6 +16,8 @@ pub enum CodecError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Other(&'static str),
+    #[error("No complete message within the idle timeout")]
+    IdleTimeout,
 }
 
 pub(crate) type CodecResult<T> = Result<T, CodecError>;

@@ -8,6 +8,8 @@ use asynchronous_codec::{Decoder, FramedWrite};
 use bytes::BytesMut;
 use futures::{ready, AsyncRead, AsyncWrite, Stream};
 
+#[cfg(feature = "tokio-runtime")]
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,6 +37,15 @@ pub struct ZmqFramedRead {
     // Configuration is shared; adaptation state belongs to this connection.
     options: Arc<SocketOptions>,
     short_reads: usize,
+    // Set once the handshake is done: from then on failures are reported to the
+    // socket's peer-drop observer (the handshake reports its own) and the idle
+    // timer runs.
+    established: bool,
+    // Set after the first error: the stream then ends, so one failure is
+    // reported once.
+    failed: bool,
+    #[cfg(feature = "tokio-runtime")]
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl ZmqFramedRead {
@@ -46,7 +57,49 @@ impl ZmqFramedRead {
             read_chunk_size: options.read_buffer_initial_size,
             options,
             short_reads: 0,
+            established: false,
+            failed: false,
+            #[cfg(feature = "tokio-runtime")]
+            idle: None,
         }
+    }
+
+    /// Marks the handshake as done: later failures are reported as drops, and the
+    /// idle timeout (if set) starts.
+    pub(crate) fn established(&mut self) {
+        self.established = true;
+        #[cfg(feature = "tokio-runtime")]
+        if let Some(timeout) = self.options.idle_timeout {
+            self.idle = Some(Box::pin(tokio::time::sleep(timeout)));
+        }
+    }
+
+    /// Restarts the idle timer after a complete item.
+    fn activity(&mut self) {
+        #[cfg(feature = "tokio-runtime")]
+        if let (Some(idle), Some(timeout)) = (self.idle.as_mut(), self.options.idle_timeout) {
+            idle.as_mut().reset(tokio::time::Instant::now() + timeout);
+        }
+    }
+
+    /// Whether the idle timer has run out (registering for its wake-up if not).
+    fn idle_expired(&mut self, _cx: &mut Context<'_>) -> bool {
+        #[cfg(feature = "tokio-runtime")]
+        if let Some(idle) = self.idle.as_mut() {
+            return idle.as_mut().poll(_cx).is_ready();
+        }
+        false
+    }
+
+    /// Ends the stream with `error`, reporting the drop if the handshake was done.
+    fn fail(&mut self, error: CodecError) -> Poll<Option<CodecResult<Message>>> {
+        self.failed = true;
+        if self.established {
+            if let Some(reason) = error.peer_drop_reason() {
+                self.options.peer_dropped(reason);
+            }
+        }
+        Poll::Ready(Some(Err(error)))
     }
 
     fn poll_read_into_buffer(
@@ -109,6 +162,26 @@ impl Stream for ZmqFramedRead {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if this.failed {
+            return Poll::Ready(None);
+        }
+        match this.poll_decode(cx) {
+            Poll::Ready(Some(Ok(item))) => {
+                this.activity();
+                Poll::Ready(Some(Ok(item)))
+            }
+            Poll::Ready(Some(Err(error))) => this.fail(error),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending if this.idle_expired(cx) => this.fail(CodecError::IdleTimeout),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl ZmqFramedRead {
+    /// Decodes the next item, reading from the transport as needed.
+    fn poll_decode(&mut self, cx: &mut Context<'_>) -> Poll<Option<CodecResult<Message>>> {
+        let this = self;
 
         // Consume buffered data first; read from the socket only when the
         // current buffer cannot produce a full message.
@@ -172,6 +245,7 @@ impl FramedIo {
 
 #[cfg(test)]
 mod tests {
+    mod peer_drops;
     mod read_buffer;
     mod socket_options;
 

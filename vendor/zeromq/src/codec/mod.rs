@@ -15,6 +15,7 @@ pub use framed::ZmqFramedRead;
 pub(crate) use framed::{FrameableWrite, FramedIo, ZmqFramedWrite};
 pub(crate) use greeting::{ZmqGreeting, ZmtpVersion};
 pub use zmq_codec::ZmqCodec;
+pub(crate) use zmq_codec::{FRAME_TOO_LARGE, MESSAGE_TOO_LARGE};
 
 use crate::message::ZmqMessage;
 

@@ -14,6 +14,11 @@ use std::convert::TryFrom;
 /// A claimed but unsent length costs next to nothing; growth stays geometric.
 const MIN_READ_AHEAD: usize = 8 * 1024;
 
+/// The decode error of a frame over `max_frame_size`.
+pub(crate) const FRAME_TOO_LARGE: &str = "Frame exceeds the maximum frame size";
+/// The decode error of a message over `max_message_size`.
+pub(crate) const MESSAGE_TOO_LARGE: &str = "Message exceeds the maximum message size";
+
 #[derive(Debug, Clone, Copy)]
 struct Frame {
     command: bool,
@@ -145,15 +150,13 @@ impl Decoder for ZmqCodec {
                         usize::from(src.get_u8())
                     };
                     if frame_len > self.max_frame_size {
-                        return Err(CodecError::Decode("Frame exceeds the maximum frame size"));
+                        return Err(CodecError::Decode(FRAME_TOO_LARGE));
                     }
                     if !frame.command {
                         let charge = frame_len.max(std::mem::size_of::<Bytes>());
                         self.buffered_size = self.buffered_size.saturating_add(charge);
                         if self.buffered_size > self.max_message_size {
-                            return Err(CodecError::Decode(
-                                "Message exceeds the maximum message size",
-                            ));
+                            return Err(CodecError::Decode(MESSAGE_TOO_LARGE));
                         }
                     }
                     self.state = DecoderState::Frame(frame);

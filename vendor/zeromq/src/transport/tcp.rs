@@ -12,9 +12,16 @@ use crate::async_rt;
 use crate::codec::FramedIo;
 use crate::endpoint::{Endpoint, Host, Port};
 use crate::task_handle::TaskHandle;
-use crate::ZmqResult;
+use crate::{PeerDropReason, ZmqResult};
 
 use futures::{select, FutureExt};
+
+#[cfg(feature = "tokio-runtime")]
+use std::pin::Pin;
+#[cfg(feature = "tokio-runtime")]
+use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(feature = "tokio-runtime")]
+use std::task::{Context, Poll};
 
 #[cfg(feature = "tokio-runtime")]
 const TCP_SOCKET_BUFFER_SIZE: usize = 4 * 1024 * 1024;
@@ -91,10 +98,34 @@ where
     let (stop_channel, stop_callback) = futures::channel::oneshot::channel::<()>();
     let task_handle = async_rt::task::spawn(async move {
         let mut stop_callback = stop_callback.fuse();
+        #[cfg(feature = "tokio-runtime")]
+        let open = Arc::new(AtomicUsize::new(0));
         loop {
             select! {
                 incoming = listener.accept().fuse() => {
-                    let maybe_accepted: Result<_, _> = incoming
+                    let incoming = match incoming {
+                        Ok(accepted) => accepted,
+                        Err(error) => {
+                            // Out of file descriptors, say: report it, and pause so that a
+                            // persistent failure cannot spin this loop.
+                            options.peer_dropped(PeerDropReason::Io);
+                            async_rt::task::spawn(cback(Err(error.into())));
+                            async_rt::task::sleep(ACCEPT_ERROR_BACKOFF).await;
+                            continue;
+                        }
+                    };
+                    #[cfg(feature = "tokio-runtime")]
+                    let incoming = {
+                        let Some(slot) = ConnectionSlot::take(&open, options.max_connections) else {
+                            // Counted before the peer can see the close.
+                            options.peer_dropped(PeerDropReason::ConnectionLimit);
+                            drop(incoming);
+                            continue;
+                        };
+                        let (raw_socket, remote_addr) = incoming;
+                        (Counted { stream: raw_socket, _slot: slot }, remote_addr)
+                    };
+                    let maybe_accepted: Result<_, _> = Ok(incoming)
                         .and_then(|(raw_socket, remote_addr)| {
                             raw_socket
                                 .set_nodelay(true)
@@ -123,6 +154,92 @@ where
         endpoint,
         AcceptStopHandle(TaskHandle::new(stop_channel, task_handle)),
     ))
+}
+
+/// Pause of the accept loop after a failed accept.
+const ACCEPT_ERROR_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// One of a listener's `max_connections` places, given back when dropped.
+#[cfg(feature = "tokio-runtime")]
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+#[cfg(feature = "tokio-runtime")]
+impl ConnectionSlot {
+    /// Takes a place if fewer than `max` are taken (always, when `max` is `None`).
+    fn take(open: &Arc<AtomicUsize>, max: Option<usize>) -> Option<Self> {
+        let max = max.unwrap_or(usize::MAX);
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()?;
+        Some(Self(Arc::clone(open)))
+    }
+}
+
+#[cfg(feature = "tokio-runtime")]
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An accepted stream that holds its listener's place until the connection
+/// (both halves) is dropped.
+#[cfg(feature = "tokio-runtime")]
+struct Counted {
+    stream: TcpStream,
+    _slot: ConnectionSlot,
+}
+
+#[cfg(feature = "tokio-runtime")]
+impl std::ops::Deref for Counted {
+    type Target = TcpStream;
+
+    fn deref(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+#[cfg(feature = "tokio-runtime")]
+impl tokio::io::AsyncRead for Counted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+#[cfg(feature = "tokio-runtime")]
+impl tokio::io::AsyncWrite for Counted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }
 
 #[cfg(feature = "tokio-runtime")]
