@@ -92,9 +92,22 @@ pub struct ServeArgs {
     /// batches are dropped whole and counted.
     #[arg(long, env = "KVPLANE_MAX_BATCH_OPS", default_value_t = 1 << 16)]
     pub max_batch_ops: usize,
-    /// Largest HTTP request body, in bytes; larger requests get 413.
-    #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = crate::http::MAX_BODY_BYTES)]
+    /// Largest HTTP request body, in bytes; larger requests get 413 (4 MiB: a 256k-token
+    /// /lookup).
+    #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = crate::web::limits::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Most JSON values (list items and fields) in one HTTP request body; bodies with more
+    /// get 413 before they are parsed.
+    #[arg(long, env = "KVPLANE_MAX_BODY_ITEMS", default_value_t = crate::web::limits::MAX_BODY_ITEMS)]
+    pub max_body_items: usize,
+    /// Most HTTP connections served at once; further connections wait in the accept queue.
+    #[arg(long, env = "KVPLANE_MAX_HTTP_CONNECTIONS", default_value_t = crate::web::limits::MAX_CONNECTIONS)]
+    pub max_http_connections: usize,
+    /// Seconds a client may take to send a request's headers (counted from when its
+    /// connection is idle, so also the keep-alive idle timeout), and then its body; slower
+    /// clients are cut off.
+    #[arg(long, env = "KVPLANE_HTTP_READ_TIMEOUT", default_value_t = crate::web::limits::READ_TIMEOUT.as_secs_f64())]
+    pub http_read_timeout: f64,
     /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
     /// require; unset, they are open to anyone who reaches the HTTP port.
     #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = ApiToken::parse)]
@@ -198,6 +211,12 @@ pub struct ServeConfig {
     pub max_batch_ops: usize,
     /// Largest HTTP request body.
     pub max_body_bytes: usize,
+    /// Most JSON values in an HTTP request body.
+    pub max_body_items: usize,
+    /// Most HTTP connections served at once.
+    pub max_http_connections: usize,
+    /// Time to send an HTTP request's headers (and idle keep-alive time), then its body.
+    pub http_read_timeout: Duration,
     /// Token the mutating HTTP routes require; `None` = open.
     pub api_token: Option<ApiToken>,
     /// Tokens per chunk for HTTP /lookup (≥ 1).
@@ -273,6 +292,9 @@ impl ServeArgs {
             max_keys_per_worker: self.max_keys_per_worker,
             max_batch_ops: at_least_one("max-batch-ops", self.max_batch_ops)?,
             max_body_bytes: at_least_one("max-body-bytes", self.max_body_bytes)?,
+            max_body_items: at_least_one("max-body-items", self.max_body_items)?,
+            max_http_connections: at_least_one("max-http-connections", self.max_http_connections)?,
+            http_read_timeout: positive("http-read-timeout", self.http_read_timeout)?,
             api_token: self.api_token.clone().filter(|t| !t.0.is_empty()),
             lookup_chunk_size: match self.lookup_chunk_size {
                 0 => {
@@ -321,7 +343,10 @@ impl ServeConfig {
             max_workers: 1 << 16,
             max_keys_per_worker: 1 << 24,
             max_batch_ops: 1 << 16,
-            max_body_bytes: crate::http::MAX_BODY_BYTES,
+            max_body_bytes: crate::web::limits::MAX_BODY_BYTES,
+            max_body_items: crate::web::limits::MAX_BODY_ITEMS,
+            max_http_connections: crate::web::limits::MAX_CONNECTIONS,
+            http_read_timeout: crate::web::limits::READ_TIMEOUT,
             api_token: None,
             lookup_chunk_size: 256,
             lookup_none_hash: ChunkHash::from_i64(0),
@@ -419,8 +444,28 @@ mod tests {
                 c.max_body_bytes,
                 c.max_frame_bytes
             ),
-            (65_536, 16_777_216, 65_536, 32 << 20, 64 << 20)
+            (65_536, 16_777_216, 65_536, 4 << 20, 64 << 20)
         );
+        assert_eq!(
+            (c.max_body_items, c.max_http_connections, c.http_read_timeout),
+            (1 << 18, 1024, Duration::from_secs(30))
+        );
+        let c = parse(&[
+            "--max-body-items",
+            "10",
+            "--max-http-connections",
+            "2",
+            "--http-read-timeout",
+            "0.5",
+        ])
+        .expect("valid");
+        assert_eq!(
+            (c.max_body_items, c.max_http_connections, c.http_read_timeout),
+            (10, 2, Duration::from_millis(500))
+        );
+        assert!(parse(&["--http-read-timeout", "0"])
+            .expect_err("zero")
+            .contains("--http-read-timeout"));
         let c = parse(&[
             "--max-workers",
             "3",
@@ -445,6 +490,8 @@ mod tests {
             "--max-workers",
             "--max-batch-ops",
             "--max-body-bytes",
+            "--max-body-items",
+            "--max-http-connections",
             "--max-frame-bytes",
         ] {
             let e = parse(&[flag, "0"]).expect_err("zero");

@@ -159,7 +159,8 @@ pub struct Metrics {
     /// `worker_error`, `busy`, `conflict`).
     pub commands: IntCounterVec,
     /// Times a resource limit refused something, by limit (`workers`, `keys_per_worker`,
-    /// `batch_ops`, `frame_bytes`, `http_body_bytes`).
+    /// `batch_ops`, `frame_bytes`, `http_body_bytes`, `http_body_items`, `http_connections`,
+    /// `http_read_timeout`).
     pub limit_hits: IntCounterVec,
     /// Admits refused because their worker held `--max-keys-per-worker` keys.
     pub keys_refused: IntCounter,

@@ -4,7 +4,6 @@
 //! the validation runs, so the schemas are exactly what the server accepts. Tests check that
 //! every registered route is documented and that the document is structurally valid.
 
-use super::body::{body_schema, Body, BodySpec};
 use super::orchestration::{
     CheckFinishRequest, ClearRequest, CompressRequest, DecompressRequest, HealthRequest,
     MoveRequest, PinRequest,
@@ -12,6 +11,7 @@ use super::orchestration::{
 use super::queries::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::{api_routes, Access};
 use crate::controller::Shared;
+use crate::web::schema::{body_schema, Body, BodySpec};
 use axum::extract::State;
 use axum::http::Method;
 use axum::Json;

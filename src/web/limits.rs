@@ -1,0 +1,98 @@
+//! The limits the HTTP layer enforces on what one peer or request can cost, their defaults,
+//! and how a refusal is reported to the service's metrics without `web` knowing them: a
+//! [`LimitHook`] the service supplies, and a [`LimitHit`] response extension that the metrics
+//! layer turns into a call of that hook.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default of `--max-body-bytes`: 4 MiB. The largest real request is a `/lookup` by tokens:
+/// a 128k-token prompt is ~0.9 MB of JSON (six-digit ids and a comma), so this fits a
+/// 256k-token prompt with room for whitespace.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+/// Default of `--max-body-items`: JSON values (list items and object fields) in one body.
+/// Twice a 128k-token `/lookup`; parsing this many values takes at most ~25 MB.
+pub const MAX_BODY_ITEMS: usize = 1 << 18;
+
+/// Default of `--max-http-connections`.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Default of `--http-read-timeout`: time to read a request's headers (counted from when the
+/// connection starts waiting for a request, so it is also the keep-alive idle timeout), and
+/// then its body.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A limit of the HTTP layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebLimit {
+    /// `--max-body-bytes`: a request got 413.
+    BodyBytes,
+    /// `--max-body-items`: a request got 413 before its body was parsed.
+    BodyItems,
+    /// `--max-http-connections`: a connection waited in the accept queue for a free slot.
+    Connections,
+    /// `--http-read-timeout`: a peer too slow sending its headers or body was cut off.
+    ReadTimeout,
+}
+
+impl WebLimit {
+    /// The `limit` label of `kvplane_limit_hits_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            WebLimit::BodyBytes => "http_body_bytes",
+            WebLimit::BodyItems => "http_body_items",
+            WebLimit::Connections => "http_connections",
+            WebLimit::ReadTimeout => "http_read_timeout",
+        }
+    }
+
+    /// The flag that sets it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            WebLimit::BodyBytes => "--max-body-bytes",
+            WebLimit::BodyItems => "--max-body-items",
+            WebLimit::Connections => "--max-http-connections",
+            WebLimit::ReadTimeout => "--http-read-timeout",
+        }
+    }
+}
+
+/// A response extension marking the response as a refusal by a limit; the metrics layer
+/// ([`super::metrics_layer`]) reports it to the [`LimitHook`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitHit {
+    /// Which limit.
+    pub limit: WebLimit,
+    /// Its configured value.
+    pub value: u64,
+}
+
+/// Called once per refusal by a limit, with who hit it; the service counts it
+/// (`kvplane_limit_hits_total`) and logs it, throttled.
+pub type LimitHook = Arc<dyn Fn(LimitHit, &str) + Send + Sync>;
+
+/// The limits of one HTTP server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Most JSON values in a request body.
+    pub max_body_items: usize,
+    /// Most connections served at once; more wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Time allowed to send a request's headers (from when the connection waits for one, so
+    /// also the keep-alive idle timeout), and then its body.
+    pub read_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_body_bytes: MAX_BODY_BYTES,
+            max_body_items: MAX_BODY_ITEMS,
+            max_connections: MAX_CONNECTIONS,
+            read_timeout: READ_TIMEOUT,
+        }
+    }
+}
