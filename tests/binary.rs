@@ -228,7 +228,10 @@ fn a_5_mb_body_of_bad_tokens_gets_a_small_answer_in_bounded_memory() {
         assert!(size < 8192, "{size} bytes");
     }
     let rss = peak_rss(defaults.child.id());
-    eprintln!("peak RSS after a 5 MB and three 1 MB bodies of bad tokens: {} MB", rss >> 20);
+    eprintln!(
+        "peak RSS after a 5 MB and three 1 MB bodies of bad tokens: {} MB",
+        rss >> 20
+    );
     assert!(rss < CEILING, "peak RSS {} MB", rss >> 20);
 
     let raised = spawn_serve(&["--max-body-bytes", "8388608"]);
@@ -238,6 +241,9 @@ fn a_5_mb_body_of_bad_tokens_gets_a_small_answer_in_bounded_memory() {
         assert!(size < 4096, "{size} bytes");
     }
     let rss = peak_rss(raised.child.id());
-    eprintln!("peak RSS after three 5 MB bodies read whole: {} MB", rss >> 20);
+    eprintln!(
+        "peak RSS after three 5 MB bodies read whole: {} MB",
+        rss >> 20
+    );
     assert!(rss < CEILING, "peak RSS {} MB", rss >> 20);
 }

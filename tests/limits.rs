@@ -321,7 +321,12 @@ async fn max_body_items_answers_413_before_parsing_and_counts_it() {
     let many = format!("{{\"hashes\": [{}1]}}", "1, ".repeat(150));
     let (status, body) = http(addr, "POST", "/lookup", Some(&many), &[]).await;
     assert_eq!(status, 413, "{body}");
-    assert!(body["detail"].as_str().is_some_and(|d| d.contains("--max-body-items")), "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("--max-body-items")),
+        "{body}"
+    );
     let few = format!("{{\"hashes\": [{}1]}}", "1, ".repeat(50));
     let (status, _) = http(addr, "POST", "/lookup", Some(&few), &[]).await;
     assert_eq!(status, 200);

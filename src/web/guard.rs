@@ -21,7 +21,12 @@ use axum::response::{IntoResponse, Response};
 
 /// Middleware: 415 or 403 for a request a cross-origin page could have sent (see the module
 /// docs). Use with `axum::middleware::from_fn(same_origin_json)`.
+/// Safe methods (`GET`, `HEAD`, `OPTIONS`, `TRACE`) pass: they change nothing, and a route
+/// that does not take them answers 405 as usual.
 pub async fn same_origin_json(request: Request, next: Next) -> Response {
+    if request.method().is_safe() {
+        return next.run(request).await;
+    }
     match check(request.headers(), request.uri()) {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
