@@ -644,7 +644,7 @@ mod tests {
         tokens: Option<Vec<i64>>,
         pair: (String, String),
         flag: Option<bool>,
-        hashes: Option<Vec<crate::protocol::ChunkHash>>,
+        hashes: Option<Vec<i128>>,
     }
 
     impl Body for Demo {
