@@ -3,26 +3,9 @@
 //! [`LimitHook`] the service supplies, and a [`LimitHit`] response extension that the metrics
 //! layer turns into a call of that hook.
 
+use crate::config::defaults;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Default of `--max-body-bytes`: 4 MiB. The largest real request is a `/lookup` by tokens:
-/// a 128k-token prompt is ~0.9 MB of JSON (six-digit ids and a comma), so this fits a
-/// 256k-token prompt with room for whitespace.
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
-
-/// Default of `--max-body-items`: JSON values (list items and object fields) in one body.
-/// Twice a 128k-token `/lookup`. A body of this many bad values peaks the whole process at
-/// ~55 MB RSS while it is parsed and refused (measured in `tests/binary.rs`).
-pub const MAX_BODY_ITEMS: usize = 1 << 18;
-
-/// Default of `--max-http-connections`.
-pub const MAX_CONNECTIONS: usize = 1024;
-
-/// Default of `--http-read-timeout`: time to read a request's headers (counted from when the
-/// connection starts waiting for a request, so it is also the keep-alive idle timeout), and
-/// then its body.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A limit of the HTTP layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,13 +70,14 @@ pub struct HttpLimits {
     pub read_timeout: Duration,
 }
 
+/// The defaults of `kvplane serve` ([`crate::config::defaults`]).
 impl Default for HttpLimits {
     fn default() -> Self {
         HttpLimits {
-            max_body_bytes: MAX_BODY_BYTES,
-            max_body_items: MAX_BODY_ITEMS,
-            max_connections: MAX_CONNECTIONS,
-            read_timeout: READ_TIMEOUT,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
+            max_body_items: defaults::MAX_BODY_ITEMS,
+            max_connections: defaults::MAX_HTTP_CONNECTIONS,
+            read_timeout: Duration::from_secs_f64(defaults::HTTP_READ_TIMEOUT_S),
         }
     }
 }

@@ -21,7 +21,8 @@
 //! also carry [`super::guard`], which refuses non-JSON content types.
 
 use super::error::{ApiError, FieldError, FieldErrors, LocPart};
-use super::limits::{HttpLimits, MAX_BODY_ITEMS};
+use super::limits::HttpLimits;
+use crate::config::defaults::MAX_BODY_ITEMS;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
