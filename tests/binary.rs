@@ -119,7 +119,10 @@ impl Drop for Child {
 }
 
 fn spawn_serve(args: &[&str]) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
+    // KVPLANE_TEST_BIN: a copy of the binary, for a target directory other builds write to.
+    let bin = std::env::var_os("KVPLANE_TEST_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kvplane").into());
+    let mut child = Command::new(bin)
         .arg("serve")
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(["--monitor-ports", r#"{"pull": 0, "reply": 0}"#])
@@ -132,10 +135,9 @@ fn spawn_serve(args: &[&str]) -> Child {
     let stderr = child.stderr.take().expect("stderr piped");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
+        // Drain stderr until the child exits: a closed pipe would fail its log writes.
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
+            let _ = tx.send(line);
         }
     });
     let mut child = Child {
@@ -161,8 +163,22 @@ fn spawn_serve(args: &[&str]) -> Child {
     child
 }
 
+/// Reads one response head (up to the blank line), byte by byte.
+fn read_head(stream: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    head
+}
+
 /// Sends `body` to `POST path` as curl does a large body (`Expect: 100-continue`: the body
-/// goes only once the server asks for it) and reads the whole answer: (status line, bytes).
+/// goes only once the server asks for it, from its own thread while the answer is read) and
+/// reads the answer: (status line, head + body bytes).
 fn post(http: &str, path: &str, body: &[u8]) -> (String, usize) {
     let mut stream = std::net::TcpStream::connect(http).expect("HTTP port open");
     stream
@@ -175,22 +191,31 @@ fn post(http: &str, path: &str, body: &[u8]) -> (String, usize) {
         body.len()
     );
     stream.write_all(head.as_bytes()).expect("head");
-    let mut answer = Vec::new();
-    let mut byte = [0u8; 1];
-    while !answer.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => answer.push(byte[0]),
-            _ => break,
-        }
-    }
+    let mut answer = read_head(&mut stream);
+    let mut writer = None;
     if answer.starts_with(b"HTTP/1.1 100") {
-        answer.clear();
-        stream.write_all(body).expect("body");
+        let mut out = stream.try_clone().expect("clone");
+        let body = body.to_vec();
+        // The server may answer before it has read everything: a failed write is not an error.
+        writer = Some(std::thread::spawn(move || {
+            let _ = out.write_all(&body);
+        }));
+        answer = read_head(&mut stream);
     }
-    stream.read_to_end(&mut answer).expect("answer");
-    let text = String::from_utf8_lossy(&answer);
-    let status = text.lines().next().unwrap_or_default().to_owned();
-    (status, answer.len())
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let length: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a response with a length: {text:?}"));
+    let mut payload = vec![0u8; length];
+    stream.read_exact(&mut payload).expect("the whole answer");
+    if let Some(w) = writer {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+        w.join().expect("writer");
+    }
+    let status = text.lines().next().unwrap_or_default().to_uppercase();
+    (status, answer.len() + payload.len())
 }
 
 /// Peak resident memory of a process, in bytes (`VmHWM`).

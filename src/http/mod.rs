@@ -191,6 +191,10 @@ pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
         .fallback(not_found)
         // Layers last, so that they wrap every route above.
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            limits.max_body_bytes,
+            crate::web::limits::refuse_announced_oversize,
+        ))
         .layer(Extension(limits))
         .layer(Extension(history))
         .layer(middleware::from_fn_with_state(

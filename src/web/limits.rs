@@ -3,7 +3,12 @@
 //! [`LimitHook`] the service supplies, and a [`LimitHit`] response extension that the metrics
 //! layer turns into a call of that hook.
 
+use super::error::ApiError;
 use crate::config::defaults;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,5 +84,30 @@ impl Default for HttpLimits {
             max_connections: defaults::MAX_HTTP_CONNECTIONS,
             read_timeout: Duration::from_secs_f64(defaults::HTTP_READ_TIMEOUT_S),
         }
+    }
+}
+
+/// Middleware: a request whose `Content-Length` announces more than `max_body_bytes` gets 413
+/// before its body is touched, so a client that sent `Expect: 100-continue` (curl does for
+/// large bodies) is never asked for it and nothing is read. Bodies without a length are
+/// still cut at the limit while read (`axum::extract::DefaultBodyLimit`). Use with
+/// `axum::middleware::from_fn_with_state(max_body_bytes, refuse_announced_oversize)`.
+pub async fn refuse_announced_oversize(
+    State(max_body_bytes): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > max_body_bytes as u64 => ApiError::PayloadTooLarge(format!(
+            "the body announces {n} bytes; at most {max_body_bytes} are accepted \
+             (--max-body-bytes)"
+        ))
+        .into_response(),
+        _ => next.run(request).await,
     }
 }

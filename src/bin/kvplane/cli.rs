@@ -266,7 +266,11 @@ mod tests {
             (65_536, 16_777_216, 65_536, 4 << 20, 64 << 20)
         );
         assert_eq!(
-            (c.max_body_items, c.max_http_connections, c.http_read_timeout),
+            (
+                c.max_body_items,
+                c.max_http_connections,
+                c.http_read_timeout
+            ),
             (1 << 18, 1024, Duration::from_secs(30))
         );
         let c = parse(&[
@@ -279,7 +283,11 @@ mod tests {
         ])
         .expect("valid");
         assert_eq!(
-            (c.max_body_items, c.max_http_connections, c.http_read_timeout),
+            (
+                c.max_body_items,
+                c.max_http_connections,
+                c.http_read_timeout
+            ),
             (10, 2, Duration::from_millis(500))
         );
         assert!(parse(&["--http-read-timeout", "0"])
