@@ -308,6 +308,14 @@ async fn feed(
             serde_json::Value::Null,
         ))
     })?;
+    if q.history.is_some_and(|h| h > 1) {
+        return Err(ApiError::field(FieldError::new(
+            "enum",
+            vec!["query".into(), "history".into()],
+            "Input should be 0 or 1",
+            q.history.into(),
+        )));
+    }
     let offset = q.offset.unwrap_or(0);
     let (totals, views) = snapshot(&shared, offset, q.limit.unwrap_or(usize::MAX));
     let server_time = crate::controller::state::unix_now();
@@ -527,7 +535,7 @@ mod tests {
         let v = json(get_req(app(&s), "/api/dashboard?offset=99", &[]).await).await;
         assert_eq!(v["workers"]["offset"], 5);
 
-        for bad in ["?limit=-1", "?offset=x", "?page=2"] {
+        for bad in ["?limit=-1", "?offset=x", "?page=2", "?history=2"] {
             let resp = get_req(app(&s), &format!("/api/dashboard{bad}"), &[]).await;
             assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
             let v = json(resp).await;

@@ -289,8 +289,28 @@ fn render(method: &Method, path: &str, access: Access, token_set: bool, op: &Op)
         );
         responses.insert(
             "413".into(),
-            json_response("Body larger than 32 MiB.", "ErrorDetail"),
+            json_response(
+                "Body over --max-body-bytes (4 MiB) or --max-body-items (262,144 JSON values).",
+                "ErrorDetail",
+            ),
         );
+        responses.insert(
+            "408".into(),
+            json_response(
+                "Body not received within --http-read-timeout.",
+                "ErrorDetail",
+            ),
+        );
+        if access == Access::Token {
+            responses.insert(
+                "415".into(),
+                json_response("Content-Type is not JSON (CSRF guard).", "ErrorDetail"),
+            );
+            responses.insert(
+                "403".into(),
+                json_response("Cross-origin browser request (CSRF guard).", "ErrorDetail"),
+            );
+        }
     }
     if path == "/controller/workers" {
         operation.insert(
@@ -542,6 +562,19 @@ pub fn document(token_set: bool) -> Value {
         if path.contains("{path}") {
             op["parameters"] = json!([{ "name": "path", "in": "path", "required": true,
                 "schema": { "type": "string" } }]);
+        }
+        if *path == "/api/dashboard" {
+            let count = json!({ "type": "integer", "minimum": 0 });
+            op["parameters"] = json!([
+                { "name": "offset", "in": "query", "required": false, "schema": count,
+                  "description": "First worker row (registration order)." },
+                { "name": "limit", "in": "query", "required": false, "schema": count,
+                  "description": "Most worker rows (default: all)." },
+                { "name": "history", "in": "query", "required": false,
+                  "schema": { "type": "integer", "enum": [0, 1] },
+                  "description": "1: add the server's 15-minute history of counters." }
+            ]);
+            op["responses"]["422"] = json_response("Bad query.", "HTTPValidationError");
         }
         add(path, &Method::GET, op);
     }
