@@ -31,7 +31,7 @@ struct Assets;
 
 /// The dashboard routes, merged into the API router before its state is attached. The feed
 /// reads the [`History`] from an `Extension` layered on by the caller.
-pub fn routes() -> Router<Arc<Shared>> {
+pub(crate) fn routes() -> Router<Arc<Shared>> {
     crate::web::assets::routes::<Assets, Arc<Shared>>().route("/api/dashboard", get(feed))
 }
 
