@@ -514,6 +514,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn feed_serves_the_status_rule_and_on_request_the_history() {
+        let s = shared();
+        let history = Arc::new(History::default());
+        for t in 0..3 {
+            s.metrics
+                .ops_applied
+                .with_label_values(&["admit"])
+                .inc_by(5);
+            history.sample(&s, 1000.0 + 2.0 * f64::from(t));
+        }
+        let app = || {
+            routes()
+                .layer(Extension(Arc::clone(&history)))
+                .with_state(Arc::clone(&s))
+        };
+        let v = json(get_req(app(), "/api/dashboard", &[]).await).await;
+        assert!(v.get("history").is_none(), "only on request");
+        let rule = &v["config"]["status"];
+        assert_eq!(rule["basis"], "last_seen");
+        assert_eq!(rule["active_s"], 300.0, "the worker timeout");
+        assert_eq!(
+            rule["warning_s"], 302.0,
+            "plus the probe's downlink timeout"
+        );
+        let v = json(get_req(app(), "/api/dashboard?history=1", &[]).await).await;
+        let h = &v["history"];
+        assert_eq!(h["interval_s"], 2.0);
+        assert_eq!(h["columns"][1], "admit");
+        assert_eq!(
+            h["rows"],
+            serde_json::json!([
+                [1000.0, 5, 0, 0, 0, 0],
+                [1002.0, 10, 0, 0, 0, 0],
+                [1004.0, 15, 0, 0, 0, 0]
+            ])
+        );
+    }
+
+    #[tokio::test]
     async fn feed_pages_and_rejects_bad_queries() {
         let s = shared();
         {
@@ -566,15 +605,12 @@ mod tests {
                 );
             }
         }
-        let start = std::time::Instant::now();
         let resp = get_req(app(&s), "/api/dashboard", &[]).await;
         let bytes = body_bytes(resp).await;
-        let took = start.elapsed();
         let v: Value = serde_json::from_slice(&bytes).expect("JSON");
         assert_eq!(v["workers"]["rows"].as_array().map(Vec::len), Some(1000));
         assert_eq!(v["totals"]["keys"], 10_000);
-        // ~150 bytes a worker; generous bounds so a slow CI machine never flakes.
+        // ~150 bytes a worker.
         assert!(bytes.len() < 250_000, "{} bytes", bytes.len());
-        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
     }
 }
