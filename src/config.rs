@@ -45,8 +45,19 @@ pub mod defaults {
     pub const MAX_KEYS_PER_WORKER: u64 = 1 << 24;
     /// Most operations in one admit/evict batch, or keys in one full-sync batch.
     pub const MAX_BATCH_OPS: usize = 1 << 16;
-    /// Largest HTTP request body.
-    pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+    /// Largest HTTP request body: 4 MiB. The largest real request is a `/lookup` by tokens:
+    /// a 128k-token prompt is ~0.9 MB of JSON (a token id is at most six digits and a
+    /// comma), so this fits a 256k-token prompt with room for whitespace.
+    pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Most JSON values (list items and object fields) in one HTTP request body: twice a
+    /// 128k-token `/lookup`. A body of this many bad values peaks the whole process at
+    /// ~55 MB RSS while it is parsed and refused (measured in `tests/binary.rs`).
+    pub const MAX_BODY_ITEMS: usize = 1 << 18;
+    /// Most HTTP connections served at once.
+    pub const MAX_HTTP_CONNECTIONS: usize = 1024;
+    /// Seconds to send an HTTP request's headers (counted from when the connection waits for
+    /// them, so also the keep-alive idle time), and then its body.
+    pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
     /// Tokens per chunk when HTTP /lookup hashes tokens (LMCache's `chunk_size`).
     pub const LOOKUP_CHUNK_SIZE: usize = 256;
     /// Prefix hash of the first chunk when HTTP /lookup hashes tokens (LMCache's `NONE_HASH`).
@@ -153,6 +164,12 @@ pub struct ServeConfig {
     pub max_batch_ops: usize,
     /// Largest HTTP request body.
     pub max_body_bytes: usize,
+    /// Most JSON values in an HTTP request body.
+    pub max_body_items: usize,
+    /// Most HTTP connections served at once.
+    pub max_http_connections: usize,
+    /// Time to send an HTTP request's headers (and idle keep-alive time), then its body.
+    pub http_read_timeout: Duration,
     /// Token the mutating HTTP routes require; `None` = open.
     pub api_token: Option<ApiToken>,
     /// Tokens per chunk for HTTP /lookup (≥ 1).
@@ -272,6 +289,9 @@ impl ServeConfig {
             max_keys_per_worker: defaults::MAX_KEYS_PER_WORKER,
             max_batch_ops: defaults::MAX_BATCH_OPS,
             max_body_bytes: defaults::MAX_BODY_BYTES,
+            max_body_items: defaults::MAX_BODY_ITEMS,
+            max_http_connections: defaults::MAX_HTTP_CONNECTIONS,
+            http_read_timeout: Duration::from_secs_f64(defaults::HTTP_READ_TIMEOUT_S),
             api_token: None,
             lookup_chunk_size: defaults::LOOKUP_CHUNK_SIZE,
             lookup_none_hash: ChunkHash::from_i64(defaults::LOOKUP_NONE_HASH),

@@ -16,8 +16,10 @@
 //!   wrappers with timeouts, fresh sockets after failures.
 //! - [`controller`] — the async tasks: the PULL loop, the two ROUTER loops, one downlink per
 //!   worker, the liveness sweep; handlers are plain functions of the shared state.
-//! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
-//!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
+//! - [`web`] — HTTP plumbing shared by every service (errors, body schemas, auth, the CSRF
+//!   guard, request metrics, static assets, the server loop and its limits). Knows no service.
+//! - [`http`] — the controller's axum router: LMCache's orchestration API (`/lookup`,
+//!   `/clear`, `/move`, …), read routes, `/metrics`, `/openapi.json` and the dashboard.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
@@ -46,6 +48,8 @@ pub mod http;
 pub mod index;
 #[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
+pub mod web;
 
 #[cfg(feature = "server")]
 use config::ServeConfig;
@@ -224,13 +228,22 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
             shutdown.clone(),
         ));
     }
-    let app = http::router(Arc::clone(&shared));
-    let http_shutdown = shutdown.clone();
+    let history = Arc::new(http::history::History::default());
+    tasks.spawn(http::history::sample_loop(
+        Arc::clone(&shared),
+        Arc::clone(&history),
+        shutdown.clone(),
+    ));
+    let app = http::router_with(Arc::clone(&shared), history);
+    let served = web::serve(
+        listener,
+        app,
+        http::http_limits(&shared),
+        http::limit_hook(&shared),
+        shutdown.clone(),
+    );
     tasks.spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(http_shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = served {
+        if let Err(e) = served.await {
             tracing::error!("HTTP server failed: {e}");
         }
     });

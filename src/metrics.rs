@@ -159,8 +159,9 @@ pub struct Metrics {
     /// `worker_error`, `busy`, `conflict`).
     pub commands: IntCounterVec,
     /// Times a resource limit refused something, by limit (`workers`, `keys_per_worker`,
-    /// `batch_ops`, `frame_bytes`, `http_body_bytes`, and from the ZMQ transport
-    /// `message_bytes`, `zmq_handshake_timeout`, `zmq_idle_timeout`, `zmq_connections`).
+    /// `batch_ops`, `frame_bytes`, `http_body_bytes`, `http_body_items`, `http_connections`,
+    /// `http_read_timeout`, `sync_ranges`, and from the ZMQ transport `message_bytes`,
+    /// `zmq_handshake_timeout`, `zmq_idle_timeout`, `zmq_connections`).
     pub limit_hits: IntCounterVec,
     /// ZMQ peer connections a listening socket closed, by socket (`pull`, `reply`,
     /// `heartbeat`) and reason (`frame_too_large`, `message_too_large`, `handshake_timeout`,

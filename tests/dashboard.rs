@@ -289,17 +289,20 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
     if !browser_ready() {
         return;
     }
-    let server = server().await;
+    // The status rule the feed serves: active while the last contact is younger than the
+    // worker timeout (300 s), warning up to 300 + 60 s (the probe's time), then inactive.
+    let server = server_with(|c| c.downlink_timeout = Duration::from_secs(60)).await;
     let mut sim = build_fleet(&server).await;
 
-    // Two workers as the liveness sweep would find them: one silent for 100 s (warning,
+    // Two workers as the liveness sweep would find them: one silent for 310 s (warning,
     // never heartbeated), one whose last heartbeat is 7 minutes old (inactive). They exist
-    // only in the index (no command channel), which is all the dashboard reads.
+    // only in the index (no command channel), which is all the dashboard reads. llama-8b-1
+    // rank 1 never heartbeats either, but sends ops: it is active.
     {
         let now = unix_now();
         let mut index = server.shared.index.write();
         index
-            .register("llama-8b-2", 0, "127.0.0.1", 1, None, now - 100.0)
+            .register("llama-8b-2", 0, "127.0.0.1", 1, None, now - 310.0)
             .expect("register");
         index
             .register("llama-8b-2", 1, "127.0.0.1", 2, None, now - 900.0)
@@ -329,6 +332,30 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
         cancel.clone(),
     );
 
+    // The server samples its counters every 2 s: wait for a few samples, so that the page
+    // must draw them on its first poll (it cannot have made that many points itself).
+    let mut samples = 0;
+    for _ in 0..20 {
+        let (status, feed) = http(
+            server.addrs.http,
+            "GET",
+            "/api/dashboard?limit=0&history=1",
+            None,
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200, "{feed}");
+        samples = feed["history"]["rows"].as_array().map_or(0, Vec::len);
+        if samples >= 7 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(
+        samples >= 7,
+        "the server keeps a history ({samples} samples)"
+    );
+
     let base = format!("http://127.0.0.1:{}", server.addrs.http.port());
     let shot = std::env::var_os("KVPLANE_DASHBOARD_SCREENSHOT")
         .map_or_else(|| repo().join("docs/dashboard.png"), PathBuf::from);
@@ -343,6 +370,8 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
         "filter": "qwen",
         "filter_rows": 2,
         "select": ["llama-8b-0", 0],
+        "silent_active": ["llama-8b-1", 1],
+        "min_history_points": 5,
     });
     let mut child = tokio::process::Command::new("node")
         .arg(repo().join("tests/browser/dashboard.mjs"))

@@ -828,7 +828,7 @@ async fn healthz_readyz_and_fallbacks() {
     assert_eq!(a.status, 405);
     let huge = format!(
         "{{\"tokens\": [{}1]}}",
-        " ".repeat(kvplane::http::MAX_BODY_BYTES)
+        " ".repeat(kvplane::config::defaults::MAX_BODY_BYTES)
     );
     let a = post(&shared, "/lookup", &huge).await;
     assert_eq!(a.status, 413);

@@ -316,3 +316,203 @@ async fn transport_frame_limit_is_counted_and_the_pull_loop_goes_on() {
     );
     server.stop().await;
 }
+
+/// One raw HTTP/1.1 exchange on a fresh connection: `head` (request line and headers, no
+/// final blank line) and `body`; returns the status code and the body text.
+async fn raw(addr: std::net::SocketAddr, head: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!(
+        "{head}\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let answer = within("raw HTTP exchange", async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(request.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.expect("read");
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await;
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, body)
+}
+
+/// Defect 2 of issue 9 (CSRF): a browser page of another origin cannot change state.
+#[tokio::test]
+async fn mutating_routes_refuse_what_a_cross_origin_page_could_send() {
+    let server = server().await;
+    let addr = server.addrs.http;
+    let clear = r#"{"instance_id": "inst-a", "location": "LocalCPUBackend"}"#;
+    let json = "Content-Type: application/json";
+    // A "simple request" needs no preflight: text/plain, a form, or no type at all.
+    for head in [
+        "POST /clear HTTP/1.1\r\nContent-Type: text/plain",
+        "POST /clear HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded",
+        "POST /pin HTTP/1.1",
+    ] {
+        let (status, body) = raw(addr, head, clear).await;
+        assert_eq!(status, 415, "{head}: {body}");
+        assert!(body.contains("application/json"), "{body}");
+    }
+    let (status, body) = raw(
+        addr,
+        &format!("POST /clear HTTP/1.1\r\n{json}\r\nOrigin: http://evil.example"),
+        clear,
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    // The dashboard (same origin) and non-browser clients (no Origin) pass the guard: the
+    // instance is unknown, so the handler itself answers 404.
+    for extra in [format!("\r\nOrigin: http://{addr}"), String::new()] {
+        let head = format!("POST /clear HTTP/1.1\r\n{json}{extra}");
+        let (status, body) = raw(addr, &head, clear).await;
+        assert_eq!(status, 404, "{head}: {body}");
+        assert!(body.contains("inst-a"), "{body}");
+    }
+    // Read-only POSTs stay lenient, as in LMCache.
+    let (status, body) = raw(
+        addr,
+        "POST /lookup HTTP/1.1\r\nContent-Type: text/plain",
+        r#"{"hashes": [1]}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn max_body_items_answers_413_before_parsing_and_counts_it() {
+    let server = server_with(|c| c.max_body_items = 100).await;
+    let addr = server.addrs.http;
+    let many = format!("{{\"hashes\": [{}1]}}", "1, ".repeat(150));
+    let (status, body) = http(addr, "POST", "/lookup", Some(&many), &[]).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("--max-body-items")),
+        "{body}"
+    );
+    let few = format!("{{\"hashes\": [{}1]}}", "1, ".repeat(50));
+    let (status, _) = http(addr, "POST", "/lookup", Some(&few), &[]).await;
+    assert_eq!(status, 200);
+    let text = metrics(&server).await;
+    assert_eq!(hits(&text, "http_body_items"), 1.0);
+    assert_eq!(hits(&text, "http_body_bytes"), 0.0);
+    server.stop().await;
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` from a kept-alive connection.
+async fn read_response(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
+        out.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.expect("body");
+    head
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_for_a_free_slot() {
+    use tokio::io::AsyncWriteExt;
+    let server = server_with(|c| c.max_http_connections = 2).await;
+    let addr = server.addrs.http;
+    let get = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    // Two kept-alive connections, each served once: they hold both slots.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = within("connect", tokio::net::TcpStream::connect(addr))
+            .await
+            .expect("connect");
+        s.write_all(get.as_bytes()).await.expect("write");
+        let head = within("answer", read_response(&mut s)).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        held.push(s);
+    }
+    let hits = || {
+        server
+            .shared
+            .metrics
+            .limit_hits
+            .with_label_values(&["http_connections"])
+            .get()
+    };
+    eventually("the cap is counted", STEP, || hits() >= 1).await;
+    // A third peer connects (the kernel queues it) but is not served while both are held.
+    let mut third = within("connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    third.write_all(get.as_bytes()).await.expect("write");
+    let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut third)).await;
+    assert!(early.is_err(), "served beyond the cap");
+    // Freeing a slot serves it.
+    drop(held.pop());
+    let head = within("answer once a slot is free", read_response(&mut third)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off_and_counted_idle_ones_are_just_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = server_with(|c| c.http_read_timeout = Duration::from_millis(300)).await;
+    let addr = server.addrs.http;
+    let hits = || {
+        server
+            .shared
+            .metrics
+            .limit_hits
+            .with_label_values(&["http_read_timeout"])
+            .get()
+    };
+    // Slowloris: headers started, never finished. The server hangs up.
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(b"POST /lookup HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    within("hang-up", s.read_to_end(&mut out)).await.ok();
+    eventually("a headers timeout is counted", STEP, || hits() == 1).await;
+    // Headers complete, body stalled: 408, counted.
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        b"POST /lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"hashes\": [",
+    )
+    .await
+    .expect("write");
+    let mut out = Vec::new();
+    within("408", s.read_to_end(&mut out)).await.ok();
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    eventually("a body timeout is counted", STEP, || hits() == 2).await;
+    // An idle keep-alive connection is closed by the same timer, and not counted.
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let head = within("answer", read_response(&mut s)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut rest = Vec::new();
+    within("idle close", s.read_to_end(&mut rest)).await.ok();
+    assert!(rest.is_empty());
+    assert_eq!(hits(), 2);
+    server.stop().await;
+}

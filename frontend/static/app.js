@@ -1,11 +1,12 @@
-// kvplane dashboard: polls GET /api/dashboard (every 2 s; ?interval=ms to change it), keeps
-// a few minutes of rates client-side, and renders the totals, charts, workers grid, full-sync
+// kvplane dashboard: polls GET /api/dashboard (every 2 s; ?interval=ms to change it), starts
+// its charts from the server's 15-minute history (asked for on the first poll and after a
+// reconnect), keeps them going from its own polls, and renders the totals, charts, workers grid, full-sync
 // progress and worker details. Actions (health/clear/pin/move) live in actions.js.
 
 import { Actions } from "./actions.js";
 import { TimeChart } from "./chart.js";
 import { bar, fmtAge, fmtClock, fmtCompact, fmtDateTime, fmtInt, fmtPct, fmtRate, h } from "./format.js";
-import { WorkerGrid, shortLoc, statusOf } from "./table.js";
+import { FALLBACK_RULE, WorkerGrid, shortLoc, statusOf } from "./table.js";
 
 const params = new URLSearchParams(location.search);
 const INTERVAL_MS = Math.max(250, Number(params.get("interval")) || 2000);
@@ -24,6 +25,8 @@ const state = {
   byKey: new Map(),
   prev: null, // previous counters sample
   history: [], // {t, admit, evict, hit, miss, dropped}
+  needHistory: true, // ask the server for its history on the next poll
+  polls: 0, // feeds received
   failures: 0,
   lastError: "",
   lastOk: 0,
@@ -38,7 +41,16 @@ function serverNow() {
   return state.feed.server_time + (performance.now() - state.receivedAt) / 1000;
 }
 
-const ageOf = (w) => serverNow() - w.last_heartbeat_time;
+/** The server's status rule (`config.status`), or LMCache's when the server sends none. */
+const statusRule = () => (state.feed && state.feed.config.status) || FALLBACK_RULE;
+
+/** Recomputes a worker's ages and status at server time `now`. */
+function refreshAges(w, now) {
+  const rule = statusRule();
+  w.age = now - w.last_heartbeat_time; // shown in the heartbeat column
+  w.contact = now - w[rule.basis]; // the status comes from the last contact of any kind
+  w.status = statusOf(w.contact, rule);
+}
 
 // ---- components ---------------------------------------------------------------------------
 const charts = {
@@ -67,17 +79,20 @@ async function poll() {
   const ctl = new AbortController();
   const t = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
   try {
-    const resp = await fetch("/api/dashboard", { cache: "no-store", signal: ctl.signal, headers: { Accept: "application/json" } });
+    const url = state.needHistory ? "/api/dashboard?history=1" : "/api/dashboard";
+    const resp = await fetch(url, { cache: "no-store", signal: ctl.signal, headers: { Accept: "application/json" } });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     const feed = await resp.json();
     state.receivedAt = performance.now();
     ingest(feed);
     state.failures = 0;
+    state.polls++;
     state.lastOk = performance.now();
     setConn("live");
     schedule(document.hidden ? HIDDEN_INTERVAL_MS : INTERVAL_MS);
   } catch (e) {
     state.failures++;
+    state.needHistory = true; // our own samples have a hole: start again from the server's
     state.lastError = e.name === "AbortError" ? "no answer" : e.message || "network error";
     const delay = Math.min(MAX_BACKOFF_MS, INTERVAL_MS * 2 ** Math.min(state.failures, 6));
     setConn(state.failures >= 3 ? "down" : "retrying");
@@ -159,14 +174,15 @@ function ingest(feed) {
       heartbeated: r[at.heartbeated],
       haystack: `${r[at.instance_id]} ${r[at.worker_id]} ${hostPort(r[at.ip], r[at.port])} ${r[at.peer_init_url] || ""} ${locNames}`.toLowerCase(),
     };
-    w.age = now - w.last_heartbeat_time;
-    w.status = statusOf(w.age);
+    refreshAges(w, now);
     byKey.set(key, w);
     return w;
   });
   state.workers = workers;
   state.byKey = byKey;
+  if (feed.history) loadHistory(feed.history);
   sample(feed);
+  renderStatusRule();
   grid.setWorkers(workers, now);
   renderAll();
 }
@@ -175,24 +191,46 @@ function hostPort(ip, port) {
   return ip.includes(":") ? `[${ip}]:${port}` : `${ip}:${port}`;
 }
 
+const RATE_KEYS = ["admit", "evict", "hit", "miss", "dropped"];
+
+/** Rebuilds the rate history from the server's samples of cumulative counters. */
+function loadHistory(hist) {
+  const at = Object.fromEntries(hist.columns.map((c, i) => [c, i]));
+  const samples = hist.rows.map((r) => Object.fromEntries(["t", ...RATE_KEYS].map((k) => [k, r[at[k]]])));
+  state.history = [];
+  state.prev = null;
+  for (const s of samples) pushRate(s);
+  state.needHistory = false;
+}
+
 /** Turns cumulative counters into one rate point per poll. */
 function sample(feed) {
   const c = feed.counters;
-  const cur = { t: feed.server_time, admit: c.ops_admit, evict: c.ops_evict, hit: c.p2p_lookup_hit, miss: c.p2p_lookup_miss, dropped: c.frames_dropped };
+  pushRate({ t: feed.server_time, admit: c.ops_admit, evict: c.ops_evict, hit: c.p2p_lookup_hit, miss: c.p2p_lookup_miss, dropped: c.frames_dropped });
+}
+
+/** Adds the rate between the previous sample and `cur` (skipped when they are too close). */
+function pushRate(cur) {
   const p = state.prev;
+  if (p && cur.t - p.t < 0.2) return; // a poll right after a server sample: wait for the next
   state.prev = cur;
   if (!p || cur.t <= p.t) return;
   const dt = cur.t - p.t;
-  const keys = ["admit", "evict", "hit", "miss", "dropped"];
-  if (keys.some((k) => cur[k] < p[k])) { state.history = []; return; } // the server restarted
+  if (RATE_KEYS.some((k) => cur[k] < p[k])) { state.history = []; return; } // the server restarted
   const point = { t: cur.t };
-  for (const k of keys) point[k] = (cur[k] - p[k]) / dt;
+  for (const k of RATE_KEYS) point[k] = (cur[k] - p[k]) / dt;
   state.history.push(point);
   const cutoff = cur.t - HISTORY_S;
   while (state.history.length && state.history[0].t < cutoff) state.history.shift();
 }
 
 // ---- rendering ----------------------------------------------------------------------------
+function renderStatusRule() {
+  const r = statusRule();
+  const basis = r.basis === "last_seen" ? "the last contact (any message: heartbeat, ops, probe answer)" : "the last heartbeat";
+  setText($("status-rule"), `Status from ${basis}: active < ${fmtAge(r.active_s)}, warning < ${fmtAge(r.warning_s)}.`);
+}
+
 function renderAll() {
   const f = state.feed;
   $("version").textContent = `v${f.version}`;
@@ -430,7 +468,7 @@ setInterval(() => {
   if (!state.feed) return;
   const now = serverNow();
   setText($("server-time"), fmtClock(now));
-  grid.tick(now, ageOf);
+  grid.tick(now, refreshAges);
   renderKpis();
   renderGridMeta();
   if (grid.selected) renderDetails(grid.selected);

@@ -70,9 +70,17 @@ export function prettyJson(v) {
     `[${inner.split(",\n").map((x) => x.trim()).join(", ")}]`);
 }
 
+/** A same-origin path ("/x", not "//host") or a fragment ("#x"). */
+export function safeUrl(v) {
+  const s = String(v);
+  return (s.startsWith("/") && !s.startsWith("//") && !s.startsWith("/\\")) || s.startsWith("#");
+}
+
 /**
  * Builds an element: h("div", {class: "x", text: "hi"}, child, …). Children are nodes or
- * strings (always inserted as text, never as HTML).
+ * strings (always inserted as text, never as HTML). `href` and `src` must be same-origin
+ * paths or fragments (start with "/" but not "//", or "#"): anything else (`javascript:`, a
+ * remote URL) throws, so data from a worker can never become a link that runs or leaves.
  */
 export function h(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -82,6 +90,7 @@ export function h(tag, attrs, ...children) {
       if (k === "text") e.textContent = v;
       else if (k === "class") e.className = v;
       else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else if ((k === "href" || k === "src") && !safeUrl(v)) throw new Error(`h(): refused ${k}=${String(v).slice(0, 40)}`);
       else e.setAttribute(k, v === true ? "" : v);
     }
   }

@@ -7,15 +7,21 @@ import { bar, fmtAge, fmtCompact, fmtInt, fmtPct, h } from "./format.js";
 export const ROW_H = 32;
 const OVERSCAN = 6;
 
-/** LMCache's status rule: heartbeat age < 60 s active, < 300 s warning, else inactive. */
-export function statusOf(age) {
-  return age < 60 ? "active" : age < 300 ? "warning" : "inactive";
+/** The rule a server without `config.status` used: LMCache's heartbeat-age thresholds. */
+export const FALLBACK_RULE = { basis: "last_heartbeat_time", active_s: 60, warning_s: 300 };
+
+/**
+ * A worker's status from the age of its last contact, with the thresholds the server serves
+ * (`config.status`: active below `active_s`, warning below `warning_s`, else inactive).
+ */
+export function statusOf(contactAge, rule = FALLBACK_RULE) {
+  return contactAge < rule.active_s ? "active" : contactAge < rule.warning_s ? "warning" : "inactive";
 }
 
 const STATUS_RANK = { active: 0, warning: 1, inactive: 2 };
 
 const SORTS = {
-  status: (a, b) => STATUS_RANK[a.status] - STATUS_RANK[b.status] || b.age - a.age,
+  status: (a, b) => STATUS_RANK[a.status] - STATUS_RANK[b.status] || b.contact - a.contact,
   instance: (a, b) => cmpStr(a.instance_id, b.instance_id) || a.worker_id - b.worker_id,
   worker: (a, b) => a.worker_id - b.worker_id || cmpStr(a.instance_id, b.instance_id),
   endpoint: (a, b) => cmpStr(a.ip, b.ip) || a.port - b.port,
@@ -80,9 +86,9 @@ export class WorkerGrid {
   }
 
   /** One-second tick: ages moved on; re-sort only when the order depends on them. */
-  tick(now, ageOf) {
+  tick(now, refresh) {
     this.now = now;
-    for (const w of this.all) { w.age = ageOf(w); w.status = statusOf(w.age); }
+    for (const w of this.all) refresh(w, now);
     if (this.sortKey === "heartbeat" || this.sortKey === "status" || this.filterStatus) this.refilter();
     else this.render();
   }

@@ -4,12 +4,14 @@
 //! limit cannot flood the log.
 //!
 //! The limits themselves are enforced where the data is: the index (workers, keys per worker,
-//! ops per batch), the socket loops and the transport (frame size), the HTTP router (body size).
+//! ops per batch), the socket loops and the transport (frame size), the HTTP layer
+//! ([`crate::web`]: body size and items, connections, read time).
 //!
 //! [`LogThrottle`] is the throttle itself; the socket loops also use one for frames they drop,
 //! so that a peer sending garbage cannot flood the log either.
 
 use crate::metrics::Metrics;
+use crate::web::limits::WebLimit;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
@@ -32,16 +34,36 @@ pub enum Limit {
     /// The full-sync range budget (built in, `IndexConfig::max_sync_ranges` and
     /// `max_sync_ranges_per_worker`): an out-of-order full-sync batch was refused.
     SyncRanges,
+    /// `--max-body-items`: an HTTP request got 413 before its body was parsed.
+    HttpBodyItems,
+    /// `--max-http-connections`: a connection waited for a free slot.
+    HttpConnections,
+    /// `--http-read-timeout`: a client too slow sending a request was cut off.
+    HttpReadTimeout,
 }
 
-const ALL: [Limit; 6] = [
+const ALL: [Limit; 9] = [
     Limit::Workers,
     Limit::KeysPerWorker,
     Limit::BatchOps,
     Limit::FrameBytes,
     Limit::HttpBodyBytes,
     Limit::SyncRanges,
+    Limit::HttpBodyItems,
+    Limit::HttpConnections,
+    Limit::HttpReadTimeout,
 ];
+
+impl From<WebLimit> for Limit {
+    fn from(limit: WebLimit) -> Self {
+        match limit {
+            WebLimit::BodyBytes => Limit::HttpBodyBytes,
+            WebLimit::BodyItems => Limit::HttpBodyItems,
+            WebLimit::Connections => Limit::HttpConnections,
+            WebLimit::ReadTimeout => Limit::HttpReadTimeout,
+        }
+    }
+}
 
 impl Limit {
     /// The `limit` label of `kvplane_limit_hits_total`.
@@ -51,8 +73,11 @@ impl Limit {
             Limit::KeysPerWorker => "keys_per_worker",
             Limit::BatchOps => "batch_ops",
             Limit::FrameBytes => "frame_bytes",
-            Limit::HttpBodyBytes => "http_body_bytes",
             Limit::SyncRanges => "sync_ranges",
+            Limit::HttpBodyBytes
+            | Limit::HttpBodyItems
+            | Limit::HttpConnections
+            | Limit::HttpReadTimeout => self.web().label(),
         }
     }
 
@@ -63,8 +88,21 @@ impl Limit {
             Limit::KeysPerWorker => "--max-keys-per-worker",
             Limit::BatchOps => "--max-batch-ops",
             Limit::FrameBytes => "--max-frame-bytes",
-            Limit::HttpBodyBytes => "--max-body-bytes",
             Limit::SyncRanges => "full-sync ranges (built in)",
+            Limit::HttpBodyBytes
+            | Limit::HttpBodyItems
+            | Limit::HttpConnections
+            | Limit::HttpReadTimeout => self.web().flag(),
+        }
+    }
+
+    /// The HTTP layer's name for an HTTP limit (labels and flags are defined there).
+    fn web(self) -> WebLimit {
+        match self {
+            Limit::HttpBodyItems => WebLimit::BodyItems,
+            Limit::HttpConnections => WebLimit::Connections,
+            Limit::HttpReadTimeout => WebLimit::ReadTimeout,
+            _ => WebLimit::BodyBytes,
         }
     }
 

@@ -1,25 +1,22 @@
-//! The live dashboard: the `frontend/` folder embedded with `rust-embed`, served at `/` and
-//! `/static/*`, and the one JSON feed it polls, `GET /api/dashboard`.
+//! The live dashboard of the controller: the `frontend/` folder (served by
+//! [`crate::web::assets`]) at `/` and `/static/*`, and the one JSON feed it polls,
+//! `GET /api/dashboard`, with the server-side history of [`super::history`].
 //!
-//! Owns only read access to the shared state: one read lock on the index per feed request
-//! (never held across an `.await`) and atomic reads of the metric counters. The dashboard's
-//! actions go to the orchestration routes (`/clear`, `/pin`, `/move`, `/health`), not here.
-//!
-//! Asset rules: `/` is `index.html`; `/static/<path>` is `frontend/static/<path>`; anything
-//! else under `/static/` is a 404, so no fallback ever shadows an API route. Every answer
-//! carries a strong `ETag` (the file's SHA-256) with `Cache-Control: no-cache`, so a browser
-//! revalidates with `If-None-Match` and gets a 304 until the binary changes. A
-//! `Content-Security-Policy` of `'self'` only makes the browser itself refuse any request
-//! that would leave the host.
+//! Owns only read access to the shared state, all of it in [`snapshot`]: one read lock on the
+//! index per feed request (never held across an `.await`), in which only the requested page of
+//! workers is built, and atomic reads of the metric counters. The dashboard's actions go to
+//! the orchestration routes (`/clear`, `/pin`, `/move`, `/health`), not here.
 
+use super::history::{History, HistoryPage};
 use crate::controller::Shared;
 use crate::index::{LocationView, WorkerView};
+use crate::web::error::{ApiError, FieldError};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Query, State};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use prometheus::core::Collector;
 use prometheus::IntCounterVec;
 use rust_embed::RustEmbed;
@@ -32,122 +29,24 @@ use std::sync::Arc;
 #[folder = "frontend/"]
 struct Assets;
 
-/// The page's security policy: nothing but this origin, no inline script or style sheet.
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-                   connect-src 'self'; base-uri 'none'; form-action 'none'; \
-                   frame-ancestors 'none'";
-
-/// The dashboard routes, merged into the API router before its state is attached.
-pub fn routes() -> Router<Arc<Shared>> {
-    Router::new()
-        .route("/", get(index_page))
-        .route("/static/{*path}", get(static_asset))
-        .route("/api/dashboard", get(feed))
-}
-
-async fn index_page(headers: HeaderMap) -> Response {
-    asset("index.html", &headers)
-}
-
-async fn static_asset(Path(path): Path<String>, headers: HeaderMap) -> Response {
-    asset(&format!("static/{path}"), &headers)
-}
-
-/// Serves one embedded file, or a JSON 404.
-fn asset(path: &str, headers: &HeaderMap) -> Response {
-    let file = if path.split('/').any(|seg| seg.is_empty() || seg == "..") {
-        None
-    } else {
-        Assets::get(path)
-    };
-    let Some(file) = file else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(serde_json::json!({ "detail": "Not Found" })),
-        )
-            .into_response();
-    };
-    let etag = format!("\"{}\"", hex(&file.metadata.sha256_hash()[..16]));
-    let common = [
-        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        (
-            header::X_CONTENT_TYPE_OPTIONS,
-            HeaderValue::from_static("nosniff"),
-        ),
-        (
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(CSP),
-        ),
-        (
-            header::REFERRER_POLICY,
-            HeaderValue::from_static("no-referrer"),
-        ),
-    ];
-    let etag_value = HeaderValue::from_str(&etag).unwrap_or(HeaderValue::from_static("\"\""));
-    let matches = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
-    if matches {
-        return (
-            StatusCode::NOT_MODIFIED,
-            common,
-            [(header::ETAG, etag_value)],
-        )
-            .into_response();
-    }
-    (
-        common,
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(content_type(path)),
-            ),
-            (header::ETAG, etag_value),
-        ],
-        file.data.into_owned(),
-    )
-        .into_response()
-}
-
-/// The content type of an asset, from its extension (the few kinds `frontend/` holds).
-fn content_type(path: &str) -> &'static str {
-    let ext = path.rsplit_once('.').map_or("", |(_, e)| e);
-    match ext.to_ascii_lowercase().as_str() {
-        "html" | "htm" => "text/html; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
-        "js" | "mjs" => "text/javascript; charset=utf-8",
-        "json" | "map" => "application/json",
-        "svg" => "image/svg+xml",
-        "png" => "image/png",
-        "ico" => "image/x-icon",
-        "webmanifest" => "application/manifest+json",
-        "woff2" => "font/woff2",
-        "txt" => "text/plain; charset=utf-8",
-        _ => "application/octet-stream",
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+/// The dashboard routes, merged into the API router before its state is attached. The feed
+/// reads the [`History`] from an `Extension` layered on by the caller.
+pub(crate) fn routes() -> Router<Arc<Shared>> {
+    crate::web::assets::routes::<Assets, Arc<Shared>>().route("/api/dashboard", get(feed))
 }
 
 // ---------------------------------------------------------------------------------------------
 // GET /api/dashboard
 // ---------------------------------------------------------------------------------------------
 
-/// `?offset=&limit=` of the workers page (default: every worker).
+/// `?offset=&limit=` of the workers page (default: every worker); `?history=1` adds the
+/// server-side history (the page asks for it on its first poll).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FeedQuery {
     offset: Option<usize>,
     limit: Option<usize>,
+    history: Option<u8>,
 }
 
 /// The feed: everything the page shows, from one lock and one serialisation.
@@ -161,6 +60,9 @@ struct Feed {
     /// Cumulative since start: the page turns deltas into rates.
     counters: Counters,
     workers: WorkerPage,
+    /// Cumulative counters sampled every few seconds by the server (with `?history=1`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<HistoryPage>,
 }
 
 #[derive(Serialize)]
@@ -169,6 +71,22 @@ struct FeedConfig {
     health_check_interval_s: Option<f64>,
     downlink_timeout_s: f64,
     sync_completion_threshold: f64,
+    status: StatusRule,
+}
+
+/// How the page turns a worker's last contact into its status: the controller's own rule,
+/// served so the page hard-codes no threshold.
+#[derive(Serialize)]
+struct StatusRule {
+    /// The row column the age is taken from: `last_seen`, the last message of any kind
+    /// (heartbeat, admit/evict batch, probe answer, …), not the heartbeat alone.
+    basis: &'static str,
+    /// Contact younger than this: `active` (`--lmcache-worker-timeout`, the silence the
+    /// controller tolerates before probing).
+    active_s: f64,
+    /// Contact younger than this: `warning` (silent, probe due or under way); older:
+    /// `inactive` (the probe is overdue: liveness sweeps are off or the worker is stuck).
+    warning_s: f64,
 }
 
 #[derive(Serialize)]
@@ -183,13 +101,13 @@ struct Totals {
 }
 
 #[derive(Serialize)]
-struct Counters {
-    ops_admit: u64,
-    ops_evict: u64,
-    p2p_lookup_hit: u64,
-    p2p_lookup_miss: u64,
+pub(super) struct Counters {
+    pub(super) ops_admit: u64,
+    pub(super) ops_evict: u64,
+    pub(super) p2p_lookup_hit: u64,
+    pub(super) p2p_lookup_miss: u64,
     frames_received: u64,
-    frames_dropped: u64,
+    pub(super) frames_dropped: u64,
     frames_dropped_by_reason: BTreeMap<String, u64>,
     batches_discarded: u64,
     seq_discontinuities: u64,
@@ -337,7 +255,7 @@ fn counter_by(vec: &IntCounterVec, label: &str) -> BTreeMap<String, u64> {
     out
 }
 
-fn counters(shared: &Shared) -> Counters {
+pub(super) fn counters(shared: &Shared) -> Counters {
     let m = &shared.metrics;
     let frames_dropped_by_reason = counter_by(&m.frames_dropped, "reason");
     Counters {
@@ -357,67 +275,93 @@ fn counters(shared: &Shared) -> Counters {
     }
 }
 
-/// `GET /api/dashboard[?offset=N&limit=N]`: totals, counters and a page of workers (all of
-/// them by default) in registration order, as compact rows.
+/// Everything the feed reads from the controller's state, in one read lock: the totals and
+/// `limit` workers from `offset` (only those are built), with the total worker count.
+fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
+    let index = shared.index.read();
+    let (syncing, sync_completed, sync_missing_batches) = index.sync_counts();
+    let totals = Totals {
+        instances: index.instance_count(),
+        workers: index.worker_count(),
+        keys: index.key_count(),
+        syncing,
+        sync_completed,
+        sync_missing_batches,
+        global_sync_progress: index.global_sync_progress(),
+    };
+    let page = index.workers_page(offset, limit);
+    (totals, page)
+}
+
+/// `GET /api/dashboard[?offset=N&limit=N][&history=1]`: totals, counters and a page of
+/// workers (all of them by default) in registration order, as compact rows.
 async fn feed(
     State(shared): State<Arc<Shared>>,
+    history: Option<Extension<Arc<History>>>,
     query: Result<Query<FeedQuery>, QueryRejection>,
-) -> Response {
-    let q = match query {
-        Ok(Query(q)) => q,
-        Err(e) => {
-            return (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Json(serde_json::json!({ "detail": e.body_text() })),
-            )
-                .into_response()
-        }
-    };
-    let (totals, views) = {
-        let index = shared.index.read();
-        let (syncing, sync_completed, sync_missing_batches) = index.sync_counts();
-        let totals = Totals {
-            instances: index.instance_count(),
-            workers: index.worker_count(),
-            keys: index.key_count(),
-            syncing,
-            sync_completed,
-            sync_missing_batches,
-            global_sync_progress: index.global_sync_progress(),
-        };
-        (totals, index.workers())
-    };
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| {
+        ApiError::field(FieldError::new(
+            "query_invalid",
+            vec!["query".into()],
+            e.body_text(),
+            serde_json::Value::Null,
+        ))
+    })?;
+    if q.history.is_some_and(|h| h > 1) {
+        return Err(ApiError::field(FieldError::new(
+            "enum",
+            vec!["query".into(), "history".into()],
+            "Input should be 0 or 1",
+            q.history.into(),
+        )));
+    }
+    let offset = q.offset.unwrap_or(0);
+    let (totals, views) = snapshot(&shared, offset, q.limit.unwrap_or(usize::MAX));
     let server_time = crate::controller::state::unix_now();
-    let total = views.len();
-    let offset = q.offset.unwrap_or(0).min(total);
-    let limit = q.limit.unwrap_or(usize::MAX);
-    let rows = views
-        .into_iter()
-        .skip(offset)
-        .take(limit)
-        .map(Row::from)
-        .collect();
+    let total = totals.workers;
+    let rows = views.into_iter().map(Row::from).collect();
     let config = &shared.config;
+    let interval = config.health_check_interval.map(|d| d.as_secs_f64());
+    let worker_timeout_s = config.worker_timeout.as_secs_f64();
     let body = Feed {
         server_time: ms(server_time),
         version: env!("CARGO_PKG_VERSION"),
         config: FeedConfig {
-            worker_timeout_s: config.worker_timeout.as_secs_f64(),
-            health_check_interval_s: config.health_check_interval.map(|d| d.as_secs_f64()),
+            worker_timeout_s,
+            health_check_interval_s: interval,
             downlink_timeout_s: config.downlink_timeout.as_secs_f64(),
             sync_completion_threshold: config.full_sync_completion_threshold,
+            status: StatusRule {
+                basis: "last_seen",
+                active_s: worker_timeout_s,
+                warning_s: worker_timeout_s
+                    + interval.unwrap_or(0.0)
+                    + config.downlink_timeout.as_secs_f64(),
+            },
         },
         totals,
         counters: counters(&shared),
         workers: WorkerPage {
             total,
-            offset,
+            offset: offset.min(total),
             columns: COLUMNS,
             location_columns: ["name", "key_count", "last_seq"],
             rows,
         },
+        history: match (q.history, history) {
+            (Some(1), Some(Extension(h))) => Some(h.page()),
+            _ => None,
+        },
     };
-    ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
+    Ok((
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        Json(body),
+    )
+        .into_response())
 }
 
 #[cfg(test)]
@@ -426,7 +370,7 @@ mod tests {
     use crate::config::ServeConfig;
     use crate::protocol::{ChunkHash, KVOpEvent, OpType};
     use axum::body::Body;
-    use axum::http::Request;
+    use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;
     use serde_json::Value;
     use tower::ServiceExt;
@@ -467,122 +411,6 @@ mod tests {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
-    }
-
-    #[tokio::test]
-    async fn assets_are_served_with_their_types_and_unknown_paths_are_404() {
-        let s = shared();
-        let cases = [
-            ("/", "text/html; charset=utf-8"),
-            ("/static/app.js", "text/javascript; charset=utf-8"),
-            ("/static/app.css", "text/css; charset=utf-8"),
-            ("/static/favicon.svg", "image/svg+xml"),
-        ];
-        for (path, want) in cases {
-            let resp = get_req(app(&s), path, &[]).await;
-            assert_eq!(resp.status(), StatusCode::OK, "{path}");
-            assert_eq!(ctype(&resp), want, "{path}");
-            let h = resp.headers();
-            assert_eq!(h[header::CACHE_CONTROL], "no-cache", "{path}");
-            assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
-            assert!(h.contains_key(header::ETAG), "{path}");
-            assert!(!body_bytes(resp).await.is_empty(), "{path}");
-        }
-        // No fallback to index.html: unknown assets, traversal, the bare folder and paths
-        // outside the dashboard's routes are all 404 (API routes are never shadowed).
-        for path in [
-            "/static/missing.js",
-            "/static/../index.html",
-            "/static/%2e%2e/index.html",
-            "/static//app.js",
-            "/static/",
-            "/index.html",
-            "/workers",
-            "/controller/workers",
-            "/api/dashboard/extra",
-        ] {
-            let resp = get_req(app(&s), path, &[]).await;
-            assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{path}");
-        }
-        let resp = get_req(app(&s), "/static/nope.css", &[]).await;
-        assert_eq!(ctype(&resp), "application/json");
-        assert_eq!(json(resp).await["detail"], "Not Found");
-    }
-
-    #[tokio::test]
-    async fn every_embedded_static_file_is_served_with_a_known_type() {
-        let s = shared();
-        let mut served = 0;
-        for path in Assets::iter() {
-            if path
-                .rsplit('/')
-                .next()
-                .is_some_and(|name| name.starts_with('.'))
-            {
-                continue; // never reachable: `/static/` maps only into frontend/static/
-            }
-            let Some(rest) = path.strip_prefix("static/") else {
-                assert_eq!(path, "index.html", "only index.html lives outside static/");
-                continue;
-            };
-            let resp = get_req(app(&s), &format!("/static/{rest}"), &[]).await;
-            assert_eq!(resp.status(), StatusCode::OK, "{path}");
-            assert_ne!(ctype(&resp), "application/octet-stream", "{path}");
-            served += 1;
-        }
-        assert!(served >= 5, "app.js, its modules, app.css, favicon.svg");
-    }
-
-    #[tokio::test]
-    async fn etag_revalidation_answers_304() {
-        let s = shared();
-        let first = get_req(app(&s), "/static/app.js", &[]).await;
-        let etag = first.headers()[header::ETAG]
-            .to_str()
-            .expect("ascii")
-            .to_owned();
-        let again = get_req(app(&s), "/static/app.js", &[("if-none-match", &etag)]).await;
-        assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
-        assert!(body_bytes(again).await.is_empty());
-        let stale = get_req(app(&s), "/static/app.js", &[("if-none-match", "\"x\"")]).await;
-        assert_eq!(stale.status(), StatusCode::OK);
-    }
-
-    #[tokio::test]
-    async fn the_page_references_only_embedded_same_origin_assets() {
-        let s = shared();
-        let resp = get_req(app(&s), "/", &[]).await;
-        let csp = resp.headers()[header::CONTENT_SECURITY_POLICY]
-            .to_str()
-            .expect("ascii")
-            .to_owned();
-        assert!(csp.contains("connect-src 'self'") && csp.contains("default-src 'none'"));
-        let html = String::from_utf8(body_bytes(resp).await).expect("utf-8");
-        assert!(
-            !html.contains("http://") && !html.contains("https://"),
-            "no remote URL"
-        );
-        for attr in ["src=\"", "href=\""] {
-            for (i, _) in html.match_indices(attr) {
-                let url = &html[i + attr.len()..];
-                let url = &url[..url.find('"').expect("closed attribute")];
-                if url.starts_with('#') {
-                    continue;
-                }
-                let path = url.split('?').next().unwrap_or(url);
-                let resp = get_req(app(&s), path, &[]).await;
-                assert_eq!(resp.status(), StatusCode::OK, "{url} is embedded");
-            }
-        }
-    }
-
-    #[test]
-    fn content_types_by_extension() {
-        assert_eq!(content_type("a/b.HTML"), "text/html; charset=utf-8");
-        assert_eq!(content_type("x.mjs"), "text/javascript; charset=utf-8");
-        assert_eq!(content_type("x.png"), "image/png");
-        assert_eq!(content_type("x.woff2"), "font/woff2");
-        assert_eq!(content_type("noext"), "application/octet-stream");
     }
 
     fn ops(keys: std::ops::Range<i64>, first_seq: i64) -> Vec<KVOpEvent> {
@@ -627,6 +455,7 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(ctype(&resp), "application/json");
         assert_eq!(resp.headers()[header::CACHE_CONTROL], "no-store");
+        assert_eq!(resp.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
         let v = json(resp).await;
         assert!(v["server_time"].as_f64().expect("time") > 1.6e9);
         let t = &v["totals"];
@@ -685,6 +514,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn feed_serves_the_status_rule_and_on_request_the_history() {
+        let s = shared();
+        let history = Arc::new(History::default());
+        for t in 0..3 {
+            s.metrics
+                .ops_applied
+                .with_label_values(&["admit"])
+                .inc_by(5);
+            history.sample(&s, 1000.0 + 2.0 * f64::from(t));
+        }
+        let app = || {
+            routes()
+                .layer(Extension(Arc::clone(&history)))
+                .with_state(Arc::clone(&s))
+        };
+        let v = json(get_req(app(), "/api/dashboard", &[]).await).await;
+        assert!(v.get("history").is_none(), "only on request");
+        let rule = &v["config"]["status"];
+        assert_eq!(rule["basis"], "last_seen");
+        assert_eq!(rule["active_s"], 300.0, "the worker timeout");
+        assert_eq!(
+            rule["warning_s"], 302.0,
+            "plus the probe's downlink timeout"
+        );
+        let v = json(get_req(app(), "/api/dashboard?history=1", &[]).await).await;
+        let h = &v["history"];
+        assert_eq!(h["interval_s"], 2.0);
+        assert_eq!(h["columns"][1], "admit");
+        assert_eq!(
+            h["rows"],
+            serde_json::json!([
+                [1000.0, 5, 0, 0, 0, 0],
+                [1002.0, 10, 0, 0, 0, 0],
+                [1004.0, 15, 0, 0, 0, 0]
+            ])
+        );
+    }
+
+    #[tokio::test]
     async fn feed_pages_and_rejects_bad_queries() {
         let s = shared();
         {
@@ -706,11 +574,16 @@ mod tests {
         let v = json(get_req(app(&s), "/api/dashboard?offset=99", &[]).await).await;
         assert_eq!(v["workers"]["offset"], 5);
 
-        for bad in ["?limit=-1", "?offset=x", "?page=2"] {
+        for bad in ["?limit=-1", "?offset=x", "?page=2", "?history=2"] {
             let resp = get_req(app(&s), &format!("/api/dashboard{bad}"), &[]).await;
             assert_eq!(resp.status(), StatusCode::UNPROCESSABLE_ENTITY, "{bad}");
             let v = json(resp).await;
-            assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()), "{bad}");
+            assert!(
+                v["detail"][0]["msg"]
+                    .as_str()
+                    .is_some_and(|d| !d.is_empty()),
+                "{bad}"
+            );
         }
     }
 
@@ -732,15 +605,12 @@ mod tests {
                 );
             }
         }
-        let start = std::time::Instant::now();
         let resp = get_req(app(&s), "/api/dashboard", &[]).await;
         let bytes = body_bytes(resp).await;
-        let took = start.elapsed();
         let v: Value = serde_json::from_slice(&bytes).expect("JSON");
         assert_eq!(v["workers"]["rows"].as_array().map(Vec::len), Some(1000));
         assert_eq!(v["totals"]["keys"], 10_000);
-        // ~150 bytes a worker; generous bounds so a slow CI machine never flakes.
+        // ~150 bytes a worker.
         assert!(bytes.len() < 250_000, "{} bytes", bytes.len());
-        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
     }
 }

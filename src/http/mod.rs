@@ -7,54 +7,57 @@
 //! * `queries` — the read-only POSTs (`/lookup /query_instance /query_worker_info`);
 //! * `reads` — the GET routes (`/controller/*`, `/healthz`, `/readyz`, `/metrics`);
 //! * `lookup_hash` — CPython's builtin hash of token chunks, as LMCache workers compute it;
-//! * `body` — request schemas: validation (FastAPI-style 422) and their OpenAPI form;
-//! * `error` — [`error::ApiError`], the one error type, and its status codes;
-//! * `auth` — the `--api-token` check on the mutating routes;
-//! * `metrics_layer` — request counts and times by matched route;
+//! * `failure` — how a downlink error becomes a [`crate::web::error::WorkerFailure`];
 //! * `openapi` — the OpenAPI 3.0 document of every route;
-//! * `dashboard` — the embedded web UI and its JSON feed.
+//! * `dashboard` — the embedded web UI and its JSON feed;
+//! * `history` — the feed's server-side history of counters, and its sampler task.
+//!
+//! The generic plumbing (errors, body schemas, auth, the CSRF guard, request metrics, static
+//! assets, the server loop and its limits) is in [`crate::web`].
 //!
 //! The router is built by [`router`], a plain function of the shared state: tests call it and
 //! drive it with `oneshot`, no socket needed. Every route is declared once, in [`api_routes`],
 //! with its method and access class; the router and the OpenAPI document are both built from
 //! that table.
 
-mod auth;
-mod body;
 mod dashboard;
-pub mod error;
+mod failure;
+pub mod history;
 pub mod lookup_hash;
-mod metrics_layer;
 mod openapi;
 mod orchestration;
 mod queries;
 mod reads;
 
-pub use auth::log_policy;
 pub use orchestration::{
     HEALTH_ERROR_REPLY, HEALTH_TIMEOUT, HEALTH_UNDECODABLE, HEALTH_UNEXPECTED_REPLY,
     HEALTH_UNREACHABLE,
 };
 
+use crate::controller::limits::Limit;
 use crate::controller::Shared;
+use crate::web::auth::BearerToken;
+use crate::web::error::ApiError;
+use crate::web::limits::{HttpLimits, LimitHook};
+use crate::web::metrics_layer::HttpMetrics;
+use crate::web::{guard, metrics_layer};
 use axum::extract::DefaultBodyLimit;
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::middleware;
 use axum::response::IntoResponse;
 use axum::routing::{get, post, MethodRouter};
-use axum::{Json, Router};
+use axum::{Extension, Router};
+use history::History;
 use std::sync::Arc;
-
-/// Default of `--max-body-bytes`, the largest request body accepted (a `/lookup` of a million
-/// tokens is ~8 MB of JSON).
-pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Who may call a route when `--api-token` is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
     /// Anyone: reads, lookups, health probes, metrics.
     Open,
-    /// Only with `Authorization: Bearer <token>`: commands that change workers' caches.
+    /// Commands that change workers' caches: only with `Authorization: Bearer <token>` when
+    /// `--api-token` is set, and always behind the CSRF guard ([`crate::web::guard`]: JSON
+    /// content type, same origin).
     Token,
 }
 
@@ -127,8 +130,37 @@ pub fn api_routes() -> Vec<ApiRoute> {
     ]
 }
 
-/// Builds the router (no socket: tests call it with `oneshot`).
+/// Builds the router with an empty history (no socket: tests call it with `oneshot`).
 pub fn router(shared: Arc<Shared>) -> Router {
+    router_with(shared, Arc::new(History::default()))
+}
+
+/// What a refusal by an HTTP limit does in the controller: one `kvplane_limit_hits_total`
+/// increment and a throttled warning naming the flag.
+pub fn limit_hook(shared: &Arc<Shared>) -> LimitHook {
+    let shared = Arc::clone(shared);
+    Arc::new(move |hit, detail| {
+        shared
+            .limits
+            .hit(&shared.metrics, Limit::from(hit.limit), hit.value, &|| {
+                detail.to_owned()
+            });
+    })
+}
+
+/// The HTTP limits of the controller's configuration.
+pub fn http_limits(shared: &Shared) -> HttpLimits {
+    let c = &shared.config;
+    HttpLimits {
+        max_body_bytes: c.max_body_bytes,
+        max_body_items: c.max_body_items,
+        max_connections: c.max_http_connections,
+        read_timeout: c.http_read_timeout,
+    }
+}
+
+/// Builds the router, its dashboard feed serving `history`.
+pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
     let mut open = Router::new();
     let mut guarded = Router::new();
     for r in api_routes() {
@@ -137,29 +169,56 @@ pub fn router(shared: Arc<Shared>) -> Router {
             Access::Token => guarded = guarded.route(r.path, r.handler),
         }
     }
-    let guarded = guarded.route_layer(middleware::from_fn_with_state(
-        Arc::clone(&shared),
-        auth::require_token,
-    ));
+    if let Some(token) = &shared.config.api_token {
+        guarded = guarded.route_layer(middleware::from_fn_with_state(
+            BearerToken::new(token.expose()),
+            crate::web::auth::require_token,
+        ));
+    }
+    // Added last, so it runs first: a cross-origin page gets 415/403 before anything else.
+    let guarded = guarded.route_layer(middleware::from_fn(guard::same_origin_json));
+    let limits = http_limits(&shared);
+    let metrics = Arc::new(HttpMetrics {
+        requests: shared.metrics.http_requests.clone(),
+        seconds: shared.metrics.http_request_seconds.clone(),
+        max_body_bytes: limits.max_body_bytes,
+        on_limit: limit_hook(&shared),
+    });
     Router::new()
         .merge(open)
         .merge(guarded)
         .merge(dashboard::routes())
         .fallback(not_found)
         // Layers last, so that they wrap every route above.
-        .layer(DefaultBodyLimit::max(shared.config.max_body_bytes))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(middleware::from_fn_with_state(
-            Arc::clone(&shared),
+            limits.max_body_bytes,
+            crate::web::limits::refuse_announced_oversize,
+        ))
+        .layer(Extension(limits))
+        .layer(Extension(history))
+        .layer(middleware::from_fn_with_state(
+            metrics,
             metrics_layer::track,
         ))
         .with_state(shared)
 }
 
 async fn not_found() -> impl IntoResponse {
-    (
-        StatusCode::NOT_FOUND,
-        Json(serde_json::json!({ "detail": "Not Found" })),
-    )
+    ApiError::NotFound("Not Found".into())
+}
+
+/// Logs, once at start, whether the mutating routes are protected.
+pub fn log_policy(shared: &Shared) {
+    if shared.config.api_token.is_some() {
+        tracing::info!("mutating HTTP routes (/clear /pin /compress /decompress /move) require the --api-token bearer token");
+    } else {
+        tracing::warn!(
+            "no --api-token set: the mutating HTTP routes (/clear /pin /compress /decompress \
+             /move) are open to anyone who can reach the HTTP port (browsers' cross-origin \
+             requests are refused)"
+        );
+    }
 }
 
 /// A new event id: `prefix` + a random UUID (version 4), as LMCache builds them.

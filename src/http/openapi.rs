@@ -4,7 +4,6 @@
 //! the validation runs, so the schemas are exactly what the server accepts. Tests check that
 //! every registered route is documented and that the document is structurally valid.
 
-use super::body::{body_schema, Body, BodySpec};
 use super::orchestration::{
     CheckFinishRequest, ClearRequest, CompressRequest, DecompressRequest, HealthRequest,
     MoveRequest, PinRequest,
@@ -12,6 +11,7 @@ use super::orchestration::{
 use super::queries::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::{api_routes, Access};
 use crate::controller::Shared;
+use crate::web::schema::{body_schema, Body, BodySpec};
 use axum::extract::State;
 use axum::http::Method;
 use axum::Json;
@@ -289,8 +289,28 @@ fn render(method: &Method, path: &str, access: Access, token_set: bool, op: &Op)
         );
         responses.insert(
             "413".into(),
-            json_response("Body larger than 32 MiB.", "ErrorDetail"),
+            json_response(
+                "Body over --max-body-bytes (4 MiB) or --max-body-items (262,144 JSON values).",
+                "ErrorDetail",
+            ),
         );
+        responses.insert(
+            "408".into(),
+            json_response(
+                "Body not received within --http-read-timeout.",
+                "ErrorDetail",
+            ),
+        );
+        if access == Access::Token {
+            responses.insert(
+                "415".into(),
+                json_response("Content-Type is not JSON (CSRF guard).", "ErrorDetail"),
+            );
+            responses.insert(
+                "403".into(),
+                json_response("Cross-origin browser request (CSRF guard).", "ErrorDetail"),
+            );
+        }
     }
     if path == "/controller/workers" {
         operation.insert(
@@ -542,6 +562,19 @@ pub fn document(token_set: bool) -> Value {
         if path.contains("{path}") {
             op["parameters"] = json!([{ "name": "path", "in": "path", "required": true,
                 "schema": { "type": "string" } }]);
+        }
+        if *path == "/api/dashboard" {
+            let count = json!({ "type": "integer", "minimum": 0 });
+            op["parameters"] = json!([
+                { "name": "offset", "in": "query", "required": false, "schema": count,
+                  "description": "First worker row (registration order)." },
+                { "name": "limit", "in": "query", "required": false, "schema": count,
+                  "description": "Most worker rows (default: all)." },
+                { "name": "history", "in": "query", "required": false,
+                  "schema": { "type": "integer", "enum": [0, 1] },
+                  "description": "1: add the server's 15-minute history of counters." }
+            ]);
+            op["responses"]["422"] = json_response("Bad query.", "HTTPValidationError");
         }
         add(path, &Method::GET, op);
     }

@@ -18,14 +18,14 @@
 //! * `/move` to an instance without P2P: 409 (LMCache: 500);
 //! * `/check_finish` works (LMCache: always 500).
 
-use super::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
-use super::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
 use super::new_event_id;
 use crate::controller::{Downlink, DownlinkError, Shared};
 use crate::protocol::{
     ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, HealthWorkerMsg, MoveWorkerMsg, Msg,
     PinWorkerMsg,
 };
+use crate::web::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -57,10 +57,14 @@ impl Body for ClearRequest {
     const SPEC: BodySpec = BodySpec {
         name: "ClearRequest",
         fields: &[
-            Field::required("instance_id", Ty::Str, "Instance whose workers clear."),
+            Field::required(
+                "instance_id",
+                FieldType::Str,
+                "Instance whose workers clear.",
+            ),
             Field::required(
                 "location",
-                Ty::Str,
+                FieldType::Str,
                 "Backend to clear, e.g. `LocalCPUBackend`.",
             ),
         ],
@@ -80,9 +84,13 @@ impl Body for PinRequest {
     const SPEC: BodySpec = BodySpec {
         name: "PinRequest",
         fields: &[
-            Field::required("instance_id", Ty::Str, "Instance whose workers pin."),
-            Field::required("location", Ty::Str, "Backend holding the tokens' chunks."),
-            Field::required("tokens", Ty::IntList, "Token ids whose KV to pin."),
+            Field::required("instance_id", FieldType::Str, "Instance whose workers pin."),
+            Field::required(
+                "location",
+                FieldType::Str,
+                "Backend holding the tokens' chunks.",
+            ),
+            Field::required("tokens", FieldType::IntList, "Token ids whose KV to pin."),
         ],
         exactly_one_of: &[],
     };
@@ -100,19 +108,19 @@ pub struct CompressRequest {
 const COMPRESS_FIELDS: &[Field] = &[
     Field::required(
         "instance_id",
-        Ty::Str,
+        FieldType::Str,
         "Instance whose workers run the command.",
     ),
     Field::required(
         "method",
-        Ty::Str,
+        FieldType::Str,
         "Compression method, passed to the workers as is.",
     ),
-    Field::required("location", Ty::Str, "Backend holding the KV."),
+    Field::required("location", FieldType::Str, "Backend holding the KV."),
     Field::optional(
         "tokens",
-        Ty::IntList,
-        Default::EmptyList,
+        FieldType::IntList,
+        FieldDefault::EmptyList,
         "Token ids (LMCache's default is [], not null).",
     ),
 ];
@@ -152,24 +160,24 @@ impl Body for MoveRequest {
         fields: &[
             Field::required(
                 "old_position",
-                Ty::StrPair,
+                FieldType::StrPair,
                 "[instance_id, location] the KV moves from.",
             ),
             Field::required(
                 "new_position",
-                Ty::StrPair,
+                FieldType::StrPair,
                 "[instance_id, location] the KV moves to (its workers need a peer_init_url).",
             ),
             Field::optional(
                 "tokens",
-                Ty::IntList,
-                Default::EmptyList,
+                FieldType::IntList,
+                FieldDefault::EmptyList,
                 "Token ids to move.",
             ),
             Field::optional(
                 "should_copy",
-                Ty::Bool,
-                Default::False,
+                FieldType::Bool,
+                FieldDefault::False,
                 "Keep the source copy (null is taken as false).",
             ),
         ],
@@ -188,7 +196,7 @@ impl Body for HealthRequest {
         name: "HealthRequest",
         fields: &[Field::required(
             "instance_id",
-            Ty::Str,
+            FieldType::Str,
             "Instance whose workers are probed.",
         )],
         exactly_one_of: &[],
@@ -206,7 +214,7 @@ impl Body for CheckFinishRequest {
         name: "CheckFinishRequest",
         fields: &[Field::required(
             "event_id",
-            Ty::Str,
+            FieldType::Str,
             "The event_id a command returned.",
         )],
         exactly_one_of: &[],

@@ -1,13 +1,13 @@
 //! The read-only POST routes: `/lookup`, `/query_instance`, `/query_worker_info`. They only
 //! read the index (one read lock each, never held across an `.await`) and reach no worker.
 
-use super::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
-use super::error::{ApiError, FieldError};
 use super::lookup_hash::chunk_hashes;
 use super::new_event_id;
 use crate::controller::Shared;
 use crate::index::WorkerView;
 use crate::protocol::ChunkHash;
+use crate::web::error::{ApiError, FieldError};
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -30,20 +30,20 @@ impl Body for LookupRequest {
         fields: &[
             Field::maybe(
                 "tokens",
-                Ty::IntList,
+                FieldType::IntList,
                 "Token ids; hashed into chunks as an LMCache worker with \
                  pre_caching_hash_algorithm=builtin does (--lookup-chunk-size, \
                  --lookup-none-hash).",
             ),
             Field::maybe(
                 "hashes",
-                Ty::HashList,
+                FieldType::HashList,
                 "Chunk hashes in prefix order, instead of tokens (kvplane extension).",
             ),
             Field::optional(
                 "offsets",
-                Ty::CountList,
-                Default::Absent,
+                FieldType::CountList,
+                FieldDefault::Absent,
                 "With hashes: tokens in each chunk (default --lookup-chunk-size), for end \
                  positions; extra entries are ignored.",
             ),
@@ -64,11 +64,11 @@ impl Body for QueryInstRequest {
         fields: &[
             Field::optional(
                 "event_id",
-                Ty::Str,
-                Default::Absent,
+                FieldType::Str,
+                FieldDefault::Absent,
                 "Ignored (LMCache requires it and ignores it too; the answer carries a new one).",
             ),
-            Field::required("ip", Ty::Str, "A worker's ip, as it registered."),
+            Field::required("ip", FieldType::Str, "A worker's ip, as it registered."),
         ],
         exactly_one_of: &[],
     };
@@ -87,13 +87,13 @@ impl Body for QueryWorkerInfoRequest {
         fields: &[
             Field::required(
                 "instance_id",
-                Ty::Str,
+                FieldType::Str,
                 "An instance, or \"all\" for every instance.",
             ),
             Field::optional(
                 "worker_ids",
-                Ty::IntList,
-                Default::Null,
+                FieldType::IntList,
+                FieldDefault::Null,
                 "Only these workers (null or [] = all); unknown ids are skipped.",
             ),
         ],

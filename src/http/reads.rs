@@ -2,11 +2,11 @@
 //! `/metrics`. Each takes one read lock on the index at most and never holds it across an
 //! `.await`.
 
-use super::error::{ApiError, FieldError};
 use super::queries::worker_info;
 use crate::controller::state::LoopStats;
 use crate::controller::Shared;
 use crate::index::WorkerView;
+use crate::web::error::{ApiError, FieldError};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};

@@ -110,6 +110,17 @@ impl Index {
             .collect()
     }
 
+    /// `limit` workers from `offset`, in registration order: only those are built, so a
+    /// small page of a big fleet is cheap.
+    pub fn workers_page(&self, offset: usize, limit: usize) -> Vec<WorkerView> {
+        self.reg
+            .workers()
+            .skip(offset)
+            .take(limit)
+            .map(|(_, inst, w)| self.view(inst, w))
+            .collect()
+    }
+
     /// The workers of one instance in registration order; `None` for an unknown instance.
     pub fn instance_workers(&self, instance_id: &str) -> Option<Vec<WorkerView>> {
         let inst = self.reg.instance(self.reg.instance_slot(instance_id)?)?;

@@ -60,6 +60,9 @@ try {
   // 2. Totals and workers.
   await page.waitForFunction((n) => document.querySelector('[data-k="workers"]')?.textContent.replace(/,/g, "") === String(n), expect.workers);
   check(true, `workers total shows ${expect.workers}`);
+  // The charts start from the server's history: more points than the page has polled.
+  const first = await page.evaluate(() => ({ polls: window.kvplane.state.polls, points: Number(document.getElementById("chart-ingest").dataset.points) }));
+  check(first.points >= expect.min_history_points && first.points > first.polls, `charts have data on first paint (${first.points} points after ${first.polls} polls)`);
   const instances = (await page.textContent('[data-k="instances"]')).replace(/,/g, "");
   check(instances === String(expect.instances), `instances total shows ${expect.instances} (got ${instances})`);
   const keys = await page.textContent('[data-k="keys"]');
@@ -70,6 +73,13 @@ try {
   check(domRows > 0 && domRows <= Math.min(expect.workers, 60), `the grid has ${expect.workers} rows, ${domRows} of them in the DOM`);
   const statuses = await page.$$eval("#grid-body .grid-row:not([hidden]) .c-status", (els) => els.map((e) => e.textContent.trim()));
   check(statuses.includes("active") && statuses.includes("warning") && statuses.includes("inactive"), `status colours: ${[...new Set(statuses)].join(", ")}`);
+  const silent = await page.evaluate(([inst, id]) => {
+    const w = window.kvplane.state.workers.find((x) => x.instance_id === inst && x.worker_id === id);
+    return w && { status: w.status, heartbeated: w.heartbeated };
+  }, expect.silent_active);
+  check(silent && silent.status === "active" && !silent.heartbeated, `a worker that never heartbeats but sends ops is active (${JSON.stringify(silent)})`);
+  const rule = await page.textContent("#status-rule");
+  check(/last contact/.test(rule) && /5m 00s/.test(rule), `the status rule comes from the server (${rule})`);
   const regLabel = await page.$$eval("#grid-body .grid-row:not([hidden]) .c-hb .reg", (els) => els.length);
   check(regLabel >= 1, `workers that never heartbeated are labelled (${regLabel})`);
   const syncBars = await page.$$eval("#sync-list li .bar", (els) => els.length);

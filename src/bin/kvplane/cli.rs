@@ -102,9 +102,22 @@ pub(crate) struct ServeArgs {
     /// batches are dropped whole and counted.
     #[arg(long, env = "KVPLANE_MAX_BATCH_OPS", default_value_t = defaults::MAX_BATCH_OPS)]
     max_batch_ops: usize,
-    /// Largest HTTP request body, in bytes; larger requests get 413.
+    /// Largest HTTP request body, in bytes; larger requests get 413 (4 MiB: a 256k-token
+    /// /lookup).
     #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Most JSON values (list items and fields) in one HTTP request body; bodies with more
+    /// get 413 before they are parsed.
+    #[arg(long, env = "KVPLANE_MAX_BODY_ITEMS", default_value_t = defaults::MAX_BODY_ITEMS)]
+    max_body_items: usize,
+    /// Most HTTP connections served at once; further connections wait in the accept queue.
+    #[arg(long, env = "KVPLANE_MAX_HTTP_CONNECTIONS", default_value_t = defaults::MAX_HTTP_CONNECTIONS)]
+    max_http_connections: usize,
+    /// Seconds a client may take to send a request's headers (counted from when its
+    /// connection is idle, so also the keep-alive idle timeout), and then its body; slower
+    /// clients are cut off.
+    #[arg(long, env = "KVPLANE_HTTP_READ_TIMEOUT", default_value_t = defaults::HTTP_READ_TIMEOUT_S)]
+    http_read_timeout: f64,
     /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
     /// require; unset, they are open to anyone who reaches the HTTP port.
     #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
@@ -165,6 +178,15 @@ impl ServeArgs {
             max_keys_per_worker: self.max_keys_per_worker,
             max_batch_ops: config::at_least_one("max-batch-ops", self.max_batch_ops)?,
             max_body_bytes: config::at_least_one("max-body-bytes", self.max_body_bytes)?,
+            max_body_items: config::at_least_one("max-body-items", self.max_body_items)?,
+            max_http_connections: config::at_least_one(
+                "max-http-connections",
+                self.max_http_connections,
+            )?,
+            http_read_timeout: config::positive_seconds(
+                "http-read-timeout",
+                self.http_read_timeout,
+            )?,
             api_token: self.api_token.clone().and_then(ApiToken::non_empty),
             lookup_chunk_size: config::at_least_one("lookup-chunk-size", self.lookup_chunk_size)?,
             lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
@@ -277,8 +299,36 @@ mod tests {
                 c.max_body_bytes,
                 c.max_frame_bytes
             ),
-            (65_536, 16_777_216, 65_536, 32 << 20, 64 << 20)
+            (65_536, 16_777_216, 65_536, 4 << 20, 64 << 20)
         );
+        assert_eq!(
+            (
+                c.max_body_items,
+                c.max_http_connections,
+                c.http_read_timeout
+            ),
+            (1 << 18, 1024, Duration::from_secs(30))
+        );
+        let c = parse(&[
+            "--max-body-items",
+            "10",
+            "--max-http-connections",
+            "2",
+            "--http-read-timeout",
+            "0.5",
+        ])
+        .expect("valid");
+        assert_eq!(
+            (
+                c.max_body_items,
+                c.max_http_connections,
+                c.http_read_timeout
+            ),
+            (10, 2, Duration::from_millis(500))
+        );
+        assert!(parse(&["--http-read-timeout", "0"])
+            .expect_err("zero")
+            .contains("--http-read-timeout"));
         let c = parse(&[
             "--max-workers",
             "3",
@@ -303,6 +353,8 @@ mod tests {
             "--max-workers",
             "--max-batch-ops",
             "--max-body-bytes",
+            "--max-body-items",
+            "--max-http-connections",
             "--max-frame-bytes",
             "--max-zmq-connections",
         ] {

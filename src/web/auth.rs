@@ -1,16 +1,32 @@
-//! Access control for the mutating routes: with `--api-token` set, `/clear /pin /compress
-//! /decompress /move` need `Authorization: Bearer <token>`; anything else is a 401 with
-//! `WWW-Authenticate: Bearer`. Read-only routes — including the read-only POSTs `/lookup`,
-//! `/query_instance`, `/query_worker_info`, `/check_finish` and `/health` (a probe that
-//! changes nothing on the workers) — stay open, as do the GET routes.
+//! Bearer-token access control, as a middleware a service puts on the routes that need it
+//! (the controller: the mutating routes, when `--api-token` is set). Anything without the
+//! right `Authorization: Bearer <token>` is a 401 with `WWW-Authenticate: Bearer`.
+//!
+//! Knows no service: the token comes in as the middleware's state, a [`BearerToken`].
 
 use super::error::ApiError;
-use crate::controller::Shared;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+
+/// The token a route requires (cheap to clone; never shown by `Debug`).
+#[derive(Clone)]
+pub struct BearerToken(Arc<str>);
+
+impl BearerToken {
+    /// Wraps a token.
+    pub fn new(token: &str) -> Self {
+        BearerToken(Arc::from(token))
+    }
+}
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
 
 /// The bearer token of an `Authorization` header (scheme case-insensitive), if any.
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
@@ -35,34 +51,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-/// Middleware: lets the request through when no token is configured or the right one is
-/// given; 401 otherwise.
+/// Middleware: lets the request through when it carries the right token; 401 otherwise.
+/// Use with `axum::middleware::from_fn_with_state(token, require_token)`.
 pub async fn require_token(
-    State(shared): State<Arc<Shared>>,
+    State(token): State<BearerToken>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(token) = &shared.config.api_token else {
-        return next.run(request).await;
-    };
     match bearer(request.headers()) {
-        Some(given) if constant_time_eq(given, token.expose().as_bytes()) => {
-            next.run(request).await
-        }
+        Some(given) if constant_time_eq(given, token.0.as_bytes()) => next.run(request).await,
         Some(_) => ApiError::Unauthorized { invalid: true }.into_response(),
         None => ApiError::Unauthorized { invalid: false }.into_response(),
-    }
-}
-
-/// Logs, once at start, whether the mutating routes are protected.
-pub fn log_policy(shared: &Shared) {
-    if shared.config.api_token.is_some() {
-        tracing::info!("mutating HTTP routes (/clear /pin /compress /decompress /move) require the --api-token bearer token");
-    } else {
-        tracing::warn!(
-            "no --api-token set: the mutating HTTP routes (/clear /pin /compress /decompress \
-             /move) are open to anyone who can reach the HTTP port"
-        );
     }
 }
 

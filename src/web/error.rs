@@ -1,12 +1,16 @@
-//! The HTTP API's one error type, [`ApiError`], and how each variant maps to a status code
-//! and a JSON body.
+//! The one error type of kvplane's HTTP services, [`ApiError`], and how each variant maps to
+//! a status code and a JSON body. Every error answer of every route goes through it.
 //!
 //! Bodies follow FastAPI, which LMCache's controller runs on, so LMCache clients parse them
 //! unchanged: `{"detail": "<text>"}` for every error, and for a bad request body the
-//! pydantic list `{"detail": [{"type", "loc", "msg", "input"}]}` with `loc` naming the field.
-//! Errors about workers add `event_id` and a `workers` list naming each failed worker.
+//! pydantic list `{"detail": [{"type", "loc", "msg", "input"}]}` with `loc` naming the field
+//! (at most [`MAX_REPORTED_ERRORS`] of them; `omitted_errors` counts the rest). Errors about
+//! workers add `event_id` and a `workers` list naming each failed worker.
+//!
+//! Owns no state and knows no service: how a service's own failures (e.g. the controller's
+//! downlink errors) become a [`WorkerFailure`] is that service's business.
 
-use crate::controller::DownlinkError;
+use super::limits::{LimitHit, WebLimit};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -123,36 +127,6 @@ pub struct WorkerFailure {
 }
 
 impl WorkerFailure {
-    /// Classifies a downlink error.
-    pub fn from_downlink(
-        instance_id: &str,
-        worker_id: i64,
-        endpoint: &str,
-        error: &DownlinkError,
-    ) -> Self {
-        let kind = match error {
-            DownlinkError::Timeout(_) => FailureKind::Timeout,
-            DownlinkError::Busy => FailureKind::Busy,
-            DownlinkError::Decode(_) => FailureKind::Undecodable,
-            DownlinkError::Transport(_) | DownlinkError::Closed => FailureKind::Unreachable,
-        };
-        let message = match error {
-            // The downlink reports the time left before the deadline (e.g. 4.99995s): round.
-            DownlinkError::Timeout(d) => format!(
-                "worker did not answer within {:?}",
-                std::time::Duration::from_millis(d.as_secs_f64().mul_add(1000.0, 0.5) as u64)
-            ),
-            other => other.to_string(),
-        };
-        WorkerFailure {
-            instance_id: instance_id.to_owned(),
-            worker_id,
-            endpoint: endpoint.to_owned(),
-            kind,
-            message,
-        }
-    }
-
     fn describe(&self) -> String {
         format!(
             "worker ({}, {}) at {}: {}",
@@ -210,11 +184,62 @@ impl WorkersFailed {
     }
 }
 
-/// Every error the HTTP API returns.
+/// Most validation errors one answer reports; the rest are only counted, so that a body of a
+/// million bad items cannot make a million-item answer.
+pub const MAX_REPORTED_ERRORS: usize = 20;
+
+/// The validation errors of one request: the first [`MAX_REPORTED_ERRORS`], and how many
+/// more there were.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FieldErrors {
+    /// The errors reported, in the order found.
+    pub errors: Vec<FieldError>,
+    /// Errors found beyond [`MAX_REPORTED_ERRORS`], counted but not reported.
+    pub omitted: usize,
+}
+
+impl FieldErrors {
+    /// Records one error: kept if fewer than [`MAX_REPORTED_ERRORS`] are, else only counted.
+    /// `make` runs only when the error is kept, so counting the rest allocates nothing.
+    pub fn push_with(&mut self, make: impl FnOnce() -> FieldError) {
+        if self.errors.len() < MAX_REPORTED_ERRORS {
+            self.errors.push(make());
+        } else {
+            self.omitted += 1;
+        }
+    }
+
+    /// Records one error (see [`FieldErrors::push_with`]).
+    pub fn push(&mut self, error: FieldError) {
+        self.push_with(|| error);
+    }
+
+    /// Whether the cap is reached: further errors are only counted.
+    pub fn full(&self) -> bool {
+        self.errors.len() >= MAX_REPORTED_ERRORS
+    }
+
+    /// No error at all.
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty() && self.omitted == 0
+    }
+}
+
+impl From<Vec<FieldError>> for FieldErrors {
+    fn from(all: Vec<FieldError>) -> Self {
+        let mut errors = FieldErrors::default();
+        for e in all {
+            errors.push(e);
+        }
+        errors
+    }
+}
+
+/// Every error an HTTP route returns.
 #[derive(Debug)]
 pub enum ApiError {
     /// 422: the body or query does not match the route's schema.
-    Validation(Vec<FieldError>),
+    Validation(FieldErrors),
     /// 404: unknown instance, ip, worker or event.
     NotFound(String),
     /// 401: a mutating route without the right bearer token (`invalid`: a token was given).
@@ -224,8 +249,19 @@ pub enum ApiError {
     },
     /// 409: the command cannot run in the fleet's current state (e.g. no P2P on the target).
     Conflict(String),
-    /// 413: the body is larger than the API accepts.
+    /// 413: the body is larger than the API accepts (`--max-body-bytes`).
     PayloadTooLarge(String),
+    /// 413: the body holds more JSON values than the API accepts (`--max-body-items`).
+    TooManyItems {
+        /// The limit.
+        max: usize,
+    },
+    /// 415: a state-changing route got a body that is not declared as JSON.
+    UnsupportedMediaType(String),
+    /// 408: the peer took longer than `--http-read-timeout` to send the body.
+    RequestTimeout,
+    /// 403: a state-changing request from a browser page of another origin.
+    Forbidden(String),
     /// 504 / 503 / 502: some workers gave no usable answer.
     Workers(Box<WorkersFailed>),
     /// 500: a bug; never expected.
@@ -240,7 +276,12 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::PayloadTooLarge(_) | ApiError::TooManyItems { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::Workers(w) => w.status(),
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -249,15 +290,30 @@ impl ApiError {
     /// A one-line description (the `detail` text; for validation errors, the messages).
     pub fn detail(&self) -> String {
         match self {
-            ApiError::Validation(errors) => errors
-                .iter()
-                .map(|e| format!("{}: {}", loc_text(&e.loc), e.msg))
-                .collect::<Vec<_>>()
-                .join("; "),
+            ApiError::Validation(errors) => {
+                let mut text = errors
+                    .errors
+                    .iter()
+                    .map(|e| format!("{}: {}", loc_text(&e.loc), e.msg))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                if errors.omitted > 0 {
+                    text.push_str(&format!("; and {} more", errors.omitted));
+                }
+                text
+            }
             ApiError::NotFound(s)
             | ApiError::Conflict(s)
             | ApiError::PayloadTooLarge(s)
+            | ApiError::UnsupportedMediaType(s)
+            | ApiError::Forbidden(s)
             | ApiError::Internal(s) => s.clone(),
+            ApiError::RequestTimeout => {
+                "the request body was not received within --http-read-timeout".into()
+            }
+            ApiError::TooManyItems { max } => format!(
+                "the body holds more than {max} JSON values (--max-body-items); split the request"
+            ),
             ApiError::Unauthorized { invalid: false } => "Not authenticated".into(),
             ApiError::Unauthorized { invalid: true } => "Invalid token".into(),
             ApiError::Workers(w) => w.detail(),
@@ -266,9 +322,31 @@ impl ApiError {
 
     /// A single validation error.
     pub fn field(error: FieldError) -> Self {
-        ApiError::Validation(vec![error])
+        ApiError::Validation(FieldErrors {
+            errors: vec![error],
+            omitted: 0,
+        })
+    }
+
+    /// The limit this error is a refusal by, if any (counted by the metrics layer).
+    pub fn limit_hit(&self) -> Option<LimitHit> {
+        match self {
+            ApiError::TooManyItems { max } => Some(LimitHit {
+                limit: WebLimit::BodyItems,
+                value: *max as u64,
+            }),
+            _ => None,
+        }
     }
 }
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status(), self.detail())
+    }
+}
+
+impl std::error::Error for ApiError {}
 
 fn loc_text(loc: &[LocPart]) -> String {
     loc.iter()
@@ -284,7 +362,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let body = match &self {
-            ApiError::Validation(errors) => json!({ "detail": errors }),
+            ApiError::Validation(errors) if errors.omitted > 0 => {
+                json!({ "detail": errors.errors, "omitted_errors": errors.omitted })
+            }
+            ApiError::Validation(errors) => json!({ "detail": errors.errors }),
             ApiError::Workers(w) => {
                 let mut body = Map::new();
                 body.insert("detail".into(), w.detail().into());
@@ -311,6 +392,9 @@ impl IntoResponse for ApiError {
             other => json!({ "detail": other.detail() }),
         };
         let mut response = (status, Json(body)).into_response();
+        if let Some(hit) = self.limit_hit() {
+            response.extensions_mut().insert(hit);
+        }
         if let ApiError::Unauthorized { invalid } = self {
             let challenge = if invalid {
                 HeaderValue::from_static("Bearer error=\"invalid_token\"")
@@ -328,10 +412,15 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
-    fn failure(kind: DownlinkError) -> WorkerFailure {
-        WorkerFailure::from_downlink("inst", 1, "127.0.0.1:9", &kind)
+    fn failure(kind: FailureKind) -> WorkerFailure {
+        WorkerFailure {
+            instance_id: "inst".into(),
+            worker_id: 1,
+            endpoint: "127.0.0.1:9".into(),
+            kind,
+            message: "it failed".into(),
+        }
     }
 
     fn failed(failures: Vec<WorkerFailure>) -> WorkersFailed {
@@ -346,9 +435,12 @@ mod tests {
 
     #[test]
     fn worker_failures_map_to_gateway_codes() {
-        let timeout = failure(DownlinkError::Timeout(Duration::from_millis(500)));
-        let busy = failure(DownlinkError::Busy);
-        let closed = failure(DownlinkError::Closed);
+        let [timeout, busy, closed] = [
+            FailureKind::Timeout,
+            FailureKind::Busy,
+            FailureKind::Unreachable,
+        ]
+        .map(failure);
         assert_eq!(
             failed(vec![busy.clone(), timeout.clone()]).status(),
             StatusCode::GATEWAY_TIMEOUT
@@ -361,11 +453,32 @@ mod tests {
         let detail = failed(vec![timeout]).detail();
         assert!(
             detail.contains("clear failed on 1 of 3 workers")
-                && detail.contains("(inst, 1) at 127.0.0.1:9"),
+                && detail.contains("(inst, 1) at 127.0.0.1:9: it failed"),
             "{detail}"
         );
-        let nearly = failure(DownlinkError::Timeout(Duration::from_nanos(4_999_954_026)));
-        assert_eq!(nearly.message, "worker did not answer within 5s");
+    }
+
+    #[test]
+    fn errors_beyond_the_cap_are_counted_not_kept() {
+        let mut errors = FieldErrors::default();
+        let mut made = 0;
+        for i in 0..MAX_REPORTED_ERRORS + 5 {
+            errors.push_with(|| {
+                made += 1;
+                FieldError::new("int_type", vec!["body".into(), i.into()], "m", json!("x"))
+            });
+        }
+        assert_eq!(
+            (errors.errors.len(), errors.omitted),
+            (MAX_REPORTED_ERRORS, 5)
+        );
+        assert_eq!(
+            made, MAX_REPORTED_ERRORS,
+            "errors past the cap are never built"
+        );
+        let e = ApiError::Validation(errors);
+        assert!(e.detail().ends_with("; and 5 more"), "{}", e.detail());
+        assert!(e.to_string().starts_with("422 "), "{e}");
     }
 
     #[test]

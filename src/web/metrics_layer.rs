@@ -1,0 +1,77 @@
+//! Request metrics: every HTTP request counted by method, *matched route* (the route
+//! template such as `/controller/workers`, never the raw path, so label cardinality stays
+//! bounded; `unmatched` for the 404 fallback) and status code, and timed. Refusals by a limit
+//! (a response carrying a [`LimitHit`], or any 413) are reported to the service's
+//! [`LimitHook`].
+//!
+//! Knows no service: the metric handles come in as the middleware's state, [`HttpMetrics`].
+
+use super::limits::{LimitHit, LimitHook, WebLimit};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus::{HistogramVec, IntCounterVec};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What the layer records into.
+#[derive(Clone)]
+pub struct HttpMetrics {
+    /// Requests by `method`, `route` and `status`.
+    pub requests: IntCounterVec,
+    /// Handling time, seconds, by `method` and `route`.
+    pub seconds: HistogramVec,
+    /// `--max-body-bytes`, reported with a 413 that carries no [`LimitHit`] of its own.
+    pub max_body_bytes: usize,
+    /// Where refusals by a limit go.
+    pub on_limit: LimitHook,
+}
+
+/// The method label: the standard methods by name, anything else `other`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
+}
+
+/// Middleware: counts and times the request. Use with
+/// `axum::middleware::from_fn_with_state(Arc<HttpMetrics>, track)`.
+pub async fn track(State(m): State<Arc<HttpMetrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = method_label(request.method());
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let response = next.run(request).await;
+    let hit = response
+        .extensions()
+        .get::<LimitHit>()
+        .copied()
+        .or_else(|| {
+            (response.status() == StatusCode::PAYLOAD_TOO_LARGE).then_some(LimitHit {
+                limit: WebLimit::BodyBytes,
+                value: m.max_body_bytes as u64,
+            })
+        });
+    if let Some(hit) = hit {
+        (m.on_limit)(hit, &format!("{method} {route} got {}", response.status()));
+    }
+    m.requests
+        .with_label_values(&[method, &route, response.status().as_str()])
+        .inc();
+    m.seconds
+        .with_label_values(&[method, &route])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,30 @@
+//! Shared HTTP plumbing for kvplane's services (today the controller; next the indexer, the
+//! coordinator and the cache node): the one error type and its FastAPI-shaped bodies,
+//! declarative request schemas, bearer-token auth, the cross-origin guard, request metrics,
+//! embedded static assets, and the server loop with its connection and read-time limits.
+//!
+//! Sits below every service: nothing here may use `crate::controller` or any other service
+//! module. What a service must supply (its metric handles, its token, what a limit hit does)
+//! comes in as values: [`metrics_layer::HttpMetrics`], [`auth::BearerToken`],
+//! [`limits::LimitHook`].
+//!
+//! * `error` — [`error::ApiError`] and its status codes and bodies;
+//! * `schema` — request body schemas: validation (bounded) and their OpenAPI form;
+//! * `auth` — the bearer-token middleware;
+//! * `guard` — the CSRF guard of state-changing routes (JSON content type, same origin);
+//! * `metrics_layer` — request counts and times by matched route, limit hits;
+//! * `assets` — a `rust-embed` folder served with ETags and a strict CSP;
+//! * `limits` — the HTTP limits, their defaults and their reporting;
+//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts.
+
+pub mod assets;
+pub mod auth;
+pub mod error;
+pub mod guard;
+pub mod limits;
+pub mod metrics_layer;
+pub mod schema;
+pub mod serve;
+
+pub use limits::HttpLimits;
+pub use serve::serve;
