@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// 0.0.0.0, 127.0.0.1 for workers on this host and this host's outward address otherwise).
     #[arg(long, env = "KVPLANE_ADVERTISE_HOST")]
     pub advertise_host: Option<String>,
+    /// Most liveness probes in flight at once; a sweep over more silent workers probes them
+    /// in waves of this size.
+    #[arg(long, env = "KVPLANE_MAX_CONCURRENT_PROBES", default_value_t = 64)]
+    pub max_concurrent_probes: usize,
     /// Seconds a command on a worker's downlink may take before it fails with a timeout.
     #[arg(long, env = "KVPLANE_DOWNLINK_TIMEOUT", default_value_t = 5.0)]
     pub downlink_timeout: f64,
@@ -182,6 +186,8 @@ pub struct ServeConfig {
     pub worker_timeout: Duration,
     /// Explicit advertised host.
     pub advertise_host: Option<String>,
+    /// Most liveness probes in flight at once (≥ 1).
+    pub max_concurrent_probes: usize,
     /// Downlink request timeout.
     pub downlink_timeout: Duration,
     /// Full-sync inactivity timeout.
@@ -265,6 +271,10 @@ impl ServeArgs {
             health_check_interval,
             worker_timeout: positive("lmcache-worker-timeout", self.lmcache_worker_timeout)?,
             advertise_host: self.advertise_host.clone().filter(|h| !h.is_empty()),
+            max_concurrent_probes: at_least_one(
+                "max-concurrent-probes",
+                self.max_concurrent_probes,
+            )?,
             downlink_timeout: positive("downlink-timeout", self.downlink_timeout)?,
             full_sync_timeout: positive("full-sync-timeout", self.full_sync_timeout)?,
             full_sync_completion_threshold: threshold,
@@ -314,6 +324,7 @@ impl ServeConfig {
             health_check_interval: None,
             worker_timeout: Duration::from_secs(300),
             advertise_host: None,
+            max_concurrent_probes: 64,
             downlink_timeout: Duration::from_secs(2),
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: 0.8,

@@ -14,8 +14,10 @@
 //!   synchronous: tested without a runtime.
 //! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
 //!   wrappers with timeouts, fresh sockets after failures.
-//! - [`controller`] — the async tasks: the PULL loop, the two ROUTER loops, one downlink per
-//!   worker, the liveness sweep; handlers are plain functions of the shared state.
+//! - [`controller`] — the controller's state as a plain model (`Fleet`: index, downlink
+//!   registry, command log; one function per message returning the effects to perform), its
+//!   driver (`Shared`: one lock over the model and the live downlink tasks) and the async
+//!   tasks: the PULL loop, the two ROUTER loops, one downlink per worker, the liveness sweep.
 //! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
 //!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
@@ -34,18 +36,18 @@ pub mod controller;
 pub mod http;
 pub mod index;
 pub mod metrics;
+mod net;
 pub mod protocol;
 pub mod transport;
 pub mod worker;
 
 use config::ServeConfig;
-use controller::handlers::RouterKind;
-use controller::state::host_port;
-use controller::{loops, BoundAddrs, Shared};
+use controller::{loops, BoundAddrs, Clock, RouterKind, Shared};
+use net::host_port;
 use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 /// How long shutdown waits for tasks to drain before giving up on them.
@@ -74,14 +76,16 @@ pub enum StartError {
     },
 }
 
-/// A running kvplane server.
+/// A running kvplane server. Dropping it without [`Server::stop`] cancels every task (without
+/// waiting for them).
 pub struct Server {
     /// The addresses actually bound.
     pub addrs: BoundAddrs,
-    /// Shared state (index, downlinks, metrics), for tests and embedding.
+    /// The controller's state and its driver, for tests and embedding.
     pub shared: Arc<Shared>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    _cancel_on_drop: DropGuard,
 }
 
 impl Server {
@@ -98,13 +102,19 @@ impl Server {
     }
 }
 
-/// Binds every socket and starts serving.
+/// Binds every socket and starts serving, on the system clock.
 ///
 /// # Errors
 /// [`StartError`] if a socket cannot be bound.
 pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    start_with_clock(config, Clock::system()).await
+}
+
+/// Binds every socket and starts serving; every time the controller reads comes from `clock`.
+///
+/// # Errors
+/// [`StartError`] if a socket cannot be bound.
+pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
     let limits = transport::TransportLimits::with_max_frame_bytes(config.max_frame_bytes);
@@ -165,7 +175,13 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
         heartbeat: addr_of(RouterKind::Heartbeat),
     };
     let health_interval = config.health_check_interval;
-    let shared = Arc::new(Shared::new(config, addrs.heartbeat.map(|a| a.port())));
+    let shared = Arc::new(Shared::with_clock(
+        config,
+        addrs.heartbeat.map(|a| a.port()),
+        clock,
+    ));
+    let shutdown = shared.shutdown_token().clone();
+    let tasks = shared.tasks().clone();
 
     if let Some((socket, _)) = pull {
         tasks.spawn(loops::pull_loop(
@@ -213,6 +229,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     Ok(Server {
         addrs,
         shared,
+        _cancel_on_drop: shutdown.clone().drop_guard(),
         shutdown,
         tasks,
     })

@@ -14,8 +14,7 @@ const CPU: &str = "LocalCPUBackend";
 fn keys(server: &kvplane::Server, instance: &str, worker: i64) -> BTreeSet<i64> {
     server
         .shared
-        .index
-        .read()
+        .index()
         .keys_of(instance, worker, CPU)
         .into_iter()
         .map(|k| i64::try_from(k.as_i128()).expect("test keys are i64"))
@@ -59,7 +58,7 @@ async fn register_returns_a_reachable_heartbeat_url() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     server.stop().await;
 }
 
@@ -169,7 +168,7 @@ async fn heartbeats_known_unknown_and_on_the_heartbeat_socket_only() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     // Known worker: no commands (no controller_restart storm on a fresh controller).
     match ask(&mut hb, &beat).await {
         Msg::HeartbeatRetMsg(r) => assert!(r.commands.is_empty(), "{:?}", r.commands),
@@ -206,7 +205,7 @@ async fn re_register_clears_the_workers_keys() {
     .await;
     w.register(port, None).await;
     assert!(keys(&server, "inst-r", 0).is_empty());
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     server.stop().await;
 }
 
@@ -228,7 +227,7 @@ async fn deregister_removes_the_worker_and_its_chunks() {
     })])
     .await;
     eventually("deregistered", STEP, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     assert_eq!(
@@ -462,11 +461,11 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
     .await;
 
     eventually("dead worker removed", STEP, || {
-        server.shared.index.read().worker("dead", 0).is_none()
+        server.shared.index().worker("dead", 0).is_none()
     })
     .await;
     assert!(
-        server.shared.index.read().worker("live", 0).is_some(),
+        server.shared.index().worker("live", 0).is_some(),
         "live worker kept"
     );
     let mut asker = TestWorker::new(&server, "asker", 0);
@@ -477,7 +476,7 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
     // Still there after a few more sweeps.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(
-        server.shared.index.read().worker("live", 0).is_some(),
+        server.shared.index().worker("live", 0).is_some(),
         "live worker kept"
     );
     responder.abort();
@@ -563,8 +562,7 @@ async fn json_frames_are_accepted_on_pull_and_router() {
     )])
     .await;
     eventually("json batch applied", STEP, || {
-        server.shared.index.read().keys_of("json-inst", 0, CPU)
-            == vec![ChunkHash::from_u64(u64::MAX)]
+        server.shared.index().keys_of("json-inst", 0, CPU) == vec![ChunkHash::from_u64(u64::MAX)]
     })
     .await;
     server.stop().await;

@@ -11,7 +11,6 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use kvplane::controller::state::unix_now;
 use kvplane::protocol::*;
 use kvplane::transport::{DealerClient, RepServer};
 use std::path::{Path, PathBuf};
@@ -296,8 +295,8 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
     // never heartbeated), one whose last heartbeat is 7 minutes old (inactive). They exist
     // only in the index (no command channel), which is all the dashboard reads.
     {
-        let now = unix_now();
-        let mut index = server.shared.index.write();
+        let now = server.shared.now();
+        let mut index = server.shared.index_mut_for_tests();
         index
             .register("llama-8b-2", 0, "127.0.0.1", 1, None, now - 100.0)
             .expect("register");
@@ -310,7 +309,7 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
     }
     let expected_workers = 8;
     eventually("fleet indexed", STEP, || {
-        let ix = server.shared.index.read();
+        let ix = server.shared.index();
         ix.worker_count() == expected_workers && ix.key_count() > 10_000
     })
     .await;

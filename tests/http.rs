@@ -6,7 +6,7 @@ mod http_support;
 
 use http_support::{call, within, Answer, FakeWorker};
 use kvplane::config::{ApiToken, ServeConfig};
-use kvplane::controller::Shared;
+use kvplane::controller::{Clock, RouterKind, Shared};
 use kvplane::http::router;
 use kvplane::protocol::*;
 use serde_json::{json, Value};
@@ -19,25 +19,35 @@ fn shared_with(tweak: impl FnOnce(&mut ServeConfig)) -> Arc<Shared> {
     let mut config = ServeConfig::ephemeral();
     config.downlink_timeout = Duration::from_millis(400);
     tweak(&mut config);
-    Arc::new(Shared::new(config, None))
+    // A clock standing still, so registration times are exact.
+    Arc::new(Shared::with_clock(
+        config,
+        None,
+        Clock::fixed(1_700_000_000.0),
+    ))
 }
 
 fn shared() -> Arc<Shared> {
     shared_with(|_| {})
 }
 
-/// Registers a worker in the index and opens its downlink to `port`.
+/// Registers a worker (as its `RegisterMsg` would; the downlink to `port` opens with it).
 fn register(shared: &Shared, instance: &str, worker: i64, port: u16, peer: Option<&str>) {
-    shared
-        .index
-        .write()
-        .register(instance, worker, "127.0.0.1", port, peer, 1_700_000_000.0)
-        .expect("registered");
-    shared.open_downlink((instance.to_owned(), worker), "127.0.0.1", port);
+    let reply = shared.handle_request(
+        RouterKind::Reply,
+        Msg::RegisterMsg(RegisterMsg {
+            instance_id: instance.to_owned(),
+            worker_id: worker,
+            ip: "127.0.0.1".to_owned(),
+            port: i64::from(port),
+            peer_init_url: peer.map(str::to_owned),
+        }),
+    );
+    assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
 }
 
 fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[ChunkHash]) {
-    let ops: Vec<KVOpEvent> = hashes
+    let operations: Vec<KVOpEvent> = hashes
         .iter()
         .enumerate()
         .map(|(i, &key)| KVOpEvent {
@@ -46,10 +56,13 @@ fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[ChunkHash]) {
             seq_num: i as i64,
         })
         .collect();
-    shared
-        .index
-        .write()
-        .apply_batch(instance, worker, CPU, &ops, 1_700_000_001.0);
+    let batch = Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+        instance_id: instance.to_owned(),
+        worker_id: worker,
+        location: CPU.to_owned(),
+        operations,
+    });
+    assert_eq!(shared.handle_push(batch), Ok(()));
 }
 
 async fn post(shared: &Arc<Shared>, uri: &str, body: &str) -> Answer {

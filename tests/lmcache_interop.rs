@@ -16,8 +16,7 @@ const SLOW: Duration = Duration::from_secs(40);
 fn keys(server: &kvplane::Server, instance: &str) -> BTreeSet<i128> {
     server
         .shared
-        .index
-        .read()
+        .index()
         .keys_of(instance, 0, CPU)
         .into_iter()
         .map(ChunkHash::as_i128)
@@ -47,7 +46,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     assert_eq!(reg["heartbeat_url"], json!(ep(server.addrs.heartbeat)));
     b.wait_for("registered", SLOW, is("registered")).await;
     eventually("both registered", SLOW, || {
-        server.shared.index.read().worker_count() == 2
+        server.shared.index().worker_count() == 2
     })
     .await;
 
@@ -146,7 +145,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         .await;
     assert_eq!(done["ok"], json!(true), "{done}");
     eventually("B re-registered too", SLOW, || {
-        server.shared.index.read().worker_count() == 2
+        server.shared.index().worker_count() == 2
     })
     .await;
 
@@ -163,7 +162,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     a.close().await;
     b.close().await;
     eventually("both deregistered", SLOW, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     server.stop().await;

@@ -832,7 +832,13 @@ fn is_stale_answers_for_one_worker_without_a_scan() {
     assert!(ix.is_stale("a", 0, 62.0, 60.0), "61 s silent");
     assert!(ix.touch("a", 1, 30.0));
     assert!(ix.is_stale("a", 0, 62.0, 60.0) && !ix.is_stale("a", 1, 62.0, 60.0));
-    assert!(!ix.is_stale("a", 9, 1e9, 60.0), "unknown worker is not stale");
+    assert!(
+        !ix.is_stale("a", 9, 1e9, 60.0),
+        "unknown worker is not stale"
+    );
     assert!(ix.deregister("a", 0));
-    assert!(!ix.is_stale("a", 0, 1e9, 60.0), "removed worker is not stale");
+    assert!(
+        !ix.is_stale("a", 0, 1e9, 60.0),
+        "removed worker is not stale"
+    );
 }

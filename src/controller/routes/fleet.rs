@@ -2,10 +2,10 @@
 //! `/metrics`. Each takes one read lock on the index at most and never holds it across an
 //! `.await`.
 
-use super::error::{ApiError, FieldError};
-use super::queries::worker_info;
-use crate::controller::state::LoopStats;
+use super::lookup::worker_info;
+use crate::controller::socket_stats::LoopStats;
 use crate::controller::Shared;
+use crate::http::error::{ApiError, FieldError};
 use crate::index::WorkerView;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// worker counts (LMCache's shape; keys are memberships, as in LMCache).
 pub async fn key_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let (total_keys, workers, instances) = {
-        let index = shared.index.read();
+        let index = shared.index();
         (index.key_count(), index.worker_count(), index.instances())
     };
     let list: Vec<Value> = instances
@@ -109,13 +109,13 @@ pub async fn workers(
     };
     match (instance_id, worker_id) {
         (Some(instance), Some(worker)) => {
-            let view = shared.index.read().worker(instance, worker);
+            let view = shared.index().worker(instance, worker);
             view.map(|w| Json(worker_row(&w))).ok_or_else(|| {
                 ApiError::NotFound(format!("Worker ({instance}, {worker}) not found"))
             })
         }
         (Some(instance), None) => {
-            let views = shared.index.read().instance_workers(instance);
+            let views = shared.index().instance_workers(instance);
             match views {
                 Some(v) if !v.is_empty() => Ok(list(v)),
                 _ => Err(ApiError::NotFound(format!(
@@ -124,7 +124,7 @@ pub async fn workers(
             }
         }
         (None, worker) => {
-            let mut all = shared.index.read().workers();
+            let mut all = shared.index().workers();
             if let Some(id) = worker {
                 all.retain(|w| w.worker_id == id);
             }
@@ -135,7 +135,7 @@ pub async fn workers(
 
 /// `GET /healthz`: liveness — the process answers HTTP — with fleet totals.
 pub async fn healthz(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    let index = shared.index.read();
+    let index = shared.index();
     Json(json!({
         "status": "ok",
         "workers": index.worker_count(),

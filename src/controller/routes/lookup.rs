@@ -1,11 +1,11 @@
 //! The read-only POST routes: `/lookup`, `/query_instance`, `/query_worker_info`. They only
 //! read the index (one read lock each, never held across an `.await`) and reach no worker.
 
-use super::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
-use super::error::{ApiError, FieldError};
 use super::lookup_hash::chunk_hashes;
 use super::new_event_id;
 use crate::controller::Shared;
+use crate::http::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
+use crate::http::error::{ApiError, FieldError};
 use crate::index::WorkerView;
 use crate::protocol::ChunkHash;
 use axum::extract::State;
@@ -145,7 +145,7 @@ pub async fn lookup(
     };
     let end_of = |chunks: usize| ends.get(chunks.wrapping_sub(1)).copied().unwrap_or(0);
     let (layout_info, holders) = {
-        let index = shared.index.read();
+        let index = shared.index();
         let mut layout: IndexMap<String, (String, usize)> = IndexMap::new();
         for (hash, &end) in hashes.iter().zip(&ends) {
             let holders = index.prefix_holders(std::slice::from_ref(hash));
@@ -196,11 +196,7 @@ pub async fn query_instance(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let instance = shared
-        .index
-        .read()
-        .instance_by_ip(&req.ip)
-        .map(str::to_owned);
+    let instance = shared.index().instance_by_ip(&req.ip).map(str::to_owned);
     match instance {
         Some(res) => Ok(Json(
             json!({ "event_id": new_event_id("QueryInst"), "res": res }),
@@ -235,7 +231,7 @@ pub async fn query_worker_info(
 ) -> Result<Json<Value>, ApiError> {
     let wanted = req.worker_ids.filter(|ids| !ids.is_empty());
     let workers: Vec<WorkerView> = if req.instance_id == "all" {
-        let all = shared.index.read().workers();
+        let all = shared.index().workers();
         match &wanted {
             Some(ids) => all
                 .into_iter()
@@ -245,8 +241,7 @@ pub async fn query_worker_info(
         }
     } else {
         let Some(mut all) = shared
-            .index
-            .read()
+            .index()
             .instance_workers(&req.instance_id)
             .filter(|w| !w.is_empty())
         else {

@@ -18,10 +18,10 @@
 //! * `/move` to an instance without P2P: 409 (LMCache: 500);
 //! * `/check_finish` works (LMCache: always 500).
 
-use super::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
-use super::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
 use super::new_event_id;
 use crate::controller::{Downlink, DownlinkError, Shared};
+use crate::http::body::{Body, BodySpec, Default, Field, Ty, ValidJson};
+use crate::http::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
 use crate::protocol::{
     ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, HealthWorkerMsg, MoveWorkerMsg, Msg,
     PinWorkerMsg,
@@ -224,8 +224,7 @@ struct Target {
 /// The workers of `instance_id`, sorted by worker id; 404 if it has none.
 fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> {
     let mut workers = shared
-        .index
-        .read()
+        .index()
         .instance_workers(instance_id)
         .unwrap_or_default();
     if workers.is_empty() {
@@ -244,7 +243,7 @@ fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> 
                 instance_id: w.instance_id,
                 worker_id: w.worker_id,
                 endpoint: downlink.as_ref().map_or_else(
-                    || crate::controller::state::host_port(&w.ip, w.port),
+                    || crate::net::host_port(&w.ip, w.port),
                     |d| d.endpoint().to_owned(),
                 ),
                 downlink,
@@ -253,23 +252,35 @@ fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> 
         .collect())
 }
 
-/// Sends `msgs[i]` to `targets[i]`, all at once, and returns the answers in the same order.
+/// Most downlink requests one command has in flight at once; an instance with more workers
+/// is reached in waves (each request is bounded by `--downlink-timeout`).
+pub const MAX_FAN_OUT: usize = 64;
+
+/// Sends `msgs[i]` to `targets[i]`, at most [`MAX_FAN_OUT`] at a time, and returns the answers
+/// in the same order.
 async fn fan_out(targets: &[Target], msgs: Vec<Msg>) -> Vec<Result<Msg, DownlinkError>> {
     let mut set = JoinSet::new();
-    for (i, (target, msg)) in targets.iter().zip(msgs).enumerate() {
-        let downlink = target.downlink.clone();
-        set.spawn(async move {
-            let answer = match downlink {
-                Some(d) => d.request(msg).await,
-                None => Err(DownlinkError::Closed),
-            };
-            (i, answer)
-        });
-    }
+    let mut pending = targets.iter().zip(msgs).enumerate();
     let mut answers: Vec<Result<Msg, DownlinkError>> = (0..targets.len())
         .map(|_| Err(DownlinkError::Closed))
         .collect();
-    while let Some(joined) = set.join_next().await {
+    loop {
+        while set.len() < MAX_FAN_OUT {
+            let Some((i, (target, msg))) = pending.next() else {
+                break;
+            };
+            let downlink = target.downlink.clone();
+            set.spawn(async move {
+                let answer = match downlink {
+                    Some(d) => d.request(msg).await,
+                    None => Err(DownlinkError::Closed),
+                };
+                (i, answer)
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
         if let Ok((i, answer)) = joined {
             answers[i] = answer;
         }
@@ -289,19 +300,20 @@ async fn run_command<F>(
 where
     F: Future<Output = Result<Value, ApiError>> + Send + 'static,
 {
-    shared.commands.begin(event_id, command, instance_id);
+    shared.begin_command(event_id, command, instance_id);
     let task = {
+        let tracker = shared.tasks().clone();
         let shared = Arc::clone(shared);
         let event_id = event_id.to_owned();
-        tokio::spawn(async move {
+        tracker.spawn(async move {
             let result = work.await;
             let outcome = match &result {
                 Ok(value) => {
-                    shared.commands.finish(&event_id, value.clone());
+                    shared.finish_command(&event_id, value.clone());
                     "ok"
                 }
                 Err(e) => {
-                    shared.commands.fail(&event_id, e.detail());
+                    shared.fail_command(&event_id, e.detail());
                     tracing::warn!(command, %event_id, "command failed: {}", e.detail());
                     match e {
                         ApiError::Workers(w) => w.outcome(),
@@ -321,9 +333,7 @@ where
     match task.await {
         Ok(result) => result.map(Json),
         Err(e) => {
-            shared
-                .commands
-                .fail(event_id, format!("command task failed: {e}"));
+            shared.fail_command(event_id, format!("command task failed: {e}"));
             Err(ApiError::Internal(format!("command task failed: {e}")))
         }
     }
@@ -572,8 +582,7 @@ pub async fn move_kv(
     let (dst_instance, dst_location) = req.new_position;
     let sources = targets(&shared, &src_instance).map_err(|e| refused(&shared, COMMAND, e))?;
     let mut destinations = shared
-        .index
-        .read()
+        .index()
         .instance_workers(&dst_instance)
         .unwrap_or_default();
     if destinations.is_empty() {
@@ -635,8 +644,8 @@ pub async fn health(
         Err(ApiError::NotFound(_)) => {
             // LMCache's answer (its dashboard's connectivity probe), recorded like any other.
             let answer = json!({ "event_id": event_id, "error_codes": {} });
-            shared.commands.begin(&event_id, COMMAND, &req.instance_id);
-            shared.commands.finish(&event_id, answer.clone());
+            shared.begin_command(&event_id, COMMAND, &req.instance_id);
+            shared.finish_command(&event_id, answer.clone());
             shared
                 .metrics
                 .commands
@@ -703,11 +712,11 @@ pub async fn check_finish(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<CheckFinishRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(r) = shared.commands.get(&req.event_id) else {
+    let Some(r) = shared.command(&req.event_id) else {
         return Err(ApiError::NotFound(format!(
             "Unknown event_id {} (the controller remembers the last {} commands)",
             req.event_id,
-            crate::controller::state::COMMAND_LOG_CAPACITY
+            crate::controller::command_log::COMMAND_LOG_CAPACITY
         )));
     };
     let mut body = json!({

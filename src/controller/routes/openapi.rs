@@ -4,14 +4,14 @@
 //! the validation runs, so the schemas are exactly what the server accepts. Tests check that
 //! every registered route is documented and that the document is structurally valid.
 
-use super::body::{body_schema, Body, BodySpec};
+use super::lookup::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::orchestration::{
     CheckFinishRequest, ClearRequest, CompressRequest, DecompressRequest, HealthRequest,
     MoveRequest, PinRequest,
 };
-use super::queries::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::{api_routes, Access};
 use crate::controller::Shared;
+use crate::http::body::{body_schema, Body, BodySpec};
 use axum::extract::State;
 use axum::http::Method;
 use axum::Json;
