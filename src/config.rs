@@ -422,6 +422,11 @@ mod tests {
     #[test]
     fn resource_limits_have_defaults_and_refuse_zero() {
         let c = parse(&[]).expect("defaults");
+        assert_eq!(c.max_concurrent_probes, 64);
+        assert_eq!(
+            parse(&["--max-concurrent-probes", "8"]).map(|c| c.max_concurrent_probes),
+            Ok(8)
+        );
         assert_eq!(
             (
                 c.max_workers,
@@ -457,6 +462,7 @@ mod tests {
             "--max-batch-ops",
             "--max-body-bytes",
             "--max-frame-bytes",
+            "--max-concurrent-probes",
         ] {
             let e = parse(&[flag, "0"]).expect_err("zero");
             assert!(e.contains(flag), "{e}");

@@ -479,9 +479,17 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
             removed: 1
         }
     );
-    assert!(shared.index().worker("dead", 0).is_none(), "dead worker removed");
-    assert!(shared.index().worker("live", 0).is_some(), "live worker kept");
-    shared.check_consistency().expect("model and downlinks agree");
+    assert!(
+        shared.index().worker("dead", 0).is_none(),
+        "dead worker removed"
+    );
+    assert!(
+        shared.index().worker("live", 0).is_some(),
+        "live worker kept"
+    );
+    shared
+        .check_consistency()
+        .expect("model and downlinks agree");
     let mut asker = TestWorker::new(&server, "asker", 0);
     assert_eq!(
         layout(asker.request(lookup_msg("asker", 0, &[77])).await),
@@ -492,8 +500,15 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
     assert_eq!(within("sweep", sweep(shared)).await.stale, 0);
     shared.clock().skip(timeout + Duration::from_secs(1));
     let stats = within("sweep", sweep(shared)).await;
-    assert_eq!((stats.stale, stats.answered, stats.removed), (1, 1, 0), "{stats:?}");
-    assert!(shared.index().worker("live", 0).is_some(), "live worker kept");
+    assert_eq!(
+        (stats.stale, stats.answered, stats.removed),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+    assert!(
+        shared.index().worker("live", 0).is_some(),
+        "live worker kept"
+    );
     responder.abort();
     server.stop().await;
 }
@@ -573,7 +588,10 @@ async fn rapid_deregister_register_cycles_leave_one_downlink_per_worker() {
             == (WORKERS as u64) * (CYCLES as u64 + 1)
     })
     .await;
-    server.shared.check_consistency().expect("consistent after the churn");
+    server
+        .shared
+        .check_consistency()
+        .expect("consistent after the churn");
     for w in &mut workers {
         w.register(port, None).await;
     }
@@ -581,11 +599,18 @@ async fn rapid_deregister_register_cycles_leave_one_downlink_per_worker() {
     assert_eq!(server.shared.index().worker_count(), WORKERS as usize);
     assert_eq!(server.shared.downlink_count(), WORKERS as usize);
     for wid in 0..WORKERS {
-        let entry = server.shared.downlink("churn", wid).expect("a live downlink");
+        let entry = server
+            .shared
+            .downlink("churn", wid)
+            .expect("a live downlink");
         let record = server
             .shared
             .read(|f| f.downlink("churn", wid).map(|d| d.generation));
-        assert_eq!(Some(entry.generation), record, "live generation is the model's");
+        assert_eq!(
+            Some(entry.generation),
+            record,
+            "live generation is the model's"
+        );
     }
     server.stop().await;
 }

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use common::lmcache::{free_port, worker_args, LmcacheWorker};
 use common::*;
 use http_support::{http, FakeWorker};
+use kvplane::controller::liveness::{sweep, SweepStats};
 use kvplane::protocol::*;
 use kvplane::transport::{DealerClient, PushSender};
 use kvplane::worker::{
@@ -33,7 +34,6 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use kvplane::controller::liveness::{sweep, SweepStats};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -476,7 +476,11 @@ async fn a_killed_worker_is_probed_removed_and_its_chunks_vanish() {
     // Not reaped before the timeout: nobody is even probed.
     let shared = &server.shared;
     let stats = within("sweep", sweep(shared)).await;
-    assert_eq!(stats, SweepStats::default(), "nobody probed before the timeout");
+    assert_eq!(
+        stats,
+        SweepStats::default(),
+        "nobody probed before the timeout"
+    );
     assert_eq!(
         workers(addr).await.len(),
         4,
@@ -487,7 +491,11 @@ async fn a_killed_worker_is_probed_removed_and_its_chunks_vanish() {
     shared.clock().skip(timeout + Duration::from_secs(1));
     let stats = within("sweep", sweep(shared)).await;
     assert_eq!(stats.removed, 2, "{stats:?}");
-    assert_eq!(stats.answered, stats.stale - 2, "the live ones answered: {stats:?}");
+    assert_eq!(
+        stats.answered,
+        stats.stale - 2,
+        "the live ones answered: {stats:?}"
+    );
     let rows = workers(addr).await;
     assert_eq!(
         rows.keys().cloned().collect::<Vec<_>>(),

@@ -217,24 +217,22 @@ impl Shared {
         self.metrics.requests.with_label_values(&[msg.tag()]).inc();
         let started = Instant::now();
         let lookup = matches!(msg, Msg::BatchedP2PLookupMsg(_));
-        let read = self.world.read().fleet.on_read_request(kind, msg);
-        let (reply, fx) = match read {
-            Ok(answered) => answered,
-            Err(msg) => {
-                let heartbeat_url = match &msg {
-                    Msg::RegisterMsg(m) if kind == RouterKind::Reply => self.heartbeat_url(&m.ip),
-                    _ => None,
-                };
-                let ctx = RequestContext {
-                    now: self.now(),
-                    heartbeat_url,
-                };
-                let mut world = self.world.write();
-                let (reply, fx) = world.fleet.on_request(kind, msg, &ctx);
-                let events = self.perform(&mut world, fx);
-                drop(world);
-                (reply, events)
-            }
+        let (reply, fx) = if Fleet::is_read_request(kind, &msg) {
+            self.world.read().fleet.on_read_request(kind, msg)
+        } else {
+            let heartbeat_url = match &msg {
+                Msg::RegisterMsg(m) if kind == RouterKind::Reply => self.heartbeat_url(&m.ip),
+                _ => None,
+            };
+            let ctx = RequestContext {
+                now: self.now(),
+                heartbeat_url,
+            };
+            let mut world = self.world.write();
+            let (reply, fx) = world.fleet.on_request(kind, msg, &ctx);
+            let events = self.perform(&mut world, fx);
+            drop(world);
+            (reply, events)
         };
         if lookup {
             self.metrics

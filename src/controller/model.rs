@@ -339,21 +339,28 @@ impl Fleet {
         (reply, fx)
     }
 
-    /// Answers a request that only reads the fleet (P2P lookup, full-sync status), so the
-    /// driver can serve it under a read lock; any other message is handed back as `Err`.
-    ///
-    /// # Errors
-    /// The message itself, when it needs [`Fleet::on_request`].
-    pub fn on_read_request(&self, kind: RouterKind, msg: Msg) -> Result<(Msg, Vec<Effect>), Msg> {
+    /// Whether `msg` on `kind` only reads the fleet (P2P lookup, full-sync status), so the
+    /// driver may answer it with [`Fleet::on_read_request`] under a read lock.
+    pub fn is_read_request(kind: RouterKind, msg: &Msg) -> bool {
+        kind == RouterKind::Reply
+            && matches!(msg, Msg::BatchedP2PLookupMsg(_) | Msg::FullSyncStatusMsg(_))
+    }
+
+    /// Answers a request for which [`Fleet::is_read_request`] holds; any other gets an
+    /// `ErrorMsg` (use [`Fleet::on_request`]).
+    pub fn on_read_request(&self, kind: RouterKind, msg: Msg) -> (Msg, Vec<Effect>) {
         let mut fx = Vec::new();
         let reply = match msg {
             Msg::BatchedP2PLookupMsg(m) if kind == RouterKind::Reply => {
                 self.on_p2p_lookup(&m, &mut fx)
             }
             Msg::FullSyncStatusMsg(m) if kind == RouterKind::Reply => self.on_sync_status(m),
-            other => return Err(other),
+            other => error(format!(
+                "{} changes the fleet: not a read request",
+                other.tag()
+            )),
         };
-        Ok((reply, fx))
+        (reply, fx)
     }
 
     /// Applies one message from the PULL socket. The result is the drop reason if it had no
