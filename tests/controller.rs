@@ -719,3 +719,19 @@ async fn healthz_answers_over_http() {
     assert!(body.contains("\"status\":\"ok\""), "{body}");
     server.stop().await;
 }
+
+/// Dropping a `Server` without `stop()` still stops it: every loop and downlink task ends.
+#[tokio::test]
+async fn dropping_the_server_cancels_its_tasks() {
+    let server = server().await;
+    let (_rep, port) = rep().await;
+    let mut w = TestWorker::new(&server, "drop", 0);
+    w.register(port, None).await;
+    let shared = std::sync::Arc::clone(&server.shared);
+    let tasks = shared.tasks().clone();
+    assert!(!tasks.is_empty(), "loops and a downlink are running");
+    drop(server);
+    assert!(shared.shutdown_token().is_cancelled());
+    tasks.close();
+    within("every task ends after the drop", tasks.wait()).await;
+}

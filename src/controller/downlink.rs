@@ -10,9 +10,10 @@ use crate::metrics::Metrics;
 use crate::protocol::{decode, encode, DecodeError, Msg};
 use crate::transport::{ReqClient, TransportError};
 use bytes::Bytes;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
