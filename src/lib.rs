@@ -16,8 +16,9 @@
 //!   wrappers with timeouts, fresh sockets after failures.
 //! - [`controller`] — the controller's state as a plain model (`Fleet`: index, downlink
 //!   registry, command log; one function per message returning the effects to perform), its
-//!   driver (`Shared`: one lock over the model and the live downlink tasks) and the async
-//!   tasks: the PULL loop, the two ROUTER loops, one downlink per worker, the liveness sweep.
+//!   driver (`Shared`: one lock over the model and the live downlink tasks), its HTTP routes
+//!   and the async tasks: the PULL loop, the two ROUTER loops, one downlink per worker, the
+//!   liveness sweep.
 //! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
 //!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
@@ -30,29 +31,49 @@
 //! [`start`] binds every socket and returns a [`Server`] with the bound addresses (port 0
 //! works everywhere); [`run`] serves until a cancellation token fires.
 
-pub mod bench;
+// Below everything: wire types, sockets, configuration. The worker library needs only these.
 pub mod config;
-pub mod controller;
-pub mod http;
-pub mod index;
-pub mod metrics;
+#[cfg(feature = "worker")]
 mod net;
 pub mod protocol;
 pub mod transport;
+#[cfg(feature = "worker")]
 pub mod worker;
 
+// The server side (feature `server`, on by default).
+#[cfg(feature = "server")]
+pub mod bench;
+#[cfg(feature = "server")]
+pub mod controller;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "server")]
+pub mod index;
+#[cfg(feature = "server")]
+pub mod metrics;
+
+#[cfg(feature = "server")]
 use config::ServeConfig;
+#[cfg(feature = "server")]
 use controller::{loops, BoundAddrs, Clock, RouterKind, Shared};
+#[cfg(feature = "server")]
 use net::host_port;
+#[cfg(feature = "server")]
 use std::sync::Arc;
+#[cfg(feature = "server")]
 use std::time::Duration;
+#[cfg(feature = "server")]
 use thiserror::Error;
+#[cfg(feature = "server")]
 use tokio_util::sync::{CancellationToken, DropGuard};
+#[cfg(feature = "server")]
 use tokio_util::task::TaskTracker;
 
+#[cfg(feature = "server")]
 /// How long shutdown waits for tasks to drain before giving up on them.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
+#[cfg(feature = "server")]
 /// Why the server could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -76,6 +97,7 @@ pub enum StartError {
     },
 }
 
+#[cfg(feature = "server")]
 /// A running kvplane server. Dropping it without [`Server::stop`] cancels every task (without
 /// waiting for them).
 pub struct Server {
@@ -88,6 +110,7 @@ pub struct Server {
     _cancel_on_drop: DropGuard,
 }
 
+#[cfg(feature = "server")]
 impl Server {
     /// Stops every loop and waits (at most a few seconds) for them to finish.
     pub async fn stop(self) {
@@ -102,6 +125,7 @@ impl Server {
     }
 }
 
+#[cfg(feature = "server")]
 /// Binds every socket and starts serving, on the system clock.
 ///
 /// # Errors
@@ -110,6 +134,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     start_with_clock(config, Clock::system()).await
 }
 
+#[cfg(feature = "server")]
 /// Binds every socket and starts serving; every time the controller reads comes from `clock`.
 ///
 /// # Errors
@@ -235,6 +260,7 @@ pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Serve
     })
 }
 
+#[cfg(feature = "server")]
 /// Serves until `shutdown` is cancelled, then drains.
 ///
 /// # Errors
