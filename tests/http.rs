@@ -995,3 +995,73 @@ async fn fan_out_is_concurrent_and_full_queues_are_503() {
         "{statuses:?}"
     );
 }
+
+/// One command reaches at most `MAX_FAN_OUT` workers of its instance at once. Counted at the
+/// workers, which hold every answer until the test releases them: with an unbounded fan-out
+/// all of them would hold a request at the same time.
+#[tokio::test]
+async fn a_command_reaches_at_most_max_fan_out_workers_at_once() {
+    use kvplane::controller::routes::MAX_FAN_OUT;
+    use kvplane::transport::RepServer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let workers = MAX_FAN_OUT + 6;
+    let shared = shared_with(|c| c.downlink_timeout = Duration::from_secs(20));
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let received = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut servers = Vec::new();
+    for wid in 0..workers {
+        let (mut rep, addr) = within("bind rep", RepServer::bind("127.0.0.1:0"))
+            .await
+            .expect("rep binds");
+        register(&shared, "wide", wid as i64, addr.port(), None);
+        let (outstanding, max, received, release) = (
+            Arc::clone(&outstanding),
+            Arc::clone(&max),
+            Arc::clone(&received),
+            Arc::clone(&release),
+        );
+        servers.push(http_support::AbortOnDrop(tokio::spawn(async move {
+            if rep.recv().await.is_err() {
+                return;
+            }
+            let now = outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+            max.fetch_max(now, Ordering::SeqCst);
+            received.fetch_add(1, Ordering::SeqCst);
+            let Ok(permit) = release.acquire().await else {
+                return;
+            };
+            permit.forget();
+            outstanding.fetch_sub(1, Ordering::SeqCst);
+            let reply = Msg::HealthWorkerRetMsg(HealthWorkerRetMsg { error_code: 0 });
+            let _ = rep.reply(bytes::Bytes::from(encode(&reply))).await;
+        })));
+    }
+    let call = post_later(&shared, "/health", json!({"instance_id": "wide"}));
+    let start = Instant::now();
+    while received.load(Ordering::SeqCst) < MAX_FAN_OUT {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "requests never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    release.add_permits(workers);
+    let answer = joined(call).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["error_codes"].as_object().map(|o| o.len()),
+        Some(workers)
+    );
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        workers,
+        "every worker asked once"
+    );
+    assert_eq!(
+        max.load(Ordering::SeqCst),
+        MAX_FAN_OUT,
+        "at most MAX_FAN_OUT requests held at once, and that many used"
+    );
+}
