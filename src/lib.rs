@@ -19,8 +19,9 @@
 //!   driver (`Shared`: one lock over the model and the live downlink tasks), its HTTP routes
 //!   and the async tasks: the PULL loop, the two ROUTER loops, one downlink per worker, the
 //!   liveness sweep.
-//! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
-//!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
+//! - [`http`] — generic HTTP plumbing (errors, JSON bodies, auth, metrics layer) and the
+//!   dashboard; the controller's routes (`/lookup`, `/clear`, `/move`, …, `/metrics`,
+//!   `/openapi.json`) live in `controller::routes` and are re-exported here.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
