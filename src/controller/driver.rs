@@ -314,7 +314,7 @@ impl Shared {
                         self.config.downlink_timeout,
                         self.metrics.clone(),
                         &self.tasks,
-                        self.shutdown.child_token(),
+                        self.shutdown.clone(),
                     );
                     // Replacing an older entry drops its sender: that task ends.
                     world.live.insert(

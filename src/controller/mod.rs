@@ -2,7 +2,8 @@
 //! (socket loops, per-worker downlinks, the liveness sweep).
 //!
 //! * `model` — [`Fleet`]: index, downlink registry, command log; one function per message,
-//!   each returning the reply and the [`Effect`]s to perform. No I/O, clock or tokio.
+//!   each returning the reply and the [`Effect`]s to perform (declared in `effects`). No I/O,
+//!   clock or tokio.
 //! * `driver` — [`Shared`]: one lock over the model and the live downlink tasks; applies a
 //!   message and performs its effects atomically.
 //! * `report` — metrics and log lines for what the model reports.
@@ -18,6 +19,7 @@ pub mod clock;
 pub mod command_log;
 pub mod downlink;
 pub mod driver;
+pub mod effects;
 pub mod limits;
 pub mod liveness;
 pub mod loops;
