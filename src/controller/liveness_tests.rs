@@ -171,3 +171,26 @@ async fn a_stalled_full_sync_expires_on_paused_time() {
         "expired after 120 s of silence"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_of_an_old_registration_leaves_the_new_one_and_its_downlink() {
+    let shared = shared(4);
+    register(&shared, "a", 0, 1);
+    tokio::time::advance(TIMEOUT + Duration::from_secs(1)).await;
+    // The sweep picks generation 1; the worker restarts on a new port before the probe ends.
+    let old = shared.begin_sweep();
+    assert_eq!(old.len(), 1);
+    register(&shared, "a", 0, 2);
+    let new_generation = shared.downlink("a", 0).map(|e| e.generation);
+    assert_ne!(new_generation, Some(old[0].generation));
+    tokio::time::advance(TIMEOUT + Duration::from_secs(1)).await;
+    assert!(
+        !shared.probe_failed(&old[0]),
+        "stale and silent, but not the probed registration"
+    );
+    assert_eq!(
+        shared.downlink("a", 0).map(|e| e.generation),
+        new_generation
+    );
+    shared.check_consistency().expect("consistent");
+}
