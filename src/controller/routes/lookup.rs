@@ -18,7 +18,7 @@ use std::time::Instant;
 
 /// `POST /lookup`: `tokens` (LMCache), or the chunk `hashes` directly.
 #[derive(Debug, Deserialize)]
-pub struct LookupRequest {
+pub(crate) struct LookupRequest {
     tokens: Option<Vec<i64>>,
     hashes: Option<Vec<ChunkHash>>,
     offsets: Option<Vec<i64>>,
@@ -54,7 +54,7 @@ impl Body for LookupRequest {
 
 /// `POST /query_instance`.
 #[derive(Debug, Deserialize)]
-pub struct QueryInstRequest {
+pub(crate) struct QueryInstRequest {
     ip: String,
 }
 
@@ -76,7 +76,7 @@ impl Body for QueryInstRequest {
 
 /// `POST /query_worker_info`.
 #[derive(Debug, Deserialize)]
-pub struct QueryWorkerInfoRequest {
+pub(crate) struct QueryWorkerInfoRequest {
     instance_id: String,
     worker_ids: Option<Vec<i64>>,
 }
@@ -107,7 +107,7 @@ impl Body for QueryWorkerInfoRequest {
 /// (location, end token of the last chunk credited to it). `holders` (kvplane, LMCache PR
 /// #4471) lists *every* holder of the first chunk with how many consecutive chunks of the
 /// query it holds.
-pub async fn lookup(
+pub(crate) async fn lookup(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<LookupRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -192,7 +192,7 @@ pub async fn lookup(
 
 /// `POST /query_instance`: the first instance (registration order) with a worker at `ip`;
 /// 404 if none (LMCache: 500).
-pub async fn query_instance(
+pub(crate) async fn query_instance(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -209,7 +209,7 @@ pub async fn query_instance(
 }
 
 /// LMCache's `WorkerInfo` as JSON.
-pub fn worker_info(w: &WorkerView) -> Value {
+pub(crate) fn worker_info(w: &WorkerView) -> Value {
     json!({
         "instance_id": w.instance_id,
         "worker_id": w.worker_id,
@@ -225,7 +225,7 @@ pub fn worker_info(w: &WorkerView) -> Value {
 /// id), or of the workers listed in `worker_ids` (in that order, unknown ids skipped), or with
 /// `instance_id = "all"` of every worker (registration order, filtered by `worker_ids`).
 /// An unknown instance is a 404 (LMCache: 200 with an empty list).
-pub async fn query_worker_info(
+pub(crate) async fn query_worker_info(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<QueryWorkerInfoRequest>,
 ) -> Result<Json<Value>, ApiError> {

@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 /// Routes served by the dashboard module (`dashboard::routes`), documented here too.
-pub const DASHBOARD_ROUTES: &[(&str, &str)] = &[
+pub(crate) const DASHBOARD_ROUTES: &[(&str, &str)] = &[
     ("/", "The dashboard page (HTML)."),
     (
         "/static/{path}",
@@ -511,7 +511,7 @@ fn schemas() -> Map<String, Value> {
 }
 
 /// The OpenAPI document; `token_set` adds the bearer security to the mutating routes.
-pub fn document(token_set: bool) -> Value {
+pub(crate) fn document(token_set: bool) -> Value {
     let mut paths = Map::new();
     let mut add = |path: &str, method: &Method, op: Value| {
         let entry = paths
@@ -564,7 +564,7 @@ pub fn document(token_set: bool) -> Value {
 }
 
 /// `GET /openapi.json`.
-pub async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
     Json(document(shared.config.api_token.is_some()))
 }
 

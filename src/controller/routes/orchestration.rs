@@ -48,7 +48,7 @@ pub const HEALTH_UNREACHABLE: i64 = -1005;
 
 /// `POST /clear`.
 #[derive(Debug, Deserialize)]
-pub struct ClearRequest {
+pub(crate) struct ClearRequest {
     instance_id: String,
     location: String,
 }
@@ -70,7 +70,7 @@ impl Body for ClearRequest {
 
 /// `POST /pin`.
 #[derive(Debug, Deserialize)]
-pub struct PinRequest {
+pub(crate) struct PinRequest {
     instance_id: String,
     location: String,
     tokens: Vec<i64>,
@@ -90,7 +90,7 @@ impl Body for PinRequest {
 
 /// `POST /compress` and `POST /decompress`.
 #[derive(Debug, Deserialize)]
-pub struct CompressRequest {
+pub(crate) struct CompressRequest {
     instance_id: String,
     method: String,
     location: String,
@@ -127,7 +127,7 @@ impl Body for CompressRequest {
 
 /// `POST /decompress` (same fields as compress).
 #[derive(Debug, Deserialize)]
-pub struct DecompressRequest(CompressRequest);
+pub(crate) struct DecompressRequest(CompressRequest);
 
 impl Body for DecompressRequest {
     const SPEC: BodySpec = BodySpec {
@@ -139,7 +139,7 @@ impl Body for DecompressRequest {
 
 /// `POST /move`.
 #[derive(Debug, Deserialize)]
-pub struct MoveRequest {
+pub(crate) struct MoveRequest {
     old_position: (String, String),
     new_position: (String, String),
     tokens: Option<Vec<i64>>,
@@ -179,7 +179,7 @@ impl Body for MoveRequest {
 
 /// `POST /health`.
 #[derive(Debug, Deserialize)]
-pub struct HealthRequest {
+pub(crate) struct HealthRequest {
     instance_id: String,
 }
 
@@ -197,7 +197,7 @@ impl Body for HealthRequest {
 
 /// `POST /check_finish`.
 #[derive(Debug, Deserialize)]
-pub struct CheckFinishRequest {
+pub(crate) struct CheckFinishRequest {
     event_id: String,
 }
 
@@ -441,7 +441,7 @@ async fn num_tokens_command(
 }
 
 /// `POST /clear`: `ClearWorkerMsg` to every worker of the instance.
-pub async fn clear(
+pub(crate) async fn clear(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<ClearRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -471,7 +471,7 @@ pub async fn clear(
 }
 
 /// `POST /pin`: `PinWorkerMsg` to every worker of the instance.
-pub async fn pin(
+pub(crate) async fn pin(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<PinRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -503,7 +503,7 @@ pub async fn pin(
 }
 
 /// `POST /compress`: `CompressWorkerMsg` to every worker of the instance.
-pub async fn compress(
+pub(crate) async fn compress(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<CompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -537,7 +537,7 @@ pub async fn compress(
 }
 
 /// `POST /decompress`: `DecompressWorkerMsg` to every worker of the instance.
-pub async fn decompress(
+pub(crate) async fn decompress(
     State(shared): State<Arc<Shared>>,
     ValidJson(DecompressRequest(req)): ValidJson<DecompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -573,7 +573,7 @@ pub async fn decompress(
 /// `POST /move`: for each (source rank, destination rank) pair, zipped in worker-id order as
 /// LMCache does (the shorter list decides how many pairs), a `MoveWorkerMsg` to the source
 /// with `new_position = (destination peer_init_url, destination location)`.
-pub async fn move_kv(
+pub(crate) async fn move_kv(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<MoveRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -633,7 +633,7 @@ pub async fn move_kv(
 /// (other reply), −1003 (undecodable). A worker that does not answer makes the call a 504
 /// whose body still carries `error_codes`, with −1004 for it (−1005: unreachable). An unknown
 /// instance answers 200 with no codes, as LMCache does.
-pub async fn health(
+pub(crate) async fn health(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<HealthRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -708,7 +708,7 @@ pub async fn health(
 /// `POST /check_finish`: the status of a command by its `event_id` — `pending`, `finished`
 /// or `failed` — with what it returned or why it failed; 404 for an id the controller does not
 /// know (never issued, or older than the last 10,000 commands).
-pub async fn check_finish(
+pub(crate) async fn check_finish(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<CheckFinishRequest>,
 ) -> Result<Json<Value>, ApiError> {
