@@ -26,6 +26,8 @@ pub mod defaults {
     pub const WORKER_TIMEOUT_S: f64 = 300.0;
     /// Seconds a command on a worker's downlink may take.
     pub const DOWNLINK_TIMEOUT_S: f64 = 5.0;
+    /// Most liveness probes in flight at once.
+    pub const MAX_CONCURRENT_PROBES: usize = 64;
     /// Seconds without progress after which a full sync is marked failed.
     pub const FULL_SYNC_TIMEOUT_S: f64 = 300.0;
     /// Fraction of synced workers before workers may leave freeze mode.
@@ -146,6 +148,8 @@ pub struct ServeConfig {
     pub advertise_host: Option<String>,
     /// Downlink request timeout.
     pub downlink_timeout: Duration,
+    /// Most liveness probes in flight at once (≥ 1).
+    pub max_concurrent_probes: usize,
     /// Full-sync inactivity timeout.
     pub full_sync_timeout: Duration,
     /// Full-sync completion threshold (0..=1).
@@ -280,6 +284,7 @@ impl ServeConfig {
             worker_timeout: Duration::from_secs(300),
             advertise_host: None,
             downlink_timeout: Duration::from_secs(2),
+            max_concurrent_probes: defaults::MAX_CONCURRENT_PROBES,
             full_sync_timeout: Duration::from_secs(300),
             full_sync_completion_threshold: defaults::FULL_SYNC_COMPLETION_THRESHOLD,
             max_frame_bytes: defaults::MAX_FRAME_BYTES,

@@ -14,12 +14,13 @@
 //!   synchronous: tested without a runtime.
 //! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
 //!   wrappers with timeouts, fresh sockets after failures.
-//! - [`controller`] — the async tasks: the PULL loop, the two ROUTER loops, one downlink per
-//!   worker, the liveness sweep; handlers are plain functions of the shared state.
+//! - [`controller`] — the controller's state as a plain model (`Fleet`: index, downlink
+//!   registry, command log; one function per message returning the effects to perform), its
+//!   driver (`Shared`: one lock over the model and the live downlink tasks), its HTTP routes
+//!   and the async tasks: the PULL loop, the two ROUTER loops, one downlink per worker, the
+//!   liveness sweep.
 //! - [`web`] — HTTP plumbing shared by every service (errors, body schemas, auth, the CSRF
 //!   guard, request metrics, static assets, the server loop and its limits). Knows no service.
-//! - [`http`] — the controller's axum router: LMCache's orchestration API (`/lookup`,
-//!   `/clear`, `/move`, …), read routes, `/metrics`, `/openapi.json` and the dashboard.
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
@@ -32,6 +33,8 @@
 
 // Below everything: wire types, sockets, configuration. The worker library needs only these.
 pub mod config;
+#[cfg(feature = "worker")]
+mod net;
 pub mod protocol;
 pub mod transport;
 #[cfg(feature = "worker")]
@@ -43,8 +46,6 @@ pub mod bench;
 #[cfg(feature = "server")]
 pub mod controller;
 #[cfg(feature = "server")]
-pub mod http;
-#[cfg(feature = "server")]
 pub mod index;
 #[cfg(feature = "server")]
 pub mod metrics;
@@ -54,11 +55,9 @@ pub mod web;
 #[cfg(feature = "server")]
 use config::ServeConfig;
 #[cfg(feature = "server")]
-use controller::handlers::RouterKind;
+use controller::{loops, BoundAddrs, Clock, RouterKind, Shared};
 #[cfg(feature = "server")]
-use controller::state::host_port;
-#[cfg(feature = "server")]
-use controller::{loops, BoundAddrs, Shared};
+use net::host_port;
 #[cfg(feature = "server")]
 use std::sync::Arc;
 #[cfg(feature = "server")]
@@ -66,7 +65,7 @@ use std::time::Duration;
 #[cfg(feature = "server")]
 use thiserror::Error;
 #[cfg(feature = "server")]
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 #[cfg(feature = "server")]
 use tokio_util::task::TaskTracker;
 
@@ -99,14 +98,16 @@ pub enum StartError {
 }
 
 #[cfg(feature = "server")]
-/// A running kvplane server.
+/// A running kvplane server. Dropping it without [`Server::stop`] cancels every task (without
+/// waiting for them).
 pub struct Server {
     /// The addresses actually bound.
     pub addrs: BoundAddrs,
-    /// Shared state (index, downlinks, metrics), for tests and embedding.
+    /// The controller's state and its driver, for tests and embedding.
     pub shared: Arc<Shared>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    _cancel_on_drop: DropGuard,
 }
 
 #[cfg(feature = "server")]
@@ -125,13 +126,20 @@ impl Server {
 }
 
 #[cfg(feature = "server")]
-/// Binds every socket and starts serving.
+/// Binds every socket and starts serving, on the system clock.
 ///
 /// # Errors
 /// [`StartError`] if a socket cannot be bound.
 pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    start_with_clock(config, Clock::system()).await
+}
+
+#[cfg(feature = "server")]
+/// Binds every socket and starts serving; every time the controller reads comes from `clock`.
+///
+/// # Errors
+/// [`StartError`] if a socket cannot be bound.
+pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
     let peer_drops = controller::peer_drops::PeerDrops::new();
@@ -202,9 +210,11 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
         heartbeat: addr_of(RouterKind::Heartbeat),
     };
     let health_interval = config.health_check_interval;
-    let mut shared = Shared::new(config, addrs.heartbeat.map(|a| a.port()));
+    let mut shared = Shared::with_clock(config, addrs.heartbeat.map(|a| a.port()), clock);
     shared.peer_drops = peer_drops;
     let shared = Arc::new(shared);
+    let shutdown = shared.shutdown_token().clone();
+    let tasks = shared.tasks().clone();
 
     if let Some((socket, _)) = pull {
         tasks.spawn(loops::pull_loop(
@@ -228,18 +238,18 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
             shutdown.clone(),
         ));
     }
-    let history = Arc::new(http::history::History::default());
-    tasks.spawn(http::history::sample_loop(
+    let history = Arc::new(controller::routes::history::History::default());
+    tasks.spawn(controller::routes::history::sample_loop(
         Arc::clone(&shared),
         Arc::clone(&history),
         shutdown.clone(),
     ));
-    let app = http::router_with(Arc::clone(&shared), history);
+    let app = controller::routes::router_with(Arc::clone(&shared), history);
     let served = web::serve(
         listener,
         app,
-        http::http_limits(&shared),
-        http::limit_hook(&shared),
+        controller::routes::http_limits(&shared),
+        controller::routes::limit_hook(&shared),
         shutdown.clone(),
     );
     tasks.spawn(async move {
@@ -257,10 +267,11 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     if addrs.heartbeat.is_none() {
         tracing::warn!("no heartbeat port configured: LMCache workers will not heartbeat");
     }
-    http::log_policy(&shared);
+    controller::routes::log_policy(&shared);
     Ok(Server {
         addrs,
         shared,
+        _cancel_on_drop: shutdown.clone().drop_guard(),
         shutdown,
         tasks,
     })

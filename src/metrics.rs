@@ -172,6 +172,11 @@ pub struct Metrics {
     pub keys_refused: IntCounter,
     /// Tokio tasks alive in the process (set at scrape time).
     pub tasks: IntGauge,
+    /// Liveness probes in flight (at most `--max-concurrent-probes`).
+    pub probes_in_flight: IntGauge,
+    /// Liveness probes finished, by outcome (`answered`, `failed`, `removed`: failed and the
+    /// worker was removed).
+    pub probes: IntCounterVec,
     /// Worker downlinks open (one task and at most one socket each; set at scrape time).
     pub downlinks: IntGauge,
     /// File descriptors open in the process, from `/proc/self/fd` (set at scrape time; 0
@@ -294,6 +299,15 @@ impl Metrics {
         let tasks = gauge("tasks", "Tokio tasks alive in the process.");
         let downlinks = gauge("downlinks", "Worker downlinks open.");
         let open_fds = gauge("open_fds", "File descriptors open in the process.");
+        let probes_in_flight = gauge(
+            "probes_in_flight",
+            "Liveness probes in flight (at most --max-concurrent-probes).",
+        );
+        let probes = counter_vec(
+            "probes_total",
+            "Liveness probes finished, by outcome (answered, failed, removed).",
+            &["outcome"],
+        );
         let http_lookup_seconds = Histogram::with_opts(
             HistogramOpts::new(
                 name("http_lookup_seconds"),
@@ -312,6 +326,7 @@ impl Metrics {
             Box::new(keys_refused.clone()),
             Box::new(tasks.clone()),
             Box::new(downlinks.clone()),
+            Box::new(probes_in_flight.clone()),
             Box::new(open_fds.clone()),
         ] {
             registry.register(c).unwrap_or_else(|e| unreachable!("{e}"));
@@ -342,6 +357,8 @@ impl Metrics {
             keys_refused,
             tasks,
             downlinks,
+            probes_in_flight,
+            probes,
             open_fds,
         }
     }

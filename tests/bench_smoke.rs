@@ -69,7 +69,7 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
     assert!(report.summary().contains("ops/s applied"));
     // Everything was deregistered afterwards.
     eventually("bench workers deregistered", STEP, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     server.stop().await;

@@ -48,7 +48,7 @@ async fn register_returns_a_reachable_heartbeat_url() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     server.stop().await;
 }
 
@@ -158,7 +158,7 @@ async fn heartbeats_known_unknown_and_on_the_heartbeat_socket_only() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     // Known worker: no commands (no controller_restart storm on a fresh controller).
     match ask(&mut hb, &beat).await {
         Msg::HeartbeatRetMsg(r) => assert!(r.commands.is_empty(), "{:?}", r.commands),
@@ -195,7 +195,7 @@ async fn re_register_clears_the_workers_keys() {
     .await;
     w.register(port, None).await;
     assert!(keys(&server, "inst-r", 0).is_empty());
-    assert_eq!(server.shared.index.read().worker_count(), 1);
+    assert_eq!(server.shared.index().worker_count(), 1);
     server.stop().await;
 }
 
@@ -217,7 +217,7 @@ async fn deregister_removes_the_worker_and_its_chunks() {
     })])
     .await;
     eventually("deregistered", STEP, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     assert_eq!(
@@ -408,11 +408,15 @@ async fn downlink_command_round_trip_and_timeout() {
     server.stop().await;
 }
 
+/// The probe-then-remove sweep over real downlinks. The server's clock is skipped past the
+/// worker timeout (tokio's own time keeps running, so the sockets behave normally), and the
+/// sweeps are run directly: no sleeping, and each sweep's outcome is counted.
 #[tokio::test]
 async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
+    use kvplane::controller::liveness::{sweep, SweepStats};
+    let timeout = Duration::from_secs(60);
     let server = server_with(|c| {
-        c.health_check_interval = Some(Duration::from_millis(200));
-        c.worker_timeout = Duration::from_millis(400);
+        c.worker_timeout = timeout;
         c.downlink_timeout = Duration::from_millis(300);
     })
     .await;
@@ -450,26 +454,154 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
     })
     .await;
 
-    eventually("dead worker removed", STEP, || {
-        server.shared.index.read().worker("dead", 0).is_none()
-    })
-    .await;
+    // Before the timeout nobody is even probed.
+    let shared = &server.shared;
+    shared.clock().skip(timeout - Duration::from_secs(1));
+    assert_eq!(within("sweep", sweep(shared)).await, SweepStats::default());
+
+    shared.clock().skip(Duration::from_secs(2));
+    let stats = within("sweep", sweep(shared)).await;
+    assert_eq!(
+        stats,
+        SweepStats {
+            stale: 2,
+            answered: 1,
+            removed: 1
+        }
+    );
     assert!(
-        server.shared.index.read().worker("live", 0).is_some(),
+        shared.index().worker("dead", 0).is_none(),
+        "dead worker removed"
+    );
+    assert!(
+        shared.index().worker("live", 0).is_some(),
         "live worker kept"
     );
+    shared
+        .check_consistency()
+        .expect("model and downlinks agree");
     let mut asker = TestWorker::new(&server, "asker", 0);
     assert_eq!(
         layout(asker.request(lookup_msg("asker", 0, &[77])).await),
         miss()
     );
-    // Still there after a few more sweeps.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The answer counts as contact: the live worker is not stale again until a full timeout
+    // later, and then it answers again.
+    assert_eq!(within("sweep", sweep(shared)).await.stale, 0);
+    shared.clock().skip(timeout + Duration::from_secs(1));
+    let stats = within("sweep", sweep(shared)).await;
+    assert_eq!(
+        (stats.stale, stats.answered, stats.removed),
+        (1, 1, 0),
+        "{stats:?}"
+    );
     assert!(
-        server.shared.index.read().worker("live", 0).is_some(),
+        shared.index().worker("live", 0).is_some(),
         "live worker kept"
     );
     responder.abort();
+    server.stop().await;
+}
+
+/// The liveness loop itself runs the sweep on its interval.
+#[tokio::test]
+async fn the_liveness_loop_removes_a_dead_worker() {
+    let timeout = Duration::from_secs(60);
+    let server = server_with(|c| {
+        c.health_check_interval = Some(Duration::from_millis(50));
+        c.worker_timeout = timeout;
+        c.downlink_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let dead_port = {
+        let (rep, port) = rep().await;
+        drop(rep);
+        port
+    };
+    let mut dead = TestWorker::new(&server, "dead", 0);
+    dead.register(dead_port, None).await;
+    server.shared.clock().skip(timeout * 2);
+    eventually("dead worker removed", STEP, || {
+        server.shared.index().worker("dead", 0).is_none()
+    })
+    .await;
+    server.shared.check_consistency().expect("consistent");
+    server.stop().await;
+}
+
+/// Issue 9's race over real sockets: a restarting worker sends `DeRegisterMsg` on PUSH and at
+/// once `RegisterMsg` on its DEALER; the two land on different controller tasks. Whatever the
+/// interleaving, every registered worker ends with exactly one live downlink of its current
+/// generation, and none is leaked.
+#[tokio::test]
+async fn rapid_deregister_register_cycles_leave_one_downlink_per_worker() {
+    const WORKERS: i64 = 8;
+    const CYCLES: usize = 150;
+    let server = server().await;
+    let (_rep, port) = rep().await;
+    let mut lanes = Vec::new();
+    for wid in 0..WORKERS {
+        let mut w = TestWorker::new(&server, "churn", wid);
+        w.register(port, None).await;
+        lanes.push(tokio::spawn(async move {
+            for _ in 0..CYCLES {
+                let bye = Msg::DeRegisterMsg(DeRegisterMsg {
+                    instance_id: w.instance_id.clone(),
+                    worker_id: w.worker_id,
+                    ip: "127.0.0.1".into(),
+                    port: i64::from(port),
+                });
+                // No wait between the two: the PULL and ROUTER tasks race.
+                w.push(&[bye]).await;
+                w.register(port, None).await;
+            }
+            w
+        }));
+    }
+    let mut workers = Vec::new();
+    for lane in lanes {
+        workers.push(within("churn lane", lane).await.expect("lane"));
+    }
+    // The last DeRegisters may still be in flight on PULL: a final round of registrations
+    // after a barrier message on PULL settles every worker as registered.
+    for w in &mut workers {
+        let batch = w.batch(CPU, &[(true, 1)]);
+        w.push(&[batch]).await;
+    }
+    eventually("every PULL message applied", STEP, || {
+        server
+            .shared
+            .metrics
+            .frames_received
+            .with_label_values(&["pull"])
+            .get()
+            == (WORKERS as u64) * (CYCLES as u64 + 1)
+    })
+    .await;
+    server
+        .shared
+        .check_consistency()
+        .expect("consistent after the churn");
+    for w in &mut workers {
+        w.register(port, None).await;
+    }
+    server.shared.check_consistency().expect("consistent");
+    assert_eq!(server.shared.index().worker_count(), WORKERS as usize);
+    assert_eq!(server.shared.downlink_count(), WORKERS as usize);
+    for wid in 0..WORKERS {
+        let entry = server
+            .shared
+            .downlink("churn", wid)
+            .expect("a live downlink");
+        let record = server
+            .shared
+            .read(|f| f.downlink("churn", wid).map(|d| d.generation));
+        assert_eq!(
+            Some(entry.generation),
+            record,
+            "live generation is the model's"
+        );
+    }
     server.stop().await;
 }
 
@@ -552,8 +684,7 @@ async fn json_frames_are_accepted_on_pull_and_router() {
     )])
     .await;
     eventually("json batch applied", STEP, || {
-        server.shared.index.read().keys_of("json-inst", 0, CPU)
-            == vec![ChunkHash::from_u64(u64::MAX)]
+        server.shared.index().keys_of("json-inst", 0, CPU) == vec![ChunkHash::from_u64(u64::MAX)]
     })
     .await;
     server.stop().await;
@@ -566,4 +697,20 @@ async fn healthz_answers_over_http() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "ok", "{body}");
     server.stop().await;
+}
+
+/// Dropping a `Server` without `stop()` still stops it: every loop and downlink task ends.
+#[tokio::test]
+async fn dropping_the_server_cancels_its_tasks() {
+    let server = server().await;
+    let (_rep, port) = rep().await;
+    let mut w = TestWorker::new(&server, "drop", 0);
+    w.register(port, None).await;
+    let shared = std::sync::Arc::clone(&server.shared);
+    let tasks = shared.tasks().clone();
+    assert!(!tasks.is_empty(), "loops and a downlink are running");
+    drop(server);
+    assert!(shared.shutdown_token().is_cancelled());
+    tasks.close();
+    within("every task ends after the drop", tasks.wait()).await;
 }

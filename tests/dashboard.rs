@@ -11,7 +11,6 @@ mod common;
 
 use bytes::Bytes;
 use common::*;
-use kvplane::controller::state::unix_now;
 use kvplane::protocol::*;
 use kvplane::transport::{DealerClient, RepServer};
 use std::path::{Path, PathBuf};
@@ -299,8 +298,8 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
     // only in the index (no command channel), which is all the dashboard reads. llama-8b-1
     // rank 1 never heartbeats either, but sends ops: it is active.
     {
-        let now = unix_now();
-        let mut index = server.shared.index.write();
+        let now = server.shared.now();
+        let mut index = server.shared.index_mut_for_tests();
         index
             .register("llama-8b-2", 0, "127.0.0.1", 1, None, now - 310.0)
             .expect("register");
@@ -313,7 +312,7 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
     }
     let expected_workers = 8;
     eventually("fleet indexed", STEP, || {
-        let ix = server.shared.index.read();
+        let ix = server.shared.index();
         ix.worker_count() == expected_workers && ix.key_count() > 10_000
     })
     .await;

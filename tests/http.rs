@@ -6,8 +6,8 @@ mod common;
 
 use common::{call, vector, within, Answer, FakeWorker};
 use kvplane::config::{ApiToken, ServeConfig};
-use kvplane::controller::Shared;
-use kvplane::http::router;
+use kvplane::controller::routes::router;
+use kvplane::controller::{Clock, RouterKind, Shared};
 use kvplane::protocol::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -19,25 +19,35 @@ fn shared_with(tweak: impl FnOnce(&mut ServeConfig)) -> Arc<Shared> {
     let mut config = ServeConfig::ephemeral();
     config.downlink_timeout = Duration::from_millis(400);
     tweak(&mut config);
-    Arc::new(Shared::new(config, None))
+    // A clock standing still, so registration times are exact.
+    Arc::new(Shared::with_clock(
+        config,
+        None,
+        Clock::fixed(1_700_000_000.0),
+    ))
 }
 
 fn shared() -> Arc<Shared> {
     shared_with(|_| {})
 }
 
-/// Registers a worker in the index and opens its downlink to `port`.
+/// Registers a worker (as its `RegisterMsg` would; the downlink to `port` opens with it).
 fn register(shared: &Shared, instance: &str, worker: i64, port: u16, peer: Option<&str>) {
-    shared
-        .index
-        .write()
-        .register(instance, worker, "127.0.0.1", port, peer, 1_700_000_000.0)
-        .expect("registered");
-    shared.open_downlink((instance.to_owned(), worker), "127.0.0.1", port);
+    let reply = shared.handle_request(
+        RouterKind::Reply,
+        Msg::RegisterMsg(RegisterMsg {
+            instance_id: instance.to_owned(),
+            worker_id: worker,
+            ip: "127.0.0.1".to_owned(),
+            port: i64::from(port),
+            peer_init_url: peer.map(str::to_owned),
+        }),
+    );
+    assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
 }
 
 fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[ChunkHash]) {
-    let ops: Vec<KVOpEvent> = hashes
+    let operations: Vec<KVOpEvent> = hashes
         .iter()
         .enumerate()
         .map(|(i, &key)| KVOpEvent {
@@ -46,10 +56,13 @@ fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[ChunkHash]) {
             seq_num: i as i64,
         })
         .collect();
-    shared
-        .index
-        .write()
-        .apply_batch(instance, worker, CPU, &ops, 1_700_000_001.0);
+    let batch = Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+        instance_id: instance.to_owned(),
+        worker_id: worker,
+        location: CPU.to_owned(),
+        operations,
+    });
+    assert_eq!(shared.handle_push(batch), Ok(()));
 }
 
 async fn post(shared: &Arc<Shared>, uri: &str, body: &str) -> Answer {
@@ -545,7 +558,7 @@ async fn health_reports_codes_keeps_lmcache_200_for_unknown_and_504s_on_silence(
     assert_event_id(&a.body, "health");
     assert_eq!(
         a.body["error_codes"],
-        json!({ "0": 0, "1": kvplane::http::HEALTH_ERROR_REPLY, "2": kvplane::http::HEALTH_UNEXPECTED_REPLY })
+        json!({ "0": 0, "1": kvplane::controller::routes::HEALTH_ERROR_REPLY, "2": kvplane::controller::routes::HEALTH_UNEXPECTED_REPLY })
     );
     let a = post(&shared, "/health", r#"{"instance_id":"nobody"}"#).await;
     assert_eq!(a.status, 200);
@@ -569,7 +582,7 @@ async fn health_reports_codes_keeps_lmcache_200_for_unknown_and_504s_on_silence(
     assert_eq!(a.status, 504, "{}", a.body);
     assert_eq!(
         a.body["error_codes"],
-        json!({ "0": 0, "1": kvplane::http::HEALTH_TIMEOUT })
+        json!({ "0": 0, "1": kvplane::controller::routes::HEALTH_TIMEOUT })
     );
     assert_eq!(a.body["workers"][0]["worker_id"], 1);
 }
@@ -840,7 +853,7 @@ async fn every_route_answers_its_method_and_is_in_the_openapi_document() {
     let doc = get(&shared, "/openapi.json").await;
     assert_eq!(doc.status, 200);
     assert_eq!(doc.body["openapi"], "3.0.3");
-    for r in kvplane::http::api_routes() {
+    for r in kvplane::controller::routes::api_routes() {
         let method = r.method.as_str();
         let body = (method == "POST").then_some("{}");
         let a = call(router(Arc::clone(&shared)), method, r.path, body, &[]).await;
@@ -959,7 +972,7 @@ async fn fan_out_is_concurrent_and_full_queues_are_503() {
             assert_eq!(a.body["workers"][0]["error"], "busy", "{}", a.body);
             assert_eq!(
                 a.body["error_codes"],
-                json!({ "0": kvplane::http::HEALTH_UNREACHABLE })
+                json!({ "0": kvplane::controller::routes::HEALTH_UNREACHABLE })
             );
         }
         statuses.push(a.status.as_u16());
@@ -968,5 +981,75 @@ async fn fan_out_is_concurrent_and_full_queues_are_503() {
     assert!(
         statuses.iter().all(|s| [503, 504].contains(s)),
         "{statuses:?}"
+    );
+}
+
+/// One command reaches at most `MAX_FAN_OUT` workers of its instance at once. Counted at the
+/// workers, which hold every answer until the test releases them: with an unbounded fan-out
+/// all of them would hold a request at the same time.
+#[tokio::test]
+async fn a_command_reaches_at_most_max_fan_out_workers_at_once() {
+    use kvplane::controller::routes::MAX_FAN_OUT;
+    use kvplane::transport::RepServer;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let workers = MAX_FAN_OUT + 6;
+    let shared = shared_with(|c| c.downlink_timeout = Duration::from_secs(20));
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let received = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut servers = Vec::new();
+    for wid in 0..workers {
+        let (mut rep, addr) = within("bind rep", RepServer::bind("127.0.0.1:0"))
+            .await
+            .expect("rep binds");
+        register(&shared, "wide", wid as i64, addr.port(), None);
+        let (outstanding, max, received, release) = (
+            Arc::clone(&outstanding),
+            Arc::clone(&max),
+            Arc::clone(&received),
+            Arc::clone(&release),
+        );
+        servers.push(common::AbortOnDrop(tokio::spawn(async move {
+            if rep.recv().await.is_err() {
+                return;
+            }
+            let now = outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+            max.fetch_max(now, Ordering::SeqCst);
+            received.fetch_add(1, Ordering::SeqCst);
+            let Ok(permit) = release.acquire().await else {
+                return;
+            };
+            permit.forget();
+            outstanding.fetch_sub(1, Ordering::SeqCst);
+            let reply = Msg::HealthWorkerRetMsg(HealthWorkerRetMsg { error_code: 0 });
+            let _ = rep.reply(bytes::Bytes::from(encode(&reply))).await;
+        })));
+    }
+    let call = post_later(&shared, "/health", json!({"instance_id": "wide"}));
+    let start = Instant::now();
+    while received.load(Ordering::SeqCst) < MAX_FAN_OUT {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "requests never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    release.add_permits(workers);
+    let answer = joined(call).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.body["error_codes"].as_object().map(|o| o.len()),
+        Some(workers)
+    );
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        workers,
+        "every worker asked once"
+    );
+    assert_eq!(
+        max.load(Ordering::SeqCst),
+        MAX_FAN_OUT,
+        "at most MAX_FAN_OUT requests held at once, and that many used"
     );
 }

@@ -192,7 +192,7 @@ async fn lookup_by_tokens_finds_chunks_admitted_under_cpython_hashes() {
     let batch = w.batch(CPU, &ops);
     w.push(&[batch]).await;
     eventually("keys applied", Duration::from_secs(5), || {
-        server.shared.index.read().key_count() == hashes.len() as u64
+        server.shared.index().key_count() == hashes.len() as u64
     })
     .await;
     let (status, body) = http(
@@ -237,7 +237,7 @@ async fn readyz_metrics_and_access_control_on_a_live_server() {
     let b2 = w.batch(CPU, &[(true, 3)]);
     w.push(&[b1, b2]).await;
     eventually("keys applied", Duration::from_secs(5), || {
-        server.shared.index.read().key_count() == 3
+        server.shared.index().key_count() == 3
     })
     .await;
     let (status, text) = http(addr, "GET", "/metrics", None, &[]).await;

@@ -65,9 +65,9 @@ async fn max_workers_refuses_new_workers_but_not_known_ones() {
         ws[0].register(port, None).await,
         Msg::RegisterRetMsg(_)
     ));
-    assert_eq!(server.shared.index.read().worker_count(), 2);
+    assert_eq!(server.shared.index().worker_count(), 2);
     assert_eq!(
-        server.shared.downlinks.len(),
+        server.shared.downlink_count(),
         2,
         "no downlink for a refused worker"
     );
@@ -184,11 +184,10 @@ async fn the_pull_path_counts_frames_over_the_limit() {
     let mut config = kvplane::config::ServeConfig::ephemeral();
     config.max_frame_bytes = 200;
     let shared = kvplane::controller::Shared::new(config, None);
-    let mut index = shared.index.write();
-    index
+    shared
+        .index_mut_for_tests()
         .register("a", 0, "127.0.0.1", 1, None, 0.0)
         .expect("registered");
-    drop(index);
     let batch = |keys: std::ops::Range<i64>| {
         Bytes::from(encode(&Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
             instance_id: "a".into(),
@@ -206,7 +205,7 @@ async fn the_pull_path_counts_frames_over_the_limit() {
     let (big, small) = (batch(0..40), batch(40..42));
     assert!(big.len() > 200 && small.len() <= 200);
     kvplane::controller::loops::apply_frames(&shared, &[big, small], &mut Vec::new());
-    assert_eq!(shared.index.read().key_count(), 2);
+    assert_eq!(shared.index().key_count(), 2);
     let m = &shared.metrics;
     assert_eq!(m.limit_hits.with_label_values(&["frame_bytes"]).get(), 1);
     assert_eq!(

@@ -36,7 +36,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     assert_eq!(reg["heartbeat_url"], json!(ep(server.addrs.heartbeat)));
     b.wait_for("registered", SLOW, is("registered")).await;
     eventually("both registered", SLOW, || {
-        server.shared.index.read().worker_count() == 2
+        server.shared.index().worker_count() == 2
     })
     .await;
 
@@ -135,7 +135,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         .await;
     assert_eq!(done["ok"], json!(true), "{done}");
     eventually("B re-registered too", SLOW, || {
-        server.shared.index.read().worker_count() == 2
+        server.shared.index().worker_count() == 2
     })
     .await;
 
@@ -152,7 +152,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     a.close().await;
     b.close().await;
     eventually("both deregistered", SLOW, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     server.stop().await;

@@ -54,8 +54,7 @@ async fn ready(worker: &WorkerHandle) {
 fn index_keys(server: &Server, instance: &str, worker: i64, location: &str) -> HashSet<ChunkHash> {
     server
         .shared
-        .index
-        .read()
+        .index()
         .keys_of(instance, worker, location)
         .into_iter()
         .collect()
@@ -93,8 +92,7 @@ async fn registers_with_its_bound_port_and_deregisters_on_shutdown() {
     assert_eq!(worker.advertised_endpoint(), format!("127.0.0.1:{port}"));
     let view = server
         .shared
-        .index
-        .read()
+        .index()
         .worker("inst-a", 3)
         .expect("registered");
     assert_eq!((view.ip.as_str(), view.port), ("127.0.0.1", port));
@@ -119,7 +117,7 @@ async fn registers_with_its_bound_port_and_deregisters_on_shutdown() {
         .await
         .expect("graceful shutdown");
     eventually("deregistered", STEP, || {
-        server.shared.index.read().worker_count() == 0
+        server.shared.index().worker_count() == 0
     })
     .await;
     assert!(matches!(clone.admit(CPU, 1_i64), Err(WorkerError::Closed)));
@@ -166,14 +164,13 @@ async fn a_thousand_ops_keep_their_order_across_batches() {
         "{status:?}"
     );
     assert_eq!(
-        server.shared.index.read().seq_discontinuities(),
+        server.shared.index().seq_discontinuities(),
         0,
         "sequence numbers are consecutive per location"
     );
     let view = server
         .shared
-        .index
-        .read()
+        .index()
         .worker("inst-o", 0)
         .expect("registered");
     for loc in view.locations {
@@ -681,7 +678,7 @@ async fn shutdown_flushes_pending_ops_before_deregistering() {
         .await
         .expect("shutdown");
     eventually("flushed then deregistered", STEP, || {
-        admits() == before + 100 && server.shared.index.read().worker_count() == 0
+        admits() == before + 100 && server.shared.index().worker_count() == 0
     })
     .await;
     within("server stop", server.stop()).await;

@@ -18,9 +18,8 @@
 
 use bytes::Bytes;
 use kvplane::config::ServeConfig;
-use kvplane::controller::handlers::{handle_request, RouterKind};
 use kvplane::controller::loops::apply_frames;
-use kvplane::controller::Shared;
+use kvplane::controller::{RouterKind, Shared};
 use kvplane::protocol::decode;
 use libfuzzer_sys::fuzz_target;
 
@@ -70,7 +69,7 @@ fuzz_target!(|data: &[u8]| {
                     RouterKind::Heartbeat
                 };
                 if let Ok(msg) = decode(frame) {
-                    let _reply = handle_request(&shared, router, msg);
+                    let _reply = shared.handle_request(router, msg);
                 }
             }
             _ => maintenance(&shared, frame.first().copied().unwrap_or(0)),
@@ -84,18 +83,20 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn maintenance(shared: &Shared, what: u8) {
+    // Past every timeout (worker and full sync): everything is stale.
+    let skip = || shared.clock().skip(std::time::Duration::from_secs(100_000));
     match what % 3 {
         0 => {
-            shared.index.write().compact();
+            shared.index_mut_for_tests().compact();
         }
         1 => {
-            shared.index.write().expire_syncs(f64::MAX, 0.0);
+            skip();
+            shared.begin_sweep();
         }
         _ => {
-            let stale = shared.index.read().stale_workers(f64::MAX, 0.0);
-            for w in stale {
-                shared.index.write().deregister(&w.instance_id, w.worker_id);
-                shared.close_downlink(&w.instance_id, w.worker_id);
+            skip();
+            for target in shared.begin_sweep() {
+                shared.probe_failed(&target);
             }
         }
     }
@@ -103,16 +104,14 @@ fn maintenance(shared: &Shared, what: u8) {
 
 /// Index invariants: every count agrees with every other view of the same data.
 fn check(shared: &Shared) {
-    let index = shared.index.read();
+    shared
+        .check_consistency()
+        .expect("one live downlink of the model's generation per registered worker");
+    let index = shared.index();
     let workers = index.workers();
     let total = index.key_count();
     assert_eq!(workers.len(), index.worker_count(), "worker views vs count");
     assert!(workers.len() <= MAX_WORKERS, "--max-workers holds");
-    assert_eq!(
-        shared.downlinks.len(),
-        index.worker_count(),
-        "one downlink per registered worker"
-    );
     let by_instance: usize = index.instances().iter().map(|i| i.worker_count).sum();
     assert_eq!(by_instance, index.worker_count(), "instances vs workers");
     let mut sum = 0;

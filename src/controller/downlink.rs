@@ -10,9 +10,12 @@ use crate::metrics::Metrics;
 use crate::protocol::{decode, encode, DecodeError, Msg};
 use crate::transport::{ReqClient, TransportError};
 use bytes::Bytes;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Commands waiting for one worker beyond this are refused at once with `Busy`.
 const QUEUE_DEPTH: usize = 64;
@@ -59,11 +62,24 @@ impl std::fmt::Debug for Job {
 }
 
 impl Downlink {
-    /// Starts the downlink task for the worker at `endpoint` (`host:port`, no scheme). The
-    /// socket is connected lazily, on the first command.
-    pub fn spawn(endpoint: String, timeout: Duration, metrics: Metrics) -> Self {
+    /// Starts the downlink task for the worker at `endpoint` (`host:port`, no scheme) on
+    /// `tasks`. The socket is connected lazily, on the first command. The task ends when
+    /// every handle is dropped or `shutdown` fires.
+    pub fn spawn(
+        endpoint: String,
+        timeout: Duration,
+        metrics: Metrics,
+        tasks: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-        tokio::spawn(run(ReqClient::new(endpoint.clone(), timeout), rx, metrics));
+        let client = ReqClient::new(endpoint.clone(), timeout);
+        tasks.spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = run(client, rx, metrics) => {}
+            }
+        });
         Downlink {
             tx,
             timeout,

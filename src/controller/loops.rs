@@ -2,9 +2,10 @@
 //! and never ends on bad input: every malformed frame is counted, logged (at most one line
 //! every 10 s, with how many were held back) and dropped.
 
-use super::handlers::{handle_push, handle_request, record_batch, RouterKind};
+use super::driver::Shared;
 use super::limits::Limit;
-use super::state::{unix_now, Shared};
+use super::model::RouterKind;
+use super::report::record_batch;
 use crate::protocol::{decode, decode_batch, encode, ErrorMsg, KVOpEvent, Msg};
 use crate::transport::{PullListener, RouterListener, TransportError};
 use bytes::Bytes;
@@ -58,12 +59,11 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
 
 /// Applies one multipart from the PULL socket, in order. Admit/evict batches take the
 /// allocation-free fast path and share one index write lock; any other frame releases it and
-/// goes through the general decoder and [`handle_push`]. `ops` is scratch space kept between
-/// calls (public so that the `pull_frames` fuzz target drives exactly this path).
+/// goes through the general decoder and [`Shared::handle_push`]. `ops` is scratch space kept
+/// between calls (public so that the `pull_frames` fuzz target drives exactly this path).
 pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>) {
     let m = &shared.metrics;
-    let now = unix_now();
-    let mut index = None;
+    let mut writer = None;
     for frame in frames {
         if frame.len() > shared.config.max_frame_bytes {
             m.dropped("pull", "too_large");
@@ -72,9 +72,9 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
         }
         ops.clear();
         if let Some(batch) = decode_batch(frame, ops) {
-            let guard = index.get_or_insert_with(|| shared.index.write());
+            let guard = writer.get_or_insert_with(|| shared.batch_writer());
             let outcome =
-                guard.apply_batch(batch.instance_id, batch.worker_id, batch.location, ops, now);
+                guard.apply_batch(batch.instance_id, batch.worker_id, batch.location, ops);
             record_batch(
                 shared,
                 outcome,
@@ -84,11 +84,12 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
             );
             continue;
         }
-        drop(index.take());
+        drop(writer.take());
         match decode(frame) {
             Ok(msg) => {
                 let tag = msg.tag();
-                if let Err(reason) = handle_push(shared, msg) {
+                if let Err(reason) = shared.handle_push(msg) {
+                    let reason = reason.label();
                     m.dropped("pull", reason);
                     tracing::debug!(tag, reason, "PULL message had no effect");
                 }
@@ -148,7 +149,7 @@ pub async fn router_loop(
                     error_reply("frame larger than the controller's --max-frame-bytes")
                 } else {
                     match decode(payload) {
-                        Ok(msg) => handle_request(&shared, kind, msg),
+                        Ok(msg) => shared.handle_request(kind, msg),
                         Err(e) => {
                             m.dropped(label, e.reason());
                             if let Some(held_back) = shared.drop_log.admit() {

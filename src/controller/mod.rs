@@ -1,17 +1,35 @@
-//! The controller's async side: socket loops, per-worker downlinks, the liveness sweep.
+//! The controller: its state as a plain model, the driver that owns it, and the async side
+//! (socket loops, per-worker downlinks, the liveness sweep).
 //!
-//! Owns the tasks and the shared state; decides nothing about the wire format (that is
-//! `protocol`) or the bookkeeping (that is `index`), and touches sockets only through
-//! `transport`.
+//! * `model` — [`Fleet`]: index, downlink registry, command log; one function per message,
+//!   each returning the reply and the [`Effect`]s to perform (declared in `effects`). No I/O,
+//!   clock or tokio.
+//! * `driver` — [`Shared`]: one lock over the model and the live downlink tasks; applies a
+//!   message and performs its effects atomically.
+//! * `report` — metrics and log lines for what the model reports.
+//! * `clock` — [`Clock`], the one source of time (tokio's, so tests can pause it).
+//! * `loops`, `downlink`, `liveness` — the tasks; `socket_stats` — their live counters;
+//!   `limits` — counting and throttled logging of resource-limit hits; `command_log` —
+//!   `/check_finish` bookkeeping.
+//!
+//! Decides nothing about the wire format (that is `protocol`) or the bookkeeping (that is
+//! `index`), and touches sockets only through `transport`.
 
+pub mod clock;
+pub mod command_log;
 pub mod downlink;
-pub mod handlers;
+pub mod driver;
+pub mod effects;
 pub mod limits;
 pub mod liveness;
 pub mod loops;
+pub mod model;
 pub mod peer_drops;
-pub mod state;
+mod report;
+pub mod socket_stats;
 
+pub use clock::Clock;
 pub use downlink::{Downlink, DownlinkError};
-pub use handlers::{handle_push, handle_request, RouterKind};
-pub use state::{BoundAddrs, Shared, WorkerKey};
+pub use driver::{BoundAddrs, DownlinkEntry, Shared};
+pub use model::{DropReason, Effect, Event, Fleet, RouterKind, WorkerKey};
+pub mod routes;

@@ -261,7 +261,7 @@ impl Chunks {
         if m.state != HolderState::Live {
             return;
         }
-        self.holders.live_members -= m.keys;
+        self.holders.live_members = self.holders.live_members.saturating_sub(m.keys);
         if m.keys == 0 {
             m.state = HolderState::Free;
             self.holders.free.push(h);

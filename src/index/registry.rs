@@ -227,7 +227,7 @@ impl Registry {
     /// Removes worker slot `ws` (dropping its instance when empty) and returns the record.
     pub(crate) fn remove(&mut self, ws: u32) -> Option<Worker> {
         let w = self.workers.remove(ws)?;
-        self.worker_count -= 1;
+        self.worker_count = self.worker_count.saturating_sub(1);
         if let Some(inst) = self.instances.get_mut(w.instance) {
             inst.workers.retain(|&(_, s)| s != ws);
         }

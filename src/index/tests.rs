@@ -943,3 +943,23 @@ fn many_in_order_syncs_take_no_budget() {
         (1_000, 0, 1_000 * (MAX_SYNC_BATCH_COUNT as u64 - 3))
     );
 }
+
+#[test]
+fn is_stale_answers_for_one_worker_without_a_scan() {
+    let mut ix = Index::new();
+    reg(&mut ix, "a", 0);
+    reg(&mut ix, "a", 1);
+    assert!(!ix.is_stale("a", 0, 50.0, 60.0), "seen at 1.0, 49 s ago");
+    assert!(ix.is_stale("a", 0, 62.0, 60.0), "61 s silent");
+    assert!(ix.touch("a", 1, 30.0));
+    assert!(ix.is_stale("a", 0, 62.0, 60.0) && !ix.is_stale("a", 1, 62.0, 60.0));
+    assert!(
+        !ix.is_stale("a", 9, 1e9, 60.0),
+        "unknown worker is not stale"
+    );
+    assert!(ix.deregister("a", 0));
+    assert!(
+        !ix.is_stale("a", 0, 1e9, 60.0),
+        "removed worker is not stale"
+    );
+}

@@ -153,6 +153,14 @@ impl Index {
             .map_or_else(Vec::new, |h| self.chunks.keys_of(h))
     }
 
+    /// Whether the worker is registered and silent: `now - last_seen > timeout_s`. O(1): the
+    /// liveness sweep asks it once per failed probe instead of rebuilding
+    /// [`Index::stale_workers`].
+    pub fn is_stale(&self, instance_id: &str, worker_id: i64, now: f64, timeout_s: f64) -> bool {
+        self.worker_ref(instance_id, worker_id)
+            .is_some_and(|w| now - w.last_seen > timeout_s)
+    }
+
     /// Workers with `now - last_seen > timeout_s`, in registration order.
     pub fn stale_workers(&self, now: f64, timeout_s: f64) -> Vec<WorkerAddr> {
         self.reg

@@ -9,6 +9,7 @@ use super::keys::KeySource;
 use super::state::{inc, Ctx, Stats, WorkerState, WorkerStatus};
 use super::uplink::{route_ip, LookupPool};
 use super::{commands, heartbeat, WorkerError};
+use crate::net::host_port;
 use crate::protocol::{BatchedP2PLookupMsg, ChunkHash, Msg, OpType};
 use crate::transport::RepServer;
 use parking_lot::Mutex;
@@ -127,15 +128,6 @@ impl Worker {
                 _stop_on_drop: cancel.drop_guard(),
             }),
         })
-    }
-}
-
-/// `host:port`, with IPv6 hosts in brackets.
-fn host_port(host: &str, port: u16) -> String {
-    if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 

@@ -12,7 +12,6 @@ use crate::protocol::{decode, encode, DeRegisterMsg, Msg, RegisterMsg};
 use crate::transport::{DealerClient, PushSender, TransportError};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::net::{IpAddr, UdpSocket};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -196,20 +195,9 @@ pub(crate) async fn route_ip(endpoint: &str, timeout: Duration) -> String {
     if peer.ip().is_loopback() || peer.ip().is_unspecified() {
         return "127.0.0.1".to_owned();
     }
-    let local = (|| {
-        let bind = if peer.is_ipv4() {
-            "0.0.0.0:0"
-        } else {
-            "[::]:0"
-        };
-        let socket = UdpSocket::bind(bind).ok()?;
-        socket.connect(peer).ok()?;
-        socket.local_addr().ok().map(|a| a.ip())
-    })();
-    match local {
-        Some(IpAddr::V4(ip)) if !ip.is_unspecified() => ip.to_string(),
-        Some(IpAddr::V6(ip)) if !ip.is_unspecified() => ip.to_string(),
-        _ => "127.0.0.1".to_owned(),
+    match crate::net::route_source(peer.ip()) {
+        Some(ip) => ip.to_string(),
+        None => "127.0.0.1".to_owned(),
     }
 }
 

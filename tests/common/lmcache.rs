@@ -130,6 +130,14 @@ impl LmcacheWorker {
             .await
     }
 
+    /// Waits (at most `limit`) for the process to exit, e.g. after `{"cmd": "crash"}`.
+    pub async fn wait_exit(&mut self, limit: Duration) {
+        tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{}: still running after {limit:?}", self.name))
+            .expect("wait for the worker process");
+    }
+
     /// Deregisters and waits for the process to exit.
     pub async fn close(mut self) {
         self.send(json!({"cmd": "close"})).await;

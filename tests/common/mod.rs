@@ -241,8 +241,7 @@ pub fn vector(name: &str) -> Value {
 pub fn keys(server: &Server, instance: &str, worker: i64) -> BTreeSet<i128> {
     server
         .shared
-        .index
-        .read()
+        .index()
         .keys_of(instance, worker, kvplane::worker::LOCAL_CPU_BACKEND)
         .into_iter()
         .map(kvplane::protocol::ChunkHash::as_i128)

@@ -54,6 +54,10 @@ pub(crate) struct ServeArgs {
     /// 0.0.0.0, 127.0.0.1 for workers on this host and this host's outward address otherwise).
     #[arg(long, env = "KVPLANE_ADVERTISE_HOST")]
     advertise_host: Option<String>,
+    /// Most liveness probes in flight at once; a sweep over more silent workers probes them
+    /// in waves of this size.
+    #[arg(long, env = "KVPLANE_MAX_CONCURRENT_PROBES", default_value_t = defaults::MAX_CONCURRENT_PROBES)]
+    max_concurrent_probes: usize,
     /// Seconds a command on a worker's downlink may take before it fails with a timeout.
     #[arg(long, env = "KVPLANE_DOWNLINK_TIMEOUT", default_value_t = defaults::DOWNLINK_TIMEOUT_S)]
     downlink_timeout: f64,
@@ -160,6 +164,10 @@ impl ServeArgs {
             )?,
             advertise_host: self.advertise_host.clone().filter(|h| !h.is_empty()),
             downlink_timeout: config::positive_seconds("downlink-timeout", self.downlink_timeout)?,
+            max_concurrent_probes: config::at_least_one(
+                "max-concurrent-probes",
+                self.max_concurrent_probes,
+            )?,
             full_sync_timeout: config::positive_seconds(
                 "full-sync-timeout",
                 self.full_sync_timeout,
@@ -291,6 +299,11 @@ mod tests {
     #[test]
     fn resource_limits_have_defaults_and_refuse_zero() {
         let c = parse(&[]).expect("defaults");
+        assert_eq!(c.max_concurrent_probes, 64);
+        assert_eq!(
+            parse(&["--max-concurrent-probes", "8"]).map(|c| c.max_concurrent_probes),
+            Ok(8)
+        );
         assert_eq!(
             (
                 c.max_workers,
@@ -357,6 +370,7 @@ mod tests {
             "--max-http-connections",
             "--max-frame-bytes",
             "--max-zmq-connections",
+            "--max-concurrent-probes",
         ] {
             let e = parse(&[flag, "0"]).expect_err("zero");
             assert!(e.contains(flag), "{e}");

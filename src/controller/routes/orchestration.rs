@@ -48,7 +48,7 @@ pub const HEALTH_UNREACHABLE: i64 = -1005;
 
 /// `POST /clear`.
 #[derive(Debug, Deserialize)]
-pub struct ClearRequest {
+pub(crate) struct ClearRequest {
     instance_id: String,
     location: String,
 }
@@ -74,7 +74,7 @@ impl Body for ClearRequest {
 
 /// `POST /pin`.
 #[derive(Debug, Deserialize)]
-pub struct PinRequest {
+pub(crate) struct PinRequest {
     instance_id: String,
     location: String,
     tokens: Vec<i64>,
@@ -98,7 +98,7 @@ impl Body for PinRequest {
 
 /// `POST /compress` and `POST /decompress`.
 #[derive(Debug, Deserialize)]
-pub struct CompressRequest {
+pub(crate) struct CompressRequest {
     instance_id: String,
     method: String,
     location: String,
@@ -135,7 +135,7 @@ impl Body for CompressRequest {
 
 /// `POST /decompress` (same fields as compress).
 #[derive(Debug, Deserialize)]
-pub struct DecompressRequest(CompressRequest);
+pub(crate) struct DecompressRequest(CompressRequest);
 
 impl Body for DecompressRequest {
     const SPEC: BodySpec = BodySpec {
@@ -147,7 +147,7 @@ impl Body for DecompressRequest {
 
 /// `POST /move`.
 #[derive(Debug, Deserialize)]
-pub struct MoveRequest {
+pub(crate) struct MoveRequest {
     old_position: (String, String),
     new_position: (String, String),
     tokens: Option<Vec<i64>>,
@@ -187,7 +187,7 @@ impl Body for MoveRequest {
 
 /// `POST /health`.
 #[derive(Debug, Deserialize)]
-pub struct HealthRequest {
+pub(crate) struct HealthRequest {
     instance_id: String,
 }
 
@@ -205,7 +205,7 @@ impl Body for HealthRequest {
 
 /// `POST /check_finish`.
 #[derive(Debug, Deserialize)]
-pub struct CheckFinishRequest {
+pub(crate) struct CheckFinishRequest {
     event_id: String,
 }
 
@@ -232,8 +232,7 @@ struct Target {
 /// The workers of `instance_id`, sorted by worker id; 404 if it has none.
 fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> {
     let mut workers = shared
-        .index
-        .read()
+        .index()
         .instance_workers(instance_id)
         .unwrap_or_default();
     if workers.is_empty() {
@@ -252,7 +251,7 @@ fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> 
                 instance_id: w.instance_id,
                 worker_id: w.worker_id,
                 endpoint: downlink.as_ref().map_or_else(
-                    || crate::controller::state::host_port(&w.ip, w.port),
+                    || crate::net::host_port(&w.ip, w.port),
                     |d| d.endpoint().to_owned(),
                 ),
                 downlink,
@@ -261,23 +260,35 @@ fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> 
         .collect())
 }
 
-/// Sends `msgs[i]` to `targets[i]`, all at once, and returns the answers in the same order.
+/// Most downlink requests one command has in flight at once; an instance with more workers
+/// is reached in waves (each request is bounded by `--downlink-timeout`).
+pub const MAX_FAN_OUT: usize = 64;
+
+/// Sends `msgs[i]` to `targets[i]`, at most [`MAX_FAN_OUT`] at a time, and returns the answers
+/// in the same order.
 async fn fan_out(targets: &[Target], msgs: Vec<Msg>) -> Vec<Result<Msg, DownlinkError>> {
     let mut set = JoinSet::new();
-    for (i, (target, msg)) in targets.iter().zip(msgs).enumerate() {
-        let downlink = target.downlink.clone();
-        set.spawn(async move {
-            let answer = match downlink {
-                Some(d) => d.request(msg).await,
-                None => Err(DownlinkError::Closed),
-            };
-            (i, answer)
-        });
-    }
+    let mut pending = targets.iter().zip(msgs).enumerate();
     let mut answers: Vec<Result<Msg, DownlinkError>> = (0..targets.len())
         .map(|_| Err(DownlinkError::Closed))
         .collect();
-    while let Some(joined) = set.join_next().await {
+    loop {
+        while set.len() < MAX_FAN_OUT {
+            let Some((i, (target, msg))) = pending.next() else {
+                break;
+            };
+            let downlink = target.downlink.clone();
+            set.spawn(async move {
+                let answer = match downlink {
+                    Some(d) => d.request(msg).await,
+                    None => Err(DownlinkError::Closed),
+                };
+                (i, answer)
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
         if let Ok((i, answer)) = joined {
             answers[i] = answer;
         }
@@ -297,19 +308,20 @@ async fn run_command<F>(
 where
     F: Future<Output = Result<Value, ApiError>> + Send + 'static,
 {
-    shared.commands.begin(event_id, command, instance_id);
+    shared.begin_command(event_id, command, instance_id);
     let task = {
+        let tracker = shared.tasks().clone();
         let shared = Arc::clone(shared);
         let event_id = event_id.to_owned();
-        tokio::spawn(async move {
+        tracker.spawn(async move {
             let result = work.await;
             let outcome = match &result {
                 Ok(value) => {
-                    shared.commands.finish(&event_id, value.clone());
+                    shared.finish_command(&event_id, value.clone());
                     "ok"
                 }
                 Err(e) => {
-                    shared.commands.fail(&event_id, e.detail());
+                    shared.fail_command(&event_id, e.detail());
                     tracing::warn!(command, %event_id, "command failed: {}", e.detail());
                     match e {
                         ApiError::Workers(w) => w.outcome(),
@@ -329,9 +341,7 @@ where
     match task.await {
         Ok(result) => result.map(Json),
         Err(e) => {
-            shared
-                .commands
-                .fail(event_id, format!("command task failed: {e}"));
+            shared.fail_command(event_id, format!("command task failed: {e}"));
             Err(ApiError::Internal(format!("command task failed: {e}")))
         }
     }
@@ -439,7 +449,7 @@ async fn num_tokens_command(
 }
 
 /// `POST /clear`: `ClearWorkerMsg` to every worker of the instance.
-pub async fn clear(
+pub(crate) async fn clear(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<ClearRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -469,7 +479,7 @@ pub async fn clear(
 }
 
 /// `POST /pin`: `PinWorkerMsg` to every worker of the instance.
-pub async fn pin(
+pub(crate) async fn pin(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<PinRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -501,7 +511,7 @@ pub async fn pin(
 }
 
 /// `POST /compress`: `CompressWorkerMsg` to every worker of the instance.
-pub async fn compress(
+pub(crate) async fn compress(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<CompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -535,7 +545,7 @@ pub async fn compress(
 }
 
 /// `POST /decompress`: `DecompressWorkerMsg` to every worker of the instance.
-pub async fn decompress(
+pub(crate) async fn decompress(
     State(shared): State<Arc<Shared>>,
     ValidJson(DecompressRequest(req)): ValidJson<DecompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -571,7 +581,7 @@ pub async fn decompress(
 /// `POST /move`: for each (source rank, destination rank) pair, zipped in worker-id order as
 /// LMCache does (the shorter list decides how many pairs), a `MoveWorkerMsg` to the source
 /// with `new_position = (destination peer_init_url, destination location)`.
-pub async fn move_kv(
+pub(crate) async fn move_kv(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<MoveRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -580,8 +590,7 @@ pub async fn move_kv(
     let (dst_instance, dst_location) = req.new_position;
     let sources = targets(&shared, &src_instance).map_err(|e| refused(&shared, COMMAND, e))?;
     let mut destinations = shared
-        .index
-        .read()
+        .index()
         .instance_workers(&dst_instance)
         .unwrap_or_default();
     if destinations.is_empty() {
@@ -632,7 +641,7 @@ pub async fn move_kv(
 /// (other reply), −1003 (undecodable). A worker that does not answer makes the call a 504
 /// whose body still carries `error_codes`, with −1004 for it (−1005: unreachable). An unknown
 /// instance answers 200 with no codes, as LMCache does.
-pub async fn health(
+pub(crate) async fn health(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<HealthRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -643,8 +652,8 @@ pub async fn health(
         Err(ApiError::NotFound(_)) => {
             // LMCache's answer (its dashboard's connectivity probe), recorded like any other.
             let answer = json!({ "event_id": event_id, "error_codes": {} });
-            shared.commands.begin(&event_id, COMMAND, &req.instance_id);
-            shared.commands.finish(&event_id, answer.clone());
+            shared.begin_command(&event_id, COMMAND, &req.instance_id);
+            shared.finish_command(&event_id, answer.clone());
             shared
                 .metrics
                 .commands
@@ -707,15 +716,15 @@ pub async fn health(
 /// `POST /check_finish`: the status of a command by its `event_id` — `pending`, `finished`
 /// or `failed` — with what it returned or why it failed; 404 for an id the controller does not
 /// know (never issued, or older than the last 10,000 commands).
-pub async fn check_finish(
+pub(crate) async fn check_finish(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<CheckFinishRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let Some(r) = shared.commands.get(&req.event_id) else {
+    let Some(r) = shared.command(&req.event_id) else {
         return Err(ApiError::NotFound(format!(
             "Unknown event_id {} (the controller remembers the last {} commands)",
             req.event_id,
-            crate::controller::state::COMMAND_LOG_CAPACITY
+            crate::controller::command_log::COMMAND_LOG_CAPACITY
         )));
     };
     let mut body = json!({

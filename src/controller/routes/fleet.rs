@@ -2,8 +2,8 @@
 //! `/metrics`. Each takes one read lock on the index at most and never holds it across an
 //! `.await`.
 
-use super::queries::worker_info;
-use crate::controller::state::LoopStats;
+use super::lookup::worker_info;
+use crate::controller::socket_stats::LoopStats;
 use crate::controller::Shared;
 use crate::index::WorkerView;
 use crate::web::error::{ApiError, FieldError};
@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 /// `GET /controller/key-stats`: key, instance and worker totals, and per-instance key and
 /// worker counts (LMCache's shape; keys are memberships, as in LMCache).
-pub async fn key_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn key_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let (total_keys, workers, instances) = {
-        let index = shared.index.read();
+        let index = shared.index();
         (index.key_count(), index.worker_count(), index.instances())
     };
     let list: Vec<Value> = instances
@@ -80,7 +80,7 @@ fn query_error(loc: &str, msg: String, input: Value) -> ApiError {
 /// the workers of one instance (404 `No workers found for instance X`); with
 /// `?instance_id=&worker_id=` one worker object (404 `Worker (X, N) not found`). With only
 /// `?worker_id=`, the workers with that id in every instance (LMCache ignores it).
-pub async fn workers(
+pub(crate) async fn workers(
     State(shared): State<Arc<Shared>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -109,13 +109,13 @@ pub async fn workers(
     };
     match (instance_id, worker_id) {
         (Some(instance), Some(worker)) => {
-            let view = shared.index.read().worker(instance, worker);
+            let view = shared.index().worker(instance, worker);
             view.map(|w| Json(worker_row(&w))).ok_or_else(|| {
                 ApiError::NotFound(format!("Worker ({instance}, {worker}) not found"))
             })
         }
         (Some(instance), None) => {
-            let views = shared.index.read().instance_workers(instance);
+            let views = shared.index().instance_workers(instance);
             match views {
                 Some(v) if !v.is_empty() => Ok(list(v)),
                 _ => Err(ApiError::NotFound(format!(
@@ -124,7 +124,7 @@ pub async fn workers(
             }
         }
         (None, worker) => {
-            let mut all = shared.index.read().workers();
+            let mut all = shared.index().workers();
             if let Some(id) = worker {
                 all.retain(|w| w.worker_id == id);
             }
@@ -134,8 +134,8 @@ pub async fn workers(
 }
 
 /// `GET /healthz`: liveness — the process answers HTTP — with fleet totals.
-pub async fn healthz(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    let index = shared.index.read();
+pub(crate) async fn healthz(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let index = shared.index();
     Json(json!({
         "status": "ok",
         "workers": index.worker_count(),
@@ -155,7 +155,7 @@ fn socket_state(s: &LoopStats) -> &'static str {
 /// `GET /readyz`: 200 once every configured ZMQ socket is bound and its loop is receiving
 /// (this answer proves the HTTP side), 503 otherwise — before the loops start and during
 /// shutdown.
-pub async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     let s = &shared.sockets;
     let loops = [
         ("pull", &s.pull),
@@ -183,7 +183,7 @@ pub async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
 }
 
 /// `GET /metrics`: every metric in the Prometheus text format, LMCache's gauges refreshed.
-pub async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     shared.refresh_lmcache_gauges();
     shared.peer_drops.export(&shared.metrics);
     (

@@ -278,7 +278,7 @@ pub(super) fn counters(shared: &Shared) -> Counters {
 /// Everything the feed reads from the controller's state, in one read lock: the totals and
 /// `limit` workers from `offset` (only those are built), with the total worker count.
 fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
-    let index = shared.index.read();
+    let index = shared.index();
     let (syncing, sync_completed, sync_missing_batches) = index.sync_counts();
     let totals = Totals {
         instances: index.instance_count(),
@@ -318,7 +318,7 @@ async fn feed(
     }
     let offset = q.offset.unwrap_or(0);
     let (totals, views) = snapshot(&shared, offset, q.limit.unwrap_or(usize::MAX));
-    let server_time = crate::controller::state::unix_now();
+    let server_time = shared.now();
     let total = totals.workers;
     let rows = views.into_iter().map(Row::from).collect();
     let config = &shared.config;
@@ -427,7 +427,7 @@ mod tests {
     async fn feed_reports_totals_counters_and_worker_rows() {
         let s = shared();
         {
-            let mut ix = s.index.write();
+            let mut ix = s.index_mut_for_tests();
             ix.register("inst-a", 0, "10.0.0.1", 8000, Some("10.0.0.1:9000"), 100.0)
                 .expect("register");
             ix.register("inst-a", 1, "10.0.0.2", 8001, None, 101.0)
@@ -556,7 +556,7 @@ mod tests {
     async fn feed_pages_and_rejects_bad_queries() {
         let s = shared();
         {
-            let mut ix = s.index.write();
+            let mut ix = s.index_mut_for_tests();
             for i in 0..5 {
                 ix.register("inst", i, "127.0.0.1", 9000, None, 1.0)
                     .expect("register");
@@ -591,7 +591,7 @@ mod tests {
     async fn feed_of_a_thousand_workers_is_one_compact_answer() {
         let s = shared();
         {
-            let mut ix = s.index.write();
+            let mut ix = s.index_mut_for_tests();
             for i in 0..1000 {
                 let inst = format!("instance-{:03}", i / 8);
                 ix.register(&inst, i % 8, "10.1.2.3", 8000, Some("10.1.2.3:9000"), 1.7e9)

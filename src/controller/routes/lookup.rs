@@ -18,7 +18,7 @@ use std::time::Instant;
 
 /// `POST /lookup`: `tokens` (LMCache), or the chunk `hashes` directly.
 #[derive(Debug, Deserialize)]
-pub struct LookupRequest {
+pub(crate) struct LookupRequest {
     tokens: Option<Vec<i64>>,
     hashes: Option<Vec<ChunkHash>>,
     offsets: Option<Vec<i64>>,
@@ -54,7 +54,7 @@ impl Body for LookupRequest {
 
 /// `POST /query_instance`.
 #[derive(Debug, Deserialize)]
-pub struct QueryInstRequest {
+pub(crate) struct QueryInstRequest {
     ip: String,
 }
 
@@ -76,7 +76,7 @@ impl Body for QueryInstRequest {
 
 /// `POST /query_worker_info`.
 #[derive(Debug, Deserialize)]
-pub struct QueryWorkerInfoRequest {
+pub(crate) struct QueryWorkerInfoRequest {
     instance_id: String,
     worker_ids: Option<Vec<i64>>,
 }
@@ -107,7 +107,7 @@ impl Body for QueryWorkerInfoRequest {
 /// (location, end token of the last chunk credited to it). `holders` (kvplane, LMCache PR
 /// #4471) lists *every* holder of the first chunk with how many consecutive chunks of the
 /// query it holds.
-pub async fn lookup(
+pub(crate) async fn lookup(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<LookupRequest>,
 ) -> Result<Json<Value>, ApiError> {
@@ -145,7 +145,7 @@ pub async fn lookup(
     };
     let end_of = |chunks: usize| ends.get(chunks.wrapping_sub(1)).copied().unwrap_or(0);
     let (layout_info, holders) = {
-        let index = shared.index.read();
+        let index = shared.index();
         let mut layout: IndexMap<String, (String, usize)> = IndexMap::new();
         for (hash, &end) in hashes.iter().zip(&ends) {
             let holders = index.prefix_holders(std::slice::from_ref(hash));
@@ -192,15 +192,11 @@ pub async fn lookup(
 
 /// `POST /query_instance`: the first instance (registration order) with a worker at `ip`;
 /// 404 if none (LMCache: 500).
-pub async fn query_instance(
+pub(crate) async fn query_instance(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let instance = shared
-        .index
-        .read()
-        .instance_by_ip(&req.ip)
-        .map(str::to_owned);
+    let instance = shared.index().instance_by_ip(&req.ip).map(str::to_owned);
     match instance {
         Some(res) => Ok(Json(
             json!({ "event_id": new_event_id("QueryInst"), "res": res }),
@@ -213,7 +209,7 @@ pub async fn query_instance(
 }
 
 /// LMCache's `WorkerInfo` as JSON.
-pub fn worker_info(w: &WorkerView) -> Value {
+pub(crate) fn worker_info(w: &WorkerView) -> Value {
     json!({
         "instance_id": w.instance_id,
         "worker_id": w.worker_id,
@@ -229,13 +225,13 @@ pub fn worker_info(w: &WorkerView) -> Value {
 /// id), or of the workers listed in `worker_ids` (in that order, unknown ids skipped), or with
 /// `instance_id = "all"` of every worker (registration order, filtered by `worker_ids`).
 /// An unknown instance is a 404 (LMCache: 200 with an empty list).
-pub async fn query_worker_info(
+pub(crate) async fn query_worker_info(
     State(shared): State<Arc<Shared>>,
     ValidJson(req): ValidJson<QueryWorkerInfoRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let wanted = req.worker_ids.filter(|ids| !ids.is_empty());
     let workers: Vec<WorkerView> = if req.instance_id == "all" {
-        let all = shared.index.read().workers();
+        let all = shared.index().workers();
         match &wanted {
             Some(ids) => all
                 .into_iter()
@@ -245,8 +241,7 @@ pub async fn query_worker_info(
         }
     } else {
         let Some(mut all) = shared
-            .index
-            .read()
+            .index()
             .instance_workers(&req.instance_id)
             .filter(|w| !w.is_empty())
         else {

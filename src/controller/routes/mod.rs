@@ -1,11 +1,12 @@
-//! The HTTP server: LMCache's orchestration API, kvplane's read routes, the dashboard,
-//! `/metrics` and `/openapi.json`, on one axum router.
+//! The controller's HTTP routes: LMCache's orchestration API, kvplane's read routes,
+//! `/metrics`, `/openapi.json` and the dashboard feed, on one axum router.
 //!
-//! One file per responsibility:
+//! One file per domain:
 //! * `orchestration` — the commands that reach workers (`/clear /pin /compress /decompress
 //!   /move /health`) and `/check_finish`;
-//! * `queries` — the read-only POSTs (`/lookup /query_instance /query_worker_info`);
-//! * `reads` — the GET routes (`/controller/*`, `/healthz`, `/readyz`, `/metrics`);
+//! * `lookup` — the index queries (`/lookup /query_instance /query_worker_info`);
+//! * `fleet` — the fleet and process reads (`/controller/*`, `/healthz`, `/readyz`,
+//!   `/metrics`);
 //! * `lookup_hash` — CPython's builtin hash of token chunks, as LMCache workers compute it;
 //! * `failure` — how a downlink error becomes a [`crate::web::error::WorkerFailure`];
 //! * `openapi` — the OpenAPI 3.0 document of every route;
@@ -13,25 +14,26 @@
 //! * `history` — the feed's server-side history of counters, and its sampler task.
 //!
 //! The generic plumbing (errors, body schemas, auth, the CSRF guard, request metrics, static
-//! assets, the server loop and its limits) is in [`crate::web`].
+//! assets, the server loop and its limits) is in [`crate::web`], which knows no service.
 //!
 //! The router is built by [`router`], a plain function of the shared state: tests call it and
 //! drive it with `oneshot`, no socket needed. Every route is declared once, in [`api_routes`],
 //! with its method and access class; the router and the OpenAPI document are both built from
-//! that table.
+//! that table. Routes read the controller's state through [`Shared`] and never hold its lock
+//! across an `.await`.
 
 mod dashboard;
 mod failure;
+mod fleet;
 pub mod history;
+mod lookup;
 pub mod lookup_hash;
 mod openapi;
 mod orchestration;
-mod queries;
-mod reads;
 
 pub use orchestration::{
     HEALTH_ERROR_REPLY, HEALTH_TIMEOUT, HEALTH_UNDECODABLE, HEALTH_UNEXPECTED_REPLY,
-    HEALTH_UNREACHABLE,
+    HEALTH_UNREACHABLE, MAX_FAN_OUT,
 };
 
 use crate::controller::limits::Limit;
@@ -91,18 +93,18 @@ pub fn api_routes() -> Vec<ApiRoute> {
     use Access::{Open, Token};
     use Method as M;
     vec![
-        route(M::POST, "/lookup", Open, post(queries::lookup)),
+        route(M::POST, "/lookup", Open, post(lookup::lookup)),
         route(
             M::POST,
             "/query_instance",
             Open,
-            post(queries::query_instance),
+            post(lookup::query_instance),
         ),
         route(
             M::POST,
             "/query_worker_info",
             Open,
-            post(queries::query_worker_info),
+            post(lookup::query_worker_info),
         ),
         route(M::POST, "/clear", Token, post(orchestration::clear)),
         route(M::POST, "/pin", Token, post(orchestration::pin)),
@@ -121,11 +123,11 @@ pub fn api_routes() -> Vec<ApiRoute> {
             Open,
             post(orchestration::check_finish),
         ),
-        route(M::GET, "/controller/key-stats", Open, get(reads::key_stats)),
-        route(M::GET, "/controller/workers", Open, get(reads::workers)),
-        route(M::GET, "/healthz", Open, get(reads::healthz)),
-        route(M::GET, "/readyz", Open, get(reads::readyz)),
-        route(M::GET, "/metrics", Open, get(reads::metrics)),
+        route(M::GET, "/controller/key-stats", Open, get(fleet::key_stats)),
+        route(M::GET, "/controller/workers", Open, get(fleet::workers)),
+        route(M::GET, "/healthz", Open, get(fleet::healthz)),
+        route(M::GET, "/readyz", Open, get(fleet::readyz)),
+        route(M::GET, "/metrics", Open, get(fleet::metrics)),
         route(M::GET, "/openapi.json", Open, get(openapi::serve)),
     ]
 }

@@ -91,7 +91,7 @@ pub async fn sample_loop(shared: Arc<Shared>, history: Arc<History>, shutdown: C
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tick.tick() => history.sample(&shared, crate::controller::state::unix_now()),
+            _ = tick.tick() => history.sample(&shared, shared.now()),
         }
     }
 }

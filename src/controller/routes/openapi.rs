@@ -4,11 +4,11 @@
 //! the validation runs, so the schemas are exactly what the server accepts. Tests check that
 //! every registered route is documented and that the document is structurally valid.
 
+use super::lookup::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::orchestration::{
     CheckFinishRequest, ClearRequest, CompressRequest, DecompressRequest, HealthRequest,
     MoveRequest, PinRequest,
 };
-use super::queries::{LookupRequest, QueryInstRequest, QueryWorkerInfoRequest};
 use super::{api_routes, Access};
 use crate::controller::Shared;
 use crate::web::schema::{body_schema, Body, BodySpec};
@@ -19,7 +19,7 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
 /// Routes served by the dashboard module (`dashboard::routes`), documented here too.
-pub const DASHBOARD_ROUTES: &[(&str, &str)] = &[
+pub(crate) const DASHBOARD_ROUTES: &[(&str, &str)] = &[
     ("/", "The dashboard page (HTML)."),
     (
         "/static/{path}",
@@ -531,7 +531,7 @@ fn schemas() -> Map<String, Value> {
 }
 
 /// The OpenAPI document; `token_set` adds the bearer security to the mutating routes.
-pub fn document(token_set: bool) -> Value {
+pub(crate) fn document(token_set: bool) -> Value {
     let mut paths = Map::new();
     let mut add = |path: &str, method: &Method, op: Value| {
         let entry = paths
@@ -597,7 +597,7 @@ pub fn document(token_set: bool) -> Value {
 }
 
 /// `GET /openapi.json`.
-pub async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
     Json(document(shared.config.api_token.is_some()))
 }
 

@@ -1,0 +1,501 @@
+//! The driver of the controller's state: one lock over the [`Fleet`] model and the live
+//! downlink tasks, so that applying a message and performing its effects is one atomic step.
+//!
+//! Owns: the [`Fleet`] (index, downlink registry, command log) and the downlink task handles,
+//! both inside one `RwLock` — nothing else holds controller state. Effects are performed while
+//! the write lock is held: opening a downlink only spawns a task on the server's
+//! [`TaskTracker`] and closing one drops a channel sender, neither blocks. The lock is never
+//! held across an `.await`. Metrics and log lines ([`Event`]s) are emitted after the lock is
+//! released (`report.rs`).
+//!
+//! Must not: decode frames (the socket loops do), decide what a message means (the model
+//! does), read the system clock (time comes from the [`Clock`] it was given).
+
+use super::clock::Clock;
+use super::command_log::{CommandLog, CommandRecord};
+use super::downlink::Downlink;
+use super::limits::{LimitLog, LogThrottle};
+use super::model::{
+    DropReason, Effect, Event, Fleet, ProbeTarget, RequestContext, RouterKind, WorkerKey,
+};
+use super::peer_drops::PeerDrops;
+use super::socket_stats::{LoopStats, SocketStats};
+use crate::config::ServeConfig;
+use crate::index::{BatchOutcome, Index, IndexConfig};
+use crate::metrics::Metrics;
+use crate::net::{host_port, route_source};
+use crate::protocol::{KVOpEvent, Msg};
+use parking_lot::{
+    MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A worker's live downlink and the registration (generation) it belongs to.
+#[derive(Clone, Debug)]
+pub struct DownlinkEntry {
+    /// Bumped at every (re)opening; a probe only removes the registration it probed.
+    pub generation: u64,
+    /// The command channel.
+    pub downlink: Downlink,
+}
+
+/// Addresses the server actually bound (port 0 resolved).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoundAddrs {
+    /// HTTP API.
+    pub http: SocketAddr,
+    /// PULL socket, if configured.
+    pub pull: Option<SocketAddr>,
+    /// Reply ROUTER, if configured.
+    pub reply: Option<SocketAddr>,
+    /// Heartbeat ROUTER, if configured.
+    pub heartbeat: Option<SocketAddr>,
+}
+
+/// The model and the tasks that embody its downlinks, always changed together.
+#[derive(Debug)]
+struct World {
+    fleet: Fleet,
+    live: HashMap<WorkerKey, DownlinkEntry>,
+}
+
+/// The controller's state and its driver: what the socket loops, the liveness sweep and the
+/// HTTP routes share. Reads go through [`Shared::index`] / [`Shared::read`]; every change goes
+/// through a method here that applies it to the model and performs its effects atomically.
+pub struct Shared {
+    world: RwLock<World>,
+    /// Metrics registry.
+    pub metrics: Metrics,
+    /// Validated configuration.
+    pub config: ServeConfig,
+    /// Heartbeat ROUTER port, once bound (for `heartbeat_url`).
+    pub heartbeat_port: Option<u16>,
+    /// Live state of each socket loop (serving, messages in hand, backlog).
+    pub sockets: SocketStats,
+    /// Log throttle of the resource limits.
+    pub limits: LimitLog,
+    /// Log throttle of the warnings a peer can cause once per message: frames the socket
+    /// loops drop (bad input, receive errors), sequence gaps, stale full-sync messages,
+    /// deregistrations of unknown workers.
+    pub drop_log: LogThrottle,
+    /// ZMQ peer connections the listening sockets dropped, by socket and reason.
+    pub peer_drops: PeerDrops,
+    clock: Clock,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// The state of a server with this configuration, on the system clock, with its own task
+    /// tracker and shutdown token.
+    pub fn new(config: ServeConfig, heartbeat_port: Option<u16>) -> Self {
+        Self::with_clock(config, heartbeat_port, Clock::system())
+    }
+
+    /// Like [`Shared::new`], reading time from `clock`.
+    pub fn with_clock(config: ServeConfig, heartbeat_port: Option<u16>, clock: Clock) -> Self {
+        let index = Index::with_config(IndexConfig {
+            sync_completion_threshold: config.full_sync_completion_threshold,
+            max_workers: config.max_workers,
+            max_keys_per_worker: config.max_keys_per_worker,
+            max_batch_ops: config.max_batch_ops,
+            ..IndexConfig::default()
+        });
+        let ports = config.monitor_ports;
+        Shared {
+            world: RwLock::new(World {
+                fleet: Fleet::new(index, CommandLog::default()),
+                live: HashMap::new(),
+            }),
+            metrics: Metrics::new(),
+            sockets: SocketStats {
+                pull: LoopStats::new(ports.pull.is_some()),
+                reply: LoopStats::new(ports.reply.is_some()),
+                heartbeat: LoopStats::new(ports.heartbeat.is_some()),
+            },
+            limits: LimitLog::default(),
+            drop_log: LogThrottle::default(),
+            peer_drops: PeerDrops::new(),
+            config,
+            heartbeat_port,
+            clock,
+            tasks: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// The clock every controller time comes from.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Now, in Unix seconds, from [`Shared::clock`].
+    pub fn now(&self) -> f64 {
+        self.clock.now()
+    }
+
+    /// The tracker every controller task (loops, downlinks, commands) is spawned on.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// The token that stops every controller task.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// A read view of the index. Never hold it across an `.await`; it blocks every change.
+    pub fn index(&self) -> MappedRwLockReadGuard<'_, Index> {
+        RwLockReadGuard::map(self.world.read(), |w| w.fleet.index())
+    }
+
+    /// Runs `f` on the whole model under the read lock (index, downlink registry, command
+    /// log). Keep `f` short: it blocks every change.
+    pub fn read<R>(&self, f: impl FnOnce(&Fleet) -> R) -> R {
+        f(&self.world.read().fleet)
+    }
+
+    /// The live downlink of a worker, if it is registered.
+    pub fn downlink(&self, instance_id: &str, worker_id: i64) -> Option<DownlinkEntry> {
+        self.world
+            .read()
+            .live
+            .get(&(instance_id.to_owned(), worker_id))
+            .cloned()
+    }
+
+    /// Live downlink tasks.
+    pub fn downlink_count(&self) -> usize {
+        self.world.read().live.len()
+    }
+
+    /// The record of an orchestration command, if it is still remembered.
+    pub fn command(&self, event_id: &str) -> Option<CommandRecord> {
+        self.world.read().fleet.commands().get(event_id).cloned()
+    }
+
+    /// Records a new pending orchestration command.
+    pub fn begin_command(&self, event_id: &str, command: &'static str, instance_id: &str) {
+        let now = self.now();
+        self.world
+            .write()
+            .fleet
+            .commands_mut()
+            .begin(event_id, command, instance_id, now);
+    }
+
+    /// Marks a command finished with the answer given to the caller.
+    pub fn finish_command(&self, event_id: &str, result: serde_json::Value) {
+        let now = self.now();
+        self.world
+            .write()
+            .fleet
+            .commands_mut()
+            .finish(event_id, result, now);
+    }
+
+    /// Marks a command failed.
+    pub fn fail_command(&self, event_id: &str, detail: String) {
+        let now = self.now();
+        self.world
+            .write()
+            .fleet
+            .commands_mut()
+            .fail(event_id, detail, now);
+    }
+
+    /// Answers one request from a ROUTER socket. Always returns exactly one reply.
+    pub fn handle_request(&self, kind: RouterKind, msg: Msg) -> Msg {
+        self.metrics.requests.with_label_values(&[msg.tag()]).inc();
+        let started = Instant::now();
+        let lookup = matches!(msg, Msg::BatchedP2PLookupMsg(_));
+        let (reply, fx) = if Fleet::is_read_request(kind, &msg) {
+            self.world.read().fleet.on_read_request(kind, msg)
+        } else {
+            let heartbeat_url = match &msg {
+                Msg::RegisterMsg(m) if kind == RouterKind::Reply => self.heartbeat_url(&m.ip),
+                _ => None,
+            };
+            let ctx = RequestContext {
+                now: self.now(),
+                heartbeat_url,
+            };
+            let mut world = self.world.write();
+            let (reply, fx) = world.fleet.on_request(kind, msg, &ctx);
+            let events = self.perform(&mut world, fx);
+            drop(world);
+            (reply, events)
+        };
+        if lookup {
+            self.metrics
+                .p2p_lookup_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
+        self.report_all(fx);
+        reply
+    }
+
+    /// Applies one message from the PULL socket. Returns the drop reason if it had no effect.
+    ///
+    /// # Errors
+    /// The [`DropReason`] of a message that changed nothing.
+    pub fn handle_push(&self, msg: Msg) -> Result<(), DropReason> {
+        let now = self.now();
+        let mut world = self.world.write();
+        let (result, fx) = world.fleet.on_push(msg, now);
+        let events = self.perform(&mut world, fx);
+        drop(world);
+        self.report_all(events);
+        result
+    }
+
+    /// Holds the write lock for a run of admit/evict batches (the PULL hot path): one lock for
+    /// a whole multipart.
+    pub fn batch_writer(&self) -> BatchWriter<'_> {
+        BatchWriter {
+            world: self.world.write(),
+            now: self.now(),
+        }
+    }
+
+    /// Marks stalled full syncs failed and returns the silent workers to probe.
+    pub fn begin_sweep(&self) -> Vec<ProbeTarget> {
+        let now = self.now();
+        let timeout = self.config.worker_timeout.as_secs_f64();
+        let sync_timeout = self.config.full_sync_timeout.as_secs_f64();
+        let mut world = self.world.write();
+        let fx = world.fleet.expire_syncs(now, sync_timeout);
+        let stale = world.fleet.stale_workers(now, timeout);
+        let events = self.perform(&mut world, fx);
+        drop(world);
+        self.report_all(events);
+        stale
+    }
+
+    /// A probe was answered: the worker counts as seen now.
+    pub fn probe_answered(&self, target: &ProbeTarget) {
+        let now = self.now();
+        self.world.write().fleet.probe_answered(target, now);
+    }
+
+    /// A probe failed: removes the worker if it is still the registration probed and still
+    /// silent. Returns whether it was removed.
+    pub fn probe_failed(&self, target: &ProbeTarget) -> bool {
+        let now = self.now();
+        let timeout = self.config.worker_timeout.as_secs_f64();
+        let mut world = self.world.write();
+        let (removed, fx) = world.fleet.probe_failed(target, now, timeout);
+        let events = self.perform(&mut world, fx);
+        drop(world);
+        self.report_all(events);
+        removed
+    }
+
+    /// Performs the downlink effects under the write lock; returns the reports for after it.
+    fn perform(&self, world: &mut World, fx: Vec<Effect>) -> Vec<Effect> {
+        let mut reports = Vec::new();
+        for effect in fx {
+            match effect {
+                Effect::OpenDownlink {
+                    key,
+                    generation,
+                    endpoint,
+                } => {
+                    let downlink = Downlink::spawn(
+                        endpoint,
+                        self.config.downlink_timeout,
+                        self.metrics.clone(),
+                        &self.tasks,
+                        self.shutdown.clone(),
+                    );
+                    // Replacing an older entry drops its sender: that task ends.
+                    world.live.insert(
+                        key,
+                        DownlinkEntry {
+                            generation,
+                            downlink,
+                        },
+                    );
+                }
+                Effect::CloseDownlink { key, generation } => {
+                    if world
+                        .live
+                        .get(&key)
+                        .is_some_and(|e| e.generation == generation)
+                    {
+                        world.live.remove(&key);
+                    }
+                }
+                report @ Effect::Report(_) => reports.push(report),
+            }
+        }
+        reports
+    }
+
+    fn report_all(&self, fx: Vec<Effect>) {
+        let mut removed = false;
+        for effect in fx {
+            if let Effect::Report(event) = effect {
+                removed |= matches!(
+                    event,
+                    Event::WorkerRemoved { .. }
+                        | Event::WorkerRegistered { .. }
+                        | Event::RegisteredByHeartbeat { .. }
+                );
+                super::report::report(self, event);
+            }
+        }
+        if removed {
+            self.refresh_gauges();
+        }
+    }
+
+    /// The `heartbeat_url` a worker at `worker_ip` can reach: `--advertise-host`, else the
+    /// bind host, else (bind host is a wildcard) the local address of the route to the
+    /// worker — `127.0.0.1` for a worker on loopback. Computing the route sends no packet.
+    pub fn heartbeat_url(&self, worker_ip: &str) -> Option<String> {
+        let port = self.heartbeat_port?;
+        let cfg = &self.config;
+        let host = match &cfg.advertise_host {
+            Some(h) => h.clone(),
+            None if !matches!(cfg.host.as_str(), "0.0.0.0" | "*" | "" | "::" | "[::]") => {
+                cfg.host.clone()
+            }
+            None => worker_ip
+                .parse::<IpAddr>()
+                .ok()
+                .and_then(route_source)
+                .map_or_else(|| "127.0.0.1".to_owned(), |ip| ip.to_string()),
+        };
+        Some(host_port(&host, port))
+    }
+
+    /// Refreshes the gauges that mirror the index.
+    pub fn refresh_gauges(&self) {
+        let workers = self.index().worker_count();
+        self.metrics
+            .workers
+            .set(i64::try_from(workers).unwrap_or(i64::MAX));
+    }
+
+    /// Sets LMCache's 13 controller gauges from the index, the message counters and the
+    /// socket loops' live state (called when `/metrics` is scraped; one read lock).
+    pub fn refresh_lmcache_gauges(&self) {
+        let (keys, workers, discontinuities, (syncing, completed, missing), progress, links) = {
+            let world = self.world.read();
+            let index = world.fleet.index();
+            (
+                index.key_count(),
+                index.worker_count(),
+                index.seq_discontinuities(),
+                index.sync_counts(),
+                index.global_sync_progress(),
+                world.live.len(),
+            )
+        };
+        let m = &self.metrics;
+        m.workers.set(i64::try_from(workers).unwrap_or(i64::MAX));
+        let frames = |socket: &str| m.frames_received.with_label_values(&[socket]).get() as f64;
+        let flag = |b: bool| if b { 1.0 } else { 0.0 };
+        let s = &self.sockets;
+        let g = &m.lmcache;
+        g.kv_pool_keys_count.set(keys as f64);
+        g.registered_workers_count.set(workers as f64);
+        g.pull_socket_message_count.set(frames("pull"));
+        g.reply_socket_message_count
+            .set(frames("reply") + frames("heartbeat"));
+        g.pull_socket_has_pending.set(flag(s.pull.backlog()));
+        g.reply_socket_has_pending
+            .set(flag(s.reply.backlog() || s.heartbeat.backlog()));
+        g.pull_socket_active_requests.set(s.pull.active() as f64);
+        g.reply_socket_active_requests
+            .set((s.reply.active() + s.heartbeat.active()) as f64);
+        g.kv_op_seq_discontinuity_count.set(discontinuities as f64);
+        g.full_sync_workers_syncing.set(syncing as f64);
+        g.full_sync_workers_completed.set(completed as f64);
+        g.full_sync_global_progress.set(progress);
+        g.full_sync_missing_batches_total.set(missing as f64);
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            m.tasks.set(count(rt.metrics().num_alive_tasks()));
+        }
+        m.downlinks.set(count(links));
+        m.open_fds.set(count(
+            std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()),
+        ));
+    }
+
+    /// The index itself, write-locked, bypassing the model: for tests
+    /// that stage index contents (backdated workers, keys) directly. Workers registered this
+    /// way have no downlink, so [`Shared::check_consistency`] fails after it.
+    #[doc(hidden)]
+    pub fn index_mut_for_tests(&self) -> MappedRwLockWriteGuard<'_, Index> {
+        RwLockWriteGuard::map(self.world.write(), |w| w.fleet.index_mut())
+    }
+
+    /// Checks that the model and the live tasks agree: every registered worker has exactly
+    /// one live downlink, of the generation the model records, and no other downlink lives.
+    /// For tests and fuzzing.
+    ///
+    /// # Errors
+    /// A description of the first disagreement.
+    #[doc(hidden)]
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let world = self.world.read();
+        world.fleet.check_invariants()?;
+        for (key, record) in world.fleet.downlinks() {
+            match world.live.get(key) {
+                Some(e) if e.generation == record.generation => {}
+                Some(e) => {
+                    return Err(format!(
+                        "{key:?}: live downlink of generation {}, model has {}",
+                        e.generation, record.generation
+                    ))
+                }
+                None => return Err(format!("{key:?}: no live downlink")),
+            }
+        }
+        if world.live.len() != world.fleet.downlinks().count() {
+            return Err(format!(
+                "{} live downlinks for {} records",
+                world.live.len(),
+                world.fleet.downlinks().count()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The write lock held over a run of admit/evict batches (see [`Shared::batch_writer`]).
+#[must_use = "the lock is held only while the writer lives"]
+pub struct BatchWriter<'a> {
+    world: RwLockWriteGuard<'a, World>,
+    now: f64,
+}
+
+impl BatchWriter<'_> {
+    /// Applies one admit/evict batch; the caller counts the outcome.
+    pub fn apply_batch(
+        &mut self,
+        instance_id: &str,
+        worker_id: i64,
+        location: &str,
+        ops: &[KVOpEvent],
+    ) -> BatchOutcome {
+        self.world
+            .fleet
+            .apply_batch(instance_id, worker_id, location, ops, self.now)
+    }
+}

@@ -1,0 +1,675 @@
+//! The controller's world as a plain value: the index, the downlink registry and the command
+//! log, changed only through methods that take `now` and return the reply together with the
+//! [`Effect`]s to perform.
+//!
+//! No I/O, no clock, no tokio here: the driver ([`super::driver`]) owns a [`Fleet`] and the
+//! live downlink tasks under one lock and performs the effects; tests drive a [`Fleet`]
+//! directly, without a runtime. Because the registry of downlinks changes in the same call as
+//! the index, a registered worker always has exactly one downlink of its current generation,
+//! whatever order its messages arrive in.
+
+use super::command_log::CommandLog;
+pub use super::effects::{DropReason, Effect, Event, RemovalReason};
+use crate::index::{
+    BatchOutcome, HeartbeatOutcome, Index, RegisterOutcome, SyncBatchOutcome, SyncEndOutcome,
+    REASON_WORKER_RE_REGISTERED,
+};
+use crate::net::host_port;
+use crate::protocol::{
+    BatchedP2PLookupRetMsg, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg, HeartbeatCommand,
+    HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg,
+};
+use std::collections::HashMap;
+
+/// `(instance_id, worker_id)`: how LMCache names a worker.
+pub type WorkerKey = (String, i64);
+
+/// Which ROUTER socket a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterKind {
+    /// The reply socket: registration, lookups, full-sync start/status (and heartbeats).
+    Reply,
+    /// The dedicated heartbeat socket: heartbeats only, as in LMCache.
+    Heartbeat,
+}
+
+impl RouterKind {
+    /// Metric label of the socket.
+    pub fn label(self) -> &'static str {
+        match self {
+            RouterKind::Reply => "reply",
+            RouterKind::Heartbeat => "heartbeat",
+        }
+    }
+}
+
+/// A worker's downlink as the model knows it: which registration it belongs to and where it
+/// dials. The task behind it belongs to the driver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownlinkRecord {
+    /// Bumped at every (re)opening; a probe or a close only touches the generation it names.
+    pub generation: u64,
+    /// `host:port` the downlink dials.
+    pub endpoint: String,
+}
+
+/// A silent worker the liveness sweep should probe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeTarget {
+    /// The worker.
+    pub key: WorkerKey,
+    /// The downlink generation probed: only this registration may be removed by the result.
+    pub generation: u64,
+    /// Where its downlink dials.
+    pub endpoint: String,
+}
+
+/// What a request handler needs besides the message: the time, and the `heartbeat_url` to
+/// hand a registering worker (computed by the driver: it may ask the kernel for a route).
+#[derive(Clone, Debug, Default)]
+pub struct RequestContext {
+    /// Now, in Unix seconds.
+    pub now: f64,
+    /// The `heartbeat_url` for `RegisterRetMsg`, if there is a heartbeat socket.
+    pub heartbeat_url: Option<String>,
+}
+
+/// The controller's state: index, downlink registry, command log. See the module docs.
+#[derive(Debug)]
+pub struct Fleet {
+    index: Index,
+    downlinks: HashMap<WorkerKey, DownlinkRecord>,
+    next_generation: u64,
+    commands: CommandLog,
+}
+
+fn error(text: impl Into<String>) -> Msg {
+    Msg::ErrorMsg(ErrorMsg { error: text.into() })
+}
+
+fn port_of(port: i64) -> Result<u16, String> {
+    u16::try_from(port).map_err(|_| format!("port {port} is out of range"))
+}
+
+fn key(instance_id: &str, worker_id: i64) -> WorkerKey {
+    (instance_id.to_owned(), worker_id)
+}
+
+impl Fleet {
+    /// A fleet with no worker, over `index`, logging commands in `commands`.
+    pub fn new(index: Index, commands: CommandLog) -> Self {
+        Fleet {
+            index,
+            downlinks: HashMap::new(),
+            next_generation: 0,
+            commands,
+        }
+    }
+
+    /// The registry and chunk index (read-only: it changes through messages).
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The index itself, bypassing the messages (see `Shared::with_index_mut`).
+    #[doc(hidden)]
+    pub fn index_mut(&mut self) -> &mut Index {
+        &mut self.index
+    }
+
+    /// The downlink record of a worker.
+    pub fn downlink(&self, instance_id: &str, worker_id: i64) -> Option<&DownlinkRecord> {
+        self.downlinks.get(&key(instance_id, worker_id))
+    }
+
+    /// Every downlink record.
+    pub fn downlinks(&self) -> impl Iterator<Item = (&WorkerKey, &DownlinkRecord)> {
+        self.downlinks.iter()
+    }
+
+    /// The orchestration command log.
+    pub fn commands(&self) -> &CommandLog {
+        &self.commands
+    }
+
+    /// The orchestration command log, to record commands in.
+    pub fn commands_mut(&mut self) -> &mut CommandLog {
+        &mut self.commands
+    }
+
+    /// Answers one request from a ROUTER socket: exactly one reply, and the effects.
+    pub fn on_request(
+        &mut self,
+        kind: RouterKind,
+        msg: Msg,
+        ctx: &RequestContext,
+    ) -> (Msg, Vec<Effect>) {
+        let mut fx = Vec::new();
+        if kind == RouterKind::Heartbeat && !matches!(msg, Msg::HeartbeatMsg(_)) {
+            let reply = error(format!("Expected HeartbeatMsg, got {}", msg.tag()));
+            return (reply, fx);
+        }
+        let reply = match msg {
+            Msg::RegisterMsg(m) => self.on_register(&m, ctx, &mut fx),
+            Msg::HeartbeatMsg(m) => self.on_heartbeat(&m, ctx.now, &mut fx),
+            Msg::BatchedP2PLookupMsg(m) => self.on_p2p_lookup(&m, &mut fx),
+            Msg::FullSyncStartMsg(m) => self.on_sync_start(m, ctx.now, &mut fx),
+            Msg::FullSyncStatusMsg(m) => self.on_sync_status(m),
+            other => error(format!(
+                "Unsupported request type {} on the {} socket",
+                other.tag(),
+                kind.label()
+            )),
+        };
+        (reply, fx)
+    }
+
+    /// Whether `msg` on `kind` only reads the fleet (P2P lookup, full-sync status), so the
+    /// driver may answer it with [`Fleet::on_read_request`] under a read lock.
+    pub fn is_read_request(kind: RouterKind, msg: &Msg) -> bool {
+        kind == RouterKind::Reply
+            && matches!(msg, Msg::BatchedP2PLookupMsg(_) | Msg::FullSyncStatusMsg(_))
+    }
+
+    /// Answers a request for which [`Fleet::is_read_request`] holds; any other gets an
+    /// `ErrorMsg` (use [`Fleet::on_request`]).
+    pub fn on_read_request(&self, kind: RouterKind, msg: Msg) -> (Msg, Vec<Effect>) {
+        let mut fx = Vec::new();
+        let reply = match msg {
+            Msg::BatchedP2PLookupMsg(m) if kind == RouterKind::Reply => {
+                self.on_p2p_lookup(&m, &mut fx)
+            }
+            Msg::FullSyncStatusMsg(m) if kind == RouterKind::Reply => self.on_sync_status(m),
+            other => error(format!(
+                "{} changes the fleet: not a read request",
+                other.tag()
+            )),
+        };
+        (reply, fx)
+    }
+
+    /// Applies one message from the PULL socket. The result is the drop reason if it had no
+    /// effect.
+    pub fn on_push(&mut self, msg: Msg, now: f64) -> (Result<(), DropReason>, Vec<Effect>) {
+        let mut fx = Vec::new();
+        let result = match msg {
+            Msg::BatchedKVOperationMsg(m) => {
+                self.on_ops(
+                    &m.instance_id,
+                    m.worker_id,
+                    &m.location,
+                    &m.operations,
+                    now,
+                    &mut fx,
+                );
+                Ok(())
+            }
+            // Legacy single-op messages: LMCache 0.5.6 decodes and ignores them; applying
+            // them is what their sender meant (Mooncake's JSON integration sends them).
+            Msg::KVAdmitMsg(m) => {
+                let op = KVOpEvent {
+                    op_type: OpType::Admit,
+                    key: m.key,
+                    seq_num: m.seq_num,
+                };
+                self.on_ops(
+                    &m.instance_id,
+                    m.worker_id,
+                    &m.location,
+                    &[op],
+                    now,
+                    &mut fx,
+                );
+                Ok(())
+            }
+            Msg::KVEvictMsg(m) => {
+                let op = KVOpEvent {
+                    op_type: OpType::Evict,
+                    key: m.key,
+                    seq_num: m.seq_num,
+                };
+                self.on_ops(
+                    &m.instance_id,
+                    m.worker_id,
+                    &m.location,
+                    &[op],
+                    now,
+                    &mut fx,
+                );
+                Ok(())
+            }
+            Msg::FullSyncBatchMsg(m) => self.on_sync_batch(&m, now, &mut fx),
+            Msg::FullSyncEndMsg(m) => self.on_sync_end(&m, now, &mut fx),
+            Msg::DeRegisterMsg(m) => {
+                self.on_deregister(&m.instance_id, m.worker_id, &mut fx);
+                Ok(())
+            }
+            _ => Err(DropReason::WrongSocket),
+        };
+        (result, fx)
+    }
+
+    /// The hot path: one admit/evict batch, its outcome for the driver to count (no effects:
+    /// batches never change downlinks).
+    pub fn apply_batch(
+        &mut self,
+        instance_id: &str,
+        worker_id: i64,
+        location: &str,
+        ops: &[KVOpEvent],
+        now: f64,
+    ) -> BatchOutcome {
+        self.index
+            .apply_batch(instance_id, worker_id, location, ops, now)
+    }
+
+    /// Marks full syncs silent for `timeout_s` failed (the worker's next heartbeat asks it to
+    /// retry).
+    pub fn expire_syncs(&mut self, now: f64, timeout_s: f64) -> Vec<Effect> {
+        self.index
+            .expire_syncs(now, timeout_s)
+            .into_iter()
+            .map(|key| Effect::Report(Event::SyncExpired { key }))
+            .collect()
+    }
+
+    /// Workers silent for more than `timeout_s`, with the downlink generation to probe.
+    pub fn stale_workers(&self, now: f64, timeout_s: f64) -> Vec<ProbeTarget> {
+        self.index
+            .stale_workers(now, timeout_s)
+            .into_iter()
+            .filter_map(|w| {
+                let key = (w.instance_id, w.worker_id);
+                let record = self.downlinks.get(&key)?;
+                Some(ProbeTarget {
+                    generation: record.generation,
+                    endpoint: record.endpoint.clone(),
+                    key,
+                })
+            })
+            .collect()
+    }
+
+    /// A probe got an answer: the worker is alive as of `now`.
+    pub fn probe_answered(&mut self, target: &ProbeTarget, now: f64) {
+        self.index.touch(&target.key.0, target.key.1, now);
+    }
+
+    /// A probe got no answer: removes the worker if it is still the registration probed and
+    /// still silent (O(1): [`Index::is_stale`]). Returns whether it was removed, and the
+    /// effects.
+    pub fn probe_failed(
+        &mut self,
+        target: &ProbeTarget,
+        now: f64,
+        timeout_s: f64,
+    ) -> (bool, Vec<Effect>) {
+        let (instance_id, worker_id) = (&target.key.0, target.key.1);
+        let same = self
+            .downlinks
+            .get(&target.key)
+            .is_some_and(|d| d.generation == target.generation);
+        if !same || !self.index.is_stale(instance_id, worker_id, now, timeout_s) {
+            return (false, Vec::new());
+        }
+        let mut fx = Vec::new();
+        self.index.deregister(instance_id, worker_id);
+        self.close_downlink(&target.key, &mut fx);
+        fx.push(Effect::Report(Event::WorkerRemoved {
+            key: target.key.clone(),
+            reason: RemovalReason::ProbeFailed,
+        }));
+        (true, fx)
+    }
+
+    fn open_downlink(&mut self, key: WorkerKey, ip: &str, port: u16, fx: &mut Vec<Effect>) {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let endpoint = host_port(ip, port);
+        self.downlinks.insert(
+            key.clone(),
+            DownlinkRecord {
+                generation,
+                endpoint: endpoint.clone(),
+            },
+        );
+        fx.push(Effect::OpenDownlink {
+            key,
+            generation,
+            endpoint,
+        });
+    }
+
+    fn close_downlink(&mut self, key: &WorkerKey, fx: &mut Vec<Effect>) {
+        if let Some(record) = self.downlinks.remove(key) {
+            fx.push(Effect::CloseDownlink {
+                key: key.clone(),
+                generation: record.generation,
+            });
+        }
+    }
+
+    fn on_register(
+        &mut self,
+        m: &crate::protocol::RegisterMsg,
+        ctx: &RequestContext,
+        fx: &mut Vec<Effect>,
+    ) -> Msg {
+        let port = match port_of(m.port) {
+            Ok(p) => p,
+            Err(e) => return error(e),
+        };
+        let k = key(&m.instance_id, m.worker_id);
+        let outcome = self.index.register(
+            &m.instance_id,
+            m.worker_id,
+            &m.ip,
+            port,
+            m.peer_init_url.as_deref(),
+            ctx.now,
+        );
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                let reply = error(format!("registration refused: {e}"));
+                fx.push(Effect::Report(Event::WorkerRefused {
+                    key: k,
+                    what: "registration",
+                    error: e,
+                }));
+                return reply;
+            }
+        };
+        let (reopen, again) = match outcome {
+            RegisterOutcome::New => (true, false),
+            RegisterOutcome::ReRegistered { endpoint_changed } => {
+                (endpoint_changed || !self.downlinks.contains_key(&k), true)
+            }
+        };
+        if reopen {
+            self.open_downlink(k.clone(), &m.ip, port, fx);
+        }
+        fx.push(Effect::Report(Event::WorkerRegistered {
+            key: k,
+            endpoint: host_port(&m.ip, port),
+            again,
+        }));
+        let mut extra_config = indexmap::IndexMap::new();
+        if let Some(url) = &ctx.heartbeat_url {
+            extra_config.insert("heartbeat_url".to_owned(), url.clone());
+        }
+        Msg::RegisterRetMsg(RegisterRetMsg { extra_config })
+    }
+
+    fn on_heartbeat(
+        &mut self,
+        m: &crate::protocol::HeartbeatMsg,
+        now: f64,
+        fx: &mut Vec<Effect>,
+    ) -> Msg {
+        let port = match port_of(m.port) {
+            Ok(p) => p,
+            Err(e) => return error(e),
+        };
+        let k = key(&m.instance_id, m.worker_id);
+        let outcome = self.index.heartbeat(
+            &m.instance_id,
+            m.worker_id,
+            &m.ip,
+            port,
+            m.peer_init_url.as_deref(),
+            now,
+        );
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                let reply = error(format!("heartbeat refused: {e}"));
+                fx.push(Effect::Report(Event::WorkerRefused {
+                    key: k,
+                    what: "heartbeat",
+                    error: e,
+                }));
+                return reply;
+            }
+        };
+        let commands = match outcome {
+            HeartbeatOutcome::ReRegistered => {
+                self.open_downlink(k.clone(), &m.ip, port, fx);
+                fx.push(Effect::Report(Event::RegisteredByHeartbeat { key: k }));
+                vec![HeartbeatCommand::full_sync(REASON_WORKER_RE_REGISTERED)]
+            }
+            HeartbeatOutcome::Known {
+                full_sync,
+                endpoint_changed,
+            } => {
+                if endpoint_changed || !self.downlinks.contains_key(&k) {
+                    self.open_downlink(k, &m.ip, port, fx);
+                }
+                full_sync
+                    .map(HeartbeatCommand::full_sync)
+                    .into_iter()
+                    .collect()
+            }
+        };
+        Msg::HeartbeatRetMsg(HeartbeatRetMsg { commands })
+    }
+
+    fn on_p2p_lookup(&self, m: &crate::protocol::BatchedP2PLookupMsg, fx: &mut Vec<Effect>) -> Msg {
+        let hit = self
+            .index
+            .p2p_lookup(&m.hashes, &m.instance_id, m.worker_id);
+        fx.push(Effect::Report(Event::P2pLookup { hit: hit.is_some() }));
+        let entry = match hit {
+            Some(hit) => (
+                hit.instance_id.to_owned(),
+                hit.location.to_owned(),
+                i64::try_from(hit.num_hit_chunks).unwrap_or(i64::MAX),
+                hit.peer_init_url.to_owned(),
+            ),
+            None => (String::new(), String::new(), 0, String::new()),
+        };
+        Msg::BatchedP2PLookupRetMsg(BatchedP2PLookupRetMsg {
+            layout_info: vec![entry],
+        })
+    }
+
+    fn on_sync_start(
+        &mut self,
+        m: crate::protocol::FullSyncStartMsg,
+        now: f64,
+        fx: &mut Vec<Effect>,
+    ) -> Msg {
+        let result = self.index.sync_start(
+            &m.instance_id,
+            m.worker_id,
+            &m.location,
+            &m.sync_id,
+            m.total_keys,
+            m.batch_count,
+            now,
+        );
+        let error_msg = result.err().map(|e| e.to_string());
+        fx.push(Effect::Report(Event::SyncStarted {
+            key: key(&m.instance_id, m.worker_id),
+            sync_id: m.sync_id.clone(),
+            error: error_msg.clone(),
+        }));
+        Msg::FullSyncStartRetMsg(FullSyncStartRetMsg {
+            sync_id: m.sync_id,
+            accepted: error_msg.is_none(),
+            error_msg,
+        })
+    }
+
+    fn on_sync_status(&self, m: crate::protocol::FullSyncStatusMsg) -> Msg {
+        let s = self
+            .index
+            .sync_status(&m.instance_id, m.worker_id, &m.sync_id);
+        Msg::FullSyncStatusRetMsg(FullSyncStatusRetMsg {
+            sync_id: m.sync_id,
+            is_complete: s.is_complete,
+            global_progress: s.global_progress,
+            can_exit_freeze: s.can_exit_freeze,
+            missing_batches: s.missing_batches,
+        })
+    }
+
+    fn on_ops(
+        &mut self,
+        instance_id: &str,
+        worker_id: i64,
+        location: &str,
+        ops: &[KVOpEvent],
+        now: f64,
+        fx: &mut Vec<Effect>,
+    ) {
+        let outcome = self.apply_batch(instance_id, worker_id, location, ops, now);
+        fx.push(Effect::Report(Event::Batch {
+            key: key(instance_id, worker_id),
+            location: location.to_owned(),
+            outcome,
+        }));
+    }
+
+    fn on_sync_batch(
+        &mut self,
+        m: &crate::protocol::FullSyncBatchMsg,
+        now: f64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), DropReason> {
+        let before = self.index.keys_refused();
+        let outcome = self.index.sync_batch(
+            &m.instance_id,
+            m.worker_id,
+            &m.location,
+            &m.sync_id,
+            m.batch_id,
+            &m.keys,
+            now,
+        );
+        let refused = self.index.keys_refused().saturating_sub(before);
+        let k = key(&m.instance_id, m.worker_id);
+        if refused > 0 {
+            fx.push(Effect::Report(Event::KeysRefused {
+                key: k.clone(),
+                location: m.location.clone(),
+                count: refused,
+            }));
+        }
+        match outcome {
+            SyncBatchOutcome::Accepted => Ok(()),
+            SyncBatchOutcome::Completed => {
+                fx.push(Effect::Report(Event::SyncCompleted {
+                    key: k,
+                    sync_id: m.sync_id.clone(),
+                    by_batch: true,
+                }));
+                Ok(())
+            }
+            SyncBatchOutcome::Rejected => {
+                fx.push(Effect::Report(Event::StaleSyncBatch {
+                    key: k,
+                    sync_id: m.sync_id.clone(),
+                    batch: m.batch_id,
+                }));
+                Err(DropReason::StaleSync)
+            }
+            SyncBatchOutcome::TooLarge => {
+                fx.push(Effect::Report(Event::SyncBatchTooLarge {
+                    key: k,
+                    keys: m.keys.len(),
+                }));
+                Err(DropReason::TooManyOps)
+            }
+            SyncBatchOutcome::OverBudget => {
+                fx.push(Effect::Report(Event::SyncRangesRefused {
+                    key: k,
+                    batch: m.batch_id,
+                    limit: self.index.config().max_sync_ranges,
+                }));
+                Err(DropReason::SyncRanges)
+            }
+        }
+    }
+
+    fn on_sync_end(
+        &mut self,
+        m: &crate::protocol::FullSyncEndMsg,
+        now: f64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), DropReason> {
+        let outcome = self.index.sync_end(
+            &m.instance_id,
+            m.worker_id,
+            &m.sync_id,
+            m.actual_total_keys,
+            now,
+        );
+        let k = key(&m.instance_id, m.worker_id);
+        let sync_id = m.sync_id.clone();
+        match outcome {
+            SyncEndOutcome::Completed => {
+                fx.push(Effect::Report(Event::SyncCompleted {
+                    key: k,
+                    sync_id,
+                    by_batch: false,
+                }));
+                Ok(())
+            }
+            SyncEndOutcome::Incomplete { missing } => {
+                fx.push(Effect::Report(Event::SyncIncomplete {
+                    key: k,
+                    sync_id,
+                    missing,
+                }));
+                Ok(())
+            }
+            SyncEndOutcome::Rejected => Err(DropReason::StaleSync),
+        }
+    }
+
+    fn on_deregister(&mut self, instance_id: &str, worker_id: i64, fx: &mut Vec<Effect>) {
+        let k = key(instance_id, worker_id);
+        if self.index.deregister(instance_id, worker_id) {
+            self.close_downlink(&k, fx);
+            fx.push(Effect::Report(Event::WorkerRemoved {
+                key: k,
+                reason: RemovalReason::Deregistered,
+            }));
+        } else {
+            fx.push(Effect::Report(Event::UnknownDeregistration { key: k }));
+        }
+    }
+
+    /// Checks the model's invariant: every registered worker has exactly one downlink record,
+    /// and no record belongs to an unregistered worker. For tests and fuzzing.
+    ///
+    /// # Errors
+    /// A description of the first disagreement.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let workers = self.index.workers();
+        for w in &workers {
+            if !self
+                .downlinks
+                .contains_key(&key(&w.instance_id, w.worker_id))
+            {
+                return Err(format!(
+                    "worker {}/{} has no downlink",
+                    w.instance_id, w.worker_id
+                ));
+            }
+        }
+        if workers.len() != self.downlinks.len() {
+            return Err(format!(
+                "{} workers but {} downlinks",
+                workers.len(),
+                self.downlinks.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

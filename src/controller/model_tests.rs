@@ -1,0 +1,323 @@
+//! Unit tests of the [`Fleet`] model: no runtime, no sockets, no clock — `now` is a number.
+
+use super::*;
+use crate::index::IndexConfig;
+use crate::protocol::ChunkHash;
+use crate::protocol::{DeRegisterMsg, FullSyncStartMsg, HeartbeatMsg, KVAdmitMsg, RegisterMsg};
+
+fn fleet() -> Fleet {
+    Fleet::new(
+        Index::with_config(IndexConfig::default()),
+        CommandLog::default(),
+    )
+}
+
+fn ctx(now: f64) -> RequestContext {
+    RequestContext {
+        now,
+        heartbeat_url: Some("127.0.0.1:8082".into()),
+    }
+}
+
+fn register(inst: &str, wid: i64, port: i64) -> Msg {
+    Msg::RegisterMsg(RegisterMsg {
+        instance_id: inst.into(),
+        worker_id: wid,
+        ip: "127.0.0.1".into(),
+        port,
+        peer_init_url: None,
+    })
+}
+
+fn deregister(inst: &str, wid: i64) -> Msg {
+    Msg::DeRegisterMsg(DeRegisterMsg {
+        instance_id: inst.into(),
+        worker_id: wid,
+        ip: "127.0.0.1".into(),
+        port: 1,
+    })
+}
+
+fn heartbeat(inst: &str, wid: i64, port: i64) -> Msg {
+    Msg::HeartbeatMsg(HeartbeatMsg {
+        instance_id: inst.into(),
+        worker_id: wid,
+        ip: "127.0.0.1".into(),
+        port,
+        peer_init_url: None,
+    })
+}
+
+fn k(inst: &str, wid: i64) -> WorkerKey {
+    (inst.to_owned(), wid)
+}
+
+/// The downlink effects only (reports dropped).
+fn links(fx: Vec<Effect>) -> Vec<Effect> {
+    fx.into_iter()
+        .filter(|e| !matches!(e, Effect::Report(_)))
+        .collect()
+}
+
+/// A stand-in for the driver's live tasks: key -> generation, changed by effects exactly as
+/// the driver changes its map.
+#[derive(Default)]
+struct Live(HashMap<WorkerKey, u64>);
+
+impl Live {
+    fn perform(&mut self, fx: &[Effect]) {
+        for e in fx {
+            match e {
+                Effect::OpenDownlink {
+                    key, generation, ..
+                } => {
+                    self.0.insert(key.clone(), *generation);
+                }
+                Effect::CloseDownlink { key, generation } => {
+                    if self.0.get(key) == Some(generation) {
+                        self.0.remove(key);
+                    }
+                }
+                Effect::Report(_) => {}
+            }
+        }
+    }
+
+    /// Every registered worker has exactly one live downlink, of the model's generation, and
+    /// nothing else lives.
+    fn agrees_with(&self, fleet: &Fleet) {
+        fleet.check_invariants().expect("model invariant");
+        let model: HashMap<WorkerKey, u64> = fleet
+            .downlinks()
+            .map(|(k, d)| (k.clone(), d.generation))
+            .collect();
+        assert_eq!(self.0, model, "live downlinks == the model's registry");
+    }
+}
+
+#[test]
+fn register_opens_one_downlink_and_reregistering_keeps_it() {
+    let mut f = fleet();
+    let (reply, fx) = f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(10.0));
+    let Msg::RegisterRetMsg(r) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(
+        r.extra_config.get("heartbeat_url").map(String::as_str),
+        Some("127.0.0.1:8082")
+    );
+    assert_eq!(
+        links(fx),
+        vec![Effect::OpenDownlink {
+            key: k("a", 0),
+            generation: 1,
+            endpoint: "127.0.0.1:9000".into()
+        }]
+    );
+    assert_eq!(
+        f.index().worker("a", 0).map(|w| w.registration_time),
+        Some(10.0)
+    );
+    // Same endpoint: the downlink stays.
+    let (_, fx) = f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(11.0));
+    assert!(links(fx).is_empty());
+    // New endpoint: a new generation replaces it.
+    let (_, fx) = f.on_request(RouterKind::Reply, register("a", 0, 9001), &ctx(12.0));
+    assert_eq!(
+        links(fx),
+        vec![Effect::OpenDownlink {
+            key: k("a", 0),
+            generation: 2,
+            endpoint: "127.0.0.1:9001".into()
+        }]
+    );
+    assert_eq!(f.downlink("a", 0).map(|d| d.generation), Some(2));
+}
+
+/// The race of issue 9, at model level: DeRegister (PULL) and Register (ROUTER) of a
+/// restarting worker. Each message is one atomic model step; even if the driver performed a
+/// step's effects late (the close of the old registration after the open of the new one), the
+/// close names its generation and cannot take the new downlink down.
+#[test]
+fn deregister_then_register_leaves_exactly_the_new_downlink() {
+    let mut f = fleet();
+    let mut live = Live::default();
+    let (_, fx) = f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(1.0));
+    live.perform(&fx);
+    let (res, close) = f.on_push(deregister("a", 0), 2.0);
+    assert_eq!(res, Ok(()));
+    let (_, open) = f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(2.0));
+    // The bad order: open of the new registration, then the close of the old one.
+    live.perform(&open);
+    live.perform(&close);
+    live.agrees_with(&f);
+    assert_eq!(live.0.get(&k("a", 0)), Some(&2));
+
+    // And the opposite order (register first, then a deregister that arrives late) removes
+    // both the worker and its downlink: nothing leaks.
+    let (_, fx) = f.on_push(deregister("a", 0), 3.0);
+    live.perform(&fx);
+    live.agrees_with(&f);
+    assert!(live.0.is_empty() && f.index().worker_count() == 0);
+}
+
+/// Every interleaving of register / deregister / heartbeat over a few workers keeps one live
+/// downlink per registered worker, with effects performed in order or with closes delayed.
+#[test]
+fn random_interleavings_keep_model_and_live_downlinks_in_agreement() {
+    let mut f = fleet();
+    let mut live = Live::default();
+    let mut delayed: Vec<Effect> = Vec::new();
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    for step in 0..5_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let wid = (seed % 3) as i64;
+        let port = 9000 + ((seed >> 8) % 2) as i64;
+        let now = f64::from(step);
+        let fx = match (seed >> 16) % 3 {
+            0 => {
+                f.on_request(RouterKind::Reply, register("i", wid, port), &ctx(now))
+                    .1
+            }
+            1 => f.on_push(deregister("i", wid), now).1,
+            _ => {
+                f.on_request(RouterKind::Heartbeat, heartbeat("i", wid, port), &ctx(now))
+                    .1
+            }
+        };
+        // Closes are sometimes performed one step late, after the next step's opens.
+        let (closes, rest): (Vec<Effect>, Vec<Effect>) = fx
+            .into_iter()
+            .partition(|e| matches!(e, Effect::CloseDownlink { .. }));
+        live.perform(&rest);
+        live.perform(&std::mem::take(&mut delayed));
+        if (seed >> 24) % 2 == 0 {
+            delayed = closes;
+        } else {
+            live.perform(&closes);
+        }
+        f.check_invariants().expect("model invariant");
+    }
+    live.perform(&delayed);
+    live.agrees_with(&f);
+}
+
+#[test]
+fn heartbeat_of_an_unknown_worker_registers_it_with_a_downlink() {
+    let mut f = fleet();
+    let (reply, fx) = f.on_request(RouterKind::Heartbeat, heartbeat("a", 3, 7000), &ctx(5.0));
+    let Msg::HeartbeatRetMsg(r) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(r.commands.len(), 1);
+    assert_eq!(
+        r.commands[0],
+        HeartbeatCommand::full_sync(REASON_WORKER_RE_REGISTERED)
+    );
+    assert_eq!(links(fx).len(), 1);
+    assert!(f.downlink("a", 3).is_some());
+    // The heartbeat socket takes heartbeats only.
+    let (reply, fx) = f.on_request(RouterKind::Heartbeat, register("a", 4, 1), &ctx(5.0));
+    assert!(matches!(reply, Msg::ErrorMsg(_)) && fx.is_empty());
+}
+
+#[test]
+fn probe_removes_only_the_silent_registration_it_probed() {
+    let mut f = fleet();
+    f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(0.0));
+    f.on_request(RouterKind::Reply, register("a", 1, 9001), &ctx(0.0));
+    let targets = f.stale_workers(100.0, 60.0);
+    assert_eq!(targets.len(), 2);
+    assert_eq!(targets[0].generation, 1);
+
+    // a/0 re-registered on a new endpoint after the sweep began: its old probe is void.
+    f.on_request(RouterKind::Reply, register("a", 0, 9100), &ctx(90.0));
+    let (removed, fx) = f.probe_failed(&targets[0], 100.0, 200.0);
+    assert!(!removed && fx.is_empty());
+    // a/1 spoke meanwhile: still registered.
+    f.on_request(RouterKind::Heartbeat, heartbeat("a", 1, 9001), &ctx(95.0));
+    let (removed, _) = f.probe_failed(&targets[1], 100.0, 60.0);
+    assert!(!removed);
+    // Silent and the same registration: removed, and exactly its downlink closed.
+    let (removed, fx) = f.probe_failed(&targets[1], 200.0, 60.0);
+    assert!(removed);
+    assert_eq!(
+        links(fx),
+        vec![Effect::CloseDownlink {
+            key: k("a", 1),
+            generation: 2
+        }]
+    );
+    f.check_invariants().expect("invariant");
+    assert_eq!(f.index().worker_count(), 1);
+
+    // A probe answered keeps a worker: it counts as seen.
+    let t = f.stale_workers(1_000.0, 60.0);
+    f.probe_answered(&t[0], 1_000.0);
+    assert!(f.stale_workers(1_000.0, 60.0).is_empty());
+}
+
+#[test]
+fn full_sync_expires_on_the_model_clock() {
+    let mut f = fleet();
+    f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(0.0));
+    let start = Msg::FullSyncStartMsg(FullSyncStartMsg {
+        instance_id: "a".into(),
+        worker_id: 0,
+        location: "cpu".into(),
+        sync_id: "s1".into(),
+        total_keys: 10,
+        batch_count: 2,
+    });
+    let (reply, _) = f.on_request(RouterKind::Reply, start, &ctx(1.0));
+    assert!(
+        matches!(reply, Msg::FullSyncStartRetMsg(ref r) if r.accepted),
+        "{reply:?}"
+    );
+    assert!(
+        f.expire_syncs(100.0, 300.0).is_empty(),
+        "99 s of silence < 300 s"
+    );
+    let fx = f.expire_syncs(302.0, 300.0);
+    assert_eq!(
+        fx,
+        vec![Effect::Report(Event::SyncExpired { key: k("a", 0) })]
+    );
+    // The next heartbeat asks the worker to retry.
+    let (reply, _) = f.on_request(RouterKind::Heartbeat, heartbeat("a", 0, 9000), &ctx(303.0));
+    assert!(
+        matches!(reply, Msg::HeartbeatRetMsg(ref r) if r.commands.len() == 1),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn push_messages_report_their_drop_reason() {
+    let mut f = fleet();
+    let (res, _) = f.on_push(register("a", 0, 1), 0.0);
+    assert_eq!(res, Err(DropReason::WrongSocket));
+    assert_eq!(DropReason::WrongSocket.label(), "wrong_socket");
+    assert_eq!(DropReason::StaleSync.label(), "stale_sync");
+    assert_eq!(DropReason::TooManyOps.label(), "too_many_ops");
+    let (res, fx) = f.on_push(deregister("ghost", 0), 0.0);
+    assert_eq!(res, Ok(()));
+    assert_eq!(
+        fx,
+        vec![Effect::Report(Event::UnknownDeregistration {
+            key: k("ghost", 0)
+        })]
+    );
+    f.on_request(RouterKind::Reply, register("a", 0, 9000), &ctx(0.0));
+    let admit = Msg::KVAdmitMsg(KVAdmitMsg {
+        instance_id: "a".into(),
+        worker_id: 0,
+        key: ChunkHash::from_i64(7),
+        location: "cpu".into(),
+        seq_num: 0,
+    });
+    let (res, _) = f.on_push(admit, 1.0);
+    assert_eq!(res, Ok(()));
+    assert_eq!(f.index().key_count(), 1);
+}
