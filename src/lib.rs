@@ -33,6 +33,7 @@ pub mod config;
 pub mod controller;
 pub mod http;
 pub mod index;
+pub mod indexer;
 pub mod metrics;
 pub mod protocol;
 pub mod transport;
