@@ -99,7 +99,8 @@ pub enum KvEvent {
     Stored(Stored),
     /// Blocks were removed.
     Removed(Removed),
-    /// Every block of the stream was cleared: of one tier, or of all (`None`).
+    /// Every block of the stream was cleared: of one tier (vLLM's `AllBlocksCleared` covers
+    /// the GPU tier unless it names another), or of all tiers (`None`, Mooncake's `cleared`).
     Cleared(Option<Medium>),
 }
 
@@ -421,10 +422,7 @@ fn removed(h: &Value<'_>, m: &Value<'_>, g: &Value<'_>) -> Result<KvEvent, Event
 }
 
 fn cleared(m: &Value<'_>) -> Result<KvEvent, EventError> {
-    Ok(KvEvent::Cleared(match m {
-        Value::Nil => None,
-        v => Some(medium(v)?),
-    }))
+    Ok(KvEvent::Cleared(Some(medium(m)?)))
 }
 
 fn medium(v: &Value<'_>) -> Result<Medium, EventError> {

@@ -137,7 +137,7 @@ fn removed_and_cleared_in_both_layouts() {
     let map = hx("93 cb3ff8000000000000 91 81 'type' 'AllBlocksCleared' c0");
     for bytes in [legacy, map] {
         let batch = decode_batch(&bytes).expect("decodes");
-        assert_eq!(batch.events, vec![KvEvent::Cleared(None)]);
+        assert_eq!(batch.events, vec![KvEvent::Cleared(Some(Medium::Gpu))]);
         assert_eq!(batch.dp_rank, None);
     }
 }

@@ -7,4 +7,7 @@
 
 pub mod events;
 pub mod hash;
+pub mod index;
 mod msgpack;
+pub mod seq;
+mod table;

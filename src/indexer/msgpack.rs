@@ -46,11 +46,6 @@ impl<'a> Value<'a> {
             _ => None,
         }
     }
-
-    /// True for nil.
-    pub(crate) fn is_nil(&self) -> bool {
-        matches!(self, Value::Nil)
-    }
 }
 
 /// Why bytes are not one msgpack value.
