@@ -5,9 +5,12 @@
 //! Rules: a live message with the next sequence number is applied; an older one is a
 //! duplicate, unless it looks like a publisher restart (back to the first number, or far
 //! below), which clears the stream; a jump is a gap, which starts a replay from the first
-//! missing number. A (re)connect starts a replay proactively. While a replay runs, live
-//! messages are buffered (bounded); when it ends they are applied in order after the replayed
-//! ones, so a late replayed store never resurrects a block a newer live event removed.
+//! missing number. A (re)connect starts a replay from the first number proactively (the
+//! publisher may have restarted while we were away: if its whole history ends before the
+//! last number applied, it did, and the stream is cleared). While a replay runs, replies and
+//! live messages are buffered together by sequence number (bounded); when it ends they are
+//! applied in order, so a late replayed store never resurrects a block a newer live event
+//! removed.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +80,10 @@ struct Replay<T> {
     from: u64,
     attempts: u32,
     first_reply: bool,
+    /// Started by a (re)connect: the end checks for a publisher restart.
+    on_connect: bool,
+    /// The highest sequence number among the replies.
+    max_reply: Option<u64>,
     buffered: BTreeMap<u64, T>,
 }
 
@@ -121,22 +128,28 @@ impl<T> SeqTracker<T> {
     }
 
     fn start_replay(&mut self, out: &mut Vec<Step<T>>) {
-        let from = self.next_expected();
+        self.start_replay_from(self.next_expected(), false, out);
+    }
+
+    fn start_replay_from(&mut self, from: u64, on_connect: bool, out: &mut Vec<Step<T>>) {
         self.counters.replays += 1;
         self.replay = Some(Replay {
             from,
             attempts: 0,
             first_reply: true,
+            on_connect,
+            max_reply: None,
             buffered: BTreeMap::new(),
         });
         out.push(Step::Replay(from));
     }
 
-    /// The subscriber (re)connected: replay proactively from the first missing number.
+    /// The subscriber (re)connected: replay proactively from the first number, so that a
+    /// publisher that restarted meanwhile is recognised by its shorter history.
     pub fn on_connect(&mut self) -> Vec<Step<T>> {
         let mut out = Vec::new();
         if self.config.replay && self.replay.is_none() {
-            self.start_replay(&mut out);
+            self.start_replay_from(self.config.first_seq, true, &mut out);
         }
         out
     }
@@ -150,12 +163,8 @@ impl<T> SeqTracker<T> {
     /// A live message arrived.
     pub fn on_live(&mut self, seq: u64, item: T) -> Vec<Step<T>> {
         let mut out = Vec::new();
-        if let Some(r) = &mut self.replay {
-            if r.buffered.len() >= self.config.max_buffered && !r.buffered.contains_key(&seq) {
-                self.counters.buffer_overflows += 1;
-            } else {
-                r.buffered.insert(seq, item);
-            }
+        if self.replay.is_some() {
+            self.buffer(seq, item);
             return out;
         }
         let Some(last) = self.last else {
@@ -200,32 +209,47 @@ impl<T> SeqTracker<T> {
         out
     }
 
+    /// Buffers a message while a replay runs (bounded; one already there is kept).
     fn buffer(&mut self, seq: u64, item: T) {
         if let Some(r) = &mut self.replay {
+            if r.buffered.contains_key(&seq) {
+                return;
+            }
+            if r.buffered.len() >= self.config.max_buffered {
+                self.counters.buffer_overflows += 1;
+                return;
+            }
             r.buffered.insert(seq, item);
         }
     }
 
-    /// A replay reply arrived.
+    /// A replay reply arrived; it is applied when the replay ends.
     pub fn on_replay(&mut self, seq: u64, item: T) -> Vec<Step<T>> {
-        let mut out = Vec::new();
         let Some(r) = &mut self.replay else {
-            return out;
+            return Vec::new();
         };
         if std::mem::take(&mut r.first_reply) && seq > r.from {
             self.counters.partial_replays += 1;
         }
-        match self.last {
-            Some(last) if seq <= last => self.counters.duplicates += 1,
-            _ => self.apply(seq, item, &mut out),
-        }
-        out
+        r.max_reply = r.max_reply.max(Some(seq));
+        self.buffer(seq, item);
+        Vec::new()
     }
 
-    /// The replay's end marker arrived: apply what was buffered, in order.
+    /// The replay's end marker arrived: apply the replies and the live messages buffered
+    /// meanwhile, in order (after a [`Step::Clear`] if the publisher restarted).
     pub fn on_replay_end(&mut self) -> Vec<Step<T>> {
         let mut out = Vec::new();
         if let Some(r) = self.replay.take() {
+            let history_ends_before_last = r.on_connect
+                && self
+                    .last
+                    .is_some_and(|last| r.max_reply.is_none_or(|m| m < last));
+            if history_ends_before_last {
+                self.counters.restarts += 1;
+                self.last = None;
+                out.push(Step::Clear);
+            }
             self.flush(r.buffered, &mut out);
         }
         out
@@ -255,9 +279,11 @@ impl<T> SeqTracker<T> {
         };
         r.attempts += 1;
         if r.attempts < self.config.max_replay_attempts {
-            r.from = from;
+            if !r.on_connect {
+                r.from = from;
+            }
             r.first_reply = true;
-            out.push(Step::Replay(from));
+            out.push(Step::Replay(r.from));
             return out;
         }
         let buffered = self.replay.take().map(|r| r.buffered).unwrap_or_default();

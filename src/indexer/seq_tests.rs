@@ -48,8 +48,33 @@ fn connect_replays_proactively_and_buffers_live_traffic() {
     }
     got.extend(applied(&t.on_replay_end()));
     assert_eq!(got, vec![0, 1, 2, 3, 4, 5, 6]);
-    assert_eq!(t.counters().duplicates, 1, "live 5 was replayed already");
     assert_eq!(applied(&t.on_live(7, "L7")), vec![7]);
+}
+
+#[test]
+fn reconnecting_to_a_restarted_publisher_clears_the_stream() {
+    let mut t = SeqTracker::new(SeqConfig::default());
+    t.on_connect();
+    for s in 0..100 {
+        t.on_replay(s, ());
+    }
+    assert_eq!(applied(&t.on_replay_end()).len(), 100);
+    // The connection drops; the engine restarts and publishes 5 batches before we are back.
+    assert_eq!(t.on_connect(), vec![Step::Replay(0)]);
+    for s in 0..5 {
+        t.on_replay(s, ());
+    }
+    let steps = t.on_replay_end();
+    assert_eq!(steps.first(), Some(&Step::Clear));
+    assert_eq!(applied(&steps), vec![0, 1, 2, 3, 4]);
+    assert_eq!(t.counters().restarts, 1);
+    // Reconnecting to the same publisher, which went on counting, is not a restart.
+    t.on_connect();
+    for s in 0..7 {
+        t.on_replay(s, ());
+    }
+    assert_eq!(applied(&t.on_replay_end()), vec![5, 6]);
+    assert_eq!(t.counters().restarts, 1);
 }
 
 #[test]
@@ -75,8 +100,11 @@ fn a_gap_replays_from_the_first_missing_number() {
 fn a_wrapped_ring_is_counted_as_partial() {
     let mut t = SeqTracker::new(SeqConfig::default());
     t.on_connect();
-    assert_eq!(applied(&t.on_replay(40, ())), vec![40]);
-    t.on_replay_end();
+    assert!(
+        applied(&t.on_replay(40, ())).is_empty(),
+        "applied at the end"
+    );
+    assert_eq!(applied(&t.on_replay_end()), vec![40]);
     assert_eq!(t.counters().partial_replays, 1);
 }
 
