@@ -41,12 +41,14 @@
 
 mod client;
 mod listener;
+mod subscriber;
 
 pub use client::{DealerClient, PushSender, RepServer, ReqClient};
 pub use listener::{
     PeerId, PullListener, RouterListener, RouterReceiver, RouterRequest, RouterSender,
     DEFAULT_REPLY_TIMEOUT,
 };
+pub use subscriber::{ReplayClient, Subscriber, SubscriberEvent};
 
 use std::net::SocketAddr;
 use std::time::Duration;
