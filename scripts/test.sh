@@ -14,6 +14,14 @@ cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
+echo "== the worker library alone: builds and lints without the server's dependencies"
+cargo clippy --no-default-features --features worker --lib -- -D warnings
+if cargo tree --no-default-features --features worker -e normal --prefix none \
+    | grep -E '^(axum|prometheus|rust-embed|clap|tracing-subscriber|dashmap) '; then
+    echo "the worker feature must not depend on the crates above" >&2
+    exit 1
+fi
+
 echo "== cargo test"
 cargo test --lib --bins --tests --examples
 

@@ -28,30 +28,51 @@
 //! [`start`] binds every socket and returns a [`Server`] with the bound addresses (port 0
 //! works everywhere); [`run`] serves until a cancellation token fires.
 
-pub mod bench;
+// Below everything: wire types, sockets, configuration. The worker library needs only these.
 pub mod config;
-pub mod controller;
-pub mod http;
-pub mod index;
-pub mod indexer;
-pub mod metrics;
 pub mod protocol;
 pub mod transport;
+#[cfg(feature = "worker")]
 pub mod worker;
 
+// The server side (feature `server`, on by default).
+#[cfg(feature = "server")]
+pub mod bench;
+#[cfg(feature = "server")]
+pub mod controller;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "server")]
+pub mod index;
+#[cfg(feature = "server")]
+pub mod indexer;
+#[cfg(feature = "server")]
+pub mod metrics;
+
+#[cfg(feature = "server")]
 use config::ServeConfig;
+#[cfg(feature = "server")]
 use controller::handlers::RouterKind;
+#[cfg(feature = "server")]
 use controller::state::host_port;
+#[cfg(feature = "server")]
 use controller::{loops, BoundAddrs, Shared};
+#[cfg(feature = "server")]
 use std::sync::Arc;
+#[cfg(feature = "server")]
 use std::time::Duration;
+#[cfg(feature = "server")]
 use thiserror::Error;
+#[cfg(feature = "server")]
 use tokio_util::sync::CancellationToken;
+#[cfg(feature = "server")]
 use tokio_util::task::TaskTracker;
 
+#[cfg(feature = "server")]
 /// How long shutdown waits for tasks to drain before giving up on them.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
+#[cfg(feature = "server")]
 /// Why the server could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -75,6 +96,7 @@ pub enum StartError {
     },
 }
 
+#[cfg(feature = "server")]
 /// A running kvplane server.
 pub struct Server {
     /// The addresses actually bound.
@@ -85,6 +107,7 @@ pub struct Server {
     tasks: TaskTracker,
 }
 
+#[cfg(feature = "server")]
 impl Server {
     /// Stops every loop and waits (at most a few seconds) for them to finish.
     pub async fn stop(self) {
@@ -99,6 +122,7 @@ impl Server {
     }
 }
 
+#[cfg(feature = "server")]
 /// Binds every socket and starts serving.
 ///
 /// # Errors
@@ -219,6 +243,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
     })
 }
 
+#[cfg(feature = "server")]
 /// Serves until `shutdown` is cancelled, then drains.
 ///
 /// # Errors

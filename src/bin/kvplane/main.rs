@@ -2,7 +2,9 @@
 
 use anyhow::Context;
 use clap::Parser;
-use kvplane::config::{Cli, Command};
+mod cli;
+
+use cli::{Cli, Command};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> anyhow::Result<()> {

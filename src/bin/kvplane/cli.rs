@@ -1,0 +1,276 @@
+//! The command line: every subcommand's flags, each also read from `KVPLANE_<FLAG>`, turned
+//! into the library's validated configurations. Defaults come from
+//! [`kvplane::config::defaults`].
+
+use clap::{Args, Parser, Subcommand};
+use kvplane::config::{self, defaults, ApiToken, ConfigError, MonitorPorts, ServeConfig};
+
+/// `kvplane`: a control plane for distributed LLM KV caches.
+#[derive(Debug, Parser)]
+#[command(name = "kvplane", version, about)]
+pub(crate) struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the controller (LMCache 0.5.6 compatible).
+    Serve(ServeArgs),
+    /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
+    Bench(kvplane::bench::BenchArgs),
+}
+
+/// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ServeArgs {
+    /// Address every socket binds to.
+    #[arg(long, env = "KVPLANE_HOST", default_value = defaults::HOST)]
+    host: String,
+    /// HTTP port (API, dashboard, metrics). 0 picks a free port.
+    #[arg(long, env = "KVPLANE_PORT", default_value_t = defaults::HTTP_PORT)]
+    port: u16,
+    /// ZMQ ports as JSON, any subset of {"pull","reply","heartbeat"}; a key left out is not
+    /// bound. 0 picks a free port.
+    #[arg(long, env = "KVPLANE_MONITOR_PORTS", default_value = defaults::MONITOR_PORTS)]
+    monitor_ports: String,
+    /// Deprecated in LMCache and ignored there too (0.5.6 always uses --monitor-ports).
+    #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
+    pub(crate) monitor_port: Option<u16>,
+    /// Seconds between liveness sweeps; -1 (or 0) turns them off.
+    #[arg(
+        long,
+        env = "KVPLANE_HEALTH_CHECK_INTERVAL",
+        default_value_t = defaults::HEALTH_CHECK_INTERVAL_S,
+        allow_hyphen_values = true
+    )]
+    health_check_interval: f64,
+    /// Seconds of silence after which a worker is probed, and removed if the probe fails.
+    #[arg(long, env = "KVPLANE_LMCACHE_WORKER_TIMEOUT", default_value_t = defaults::WORKER_TIMEOUT_S)]
+    lmcache_worker_timeout: f64,
+    /// Host put in `RegisterRetMsg.heartbeat_url` (default: the bind host, or when that is
+    /// 0.0.0.0, 127.0.0.1 for workers on this host and this host's outward address otherwise).
+    #[arg(long, env = "KVPLANE_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
+    /// Seconds a command on a worker's downlink may take before it fails with a timeout.
+    #[arg(long, env = "KVPLANE_DOWNLINK_TIMEOUT", default_value_t = defaults::DOWNLINK_TIMEOUT_S)]
+    downlink_timeout: f64,
+    /// Seconds without progress after which a full sync is marked failed (the worker is then
+    /// told to retry on its next heartbeat).
+    #[arg(long, env = "KVPLANE_FULL_SYNC_TIMEOUT", default_value_t = defaults::FULL_SYNC_TIMEOUT_S)]
+    full_sync_timeout: f64,
+    /// Fraction of workers whose sync must be complete before workers may leave freeze mode.
+    #[arg(
+        long,
+        env = "KVPLANE_FULL_SYNC_COMPLETION_THRESHOLD",
+        default_value_t = defaults::FULL_SYNC_COMPLETION_THRESHOLD
+    )]
+    full_sync_completion_threshold: f64,
+    /// Largest frame accepted on any ZMQ socket, in bytes; a peer sending a larger one is
+    /// disconnected (counted).
+    #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = defaults::MAX_FRAME_BYTES)]
+    max_frame_bytes: usize,
+    /// Most workers registered at once; registrations (and heartbeats of unknown workers)
+    /// beyond are refused with an ErrorMsg.
+    #[arg(long, env = "KVPLANE_MAX_WORKERS", default_value_t = defaults::MAX_WORKERS)]
+    max_workers: usize,
+    /// Most keys one worker may hold over all its locations; admits of new keys beyond are
+    /// dropped and counted (evicts always apply).
+    #[arg(long, env = "KVPLANE_MAX_KEYS_PER_WORKER", default_value_t = defaults::MAX_KEYS_PER_WORKER)]
+    max_keys_per_worker: u64,
+    /// Most operations in one admit/evict batch (and keys in one full-sync batch); larger
+    /// batches are dropped whole and counted.
+    #[arg(long, env = "KVPLANE_MAX_BATCH_OPS", default_value_t = defaults::MAX_BATCH_OPS)]
+    max_batch_ops: usize,
+    /// Largest HTTP request body, in bytes; larger requests get 413.
+    #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+    /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
+    /// require; unset, they are open to anyone who reaches the HTTP port.
+    #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
+    api_token: Option<ApiToken>,
+    /// Tokens per chunk when HTTP /lookup hashes tokens (LMCache's `chunk_size`).
+    #[arg(long, env = "KVPLANE_LOOKUP_CHUNK_SIZE", default_value_t = defaults::LOOKUP_CHUNK_SIZE)]
+    lookup_chunk_size: usize,
+    /// Prefix hash of the first chunk when HTTP /lookup hashes tokens (LMCache's `NONE_HASH`:
+    /// 0, or vLLM's when the workers import vLLM); any integer in [-2^63, 2^64-1].
+    #[arg(
+        long,
+        env = "KVPLANE_LOOKUP_NONE_HASH",
+        default_value_t = defaults::LOOKUP_NONE_HASH.to_string(),
+        allow_hyphen_values = true
+    )]
+    lookup_none_hash: String,
+}
+
+fn parse_token(s: &str) -> Result<ApiToken, std::convert::Infallible> {
+    Ok(ApiToken::new(s))
+}
+
+impl ServeArgs {
+    /// Validates the flags into the library's configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag at fault.
+    pub(crate) fn validate(&self) -> Result<ServeConfig, ConfigError> {
+        Ok(ServeConfig {
+            host: self.host.clone(),
+            http_port: self.port,
+            monitor_ports: MonitorPorts::from_json(&self.monitor_ports)?,
+            health_check_interval: config::period_or_off(
+                "health-check-interval",
+                self.health_check_interval,
+            )?,
+            worker_timeout: config::positive_seconds(
+                "lmcache-worker-timeout",
+                self.lmcache_worker_timeout,
+            )?,
+            advertise_host: self.advertise_host.clone().filter(|h| !h.is_empty()),
+            downlink_timeout: config::positive_seconds("downlink-timeout", self.downlink_timeout)?,
+            full_sync_timeout: config::positive_seconds(
+                "full-sync-timeout",
+                self.full_sync_timeout,
+            )?,
+            full_sync_completion_threshold: config::fraction(
+                "full-sync-completion-threshold",
+                self.full_sync_completion_threshold,
+            )?,
+            max_frame_bytes: config::at_least_one("max-frame-bytes", self.max_frame_bytes)?,
+            max_workers: config::at_least_one("max-workers", self.max_workers)?,
+            max_keys_per_worker: self.max_keys_per_worker,
+            max_batch_ops: config::at_least_one("max-batch-ops", self.max_batch_ops)?,
+            max_body_bytes: config::at_least_one("max-body-bytes", self.max_body_bytes)?,
+            api_token: self.api_token.clone().and_then(ApiToken::non_empty),
+            lookup_chunk_size: config::at_least_one("lookup-chunk-size", self.lookup_chunk_size)?,
+            lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvplane::protocol::ChunkHash;
+    use std::time::Duration;
+
+    fn parse(args: &[&str]) -> Result<ServeConfig, String> {
+        let mut full = vec!["kvplane", "serve"];
+        full.extend_from_slice(args);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
+            Command::Bench(_) => Err("not serve".into()),
+        }
+    }
+
+    #[test]
+    fn defaults_match_lmcache() {
+        let c = parse(&[]).expect("defaults are valid");
+        assert_eq!((c.host.as_str(), c.http_port), ("0.0.0.0", 9000));
+        assert_eq!(
+            c.monitor_ports,
+            MonitorPorts {
+                pull: Some(8300),
+                reply: Some(8400),
+                heartbeat: Some(8082)
+            }
+        );
+        assert_eq!(c.worker_timeout, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn monitor_ports_subset_and_errors() {
+        let c = parse(&["--monitor-ports", r#"{"pull":0,"reply":0}"#]).expect("subset");
+        assert_eq!(c.monitor_ports.heartbeat, None);
+        let e = parse(&["--monitor-ports", r#"{"pull":1,"bogus":2}"#]).expect_err("unknown key");
+        assert!(e.contains("--monitor-ports"), "{e}");
+        assert!(parse(&["--monitor-ports", "8300"]).is_err());
+    }
+
+    #[test]
+    fn health_check_minus_one_is_off_and_bad_values_name_the_flag() {
+        let c = parse(&["--health-check-interval", "-1"]).expect("off");
+        assert_eq!(c.health_check_interval, None);
+        let e = parse(&["--lmcache-worker-timeout", "0"]).expect_err("zero timeout");
+        assert!(e.contains("--lmcache-worker-timeout"), "{e}");
+        let e = parse(&["--health-check-interval", "-5"]).expect_err("negative");
+        assert!(e.contains("--health-check-interval"), "{e}");
+    }
+
+    #[test]
+    fn http_flags_defaults_and_validation() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(c.api_token, None);
+        assert_eq!(c.lookup_chunk_size, 256);
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_i64(0));
+        let c = parse(&[
+            "--api-token",
+            "s3cret",
+            "--lookup-chunk-size",
+            "16",
+            "--lookup-none-hash",
+            "18446744073709551615",
+        ])
+        .expect("valid");
+        assert_eq!(c.api_token, Some(ApiToken::new("s3cret")));
+        assert!(
+            !format!("{c:?}").contains("s3cret"),
+            "the token is redacted"
+        );
+        assert_eq!(c.lookup_chunk_size, 16);
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_u64(u64::MAX));
+        let c = parse(&["--lookup-none-hash", "-5", "--api-token", ""]).expect("valid");
+        assert_eq!(c.lookup_none_hash, ChunkHash::from_i64(-5));
+        assert_eq!(c.api_token, None, "an empty token means no token");
+        let e = parse(&["--lookup-chunk-size", "0"]).expect_err("zero");
+        assert!(e.contains("--lookup-chunk-size"), "{e}");
+        let e = parse(&["--lookup-none-hash", "18446744073709551616"]).expect_err("too big");
+        assert!(e.contains("--lookup-none-hash"), "{e}");
+    }
+
+    #[test]
+    fn resource_limits_have_defaults_and_refuse_zero() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(
+            (
+                c.max_workers,
+                c.max_keys_per_worker,
+                c.max_batch_ops,
+                c.max_body_bytes,
+                c.max_frame_bytes
+            ),
+            (65_536, 16_777_216, 65_536, 32 << 20, 64 << 20)
+        );
+        let c = parse(&[
+            "--max-workers",
+            "3",
+            "--max-keys-per-worker",
+            "0",
+            "--max-batch-ops",
+            "50",
+            "--max-body-bytes",
+            "1024",
+        ])
+        .expect("valid");
+        assert_eq!(
+            (
+                c.max_workers,
+                c.max_keys_per_worker,
+                c.max_batch_ops,
+                c.max_body_bytes
+            ),
+            (3, 0, 50, 1024)
+        );
+        for flag in [
+            "--max-workers",
+            "--max-batch-ops",
+            "--max-body-bytes",
+            "--max-frame-bytes",
+        ] {
+            let e = parse(&[flag, "0"]).expect_err("zero");
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+}
