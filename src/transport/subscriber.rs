@@ -168,22 +168,23 @@ impl ReplayClient {
         Ok(())
     }
 
-    /// The next reply, every frame (the empty delimiter included), within `timeout`.
-    /// Cancel-safe only in that a cancelled call drops the socket.
+    /// The next reply, every frame (the empty delimiter included). Waits as long as it
+    /// takes: the caller bounds it. Cancel-safe: a dropped call loses no reply.
     ///
     /// # Errors
-    /// [`TransportError::Timeout`] or [`TransportError::Socket`] (no request was sent, or the
-    /// connection broke); the socket is dropped.
-    pub async fn recv(&mut self, timeout: Duration) -> Result<Vec<Bytes>> {
-        let mut socket = self
+    /// [`TransportError::Socket`] when no request was sent or the connection broke; the
+    /// socket is dropped.
+    pub async fn recv(&mut self) -> Result<Vec<Bytes>> {
+        let socket = self
             .socket
-            .take()
+            .as_mut()
             .ok_or_else(|| TransportError::Socket("no replay request in flight".into()))?;
-        let reply = tokio::time::timeout(timeout, socket.recv())
-            .await
-            .map_err(|_| TransportError::Timeout)?
-            .map_err(socket_error)?;
-        self.socket = Some(socket);
-        Ok(reply.into_vec())
+        match socket.recv().await {
+            Ok(reply) => Ok(reply.into_vec()),
+            Err(e) => {
+                self.socket = None;
+                Err(socket_error(e))
+            }
+        }
     }
 }

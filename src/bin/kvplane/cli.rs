@@ -21,6 +21,8 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
+    /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
+    Indexer(kvplane::indexer::service::IndexerArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).

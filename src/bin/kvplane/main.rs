@@ -33,6 +33,13 @@ fn main() -> anyhow::Result<()> {
                 kvplane::run(config, shutdown).await
             })?;
         }
+        Command::Indexer(args) => {
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::indexer::service::run(args.config(), shutdown).await
+            })?;
+        }
         Command::Bench(args) => {
             let report = runtime
                 .block_on(kvplane::bench::run(&args))
