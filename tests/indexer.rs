@@ -485,3 +485,129 @@ async fn http_errors_follow_the_spec_table() {
     assert_eq!(http(addr, "GET", "/healthz", None, &[]).await.0, 200);
     within("stop", server.stop()).await;
 }
+
+#[tokio::test]
+async fn a_publisher_restart_clears_its_stream() {
+    let server = indexer().await;
+    let addr = server.addr;
+    let mut p = Publisher::start().await;
+    assert_eq!(post(addr, "/register", register_body(&p, "r")).await.0, 200);
+    until_connected(addr).await;
+    let toks: Vec<u32> = (1..=8).collect();
+    for _ in 0..3 {
+        p.publish(&[mp::stored_map(&[1, 2], None, &toks, 4, "GPU")])
+            .await;
+    }
+    until_query(addr, 8, "r", "stored", |r| r["GPU"] == json!(8)).await;
+    // The engine restarts: its sequence starts again at 0 and its cache is empty; it stores
+    // one block.
+    p.next = 0;
+    p.ring.lock().await.clear();
+    p.publish(&[mp::stored_map(&[9], None, &toks[..4], 4, "GPU")])
+        .await;
+    until_query(addr, 8, "r", "restart", |r| r["GPU"] == json!(4)).await;
+    let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+    assert_eq!(
+        services["services"][0]["connection"]["restarts"],
+        json!(1),
+        "{services}"
+    );
+    assert_eq!(
+        services["services"][0]["blocks"]["GPU"],
+        json!(1),
+        "{services}"
+    );
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
+    let server = within(
+        "indexer starts",
+        start(IndexerConfig {
+            queue_capacity: 8,
+            ..IndexerConfig::default()
+        }),
+    )
+    .await
+    .expect("start");
+    let addr = server.addr;
+    // A stalled publisher: nothing listens on its port, so its subscriber never connects.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+    let dead = closed.local_addr().expect("addr");
+    drop(closed);
+    let stalled = json!({"endpoint": format!("tcp://{dead}"), "type": "vLLM", "modelname": "m",
+        "instance_id": "stalled", "block_size": 4, "dp_rank": 0});
+    assert_eq!(post(addr, "/register", stalled).await.0, 200);
+    let mut flood = Publisher::start().await;
+    let mut quiet = Publisher::start().await;
+    assert_eq!(
+        post(addr, "/register", register_body(&flood, "flood"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        post(addr, "/register", register_body(&quiet, "quiet"))
+            .await
+            .0,
+        200
+    );
+    let start_wait = Instant::now();
+    loop {
+        let (_, body) = http(addr, "GET", "/services", None, &[]).await;
+        let up = body["services"].as_array().map_or(0, |l| {
+            l.iter()
+                .filter(|s| {
+                    s["connection"]["connected"] == json!(true)
+                        && s["connection"]["replaying"] == json!(false)
+                })
+                .count()
+        });
+        if up == 2 {
+            break;
+        }
+        assert!(start_wait.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The flood: many batches of 64 blocks, far more than the 8-message queue holds.
+    let toks: Vec<u32> = (0..256).collect();
+    let big = mp::stored_map(&(0..64).collect::<Vec<u64>>(), None, &toks, 4, "GPU");
+    for _ in 0..2000 {
+        flood.publish(&[big.clone()]).await;
+    }
+    quiet
+        .publish(&[mp::stored_map(&[7], None, &[1, 2, 3, 4], 4, "GPU")])
+        .await;
+    until_query(addr, 4, "quiet", "quiet publisher applied", |r| {
+        r["GPU"] == json!(4)
+    })
+    .await;
+    let start_wait = Instant::now();
+    loop {
+        let (_, body) = http(addr, "GET", "/services", None, &[]).await;
+        let flood_row = body["services"].as_array().and_then(|l| {
+            l.iter()
+                .find(|s| s["instance_id"] == json!("flood"))
+                .cloned()
+        });
+        let drops = flood_row
+            .as_ref()
+            .and_then(|r| r["connection"]["queue_drops"].as_u64())
+            .unwrap_or(0);
+        let gaps = flood_row
+            .as_ref()
+            .and_then(|r| r["connection"]["gaps"].as_u64())
+            .unwrap_or(0);
+        // Drops are counted, and each one shows up as a gap that a replay repairs.
+        if drops > 0 && gaps > 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(10),
+            "no drops counted: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    within("stop", server.stop()).await;
+}
