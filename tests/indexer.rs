@@ -17,6 +17,9 @@ use zeromq::{PubSocket, RouterSocket, ZmqMessage};
 
 const TOPIC: &[u8] = b"kv@pod1@m";
 
+/// The publisher's replay ring: (seq, payload), oldest first.
+type Ring = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
 /// msgpack helpers: vLLM's encodings of BlockStored / BlockRemoved / AllBlocksCleared.
 mod mp {
     use rmp::encode::*;
@@ -127,7 +130,7 @@ mod mp {
 /// the ≥ 0.26 layout (`["", topic, seq, payload]`, end `["", "", ff×8, ""]`).
 struct Publisher {
     socket: PubSocket,
-    ring: Arc<Mutex<Vec<(u64, Vec<u8>)>>>,
+    ring: Ring,
     next: u64,
     pub_addr: SocketAddr,
     replay_addr: SocketAddr,
@@ -150,7 +153,7 @@ impl Publisher {
             .trim_start_matches("tcp://")
             .parse()
             .expect("addr");
-        let ring: Arc<Mutex<Vec<(u64, Vec<u8>)>>> = Arc::default();
+        let ring: Ring = Arc::default();
         let served = Arc::clone(&ring);
         let replay_task = tokio::spawn(async move {
             while let Ok(req) = router.recv().await {
@@ -574,7 +577,7 @@ async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
     let toks: Vec<u32> = (0..256).collect();
     let big = mp::stored_map(&(0..64).collect::<Vec<u64>>(), None, &toks, 4, "GPU");
     for _ in 0..2000 {
-        flood.publish(&[big.clone()]).await;
+        flood.publish(std::slice::from_ref(&big)).await;
     }
     quiet
         .publish(&[mp::stored_map(&[7], None, &[1, 2, 3, 4], 4, "GPU")])

@@ -354,7 +354,7 @@ fn stored(f: StoredFields<'_, '_>) -> Result<KvEvent, EventError> {
         medium: medium(f.medium)?,
         cache_salt: match f.cache_salt {
             Value::Nil => None,
-            Value::Str(s) if s.is_empty() => None,
+            Value::Str("") => None,
             Value::Str(s) => Some((*s).to_owned()),
             _ => return Err(bad("cache_salt", "not a string")),
         },

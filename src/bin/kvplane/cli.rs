@@ -163,8 +163,25 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
-            Command::Bench(_) => Err("not serve".into()),
+            Command::Bench(_) | Command::Indexer(_) => Err("not serve".into()),
         }
+    }
+
+    #[test]
+    fn indexer_defaults_and_port_zero() {
+        let indexer = |args: &[&str]| {
+            let mut full = vec!["kvplane", "indexer"];
+            full.extend_from_slice(args);
+            match Cli::try_parse_from(full).map(|c| c.command) {
+                Ok(Command::Indexer(a)) => a.config(),
+                other => panic!("not indexer: {other:?}"),
+            }
+        };
+        let c = indexer(&[]);
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 13333));
+        assert_eq!((c.index.seed, c.index.ttl_secs), (1337, None));
+        let c = indexer(&["--port", "0", "--ttl-secs", "600", "--hash-seed", "0"]);
+        assert_eq!((c.port, c.index.ttl_secs, c.index.seed), (0, Some(600), 0));
     }
 
     #[test]

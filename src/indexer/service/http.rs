@@ -19,6 +19,13 @@ use std::sync::Arc;
 
 type St = State<Arc<IndexerState>>;
 
+/// One per-publisher metric: name, help, and how to read it from the status.
+type PublisherFamily = (
+    &'static str,
+    &'static str,
+    fn(&super::PublisherStatus) -> u64,
+);
+
 /// The router.
 pub(crate) fn router(state: Arc<IndexerState>) -> Router {
     let limit = state.config.max_body_bytes;
@@ -208,7 +215,7 @@ async fn metrics(State(st): St) -> impl IntoResponse {
         }
     }
     let registry = st.registry.lock();
-    let families: [(&str, &str, fn(&super::PublisherStatus) -> u64); 6] = [
+    let families: [PublisherFamily; 6] = [
         ("gaps", "Sequence gaps seen.", |s| s.seq.lock().gaps),
         ("replays", "Replays started.", |s| s.seq.lock().replays),
         ("replay_failures", "Replays failed or timed out.", |s| {

@@ -205,7 +205,7 @@ impl Applier {
         if let Err(e) = sent {
             tracing::debug!(endpoint = client.endpoint(), "replay request failed: {e}");
             client.reset();
-            return Some(self.failed().await?);
+            return self.failed().await;
         }
         let mut replies = 0usize;
         let max_replies = self.task.seq.max_buffered.saturating_mul(2).max(1);
@@ -218,12 +218,12 @@ impl Applier {
                 () = self.task.cancel.cancelled() => return None,
                 () = tokio::time::sleep_until(deadline) => {
                     client.reset();
-                    return Some(self.failed().await?);
+                    return self.failed().await;
                 }
                 reply = client.recv() => {
                     let frames = match reply {
                         Ok(f) => f,
-                        Err(_) => return Some(self.failed().await?),
+                        Err(_) => return self.failed().await,
                     };
                     deadline = tokio::time::Instant::now() + timeout;
                     replies += 1;
@@ -236,7 +236,7 @@ impl Applier {
                     }
                     if replies > max_replies {
                         client.reset();
-                        return Some(self.failed().await?);
+                        return self.failed().await;
                     }
                 }
                 live = self.rx.recv() => match live {
