@@ -105,6 +105,10 @@ pub(crate) struct ServeArgs {
         allow_hyphen_values = true
     )]
     lookup_none_hash: String,
+    /// Also run the KV indexer (docs/INDEXER.md) in this process, its HTTP API on this port
+    /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
+    #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
+    pub(crate) indexer_port: Option<u16>,
 }
 
 fn parse_token(s: &str) -> Result<ApiToken, std::convert::Infallible> {
