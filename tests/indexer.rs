@@ -614,3 +614,31 @@ async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
     }
     within("stop", server.stop()).await;
 }
+
+#[tokio::test]
+async fn registrations_are_bounded() {
+    let server = within(
+        "indexer starts",
+        start(IndexerConfig {
+            max_services: 1,
+            ..IndexerConfig::default()
+        }),
+    )
+    .await
+    .expect("start");
+    let addr = server.addr;
+    let p = Publisher::start().await;
+    assert_eq!(
+        post(addr, "/register", register_body(&p, "one")).await.0,
+        200
+    );
+    let (status, body) = post(addr, "/register", register_body(&p, "two")).await;
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (400, json!("out_of_range")),
+        "{body}"
+    );
+    let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+    assert_eq!(services["count"], json!(1));
+    within("stop", server.stop()).await;
+}

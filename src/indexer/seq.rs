@@ -23,8 +23,10 @@ pub struct SeqConfig {
     pub replay: bool,
     /// A number this far below the last one applied is a restart, not a duplicate.
     pub restart_distance: u64,
-    /// Live messages buffered during a replay, at most.
+    /// Messages (replies and live ones) buffered during a replay, at most.
     pub max_buffered: usize,
+    /// Their [`Weighed::weight`] (payload bytes), at most.
+    pub max_buffered_bytes: usize,
     /// Failed replay attempts before the stream is cleared and restarted from live.
     pub max_replay_attempts: u32,
 }
@@ -36,8 +38,39 @@ impl Default for SeqConfig {
             replay: true,
             restart_distance: 1024,
             max_buffered: 10_000,
+            max_buffered_bytes: 256 * 1024 * 1024,
             max_replay_attempts: 3,
         }
+    }
+}
+
+/// What a buffered message costs (payload bytes), for [`SeqConfig::max_buffered_bytes`].
+pub trait Weighed {
+    /// The cost in bytes.
+    fn weight(&self) -> usize;
+}
+
+impl Weighed for bytes::Bytes {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Weighed for () {
+    fn weight(&self) -> usize {
+        0
+    }
+}
+
+impl Weighed for &str {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Weighed for u64 {
+    fn weight(&self) -> usize {
+        8
     }
 }
 
@@ -85,6 +118,7 @@ struct Replay<T> {
     /// The highest sequence number among the replies.
     max_reply: Option<u64>,
     buffered: BTreeMap<u64, T>,
+    buffered_bytes: usize,
 }
 
 /// The state of one stream.
@@ -96,7 +130,7 @@ pub struct SeqTracker<T> {
     counters: SeqCounters,
 }
 
-impl<T> SeqTracker<T> {
+impl<T: Weighed> SeqTracker<T> {
     /// A stream that has seen nothing.
     pub fn new(config: SeqConfig) -> Self {
         Self {
@@ -140,6 +174,7 @@ impl<T> SeqTracker<T> {
             on_connect,
             max_reply: None,
             buffered: BTreeMap::new(),
+            buffered_bytes: 0,
         });
         out.push(Step::Replay(from));
     }
@@ -215,10 +250,14 @@ impl<T> SeqTracker<T> {
             if r.buffered.contains_key(&seq) {
                 return;
             }
-            if r.buffered.len() >= self.config.max_buffered {
+            let w = item.weight();
+            if r.buffered.len() >= self.config.max_buffered
+                || r.buffered_bytes.saturating_add(w) > self.config.max_buffered_bytes
+            {
                 self.counters.buffer_overflows += 1;
                 return;
             }
+            r.buffered_bytes += w;
             r.buffered.insert(seq, item);
         }
     }

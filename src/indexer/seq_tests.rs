@@ -157,6 +157,16 @@ fn the_replay_buffer_is_bounded() {
         t.on_live(s, ());
     }
     assert_eq!(t.counters().buffer_overflows, 3);
+    // Bounded by bytes too.
+    let mut t = SeqTracker::new(SeqConfig {
+        max_buffered_bytes: 10,
+        ..SeqConfig::default()
+    });
+    t.on_connect();
+    t.on_live(10, "123456");
+    t.on_live(11, "123456");
+    assert_eq!(t.counters().buffer_overflows, 1);
+    assert_eq!(applied(&t.on_replay_end()), vec![10]);
 }
 
 #[test]

@@ -79,8 +79,7 @@ impl IndexerArgs {
             publishers: self.publishers.clone(),
             replay_timeout: Duration::from_millis(self.replay_timeout_ms.max(1)),
             queue_capacity: self.queue_capacity.max(1),
-            max_frame_bytes: crate::transport::DEFAULT_MAX_FRAME_BYTES,
-            max_body_bytes: 64 * 1024 * 1024,
+            ..IndexerConfig::default()
         }
     }
 }
@@ -100,8 +99,12 @@ pub struct IndexerConfig {
     pub replay_timeout: Duration,
     /// Per-publisher live queue.
     pub queue_capacity: usize,
-    /// Largest ZMQ frame accepted from a publisher.
+    /// Largest ZMQ frame accepted from a publisher (a larger one closes that connection).
     pub max_frame_bytes: usize,
+    /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
+    pub max_queued_bytes: usize,
+    /// Registered services at most; more registrations are refused.
+    pub max_services: usize,
     /// Largest HTTP body accepted.
     pub max_body_bytes: usize,
 }
@@ -115,7 +118,9 @@ impl Default for IndexerConfig {
             publishers: None,
             replay_timeout: Duration::from_secs(5),
             queue_capacity: 4096,
-            max_frame_bytes: crate::transport::DEFAULT_MAX_FRAME_BYTES,
+            max_frame_bytes: 16 * 1024 * 1024,
+            max_queued_bytes: 64 * 1024 * 1024,
+            max_services: 4096,
             max_body_bytes: 64 * 1024 * 1024,
         }
     }
@@ -132,8 +137,10 @@ pub struct PublisherStatus {
     pub last_seq: AtomicU64,
     /// A replay is running.
     pub replaying: AtomicBool,
-    /// Live messages dropped because the queue was full.
+    /// Live messages dropped because the queue was full (by count or by bytes).
     pub queue_drops: AtomicU64,
+    /// Payload bytes in the live queue now.
+    pub queued_bytes: std::sync::atomic::AtomicUsize,
     /// The sequence tracker's counters.
     pub seq: Mutex<SeqCounters>,
     /// The last subscription error.
@@ -243,6 +250,16 @@ impl IndexerState {
                 format!("{key} is registered with another configuration"),
             ));
         }
+        if registry.services.len() >= self.config.max_services {
+            return Err(ApiError::field(
+                "out_of_range",
+                "instance_id",
+                format!(
+                    "{} services are registered, the limit",
+                    self.config.max_services
+                ),
+            ));
+        }
         if let Some(p) = registry.publishers.get(&reg.endpoint) {
             if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind {
                 return Err(ApiError::conflict(
@@ -288,6 +305,7 @@ impl IndexerState {
             let seq = SeqConfig {
                 first_seq: u64::from(reg.kind == EngineType::Mooncake),
                 replay: reg.replay_endpoint.is_some(),
+                max_buffered_bytes: self.config.max_queued_bytes,
                 ..SeqConfig::default()
             };
             publisher::spawn(

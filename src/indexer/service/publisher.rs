@@ -40,6 +40,7 @@ pub(crate) fn spawn(state: &Arc<IndexerState>, task: PublisherTask) {
     state.tasks.spawn(receive(
         task.endpoint.clone(),
         limits,
+        state.config.max_queued_bytes,
         tx,
         Arc::clone(&task.status),
         task.cancel.clone(),
@@ -47,9 +48,14 @@ pub(crate) fn spawn(state: &Arc<IndexerState>, task: PublisherTask) {
     state.tasks.spawn(apply_loop(Arc::clone(state), task, rx));
 }
 
+fn size(frames: &[Bytes]) -> usize {
+    frames.iter().map(Bytes::len).sum()
+}
+
 async fn receive(
     endpoint: String,
     limits: TransportLimits,
+    max_queued_bytes: usize,
     tx: mpsc::Sender<Inbound>,
     status: Arc<PublisherStatus>,
     cancel: CancellationToken,
@@ -90,7 +96,12 @@ async fn receive(
         };
         match inbound {
             Inbound::Live(frames) => {
-                if tx.try_send(Inbound::Live(frames)).is_err() {
+                let n = size(&frames);
+                let queued = status.queued_bytes.fetch_add(n, Ordering::AcqRel);
+                if queued.saturating_add(n) > max_queued_bytes
+                    || tx.try_send(Inbound::Live(frames)).is_err()
+                {
+                    status.queued_bytes.fetch_sub(n, Ordering::AcqRel);
                     status.queue_drops.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -126,6 +137,7 @@ async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Rec
             () = a.task.cancel.cancelled() => return,
             m = a.rx.recv() => match m { Some(m) => m, None => return },
         };
+        a.dequeued(&inbound);
         let steps = match inbound {
             Inbound::Connected => a.tracker.on_connect(),
             Inbound::Disconnected => Vec::new(),
@@ -142,6 +154,16 @@ async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Rec
 }
 
 impl Applier {
+    /// Releases a dequeued message's bytes from the queue's budget.
+    fn dequeued(&self, inbound: &Inbound) {
+        if let Inbound::Live(frames) = inbound {
+            self.task
+                .status
+                .queued_bytes
+                .fetch_sub(size(frames), Ordering::AcqRel);
+        }
+    }
+
     fn live(&self, frames: &[Bytes]) -> Option<(u64, Bytes)> {
         match frames::split(frames) {
             Ok(x) => Some(x),
@@ -241,6 +263,7 @@ impl Applier {
                 }
                 live = self.rx.recv() => match live {
                     Some(Inbound::Live(frames)) => {
+                        self.task.status.queued_bytes.fetch_sub(size(&frames), Ordering::AcqRel);
                         if let Some((seq, payload)) = self.live(&frames) {
                             // Buffered by the tracker while the replay runs.
                             let steps = self.tracker.on_live(seq, payload);
