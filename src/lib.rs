@@ -22,6 +22,9 @@
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).
+//! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
+//!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
+//!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
 //! - [`worker`] — the library workers link to join a kvplane or LMCache controller
 //!   (protocol + transport only; see docs/WORKER.md).
 //!

@@ -368,3 +368,103 @@ fn bytes_per_membership_with_engine_maps() {
     assert!(table <= 17.0 * 262_144.0 / f64::from(n) + 0.1, "{table}");
     assert!(total <= 50.0 * 262_144.0 / f64::from(n) + 0.1, "{total}");
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Store {
+            stream: usize,
+            from: u32,
+            to: u32,
+            base: u64,
+            tier: usize,
+            tokenless: bool,
+        },
+        Remove {
+            stream: usize,
+            hash: u64,
+            tier: usize,
+        },
+        Clear {
+            stream: usize,
+            tier: Option<usize>,
+        },
+        Expire {
+            now: u32,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..3usize, 0..4u32, 1..5u32, 0..2u64, 0..3usize, any::<bool>()).prop_map(
+                |(stream, from, len, base, tier, tokenless)| Op::Store {
+                    stream, from, to: from + len, base: base * 100, tier, tokenless
+                }),
+            3 => (0..3usize, 0..210u64, 0..3usize)
+                .prop_map(|(stream, hash, tier)| Op::Remove { stream, hash, tier }),
+            1 => (0..3usize, proptest::option::of(0..3usize))
+                .prop_map(|(stream, tier)| Op::Clear { stream, tier }),
+            1 => (0..200u32).prop_map(|now| Op::Expire { now }),
+        ]
+    }
+
+    proptest! {
+        /// Whatever events arrive, the per-stream tier counts add up to the table's
+        /// memberships, a query's numbers are consistent (each tier and rank ≤ longest), and
+        /// unregistering every stream leaves the table empty.
+        #[test]
+        fn memberships_stay_consistent(ops in proptest::collection::vec(op(), 1..60),
+                                       cap in 3..40usize) {
+            let mut index = Index::new(IndexConfig {
+                max_memberships: cap,
+                ttl_secs: Some(50),
+                ..IndexConfig::default()
+            });
+            let streams: Vec<StreamId> =
+                (0..3).map(|i| index.add_stream(spec(&format!("i{i}"), i))).collect();
+            for (t, op) in ops.into_iter().enumerate() {
+                let now = t as u32 * 10;
+                match op {
+                    Op::Store { stream, from, to, base, tier, tokenless } => {
+                        let mut ev = match stored(from, to, base, Medium::ALL[tier]) {
+                            KvEvent::Stored(s) => s,
+                            _ => unreachable!(),
+                        };
+                        if tokenless {
+                            ev.tokens.clear();
+                            ev.parent = None;
+                        }
+                        index.apply(streams[stream], &KvEvent::Stored(ev), now);
+                    }
+                    Op::Remove { stream, hash, tier } => {
+                        index.apply(streams[stream], &removed(vec![hash], Medium::ALL[tier]), now);
+                    }
+                    Op::Clear { stream, tier } => {
+                        index.apply(streams[stream], &KvEvent::Cleared(tier.map(|t| Medium::ALL[t])), now);
+                    }
+                    Op::Expire { now } => {
+                        index.expire(now);
+                    }
+                }
+                let counted: u64 = streams
+                    .iter()
+                    .map(|s| index.stream_stats(*s).map_or(0, |x| x.tier_blocks.iter().sum::<u64>()))
+                    .sum();
+                prop_assert_eq!(counted, index.memberships() as u64);
+                prop_assert!(index.memberships() <= cap);
+                for m in index.query_tokens(&scope(), &tokens(8)).values() {
+                    prop_assert!(m.gpu.max(m.cpu).max(m.disk) <= m.longest_matched);
+                    prop_assert!(m.dp.values().all(|d| *d <= m.longest_matched));
+                }
+            }
+            for s in streams {
+                index.remove_stream(s);
+            }
+            prop_assert_eq!(index.memberships(), 0);
+            prop_assert_eq!(index.blocks(), 0);
+        }
+    }
+}
