@@ -107,7 +107,7 @@ struct EngineEntry {
 }
 
 fn engine_hash(e: &EngineEntry) -> u64 {
-    e.engine.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    super::table::mix(e.engine)
 }
 
 #[derive(Debug)]

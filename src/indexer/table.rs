@@ -5,8 +5,8 @@
 //! [`HashTable`] (`seq: u64`, `ns: u32`, `head: u32`); a block with one holder keeps it inline
 //! in `head`. A block with more holders points `head` at a singly linked list in one shared
 //! node pool (8 bytes a node, recycled through a free list), so no entry owns a heap
-//! allocation. The sequence hash is already uniformly distributed, so the table hashes it
-//! with one multiply instead of SipHash.
+//! allocation. Keys are hashed with a 64-bit finalizer ([`mix`]) instead of SipHash: fast,
+//! and good enough for hashes an engine chose (kvplane trusts no engine for its distribution).
 
 use hashbrown::HashTable;
 
@@ -40,8 +40,18 @@ pub(crate) struct BlockTable {
     memberships: usize,
 }
 
+/// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit, so keys that
+/// differ only in high bits (sequential engine hashes, say) still spread over the buckets.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
 fn key_hash(ns: u32, seq: u64) -> u64 {
-    (seq ^ u64::from(ns).wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd)
+    mix(seq ^ u64::from(ns).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 fn slot_hash(s: &Slot) -> u64 {
