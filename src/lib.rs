@@ -25,6 +25,9 @@
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).
+//! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
+//!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
+//!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
 //! - [`worker`] — the library workers link to join a kvplane or LMCache controller
 //!   (protocol + transport only; see docs/WORKER.md).
 //!
@@ -47,6 +50,8 @@ pub mod bench;
 pub mod controller;
 #[cfg(feature = "server")]
 pub mod index;
+#[cfg(feature = "server")]
+pub mod indexer;
 #[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]

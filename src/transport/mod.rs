@@ -50,6 +50,7 @@
 mod client;
 mod listener;
 mod stats;
+mod subscriber;
 
 pub use client::{DealerClient, PushSender, RepServer, ReqClient};
 pub use listener::{
@@ -57,6 +58,7 @@ pub use listener::{
     DEFAULT_REPLY_TIMEOUT,
 };
 pub use stats::{DropReason, TransportStats};
+pub use subscriber::{ReplayClient, Subscriber, SubscriberEvent};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -21,6 +21,8 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
+    /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
+    Indexer(kvplane::indexer::service::IndexerArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
@@ -138,6 +140,10 @@ pub(crate) struct ServeArgs {
         allow_hyphen_values = true
     )]
     lookup_none_hash: String,
+    /// Also run the KV indexer (docs/INDEXER.md) in this process, its HTTP API on this port
+    /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
+    #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
+    pub(crate) indexer_port: Option<u16>,
 }
 
 fn parse_token(s: &str) -> Result<ApiToken, std::convert::Infallible> {
@@ -214,7 +220,7 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
-            Command::Bench(_) => Err("not serve".into()),
+            Command::Bench(_) | Command::Indexer(_) => Err("not serve".into()),
         }
     }
 
@@ -229,6 +235,23 @@ mod tests {
         );
         let e = parse(&["--zmq-idle-timeout", "-3"]).expect_err("negative");
         assert!(e.contains("--zmq-idle-timeout"), "{e}");
+    }
+
+    #[test]
+    fn indexer_defaults_and_port_zero() {
+        let indexer = |args: &[&str]| {
+            let mut full = vec!["kvplane", "indexer"];
+            full.extend_from_slice(args);
+            match Cli::try_parse_from(full).map(|c| c.command) {
+                Ok(Command::Indexer(a)) => a.config(),
+                other => panic!("not indexer: {other:?}"),
+            }
+        };
+        let c = indexer(&[]);
+        assert_eq!((c.host.as_str(), c.port), ("0.0.0.0", 13333));
+        assert_eq!((c.index.seed, c.index.ttl_secs), (1337, None));
+        let c = indexer(&["--port", "0", "--ttl-secs", "600", "--hash-seed", "0"]);
+        assert_eq!((c.port, c.index.ttl_secs, c.index.seed), (0, Some(600), 0));
     }
 
     #[test]

@@ -27,10 +27,47 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
+            let indexer = args
+                .indexer_port
+                .map(|port| kvplane::indexer::service::IndexerConfig {
+                    host: config.host.clone(),
+                    port,
+                    ..Default::default()
+                });
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::run(config, shutdown).await
+                let controller = async {
+                    kvplane::run(config, shutdown.clone())
+                        .await
+                        .map_err(anyhow::Error::from)
+                };
+                let indexer = async {
+                    match indexer {
+                        Some(c) => kvplane::indexer::service::run(c, shutdown.clone())
+                            .await
+                            .map_err(anyhow::Error::from),
+                        None => Ok(()),
+                    }
+                };
+                // One failing to start stops the other.
+                let stop_on_error = |r: anyhow::Result<()>| {
+                    if r.is_err() {
+                        shutdown.cancel();
+                    }
+                    r
+                };
+                let (a, b) = tokio::join!(async { stop_on_error(controller.await) }, async {
+                    stop_on_error(indexer.await)
+                });
+                a.and(b)
+            })?;
+        }
+        Command::Indexer(args) => {
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::indexer::service::run(args.config(), shutdown).await
             })?;
         }
         Command::Bench(args) => {

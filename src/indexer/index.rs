@@ -1,0 +1,766 @@
+//! The prefix index: streams (one per registered `(instance, tenant, dp_rank)`), namespaces,
+//! per-stream engine-hash maps, tier memberships, capacity and TTL, and the `/query` walk.
+//!
+//! Engine hashes are not trusted (spec §3.4): a block is indexed under the standard rolling
+//! hash recomputed from its `token_ids`, and each stream keeps `engine hash → (namespace,
+//! sequence hash, depth, per-tier references)` to resolve removals, token-less offload events
+//! and children. An event whose parent is unknown is dropped and counted, never guessed.
+//! Pure and synchronous: the caller passes the time (seconds, any epoch) and holds any lock.
+
+use super::events::{KvEvent, Lora, Medium, Removed, Stored};
+use super::hash;
+use super::table::{BlockTable, Holder};
+use hashbrown::HashTable;
+use std::collections::{BTreeMap, HashMap};
+
+/// A stream's id, stable while it is registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u32);
+
+/// The LoRA part of a namespace: base is `Name("")`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LoraNs {
+    /// By adapter name; the empty name is the base model.
+    Name(String),
+    /// By numeric id (vLLM ≤ 0.11 events, the deprecated `lora_id` query field).
+    Id(i64),
+}
+
+/// What a stream was registered with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// The tenant (`"default"` when none was given).
+    pub tenant: String,
+    /// The engine instance.
+    pub instance: String,
+    /// The data-parallel rank.
+    pub dp_rank: u32,
+    /// The model.
+    pub model: String,
+    /// The default LoRA namespace (events name their own).
+    pub lora: String,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The deployment salt (`additionalsalt`).
+    pub salt: String,
+    /// A shared pool (type `Mooncake`): its blocks count for every rank of its instance, and
+    /// it is not a query row of its own.
+    pub shared: bool,
+}
+
+/// Limits of the index.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexConfig {
+    /// The XXH3 seed of the standard hashes.
+    pub seed: u64,
+    /// At most this many `(holder, block)` memberships; new ones beyond are refused.
+    pub max_memberships: usize,
+    /// Blocks not stored again within this many seconds are dropped (`None`: never).
+    pub ttl_secs: Option<u32>,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            seed: hash::DEFAULT_SEED,
+            max_memberships: 50_000_000,
+            ttl_secs: None,
+        }
+    }
+}
+
+/// What the index counted, since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Block stores that made or refreshed a membership.
+    pub stored: u64,
+    /// Block removals that ended a membership.
+    pub removed: u64,
+    /// Stores dropped because their parent's engine hash is unknown.
+    pub orphans: u64,
+    /// Removals or token-less stores of an engine hash the stream never stored.
+    pub unknown_hashes: u64,
+    /// Stores whose tokens do not fill their blocks, or whose block size is not the stream's.
+    pub shape_mismatch: u64,
+    /// Stores with multimodal or embedding keys (tokens do not identify them).
+    pub opaque: u64,
+    /// Events of a KV cache group other than 0.
+    pub other_group: u64,
+    /// Memberships refused at the capacity limit.
+    pub capacity_refused: u64,
+    /// Memberships dropped by the TTL.
+    pub expired: u64,
+    /// Clear events and stream resets applied.
+    pub clears: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct EngineEntry {
+    engine: u64,
+    seq: u64,
+    ns: u32,
+    depth: u32,
+    touched: u32,
+    /// References per tier: GPU is 0/1 (stores are idempotent), CPU and disk count
+    /// self-describing offload stores (saturating).
+    refs: [u8; 3],
+}
+
+fn engine_hash(e: &EngineEntry) -> u64 {
+    super::table::mix(e.engine)
+}
+
+#[derive(Debug)]
+struct Stream {
+    spec: StreamSpec,
+    engine: HashTable<EngineEntry>,
+    tier_blocks: [u64; 3],
+}
+
+/// Per-tier block counts of a stream, for `/services`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Blocks per tier (GPU, CPU, disk).
+    pub tier_blocks: [u64; 3],
+    /// Engine hashes tracked.
+    pub engine_hashes: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct NsKey {
+    tenant: String,
+    model: String,
+    lora: LoraNs,
+    block_size: u32,
+    salt: String,
+}
+
+/// One instance's answer to a query, in tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstanceMatch {
+    /// The longest prefix servable by one rank.
+    pub longest_matched: u64,
+    /// The longest prefix entirely on one rank's GPU.
+    pub gpu: u64,
+    /// The longest prefix entirely on one rank's CPU tier (or a shared CPU pool).
+    pub cpu: u64,
+    /// The longest prefix entirely on one rank's disk tier (or a shared disk pool).
+    pub disk: u64,
+    /// Per rank: the longest prefix servable from that rank's tiers and shared pools.
+    pub dp: BTreeMap<u32, u64>,
+}
+
+/// What a query asks for, besides the blocks.
+#[derive(Clone, Debug)]
+pub struct QueryScope<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The model.
+    pub model: &'a str,
+    /// The LoRA namespace.
+    pub lora: LoraNs,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The effective salt of the blocks asked for (`cache_salt`).
+    pub salt: &'a str,
+    /// Only this instance, when given.
+    pub instance: Option<&'a str>,
+}
+
+/// The prefix index.
+#[derive(Debug)]
+pub struct Index {
+    config: IndexConfig,
+    table: BlockTable,
+    streams: Vec<Option<Stream>>,
+    free_streams: Vec<u32>,
+    ns_ids: HashMap<NsKey, u32>,
+    counters: Counters,
+}
+
+fn holder(stream: StreamId, tier: Medium) -> Holder {
+    (stream.0 << 2) | tier as u32
+}
+
+fn holder_stream(h: Holder) -> u32 {
+    h >> 2
+}
+
+fn holder_tier(h: Holder) -> usize {
+    (h & 3) as usize
+}
+
+/// The effective salt of a block (spec §3.2): the deployment salt, the request salt, or
+/// both joined by `|` when both are set.
+pub fn effective_salt(additional: &str, cache_salt: &str) -> String {
+    match (additional.is_empty(), cache_salt.is_empty()) {
+        (_, true) => additional.to_owned(),
+        (true, false) => cache_salt.to_owned(),
+        (false, false) => format!("{additional}|{cache_salt}"),
+    }
+}
+
+impl Index {
+    /// An empty index.
+    pub fn new(config: IndexConfig) -> Self {
+        Self {
+            config,
+            table: BlockTable::new(),
+            streams: Vec::new(),
+            free_streams: Vec::new(),
+            ns_ids: HashMap::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    /// What was counted so far.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// `(holder, block)` memberships stored.
+    pub fn memberships(&self) -> usize {
+        self.table.memberships()
+    }
+
+    /// Distinct `(namespace, block)` entries stored.
+    pub fn blocks(&self) -> usize {
+        self.table.blocks()
+    }
+
+    /// Heap bytes of the membership table and every engine-hash map (a lower bound on what
+    /// the index costs; namespaces and stream specs are not counted).
+    pub fn heap_bytes(&self) -> usize {
+        self.table.heap_bytes()
+            + self
+                .streams
+                .iter()
+                .flatten()
+                .map(|s| s.engine.allocation_size())
+                .sum::<usize>()
+    }
+
+    /// Adds a stream and returns its id.
+    pub fn add_stream(&mut self, spec: StreamSpec) -> StreamId {
+        let stream = Stream {
+            spec,
+            engine: HashTable::new(),
+            tier_blocks: [0; 3],
+        };
+        if let Some(id) = self.free_streams.pop() {
+            self.streams[id as usize] = Some(stream);
+            StreamId(id)
+        } else {
+            self.streams.push(Some(stream));
+            StreamId((self.streams.len() - 1) as u32)
+        }
+    }
+
+    /// The spec of a registered stream.
+    pub fn stream_spec(&self, id: StreamId) -> Option<&StreamSpec> {
+        self.stream(id).map(|s| &s.spec)
+    }
+
+    /// Block counts of a registered stream.
+    pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
+        self.stream(id).map(|s| StreamStats {
+            tier_blocks: s.tier_blocks,
+            engine_hashes: s.engine.len(),
+        })
+    }
+
+    fn stream(&self, id: StreamId) -> Option<&Stream> {
+        self.streams.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    fn stream_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
+        self.streams.get_mut(id.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Removes a stream and every membership it held.
+    pub fn remove_stream(&mut self, id: StreamId) {
+        self.clear_stream(id, None);
+        if let Some(slot) = self.streams.get_mut(id.0 as usize) {
+            if slot.take().is_some() {
+                self.free_streams.push(id.0);
+            }
+        }
+    }
+
+    /// Drops a stream's memberships on one tier (`Some`) or all (`None`); the stream stays.
+    pub fn clear_stream(&mut self, id: StreamId, tier: Option<Medium>) {
+        let Some(stream) = self.stream_mut(id) else {
+            return;
+        };
+        let mut engine = std::mem::take(&mut stream.engine);
+        let mut dropped = Vec::new();
+        engine.retain(|e| {
+            for t in Medium::ALL {
+                if tier.is_none_or(|x| x == t) && e.refs[t.index()] > 0 {
+                    e.refs[t.index()] = 0;
+                    dropped.push((e.ns, e.seq, t));
+                }
+            }
+            e.refs != [0; 3]
+        });
+        for (ns, seq, t) in dropped {
+            self.unlink(id, ns, seq, t);
+        }
+        if let Some(stream) = self.stream_mut(id) {
+            stream.engine = engine;
+        }
+        self.counters.clears += 1;
+    }
+
+    fn link(&mut self, id: StreamId, ns: u32, seq: u64, tier: Medium) -> bool {
+        if self.table.memberships() >= self.config.max_memberships {
+            self.counters.capacity_refused += 1;
+            return false;
+        }
+        if self.table.insert(ns, seq, holder(id, tier)) {
+            if let Some(s) = self.stream_mut(id) {
+                s.tier_blocks[tier.index()] += 1;
+            }
+        }
+        true
+    }
+
+    fn unlink(&mut self, id: StreamId, ns: u32, seq: u64, tier: Medium) {
+        if self.table.remove(ns, seq, holder(id, tier)) {
+            if let Some(s) = self.stream_mut(id) {
+                s.tier_blocks[tier.index()] = s.tier_blocks[tier.index()].saturating_sub(1);
+            }
+        }
+    }
+
+    fn ns_id(&mut self, key: NsKey) -> u32 {
+        let next = self.ns_ids.len() as u32;
+        *self.ns_ids.entry(key).or_insert(next)
+    }
+
+    /// Applies one event of stream `id` at time `now` (seconds).
+    pub fn apply(&mut self, id: StreamId, event: &KvEvent, now: u32) {
+        if self.stream(id).is_none() {
+            return;
+        }
+        match event {
+            KvEvent::Stored(s) => self.apply_stored(id, s, now),
+            KvEvent::Removed(r) => self.apply_removed(id, r),
+            KvEvent::Cleared(tier) => self.clear_stream(id, *tier),
+        }
+    }
+
+    fn event_ns(&mut self, id: StreamId, s: &Stored) -> Option<u32> {
+        let spec = &self.stream(id)?.spec;
+        let lora = match &s.lora {
+            Lora::Unspecified => LoraNs::Name(spec.lora.clone()),
+            Lora::Name(n) => LoraNs::Name(n.clone()),
+            Lora::Id(i) => LoraNs::Id(*i),
+        };
+        let key = NsKey {
+            tenant: spec.tenant.clone(),
+            model: spec.model.clone(),
+            lora,
+            block_size: spec.block_size,
+            salt: effective_salt(&spec.salt, s.cache_salt.as_deref().unwrap_or("")),
+        };
+        Some(self.ns_id(key))
+    }
+
+    fn apply_stored(&mut self, id: StreamId, s: &Stored, now: u32) {
+        if s.group.is_some_and(|g| g != 0) {
+            self.counters.other_group += 1;
+            return;
+        }
+        if s.opaque_extra_keys {
+            self.counters.opaque += 1;
+            return;
+        }
+        if s.tokens.is_empty() {
+            if s.standard_hashes {
+                self.store_standard(id, s, now);
+            } else {
+                self.store_placeholder(id, s, now);
+            }
+            return;
+        }
+        let Some(bs) = self.stream(id).map(|st| st.spec.block_size as usize) else {
+            return;
+        };
+        let event_bs = s.block_size as usize;
+        if bs == 0 || (event_bs != 0 && event_bs != bs) || s.tokens.len() != s.hashes.len() * bs {
+            self.counters.shape_mismatch += 1;
+            return;
+        }
+        let (ns, mut parent, mut depth) = match s.parent {
+            None => match self.event_ns(id, s) {
+                Some(ns) => (ns, None, 0),
+                None => return,
+            },
+            Some(p) if s.standard_hashes => match self.event_ns(id, s) {
+                Some(ns) => (ns, Some(p), 1),
+                None => return,
+            },
+            Some(p) => match self.lookup(id, p) {
+                Some(e) => (e.ns, Some(e.seq), e.depth.saturating_add(1)),
+                None => {
+                    self.counters.orphans += 1;
+                    return;
+                }
+            },
+        };
+        let seed = self.config.seed;
+        for (engine, block) in s.hashes.iter().zip(s.tokens.chunks_exact(bs)) {
+            let seq = hash::next_seq_hash(parent, block, seed);
+            let key = if s.standard_hashes { seq } else { *engine };
+            if !self.store_block(id, key, ns, seq, depth, s.medium, now) {
+                return;
+            }
+            parent = Some(seq);
+            depth = depth.saturating_add(1);
+        }
+    }
+
+    /// Mooncake events without tokens: their hashes are standard rolling hashes already.
+    fn store_standard(&mut self, id: StreamId, s: &Stored, now: u32) {
+        let Some(ns) = self.event_ns(id, s) else {
+            return;
+        };
+        for (i, h) in s.hashes.iter().enumerate() {
+            let depth = u32::try_from(i).unwrap_or(u32::MAX);
+            if !self.store_block(id, *h, ns, *h, depth, s.medium, now) {
+                return;
+            }
+        }
+    }
+
+    /// Token-less stores (vLLM offload placeholders): resolved through the engine-hash map.
+    fn store_placeholder(&mut self, id: StreamId, s: &Stored, now: u32) {
+        for h in &s.hashes {
+            match self.lookup(id, *h) {
+                Some(e) => {
+                    if !self.store_block(id, *h, e.ns, e.seq, e.depth, s.medium, now) {
+                        return;
+                    }
+                }
+                None => self.counters.unknown_hashes += 1,
+            }
+        }
+    }
+
+    fn lookup(&self, id: StreamId, engine: u64) -> Option<EngineEntry> {
+        let probe = EngineEntry {
+            engine,
+            seq: 0,
+            ns: 0,
+            depth: 0,
+            touched: 0,
+            refs: [0; 3],
+        };
+        self.stream(id)?
+            .engine
+            .find(engine_hash(&probe), |e| e.engine == engine)
+            .copied()
+    }
+
+    /// Records `engine → (ns, seq)` with one more reference on `tier`; false when the
+    /// capacity limit refused it (the caller stops the event there).
+    #[allow(clippy::too_many_arguments)]
+    fn store_block(
+        &mut self,
+        id: StreamId,
+        engine: u64,
+        ns: u32,
+        seq: u64,
+        depth: u32,
+        tier: Medium,
+        now: u32,
+    ) -> bool {
+        let fresh = EngineEntry {
+            engine,
+            seq,
+            ns,
+            depth,
+            touched: now,
+            refs: [0; 3],
+        };
+        let hash = engine_hash(&fresh);
+        let existing = self.lookup(id, engine);
+        if let Some(old) = existing {
+            if old.ns != ns || old.seq != seq {
+                // The engine reused a hash for other content: forget the old block first.
+                for t in Medium::ALL {
+                    if old.refs[t.index()] > 0 {
+                        self.unlink(id, old.ns, old.seq, t);
+                    }
+                }
+                self.set_entry(
+                    id,
+                    hash,
+                    EngineEntry {
+                        refs: [0; 3],
+                        ..fresh
+                    },
+                );
+            }
+        }
+        let refs = match self.lookup(id, engine) {
+            Some(e) => e.refs,
+            None => [0; 3],
+        };
+        if refs[tier.index()] == 0 && !self.link(id, ns, seq, tier) {
+            if refs == [0; 3] {
+                self.remove_entry(id, hash, engine);
+            }
+            return false;
+        }
+        let mut new_refs = refs;
+        new_refs[tier.index()] = match tier {
+            Medium::Gpu => 1,
+            _ => refs[tier.index()].saturating_add(1),
+        };
+        self.set_entry(
+            id,
+            hash,
+            EngineEntry {
+                refs: new_refs,
+                ..fresh
+            },
+        );
+        self.counters.stored += 1;
+        true
+    }
+
+    fn set_entry(&mut self, id: StreamId, hash: u64, entry: EngineEntry) {
+        let Some(s) = self.stream_mut(id) else {
+            return;
+        };
+        match s.engine.find_mut(hash, |e| e.engine == entry.engine) {
+            Some(e) => *e = entry,
+            None => {
+                s.engine.insert_unique(hash, entry, engine_hash);
+            }
+        }
+    }
+
+    fn remove_entry(&mut self, id: StreamId, hash: u64, engine: u64) {
+        if let Some(s) = self.stream_mut(id) {
+            if let Ok(e) = s.engine.find_entry(hash, |e| e.engine == engine) {
+                e.remove();
+            }
+        }
+    }
+
+    fn apply_removed(&mut self, id: StreamId, r: &Removed) {
+        if r.group.is_some_and(|g| g != 0) {
+            self.counters.other_group += 1;
+            return;
+        }
+        let t = r.medium.index();
+        for h in &r.hashes {
+            let Some(mut e) = self.lookup(id, *h) else {
+                self.counters.unknown_hashes += 1;
+                continue;
+            };
+            if e.refs[t] == 0 {
+                self.counters.unknown_hashes += 1;
+                continue;
+            }
+            e.refs[t] -= 1;
+            if e.refs[t] == 0 {
+                self.unlink(id, e.ns, e.seq, r.medium);
+                self.counters.removed += 1;
+            }
+            let hash = engine_hash(&e);
+            if e.refs == [0; 3] {
+                self.remove_entry(id, hash, *h);
+            } else {
+                self.set_entry(id, hash, e);
+            }
+        }
+    }
+
+    /// Drops every membership not stored again since `now - ttl`; returns how many.
+    pub fn expire(&mut self, now: u32) -> usize {
+        let Some(ttl) = self.config.ttl_secs else {
+            return 0;
+        };
+        let cutoff = now.saturating_sub(ttl);
+        let mut dropped = Vec::new();
+        for (i, slot) in self.streams.iter_mut().enumerate() {
+            let Some(s) = slot else { continue };
+            s.engine.retain(|e| {
+                if e.touched >= cutoff || now < ttl {
+                    return true;
+                }
+                for t in Medium::ALL {
+                    if e.refs[t.index()] > 0 {
+                        dropped.push((StreamId(i as u32), e.ns, e.seq, t));
+                    }
+                }
+                false
+            });
+        }
+        let n = dropped.len();
+        for (id, ns, seq, t) in dropped {
+            self.unlink(id, ns, seq, t);
+        }
+        self.counters.expired += n as u64;
+        n
+    }
+
+    /// Answers `/query`: the standard hashes of every complete block of `tokens`.
+    pub fn query_tokens(
+        &self,
+        scope: &QueryScope<'_>,
+        tokens: &[u32],
+    ) -> BTreeMap<String, InstanceMatch> {
+        let bs = scope.block_size as usize;
+        let seed = self.config.seed;
+        let mut parent = None;
+        let blocks = if bs == 0 {
+            [].chunks_exact(1)
+        } else {
+            tokens.chunks_exact(bs)
+        };
+        self.walk(
+            scope,
+            blocks.map(move |b| {
+                let h = hash::next_seq_hash(parent, b, seed);
+                parent = Some(h);
+                h
+            }),
+        )
+    }
+
+    /// Answers `/query_by_hash`: the rolling hashes are given.
+    pub fn query_hashes(
+        &self,
+        scope: &QueryScope<'_>,
+        seq_hashes: &[u64],
+    ) -> BTreeMap<String, InstanceMatch> {
+        self.walk(scope, seq_hashes.iter().copied())
+    }
+
+    /// The walk of spec §1.3: prefix-continuous per tier and per rank, never joining ranks.
+    fn walk(
+        &self,
+        scope: &QueryScope<'_>,
+        seqs: impl Iterator<Item = u64>,
+    ) -> BTreeMap<String, InstanceMatch> {
+        struct Row {
+            stream: u32,
+            instance: usize,
+            rank: u32,
+            tier_len: [u64; 3],
+            tier_alive: [bool; 3],
+            len: u64,
+            alive: bool,
+        }
+        let mut instances: Vec<&str> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        // Shared pools: stream → instance index.
+        let mut shared: Vec<(u32, usize)> = Vec::new();
+        for (i, s) in self.streams.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let sp = &s.spec;
+            if sp.tenant != scope.tenant
+                || sp.model != scope.model
+                || sp.block_size != scope.block_size
+                || scope.instance.is_some_and(|x| x != sp.instance)
+            {
+                continue;
+            }
+            let inst = match instances.iter().position(|x| *x == sp.instance) {
+                Some(p) => p,
+                None => {
+                    instances.push(&sp.instance);
+                    instances.len() - 1
+                }
+            };
+            if sp.shared {
+                shared.push((i as u32, inst));
+            } else {
+                rows.push(Row {
+                    stream: i as u32,
+                    instance: inst,
+                    rank: sp.dp_rank,
+                    tier_len: [0; 3],
+                    tier_alive: [true; 3],
+                    len: 0,
+                    alive: true,
+                });
+            }
+        }
+        let key = NsKey {
+            tenant: scope.tenant.to_owned(),
+            model: scope.model.to_owned(),
+            lora: scope.lora.clone(),
+            block_size: scope.block_size,
+            salt: scope.salt.to_owned(),
+        };
+        if let Some(&ns) = self.ns_ids.get(&key) {
+            let mut masks: Vec<(u32, u8)> = Vec::new();
+            let mut shared_masks = vec![0u8; instances.len()];
+            for (k, seq) in seqs.enumerate() {
+                masks.clear();
+                shared_masks.iter_mut().for_each(|m| *m = 0);
+                self.table.for_each_holder(ns, seq, |h| {
+                    let (st, bit) = (holder_stream(h), 1u8 << holder_tier(h));
+                    if let Some(&(_, inst)) = shared.iter().find(|(s, _)| *s == st) {
+                        shared_masks[inst] |= bit;
+                    } else if let Some(m) = masks.iter_mut().find(|(s, _)| *s == st) {
+                        m.1 |= bit;
+                    } else {
+                        masks.push((st, bit));
+                    }
+                });
+                let mut any_alive = false;
+                for row in &mut rows {
+                    let own = masks
+                        .iter()
+                        .find(|(s, _)| *s == row.stream)
+                        .map_or(0, |m| m.1);
+                    let mask = own | shared_masks[row.instance];
+                    for t in 0..3 {
+                        if row.tier_alive[t] && mask & (1 << t) != 0 {
+                            row.tier_len[t] = k as u64 + 1;
+                        } else {
+                            row.tier_alive[t] = false;
+                        }
+                    }
+                    if row.alive && mask != 0 {
+                        row.len = k as u64 + 1;
+                    } else {
+                        row.alive = false;
+                    }
+                    any_alive |= row.alive;
+                }
+                if !any_alive {
+                    break;
+                }
+            }
+        }
+        let bs = u64::from(scope.block_size);
+        let mut out: BTreeMap<String, InstanceMatch> = BTreeMap::new();
+        for row in &rows {
+            let m = out.entry(instances[row.instance].to_owned()).or_default();
+            m.gpu = m.gpu.max(row.tier_len[0] * bs);
+            m.cpu = m.cpu.max(row.tier_len[1] * bs);
+            m.disk = m.disk.max(row.tier_len[2] * bs);
+            let dp = m.dp.entry(row.rank).or_default();
+            *dp = (*dp).max(row.len * bs);
+            m.longest_matched = m.longest_matched.max(row.len * bs);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "index_tests.rs"]
+mod tests;

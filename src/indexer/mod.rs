@@ -1,0 +1,17 @@
+//! The router-facing KV indexer (`kvplane indexer`, issue 10): which engine instance holds the
+//! longest prefix of a prompt, on which tier and which data-parallel rank.
+//!
+//! The files at this level are the pure model: hashing ([`hash`]), event decoding
+//! ([`events`]), message frames ([`frames`]), the prefix index ([`index`]) and per-stream
+//! sequence tracking ([`seq`]). No I/O and no clock there: time is passed in. [`service`] is
+//! the async shell (registrations, publisher tasks, HTTP). Sockets live in
+//! [`crate::transport`]; nothing here touches the `zeromq` crate.
+
+pub mod events;
+pub mod frames;
+pub mod hash;
+pub mod index;
+mod msgpack;
+pub mod seq;
+pub mod service;
+mod table;

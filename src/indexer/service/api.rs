@@ -1,0 +1,522 @@
+//! The JSON contract of the indexer's HTTP API (spec §1): request bodies read tolerantly
+//! (aliases, unknown fields ignored), validated into typed requests, and the one error type
+//! whose body is `{"error", "reason", "field"?, "index"?}` with the C++ Conductor's reason
+//! codes. Pure: no axum here beyond the response conversion.
+
+use crate::indexer::index::LoraNs;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+/// An API error: status, reason code, message, and the field (and list index) at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable code: `missing`, `invalid_type`, `invalid_value`, `out_of_range`,
+    /// `invalid_json`, `not_found`, `conflict`, `method_not_allowed`, `internal`.
+    pub reason: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// The field at fault.
+    pub field: Option<&'static str>,
+    /// The index inside a list field.
+    pub index: Option<usize>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+            field: None,
+            index: None,
+        }
+    }
+
+    /// A 400 about `field`.
+    pub fn field(reason: &'static str, field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field),
+            ..Self::new(StatusCode::BAD_REQUEST, reason, message)
+        }
+    }
+
+    /// A 400 for a body that is not JSON.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    /// A 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// A 409 about `field`.
+    pub fn conflict(field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field),
+            ..Self::new(StatusCode::CONFLICT, "conflict", message)
+        }
+    }
+
+    /// A 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this route",
+        )
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        let mut body = json!({"error": self.message, "reason": self.reason});
+        if let Some(f) = self.field {
+            body["field"] = json!(f);
+        }
+        if let Some(i) = self.index {
+            body["index"] = json!(i);
+        }
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// Parses a body as a JSON object, whatever the Content-Type says.
+pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid_json("the body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid_json(format!("invalid JSON: {e}"))),
+    }
+}
+
+/// The first present, non-null value among `names`, with the name it was found under.
+fn pick<'a>(body: &'a Map<String, Value>, names: &[&'static str]) -> Option<&'a Value> {
+    names
+        .iter()
+        .find_map(|n| body.get(*n).filter(|v| !v.is_null()))
+}
+
+fn string(
+    body: &Map<String, Value>,
+    names: &[&'static str],
+    required: bool,
+) -> Result<Option<String>, ApiError> {
+    match pick(body, names) {
+        None if required => Err(ApiError::field("missing", names[0], "required")),
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::field(
+            "invalid_type",
+            names[0],
+            "must be a string",
+        )),
+    }
+}
+
+fn uint(
+    body: &Map<String, Value>,
+    name: &'static str,
+    required: bool,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    match pick(body, &[name]) {
+        None if required => Err(ApiError::field("missing", name, "required")),
+        None => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= max => Ok(Some(n)),
+            Some(_) => Err(ApiError::field(
+                "out_of_range",
+                name,
+                format!("must be ≤ {max}"),
+            )),
+            None if v.is_number() => Err(ApiError::field(
+                "out_of_range",
+                name,
+                "must be a non-negative integer",
+            )),
+            None => Err(ApiError::field("invalid_type", name, "must be an integer")),
+        },
+    }
+}
+
+fn tenant(body: &Map<String, Value>) -> Result<String, ApiError> {
+    Ok(string(body, &["tenant_id"], false)?
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "default".to_owned()))
+}
+
+/// The engine that publishes a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineType {
+    /// vLLM (any version from 0.10).
+    Vllm,
+    /// SGLang.
+    Sglang,
+    /// The standardized Mooncake events (a shared pool).
+    Mooncake,
+}
+
+impl EngineType {
+    /// The name as the API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineType::Vllm => "vLLM",
+            EngineType::Sglang => "SGLang",
+            EngineType::Mooncake => "Mooncake",
+        }
+    }
+}
+
+/// A validated `/register` body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    /// The PUB endpoint.
+    pub endpoint: String,
+    /// The replay ROUTER endpoint (`None`: no replay).
+    pub replay_endpoint: Option<String>,
+    /// The engine type.
+    pub kind: EngineType,
+    /// The model.
+    pub model: String,
+    /// The default LoRA namespace.
+    pub lora: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The instance.
+    pub instance: String,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The data-parallel rank.
+    pub dp_rank: u32,
+    /// The deployment salt.
+    pub salt: String,
+}
+
+impl Registration {
+    /// The service key, `instance|tenant|dp_rank`.
+    pub fn key(&self) -> String {
+        service_key(&self.instance, &self.tenant, self.dp_rank)
+    }
+
+    /// The registration as `/services` shows it.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "endpoint": self.endpoint,
+            "replay_endpoint": self.replay_endpoint.clone().unwrap_or_default(),
+            "type": self.kind.name(),
+            "modelname": self.model,
+            "lora_name": self.lora,
+            "tenant_id": self.tenant,
+            "instance_id": self.instance,
+            "block_size": self.block_size,
+            "dp_rank": self.dp_rank,
+            "additionalsalt": self.salt,
+        })
+    }
+}
+
+/// `instance|tenant|dp_rank`, the Go service's key.
+pub fn service_key(instance: &str, tenant: &str, dp_rank: u32) -> String {
+    format!("{instance}|{tenant}|{dp_rank}")
+}
+
+fn endpoint(value: String, field: &'static str) -> Result<String, ApiError> {
+    let rest = value
+        .strip_prefix("tcp://")
+        .ok_or_else(|| ApiError::field("invalid_value", field, "must be tcp://host:port"))?;
+    let port = rest.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+    match port {
+        Some((host, Ok(_))) if !host.is_empty() && host != "*" => Ok(value),
+        _ => Err(ApiError::field(
+            "invalid_value",
+            field,
+            "must be tcp://host:port with a connectable host",
+        )),
+    }
+}
+
+/// Validates a `/register` body.
+///
+/// # Errors
+/// 400 [`ApiError`]s naming the field.
+pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError> {
+    let ep = string(body, &["endpoint"], true)?.unwrap_or_default();
+    let replay = string(body, &["replay_endpoint"], false)?.filter(|s| !s.is_empty());
+    let kind = match string(body, &["type"], true)?
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "vllm" => EngineType::Vllm,
+        "sglang" => EngineType::Sglang,
+        "mooncake" => EngineType::Mooncake,
+        _ => {
+            return Err(ApiError::field(
+                "invalid_value",
+                "type",
+                "must be \"vLLM\", \"SGLang\" or \"Mooncake\"",
+            ))
+        }
+    };
+    let model = string(body, &["modelname", "model", "model_name"], true)?.unwrap_or_default();
+    let instance = string(body, &["instance_id"], true)?.unwrap_or_default();
+    if instance.is_empty() {
+        return Err(ApiError::field(
+            "invalid_value",
+            "instance_id",
+            "must not be empty",
+        ));
+    }
+    let block_size = uint(body, "block_size", true, u64::from(u32::MAX))?.unwrap_or(0);
+    if block_size == 0 {
+        return Err(ApiError::field("out_of_range", "block_size", "must be > 0"));
+    }
+    Ok(Registration {
+        endpoint: endpoint(ep, "endpoint")?,
+        replay_endpoint: replay.map(|r| endpoint(r, "replay_endpoint")).transpose()?,
+        kind,
+        model,
+        lora: string(body, &["lora_name"], false)?.unwrap_or_default(),
+        tenant: tenant(body)?,
+        instance,
+        block_size: block_size as u32,
+        dp_rank: uint(body, "dp_rank", true, u64::from(u32::MAX))?.unwrap_or(0) as u32,
+        salt: string(body, &["additionalsalt", "additional_salt"], false)?.unwrap_or_default(),
+    })
+}
+
+/// A validated `/unregister` body: which keys to remove.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unregistration {
+    /// The instance.
+    pub instance: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The rank; `None` removes every rank of the instance (Dynamo's extension).
+    pub dp_rank: Option<u32>,
+}
+
+/// Validates an `/unregister` body (the doc's extra fields are accepted and ignored).
+///
+/// # Errors
+/// 400 [`ApiError`]s naming the field.
+pub fn unregistration(body: &Map<String, Value>) -> Result<Unregistration, ApiError> {
+    Ok(Unregistration {
+        instance: string(body, &["instance_id"], true)?.unwrap_or_default(),
+        tenant: tenant(body)?,
+        dp_rank: uint(body, "dp_rank", false, u64::from(u32::MAX))?.map(|r| r as u32),
+    })
+}
+
+/// A validated `/query` or `/query_by_hash` body, without the blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueryHead {
+    /// The model.
+    pub model: String,
+    /// The LoRA namespace.
+    pub lora: LoraNs,
+    /// The tenant.
+    pub tenant: String,
+    /// Only this instance.
+    pub instance: Option<String>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The effective salt asked for.
+    pub salt: String,
+}
+
+/// Validates the fields `/query` and `/query_by_hash` share.
+///
+/// # Errors
+/// 400 [`ApiError`]s naming the field.
+pub fn query_head(body: &Map<String, Value>) -> Result<QueryHead, ApiError> {
+    let lora_name = string(body, &["lora_name"], false)?;
+    let lora_id = match body.get("lora_id").filter(|v| !v.is_null()) {
+        None => None,
+        Some(v) => Some(
+            v.as_i64()
+                .ok_or_else(|| ApiError::field("invalid_type", "lora_id", "must be an integer"))?,
+        ),
+    };
+    let lora = match (lora_name, lora_id) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::field(
+                "invalid_value",
+                "lora_id",
+                "lora_id is deprecated and must not be sent with lora_name",
+            ))
+        }
+        (Some(n), None) => LoraNs::Name(n),
+        (None, Some(i)) => LoraNs::Id(i),
+        (None, None) => LoraNs::Name(String::new()),
+    };
+    let block_size = uint(body, "block_size", true, u64::from(u32::MAX))?.unwrap_or(0);
+    if block_size == 0 {
+        return Err(ApiError::field("out_of_range", "block_size", "must be > 0"));
+    }
+    Ok(QueryHead {
+        model: string(body, &["model", "modelname", "model_name"], true)?.unwrap_or_default(),
+        lora,
+        tenant: tenant(body)?,
+        instance: string(body, &["instance_id"], false)?.filter(|s| !s.is_empty()),
+        block_size: block_size as u32,
+        salt: string(body, &["cache_salt"], false)?.unwrap_or_default(),
+    })
+}
+
+/// `token_ids`: u32 each.
+///
+/// # Errors
+/// 400 naming the index of the first bad element.
+pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+    let list = match body.get("token_ids") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::field("missing", "token_ids", "required"))
+        }
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::field(
+                "invalid_type",
+                "token_ids",
+                "must be a list",
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| ApiError {
+                    index: Some(i),
+                    ..ApiError::field("out_of_range", "token_ids", "token ids are u32")
+                })
+        })
+        .collect()
+}
+
+/// `seq_hashes` (alias `block_hash`, `block_hashes`): u64, negative i64 (two's complement),
+/// or decimal / `0x` hex strings.
+///
+/// # Errors
+/// 400 naming the index of the first bad element.
+pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
+    let list = match pick(body, &["seq_hashes", "block_hash", "block_hashes"]) {
+        None => return Err(ApiError::field("missing", "seq_hashes", "required")),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::field(
+                "invalid_type",
+                "seq_hashes",
+                "must be a list",
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let parsed = match v {
+                Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|x| x as u64)),
+                Value::String(s) => match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+                    Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                    None => s
+                        .parse::<u64>()
+                        .ok()
+                        .or_else(|| s.parse::<i64>().ok().map(|x| x as u64)),
+                },
+                _ => None,
+            };
+            parsed.ok_or_else(|| ApiError {
+                index: Some(i),
+                ..ApiError::field(
+                    "invalid_value",
+                    "seq_hashes",
+                    "a hash is a u64, an i64, or a decimal or 0x string",
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    #[test]
+    fn the_docs_register_body_validates_with_aliases_and_extras() {
+        let body = obj(
+            json!({"endpoint":"tcp://1.1.1.1:5557","replay_endpoint":"tcp://1.1.1.1:5558",
+            "type":"vLLM","modelname":"deepseek","lora_name":"sql-adapter","tenant_id":"",
+            "instance_id":"vllm-prefill-node1","block_size":128,"dp_rank":0,"additionalsalt":"w8a8",
+            "unknown":"ignored"}),
+        );
+        let r = registration(&body).expect("valid");
+        assert_eq!(r.key(), "vllm-prefill-node1|default|0");
+        assert_eq!(r.salt, "w8a8");
+        let alias = obj(
+            json!({"endpoint":"tcp://h:1","type":"sglang","model_name":"m",
+            "instance_id":"i","block_size":4,"dp_rank":2,"additional_salt":"s"}),
+        );
+        let r = registration(&alias).expect("valid");
+        assert_eq!(
+            (r.model.as_str(), r.salt.as_str(), r.kind),
+            ("m", "s", EngineType::Sglang)
+        );
+    }
+
+    #[test]
+    fn bad_registrations_name_the_field() {
+        let base = json!({"endpoint":"tcp://h:1","type":"vLLM","modelname":"m",
+            "instance_id":"i","block_size":4,"dp_rank":0});
+        let cases = [
+            ("endpoint", json!("h:1"), "invalid_value"),
+            ("endpoint", json!("tcp://*:5557"), "invalid_value"),
+            ("type", json!("TensorRT"), "invalid_value"),
+            ("block_size", json!(0), "out_of_range"),
+            ("dp_rank", json!(-1), "out_of_range"),
+            ("dp_rank", json!("0"), "invalid_type"),
+            ("modelname", Value::Null, "missing"),
+        ];
+        for (field, value, reason) in cases {
+            let mut b = obj(base.clone());
+            b.insert(field.into(), value);
+            let e = registration(&b).expect_err(field);
+            assert_eq!((e.reason, e.field), (reason, Some(field)), "{field}");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        }
+    }
+
+    #[test]
+    fn query_fields_and_hash_forms() {
+        let both = obj(json!({"model":"m","block_size":4,"lora_name":"a","lora_id":1}));
+        assert_eq!(query_head(&both).map_err(|e| e.field), Err(Some("lora_id")));
+        let q = obj(json!({"model":"m","block_size":4,"token_ids":[0, 4294967295u64]}));
+        assert_eq!(token_ids(&q), Ok(vec![0, u32::MAX]));
+        let big = obj(json!({"token_ids":[1, 4294967296u64]}));
+        assert_eq!(token_ids(&big).map_err(|e| e.index), Err(Some(1)));
+        let h = obj(json!({"block_hash":[18446744073709551615u64, -1, "0x10", "42", "-2"]}));
+        assert_eq!(
+            seq_hashes(&h),
+            Ok(vec![u64::MAX, u64::MAX, 16, 42, u64::MAX - 1])
+        );
+        let bad = obj(json!({"seq_hashes":[1, "zz"]}));
+        assert_eq!(seq_hashes(&bad).map_err(|e| e.index), Err(Some(1)));
+    }
+}

@@ -1,0 +1,260 @@
+//! The indexer's routes (spec §1): `POST /register`, `/unregister`, `/query`,
+//! `/query_by_hash`; `GET /services`, `/healthz`, `/metrics`, `/openapi.json`. Every error is
+//! JSON (`api::ApiError`), a wrong method included (405).
+
+use super::api::{self, ApiError};
+use super::metrics::Text;
+use super::IndexerState;
+use crate::indexer::index::{InstanceMatch, QueryScope};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+type St = State<Arc<IndexerState>>;
+
+/// One per-publisher metric: name, help, and how to read it from the status.
+type PublisherFamily = (
+    &'static str,
+    &'static str,
+    fn(&super::PublisherStatus) -> u64,
+);
+
+/// The router.
+pub(crate) fn router(state: Arc<IndexerState>) -> Router {
+    let limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/register", post(register))
+        .route("/unregister", post(unregister))
+        .route("/query", post(query))
+        .route("/query_by_hash", post(query_by_hash))
+        .route("/services", get(services))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+async fn register(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let reg = api::registration(&api::object(&body)?)?;
+    let instance = reg.instance.clone();
+    st.register(reg)?;
+    Ok(Json(
+        json!({"status": "registered successfully", "instance_id": instance}),
+    ))
+}
+
+async fn unregister(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req = api::unregistration(&api::object(&body)?)?;
+    let removed = st.unregister(&req)?;
+    Ok(Json(
+        json!({"status": "unregistered successfully", "removed_instances": removed}),
+    ))
+}
+
+fn answer(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {
+    if rows.is_empty() {
+        return json!({});
+    }
+    let mut instances = Map::new();
+    for (inst, m) in rows {
+        let dp: Map<String, Value> =
+            m.dp.iter()
+                .map(|(r, v)| (r.to_string(), json!(v)))
+                .collect();
+        instances.insert(
+            inst,
+            json!({"longest_matched": m.longest_matched, "GPU": m.gpu, "CPU": m.cpu,
+                   "DISK": m.disk, "DP": dp}),
+        );
+    }
+    json!({ tenant: instances })
+}
+
+async fn query(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = api::object(&body)?;
+    let head = api::query_head(&body)?;
+    let tokens = api::token_ids(&body)?;
+    let scope = scope(&head);
+    let rows = st.core.read().index.query_tokens(&scope, &tokens);
+    Ok(Json(answer(&head.tenant, rows)))
+}
+
+async fn query_by_hash(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = api::object(&body)?;
+    let head = api::query_head(&body)?;
+    let hashes = api::seq_hashes(&body)?;
+    let rows = st.core.read().index.query_hashes(&scope(&head), &hashes);
+    Ok(Json(answer(&head.tenant, rows)))
+}
+
+fn scope(head: &api::QueryHead) -> QueryScope<'_> {
+    QueryScope {
+        tenant: &head.tenant,
+        model: &head.model,
+        lora: head.lora.clone(),
+        block_size: head.block_size,
+        salt: &head.salt,
+        instance: head.instance.as_deref(),
+    }
+}
+
+async fn services(State(st): St) -> Json<Value> {
+    let registry = st.registry.lock();
+    let core = st.core.read();
+    let mut list = Vec::new();
+    for service in registry.services.values() {
+        let mut entry = service.reg.to_json();
+        let stats = core.index.stream_stats(service.stream).unwrap_or_default();
+        entry["blocks"] = json!({"GPU": stats.tier_blocks[0], "CPU": stats.tier_blocks[1],
+            "DISK": stats.tier_blocks[2]});
+        if let Some(p) = registry.publishers.get(&service.reg.endpoint) {
+            let s = &p.status;
+            let seq = *s.seq.lock();
+            let last = s.last_seq.load(Ordering::Relaxed);
+            entry["connection"] = json!({
+                "connected": s.connected.load(Ordering::Relaxed),
+                "connects": s.connects.load(Ordering::Relaxed),
+                "replaying": s.replaying.load(Ordering::Relaxed),
+                "last_seq": (last != u64::MAX).then_some(last),
+                "gaps": seq.gaps,
+                "replays": seq.replays,
+                "replay_failures": seq.replay_failures,
+                "partial_replays": seq.partial_replays,
+                "restarts": seq.restarts,
+                "duplicates": seq.duplicates,
+                "unrepaired_gaps": seq.unrepaired_gaps,
+                "queue_drops": s.queue_drops.load(Ordering::Relaxed),
+                "error": s.error.lock().clone(),
+            });
+        }
+        list.push(entry);
+    }
+    Json(json!({"count": list.len(), "hash_seed": core.index.config().seed, "services": list}))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(st): St) -> impl IntoResponse {
+    let mut out = Text::default();
+    st.metrics.render_own(&mut out);
+    {
+        let core = st.core.read();
+        let ix = &core.index;
+        out.one(
+            "kvplane_indexer_memberships",
+            "gauge",
+            "(holder, block) memberships stored.",
+            ix.memberships() as u64,
+        );
+        out.one(
+            "kvplane_indexer_blocks",
+            "gauge",
+            "Distinct (namespace, block) entries.",
+            ix.blocks() as u64,
+        );
+        out.one(
+            "kvplane_indexer_heap_bytes",
+            "gauge",
+            "Heap bytes of the block table and engine-hash maps.",
+            ix.heap_bytes() as u64,
+        );
+        let c = ix.counters();
+        for (name, help, v) in [
+            ("stored", "Block stores applied.", c.stored),
+            ("removed", "Block memberships removed.", c.removed),
+            (
+                "orphans",
+                "Stores dropped: parent engine hash unknown.",
+                c.orphans,
+            ),
+            (
+                "unknown_hashes",
+                "Removals or token-less stores of an unknown engine hash.",
+                c.unknown_hashes,
+            ),
+            (
+                "shape_mismatch",
+                "Stores whose tokens do not fill the blocks or whose block size differs.",
+                c.shape_mismatch,
+            ),
+            (
+                "opaque",
+                "Stores with multimodal or embedding keys, not indexed.",
+                c.opaque,
+            ),
+            (
+                "other_group",
+                "Events of a KV cache group other than 0, not indexed.",
+                c.other_group,
+            ),
+            (
+                "capacity_refused",
+                "Memberships refused at the capacity limit.",
+                c.capacity_refused,
+            ),
+            ("expired", "Memberships dropped by the TTL.", c.expired),
+            (
+                "clears",
+                "Stream clears (events, restarts, unregistrations).",
+                c.clears,
+            ),
+        ] {
+            out.one(&format!("kvplane_indexer_{name}_total"), "counter", help, v);
+        }
+    }
+    let registry = st.registry.lock();
+    let families: [PublisherFamily; 6] = [
+        ("gaps", "Sequence gaps seen.", |s| s.seq.lock().gaps),
+        ("replays", "Replays started.", |s| s.seq.lock().replays),
+        ("replay_failures", "Replays failed or timed out.", |s| {
+            s.seq.lock().replay_failures
+        }),
+        ("restarts", "Publisher restarts detected.", |s| {
+            s.seq.lock().restarts
+        }),
+        ("duplicates", "Duplicate messages dropped.", |s| {
+            s.seq.lock().duplicates
+        }),
+        (
+            "queue_drops",
+            "Live messages dropped: the publisher's queue was full.",
+            |s| s.queue_drops.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, f) in families {
+        let metric = format!("kvplane_indexer_publisher_{name}_total");
+        out.family(&metric, "counter", help);
+        for (endpoint, p) in &registry.publishers {
+            out.sample(&metric, &[("endpoint", endpoint)], f(&p.status));
+        }
+    }
+    out.family(
+        "kvplane_indexer_publisher_connected",
+        "gauge",
+        "1 while the SUB connection is up.",
+    );
+    for (endpoint, p) in &registry.publishers {
+        out.sample(
+            "kvplane_indexer_publisher_connected",
+            &[("endpoint", endpoint)],
+            u64::from(p.status.connected.load(Ordering::Relaxed)),
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0)
+}
+
+async fn openapi() -> Json<Value> {
+    Json(super::openapi_doc())
+}

@@ -1,0 +1,552 @@
+//! `kvplane indexer`: the async shell around the pure model — registrations, one
+//! subscriber/applier task pair per publisher endpoint, the TTL sweep, the HTTP API.
+//!
+//! Owns the shared [`IndexerState`] (the index behind one lock, the registry behind another;
+//! the index lock is never held across an `.await`). Sockets are in [`crate::transport`].
+
+pub mod api;
+mod http;
+mod metrics;
+mod openapi;
+mod publisher;
+
+use openapi::openapi_doc;
+
+use crate::indexer::events::KvEvent;
+use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec};
+use crate::indexer::seq::{SeqConfig, SeqCounters};
+use api::{ApiError, EngineType, Registration, Unregistration};
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use metrics::IndexerMetrics;
+
+/// Flags of `kvplane indexer`, each with a `KVPLANE_*` environment twin.
+#[derive(Clone, Debug, clap::Args)]
+pub struct IndexerArgs {
+    /// Address the HTTP server binds to.
+    #[arg(long, env = "KVPLANE_INDEXER_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "KVPLANE_INDEXER_PORT", default_value_t = 13333)]
+    pub port: u16,
+    /// XXH3 seed of the standard block hashes (Dynamo uses 1337).
+    #[arg(long, env = "KVPLANE_INDEXER_HASH_SEED", default_value_t = crate::indexer::hash::DEFAULT_SEED)]
+    pub hash_seed: u64,
+    /// At most this many (holder, block) memberships; new ones beyond are refused and counted.
+    #[arg(
+        long,
+        env = "KVPLANE_INDEXER_MAX_MEMBERSHIPS",
+        default_value_t = 50_000_000
+    )]
+    pub max_memberships: usize,
+    /// Drop blocks not stored again within this many seconds (0: never).
+    #[arg(long, env = "KVPLANE_INDEXER_TTL_SECS", default_value_t = 0)]
+    pub ttl_secs: u32,
+    /// A JSON file of publishers to register at start: a list of `/register` bodies, or
+    /// `{"kvevent_instance": [...]}` as the Go Conductor's config.
+    #[arg(long, env = "KVPLANE_INDEXER_PUBLISHERS")]
+    pub publishers: Option<std::path::PathBuf>,
+    /// Per-reply timeout of a replay, in milliseconds.
+    #[arg(
+        long,
+        env = "KVPLANE_INDEXER_REPLAY_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub replay_timeout_ms: u64,
+    /// Live messages queued per publisher before new ones are dropped (and counted).
+    #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = 4096)]
+    pub queue_capacity: usize,
+}
+
+impl IndexerArgs {
+    /// The validated configuration.
+    pub fn config(&self) -> IndexerConfig {
+        IndexerConfig {
+            host: self.host.clone(),
+            port: self.port,
+            index: IndexConfig {
+                seed: self.hash_seed,
+                max_memberships: self.max_memberships,
+                ttl_secs: (self.ttl_secs > 0).then_some(self.ttl_secs),
+            },
+            publishers: self.publishers.clone(),
+            replay_timeout: Duration::from_millis(self.replay_timeout_ms.max(1)),
+            queue_capacity: self.queue_capacity.max(1),
+            ..IndexerConfig::default()
+        }
+    }
+}
+
+/// The indexer's configuration.
+#[derive(Clone, Debug)]
+pub struct IndexerConfig {
+    /// HTTP bind host.
+    pub host: String,
+    /// HTTP port (0: any).
+    pub port: u16,
+    /// Index limits and hash seed.
+    pub index: IndexConfig,
+    /// Publishers to register at start.
+    pub publishers: Option<std::path::PathBuf>,
+    /// Per-reply replay timeout.
+    pub replay_timeout: Duration,
+    /// Per-publisher live queue.
+    pub queue_capacity: usize,
+    /// Largest ZMQ frame accepted from a publisher (a larger one closes that connection).
+    pub max_frame_bytes: usize,
+    /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
+    pub max_queued_bytes: usize,
+    /// Registered services at most; more registrations are refused.
+    pub max_services: usize,
+    /// Largest HTTP body accepted.
+    pub max_body_bytes: usize,
+}
+
+impl Default for IndexerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 0,
+            index: IndexConfig::default(),
+            publishers: None,
+            replay_timeout: Duration::from_secs(5),
+            queue_capacity: 4096,
+            max_frame_bytes: 16 * 1024 * 1024,
+            max_queued_bytes: 64 * 1024 * 1024,
+            max_services: 4096,
+            max_body_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Live state of one publisher, shared between its tasks and `/services`.
+#[derive(Debug, Default)]
+pub struct PublisherStatus {
+    /// A connection is up.
+    pub connected: AtomicBool,
+    /// Connections made (the first and every reconnect).
+    pub connects: AtomicU64,
+    /// The last sequence number applied (`u64::MAX`: none).
+    pub last_seq: AtomicU64,
+    /// A replay is running.
+    pub replaying: AtomicBool,
+    /// Live messages dropped because the queue was full (by count or by bytes).
+    pub queue_drops: AtomicU64,
+    /// Payload bytes in the live queue now.
+    pub queued_bytes: std::sync::atomic::AtomicUsize,
+    /// The sequence tracker's counters.
+    pub seq: Mutex<SeqCounters>,
+    /// The last subscription error.
+    pub error: Mutex<Option<String>>,
+}
+
+struct Publisher {
+    id: u32,
+    replay_endpoint: Option<String>,
+    kind: EngineType,
+    status: Arc<PublisherStatus>,
+    cancel: CancellationToken,
+}
+
+struct Service {
+    reg: Registration,
+    stream: StreamId,
+}
+
+#[derive(Default)]
+struct Registry {
+    services: BTreeMap<String, Service>,
+    publishers: HashMap<String, Publisher>,
+    next_publisher: u32,
+}
+
+/// The index and the streams each publisher feeds, behind one lock.
+struct Core {
+    index: Index,
+    routes: HashMap<u32, Vec<StreamId>>,
+}
+
+/// Everything the indexer's tasks and routes share.
+pub struct IndexerState {
+    core: RwLock<Core>,
+    registry: Mutex<Registry>,
+    /// Counters exposed on `/metrics`.
+    pub metrics: IndexerMetrics,
+    config: IndexerConfig,
+    started: tokio::time::Instant,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl IndexerState {
+    fn new(config: IndexerConfig, tasks: TaskTracker, shutdown: CancellationToken) -> Self {
+        Self {
+            core: RwLock::new(Core {
+                index: Index::new(config.index),
+                routes: HashMap::new(),
+            }),
+            registry: Mutex::new(Registry::default()),
+            metrics: IndexerMetrics::default(),
+            config,
+            started: tokio::time::Instant::now(),
+            tasks,
+            shutdown,
+        }
+    }
+
+    fn now_secs(&self) -> u32 {
+        u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX)
+    }
+
+    /// Applies events from publisher `id` to every stream it feeds.
+    fn apply(&self, id: u32, events: &[KvEvent]) {
+        let now = self.now_secs();
+        let mut core = self.core.write();
+        let Core { index, routes } = &mut *core;
+        let Some(streams) = routes.get(&id) else {
+            return;
+        };
+        for ev in events {
+            for s in streams {
+                index.apply(*s, ev, now);
+            }
+        }
+        self.metrics
+            .events_applied
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Drops every block of every stream publisher `id` feeds (a restart).
+    fn clear_publisher(&self, id: u32) {
+        let mut core = self.core.write();
+        let Core { index, routes } = &mut *core;
+        if let Some(streams) = routes.get(&id) {
+            for s in streams {
+                index.clear_stream(*s, None);
+            }
+        }
+    }
+
+    /// Registers a stream (idempotent; 409 on a conflicting one).
+    ///
+    /// # Errors
+    /// 409 when the key or the endpoint is registered with another configuration.
+    pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, ApiError> {
+        let mut registry = self.registry.lock();
+        let key = reg.key();
+        if let Some(existing) = registry.services.get(&key) {
+            if existing.reg == reg {
+                return Ok(false);
+            }
+            return Err(ApiError::conflict(
+                "instance_id",
+                format!("{key} is registered with another configuration"),
+            ));
+        }
+        if registry.services.len() >= self.config.max_services {
+            return Err(ApiError::field(
+                "out_of_range",
+                "instance_id",
+                format!(
+                    "{} services are registered, the limit",
+                    self.config.max_services
+                ),
+            ));
+        }
+        if let Some(p) = registry.publishers.get(&reg.endpoint) {
+            if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind {
+                return Err(ApiError::conflict(
+                    "endpoint",
+                    format!(
+                        "{} is registered with another replay endpoint or type",
+                        reg.endpoint
+                    ),
+                ));
+            }
+        }
+        let spec = StreamSpec {
+            tenant: reg.tenant.clone(),
+            instance: reg.instance.clone(),
+            dp_rank: reg.dp_rank,
+            model: reg.model.clone(),
+            lora: reg.lora.clone(),
+            block_size: reg.block_size,
+            salt: reg.salt.clone(),
+            shared: reg.kind == EngineType::Mooncake,
+        };
+        let new_publisher = !registry.publishers.contains_key(&reg.endpoint);
+        let pub_id = match registry.publishers.get(&reg.endpoint) {
+            Some(p) => p.id,
+            None => {
+                let id = registry.next_publisher;
+                registry.next_publisher += 1;
+                id
+            }
+        };
+        let stream = {
+            let mut core = self.core.write();
+            let stream = core.index.add_stream(spec);
+            core.routes.entry(pub_id).or_default().push(stream);
+            stream
+        };
+        if new_publisher {
+            let status = Arc::new(PublisherStatus {
+                last_seq: AtomicU64::new(u64::MAX),
+                ..PublisherStatus::default()
+            });
+            let cancel = self.shutdown.child_token();
+            let seq = SeqConfig {
+                first_seq: u64::from(reg.kind == EngineType::Mooncake),
+                replay: reg.replay_endpoint.is_some(),
+                max_buffered_bytes: self.config.max_queued_bytes,
+                ..SeqConfig::default()
+            };
+            publisher::spawn(
+                self,
+                publisher::PublisherTask {
+                    id: pub_id,
+                    endpoint: reg.endpoint.clone(),
+                    replay_endpoint: reg.replay_endpoint.clone(),
+                    seq,
+                    status: Arc::clone(&status),
+                    cancel: cancel.clone(),
+                },
+            );
+            registry.publishers.insert(
+                reg.endpoint.clone(),
+                Publisher {
+                    id: pub_id,
+                    replay_endpoint: reg.replay_endpoint.clone(),
+                    kind: reg.kind,
+                    status,
+                    cancel,
+                },
+            );
+        }
+        registry.services.insert(key, Service { reg, stream });
+        Ok(true)
+    }
+
+    /// Removes the matching services and every membership they held; returns their keys.
+    ///
+    /// # Errors
+    /// 404 when nothing matches.
+    pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, ApiError> {
+        let mut registry = self.registry.lock();
+        let keys: Vec<String> = match req.dp_rank {
+            Some(rank) => {
+                let key = api::service_key(&req.instance, &req.tenant, rank);
+                if registry.services.contains_key(&key) {
+                    vec![key]
+                } else {
+                    Vec::new()
+                }
+            }
+            None => registry
+                .services
+                .iter()
+                .filter(|(_, s)| s.reg.instance == req.instance && s.reg.tenant == req.tenant)
+                .map(|(k, _)| k.clone())
+                .collect(),
+        };
+        if keys.is_empty() {
+            return Err(ApiError::not_found(format!(
+                "service not found: {}|{}|{}",
+                req.instance,
+                req.tenant,
+                req.dp_rank.map_or("*".to_owned(), |r| r.to_string())
+            )));
+        }
+        for key in &keys {
+            let Some(service) = registry.services.remove(key) else {
+                continue;
+            };
+            let endpoint = service.reg.endpoint.clone();
+            let Some(pub_id) = registry.publishers.get(&endpoint).map(|p| p.id) else {
+                continue;
+            };
+            let last = {
+                let mut core = self.core.write();
+                core.index.remove_stream(service.stream);
+                let streams = core.routes.entry(pub_id).or_default();
+                streams.retain(|s| *s != service.stream);
+                let last = streams.is_empty();
+                if last {
+                    core.routes.remove(&pub_id);
+                }
+                last
+            };
+            if last {
+                if let Some(p) = registry.publishers.remove(&endpoint) {
+                    p.cancel.cancel();
+                }
+            }
+        }
+        Ok(keys)
+    }
+}
+
+/// A running indexer.
+pub struct IndexerServer {
+    /// The bound HTTP address.
+    pub addr: SocketAddr,
+    /// The shared state.
+    pub state: Arc<IndexerState>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl IndexerServer {
+    /// Stops every task and waits (a few seconds at most) for them.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some indexer tasks did not stop in time");
+        }
+    }
+}
+
+/// Why the indexer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexerStartError {
+    /// The HTTP port could not be bound.
+    #[error("cannot bind the indexer HTTP server on {addr}: {source}")]
+    Http {
+        /// The address tried.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The publishers file could not be read or is invalid.
+    #[error("publishers file {path}: {message}")]
+    Publishers {
+        /// The file.
+        path: String,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, IndexerStartError> {
+    let err = |message: String| IndexerStartError::Publishers {
+        path: path.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let list = match &value {
+        serde_json::Value::Array(l) => l.clone(),
+        serde_json::Value::Object(o) => match o.get("kvevent_instance") {
+            Some(serde_json::Value::Array(l)) => l.clone(),
+            Some(serde_json::Value::Object(m)) => m.values().cloned().collect(),
+            _ => {
+                return Err(err(
+                    "expected a list or {\"kvevent_instance\": [...]}".into()
+                ))
+            }
+        },
+        _ => {
+            return Err(err(
+                "expected a list or {\"kvevent_instance\": [...]}".into()
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let body = v
+                .as_object()
+                .ok_or_else(|| err(format!("entry {i} is not an object")))?;
+            api::registration(body).map_err(|e| err(format!("entry {i}: {}", e.body())))
+        })
+        .collect()
+}
+
+/// Binds the HTTP port, registers the configured publishers and starts serving.
+///
+/// # Errors
+/// [`IndexerStartError`] when the port cannot be bound or the publishers file is invalid.
+pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartError> {
+    let initial = match &config.publishers {
+        Some(path) => publishers_file(path)?,
+        None => Vec::new(),
+    };
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| IndexerStartError::Http {
+            addr: addr.clone(),
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| IndexerStartError::Http { addr, source })?;
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let state = Arc::new(IndexerState::new(config, tasks.clone(), shutdown.clone()));
+    for reg in initial {
+        let key = reg.key();
+        if let Err(e) = state.register(reg) {
+            tracing::warn!(%key, "publisher from the file not registered: {}", e.message);
+        }
+    }
+    if let Some(ttl) = state.config.index.ttl_secs {
+        let st = Arc::clone(&state);
+        let cancel = shutdown.clone();
+        let every = Duration::from_secs(u64::from(ttl / 4).clamp(1, 60));
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = tick.tick() => {
+                        let now = st.now_secs();
+                        st.core.write().index.expire(now);
+                    }
+                }
+            }
+        });
+    }
+    let app = http::router(Arc::clone(&state));
+    let http_shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(http_shutdown.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!("indexer HTTP server failed: {e}");
+        }
+    });
+    tracing::info!(http = %bound, "kvplane indexer listening");
+    Ok(IndexerServer {
+        addr: bound,
+        state,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Serves until `shutdown` fires, then drains.
+///
+/// # Errors
+/// [`IndexerStartError`] as [`start`].
+pub async fn run(
+    config: IndexerConfig,
+    shutdown: CancellationToken,
+) -> Result<(), IndexerStartError> {
+    let server = start(config).await?;
+    shutdown.cancelled().await;
+    server.stop().await;
+    Ok(())
+}

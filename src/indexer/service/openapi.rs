@@ -1,0 +1,85 @@
+//! `/openapi.json` for the indexer: every route, its body and its answers.
+
+use serde_json::{json, Value};
+
+fn error() -> Value {
+    json!({"type": "object", "required": ["error", "reason"], "properties": {
+        "error": {"type": "string"}, "reason": {"type": "string"},
+        "field": {"type": "string"}, "index": {"type": "integer"}}})
+}
+
+fn query_body(blocks: (&str, Value)) -> Value {
+    let mut props = json!({
+        "model": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
+        "lora_id": {"type": ["integer", "null"], "deprecated": true},
+        "tenant_id": {"type": "string", "default": "default"},
+        "instance_id": {"type": "string"}, "block_size": {"type": "integer", "minimum": 1},
+        "cache_salt": {"type": "string"}});
+    props[blocks.0] = blocks.1;
+    json!({"type": "object", "required": ["model", "block_size", blocks.0], "properties": props})
+}
+
+fn answer() -> Value {
+    json!({"type": "object", "description": "{tenant: {instance: match}}",
+      "additionalProperties": {"type": "object", "additionalProperties": {
+        "type": "object", "properties": {
+          "longest_matched": {"type": "integer"}, "GPU": {"type": "integer"},
+          "CPU": {"type": "integer"}, "DISK": {"type": "integer"},
+          "DP": {"type": "object", "additionalProperties": {"type": "integer"}}}}}})
+}
+
+fn op(summary: &str, body: Option<Value>, ok: Value, errors: &[&str]) -> Value {
+    let mut responses = json!({"200": {"description": "OK",
+        "content": {"application/json": {"schema": ok}}}});
+    for code in errors {
+        responses[*code] = json!({"description": "error",
+            "content": {"application/json": {"schema": error()}}});
+    }
+    let mut o = json!({"summary": summary, "responses": responses});
+    if let Some(b) = body {
+        o["requestBody"] = json!({"required": true,
+            "content": {"application/json": {"schema": b}}});
+    }
+    o
+}
+
+/// The document.
+pub(crate) fn openapi_doc() -> Value {
+    let register = json!({"type": "object",
+        "required": ["endpoint", "type", "modelname", "instance_id", "block_size", "dp_rank"],
+        "properties": {
+          "endpoint": {"type": "string", "example": "tcp://10.0.0.5:5557"},
+          "replay_endpoint": {"type": "string"},
+          "type": {"type": "string", "enum": ["vLLM", "SGLang", "Mooncake"]},
+          "modelname": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
+          "tenant_id": {"type": "string"}, "instance_id": {"type": "string"},
+          "block_size": {"type": "integer", "minimum": 1},
+          "dp_rank": {"type": "integer", "minimum": 0},
+          "additionalsalt": {"type": "string"}}});
+    let unregister = json!({"type": "object", "required": ["instance_id"], "properties": {
+        "instance_id": {"type": "string"}, "tenant_id": {"type": "string"},
+        "dp_rank": {"type": "integer", "minimum": 0}}});
+    let hashes = json!({"type": "array", "items": {"oneOf": [
+        {"type": "integer"}, {"type": "string"}]}});
+    json!({
+      "openapi": "3.1.0",
+      "info": {"title": "kvplane indexer", "version": env!("CARGO_PKG_VERSION"),
+               "description": "The Mooncake Conductor Indexer API, fed by vLLM/SGLang/Mooncake KV events."},
+      "paths": {
+        "/register": {"post": op("Subscribe to a publisher", Some(register),
+            json!({"type": "object"}), &["400", "405", "409"])},
+        "/unregister": {"post": op("Remove a stream and its blocks", Some(unregister),
+            json!({"type": "object"}), &["400", "404", "405"])},
+        "/query": {"post": op("Longest cached prefix per instance, tier and rank",
+            Some(query_body(("token_ids", json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}})))),
+            answer(), &["400", "405"])},
+        "/query_by_hash": {"post": op("As /query, from rolling XXH3 sequence hashes (alias block_hash)",
+            Some(query_body(("seq_hashes", hashes))), answer(), &["400", "405"])},
+        "/services": {"get": op("Registered streams with connection and sequence state", None,
+            json!({"type": "object"}), &["405"])},
+        "/healthz": {"get": op("Liveness", None, json!({"type": "object"}), &["405"])},
+        "/metrics": {"get": op("Prometheus metrics (text)", None, json!({"type": "string"}), &["405"])},
+        "/openapi.json": {"get": op("This document", None, json!({"type": "object"}), &["405"])}
+      }
+    })
+}

@@ -1,0 +1,288 @@
+//! One task pair per publisher endpoint: a receiver that drains the SUB socket into a bounded
+//! queue (dropping and counting when it is full, so a flooding publisher costs only itself),
+//! and an applier that runs the sequence state machine, replays over DEALER, decodes and
+//! applies. A publisher that stalls only stalls its own tasks.
+
+use super::{IndexerState, PublisherStatus};
+use crate::indexer::events::decode_batch;
+use crate::indexer::frames::{self, ReplayReply};
+use crate::indexer::seq::{SeqConfig, SeqTracker, Step};
+use crate::transport::{ReplayClient, Subscriber, SubscriberEvent, TransportLimits};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// What the receiver hands the applier.
+enum Inbound {
+    Connected,
+    Disconnected,
+    Live(Vec<Bytes>),
+}
+
+/// Everything a publisher's tasks need.
+pub(crate) struct PublisherTask {
+    pub(crate) id: u32,
+    pub(crate) endpoint: String,
+    pub(crate) replay_endpoint: Option<String>,
+    pub(crate) seq: SeqConfig,
+    pub(crate) status: Arc<PublisherStatus>,
+    pub(crate) cancel: CancellationToken,
+}
+
+/// Spawns the receiver and the applier on the state's task tracker.
+pub(crate) fn spawn(state: &Arc<IndexerState>, task: PublisherTask) {
+    let (tx, rx) = mpsc::channel(state.config.queue_capacity.max(1));
+    let limits = TransportLimits::with_max_frame_bytes(state.config.max_frame_bytes);
+    state.tasks.spawn(receive(
+        task.endpoint.clone(),
+        limits,
+        state.config.max_queued_bytes,
+        tx,
+        Arc::clone(&task.status),
+        task.cancel.clone(),
+    ));
+    state.tasks.spawn(apply_loop(Arc::clone(state), task, rx));
+}
+
+fn size(frames: &[Bytes]) -> usize {
+    frames.iter().map(Bytes::len).sum()
+}
+
+async fn receive(
+    endpoint: String,
+    limits: TransportLimits,
+    max_queued_bytes: usize,
+    tx: mpsc::Sender<Inbound>,
+    status: Arc<PublisherStatus>,
+    cancel: CancellationToken,
+) {
+    let connected = tokio::select! {
+        () = cancel.cancelled() => return,
+        s = Subscriber::connect(&endpoint, &limits) => s,
+    };
+    let mut sub = match connected {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%endpoint, "cannot subscribe: {e}");
+            *status.error.lock() = Some(e.to_string());
+            return;
+        }
+    };
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            e = sub.next() => e,
+        };
+        let inbound = match event {
+            Ok(SubscriberEvent::Message(frames)) => Inbound::Live(frames),
+            Ok(SubscriberEvent::Connected) => {
+                status.connected.store(true, Ordering::Relaxed);
+                status.connects.fetch_add(1, Ordering::Relaxed);
+                Inbound::Connected
+            }
+            Ok(SubscriberEvent::Disconnected) => {
+                status.connected.store(false, Ordering::Relaxed);
+                Inbound::Disconnected
+            }
+            Err(e) => {
+                tracing::warn!(%endpoint, "subscriber failed: {e}");
+                *status.error.lock() = Some(e.to_string());
+                return;
+            }
+        };
+        match inbound {
+            Inbound::Live(frames) => {
+                let n = size(&frames);
+                let queued = status.queued_bytes.fetch_add(n, Ordering::AcqRel);
+                if queued.saturating_add(n) > max_queued_bytes
+                    || tx.try_send(Inbound::Live(frames)).is_err()
+                {
+                    status.queued_bytes.fetch_sub(n, Ordering::AcqRel);
+                    status.queue_drops.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            other => {
+                // Connection changes are rare and must not be lost: wait for room.
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    r = tx.send(other) => if r.is_err() { return },
+                }
+            }
+        }
+    }
+}
+
+struct Applier {
+    state: Arc<IndexerState>,
+    task: PublisherTask,
+    tracker: SeqTracker<Bytes>,
+    replay: Option<ReplayClient>,
+    rx: mpsc::Receiver<Inbound>,
+}
+
+async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Receiver<Inbound>) {
+    let mut a = Applier {
+        tracker: SeqTracker::new(task.seq),
+        replay: task.replay_endpoint.clone().map(ReplayClient::new),
+        state,
+        task,
+        rx,
+    };
+    loop {
+        let inbound = tokio::select! {
+            () = a.task.cancel.cancelled() => return,
+            m = a.rx.recv() => match m { Some(m) => m, None => return },
+        };
+        a.dequeued(&inbound);
+        let steps = match inbound {
+            Inbound::Connected => a.tracker.on_connect(),
+            Inbound::Disconnected => Vec::new(),
+            Inbound::Live(frames) => match a.live(&frames) {
+                Some((seq, payload)) => a.tracker.on_live(seq, payload),
+                None => Vec::new(),
+            },
+        };
+        if !a.run(steps).await {
+            return;
+        }
+        a.publish_status();
+    }
+}
+
+impl Applier {
+    /// Releases a dequeued message's bytes from the queue's budget.
+    fn dequeued(&self, inbound: &Inbound) {
+        if let Inbound::Live(frames) = inbound {
+            self.task
+                .status
+                .queued_bytes
+                .fetch_sub(size(frames), Ordering::AcqRel);
+        }
+    }
+
+    fn live(&self, frames: &[Bytes]) -> Option<(u64, Bytes)> {
+        match frames::split(frames) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                self.state.metrics.frame_dropped(e.reason());
+                None
+            }
+        }
+    }
+
+    fn publish_status(&self) {
+        let st = &self.task.status;
+        st.last_seq
+            .store(self.tracker.last().unwrap_or(u64::MAX), Ordering::Relaxed);
+        st.replaying
+            .store(self.tracker.replaying(), Ordering::Relaxed);
+        *st.seq.lock() = self.tracker.counters();
+    }
+
+    /// Carries out steps (and the steps they lead to); false when cancelled.
+    async fn run(&mut self, steps: Vec<Step<Bytes>>) -> bool {
+        let mut queue: VecDeque<Step<Bytes>> = steps.into();
+        while let Some(step) = queue.pop_front() {
+            match step {
+                Step::Apply(_, payload) => self.apply(&payload),
+                Step::Clear => self.state.clear_publisher(self.task.id),
+                Step::Replay(from) => {
+                    self.publish_status();
+                    match self.replay(from).await {
+                        Some(more) => queue.extend(more),
+                        None => return false,
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn apply(&self, payload: &[u8]) {
+        match decode_batch(payload) {
+            Ok(batch) => {
+                for (_, e) in &batch.rejected {
+                    self.state.metrics.event_rejected(e.reason());
+                }
+                self.state.apply(self.task.id, &batch.events);
+            }
+            Err(e) => self.state.metrics.frame_dropped(e.reason()),
+        }
+    }
+
+    /// One replay attempt from `from`; returns the steps that follow (None: cancelled).
+    async fn replay(&mut self, from: u64) -> Option<Vec<Step<Bytes>>> {
+        let timeout = self.state.config.replay_timeout;
+        let Some(client) = self.replay.as_mut() else {
+            return Some(self.tracker.on_replay_failed());
+        };
+        let sent = tokio::select! {
+            () = self.task.cancel.cancelled() => return None,
+            r = client.request(from, timeout) => r,
+        };
+        if let Err(e) = sent {
+            tracing::debug!(endpoint = client.endpoint(), "replay request failed: {e}");
+            client.reset();
+            return self.failed().await;
+        }
+        let mut replies = 0usize;
+        let max_replies = self.task.seq.max_buffered.saturating_mul(2).max(1);
+        let mut deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(client) = self.replay.as_mut() else {
+                return Some(Vec::new());
+            };
+            tokio::select! {
+                () = self.task.cancel.cancelled() => return None,
+                () = tokio::time::sleep_until(deadline) => {
+                    client.reset();
+                    return self.failed().await;
+                }
+                reply = client.recv() => {
+                    let frames = match reply {
+                        Ok(f) => f,
+                        Err(_) => return self.failed().await,
+                    };
+                    deadline = tokio::time::Instant::now() + timeout;
+                    replies += 1;
+                    match frames::replay_reply(&frames) {
+                        Ok(ReplayReply::End) => return Some(self.tracker.on_replay_end()),
+                        Ok(ReplayReply::Batch(seq, payload)) => {
+                            self.tracker.on_replay(seq, payload);
+                        }
+                        Err(e) => self.state.metrics.frame_dropped(e.reason()),
+                    }
+                    if replies > max_replies {
+                        client.reset();
+                        return self.failed().await;
+                    }
+                }
+                live = self.rx.recv() => match live {
+                    Some(Inbound::Live(frames)) => {
+                        self.task.status.queued_bytes.fetch_sub(size(&frames), Ordering::AcqRel);
+                        if let Some((seq, payload)) = self.live(&frames) {
+                            // Buffered by the tracker while the replay runs.
+                            let steps = self.tracker.on_live(seq, payload);
+                            debug_assert!(steps.is_empty());
+                        }
+                    }
+                    Some(_) => {}
+                    None => return None,
+                },
+            }
+        }
+    }
+
+    /// A failed attempt: back off a little, then the tracker decides (retry or clear).
+    async fn failed(&mut self) -> Option<Vec<Step<Bytes>>> {
+        tokio::select! {
+            () = self.task.cancel.cancelled() => return None,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        Some(self.tracker.on_replay_failed())
+    }
+}

@@ -1,0 +1,644 @@
+//! `kvplane indexer` end to end over real sockets on 127.0.0.1: a test publisher in Rust (a
+//! PUB socket and a replay ROUTER speaking vLLM's framing, events encoded byte for byte as
+//! vLLM's msgspec structs) feeding a real indexer, checked through its HTTP API.
+
+mod common;
+
+use bytes::Bytes;
+use common::{http, within};
+use kvplane::indexer::service::{start, IndexerConfig, IndexerServer};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+use zeromq::prelude::*;
+use zeromq::{PubSocket, RouterSocket, ZmqMessage};
+
+const TOPIC: &[u8] = b"kv@pod1@m";
+
+/// The publisher's replay ring: (seq, payload), oldest first.
+type Ring = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// msgpack helpers: vLLM's encodings of BlockStored / BlockRemoved / AllBlocksCleared.
+mod mp {
+    use rmp::encode::*;
+
+    pub fn batch(events: &[Vec<u8>]) -> Vec<u8> {
+        let mut b = Vec::new();
+        write_array_len(&mut b, 3).unwrap();
+        write_f64(&mut b, 1.5).unwrap();
+        write_array_len(&mut b, events.len() as u32).unwrap();
+        for e in events {
+            b.extend_from_slice(e);
+        }
+        write_uint(&mut b, 0).unwrap();
+        b
+    }
+
+    fn hashes(b: &mut Vec<u8>, hs: &[u64]) {
+        write_array_len(b, hs.len() as u32).unwrap();
+        for h in hs {
+            write_uint(b, *h).unwrap();
+        }
+    }
+
+    /// vLLM ≥ 0.33: a tagged map with a map16 header (8 entries).
+    pub fn stored_map(
+        hs: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        bs: u32,
+        medium: &str,
+    ) -> Vec<u8> {
+        let mut b = vec![0xde, 0x00, 0x08];
+        write_str(&mut b, "type").unwrap();
+        write_str(&mut b, "BlockStored").unwrap();
+        write_str(&mut b, "block_hashes").unwrap();
+        hashes(&mut b, hs);
+        write_str(&mut b, "parent_block_hash").unwrap();
+        match parent {
+            Some(p) => write_uint(&mut b, p).map(|_| ()).unwrap(),
+            None => write_nil(&mut b).unwrap(),
+        }
+        write_str(&mut b, "token_ids").unwrap();
+        write_array_len(&mut b, tokens.len() as u32).unwrap();
+        for t in tokens {
+            write_uint(&mut b, u64::from(*t)).unwrap();
+        }
+        write_str(&mut b, "block_size").unwrap();
+        write_uint(&mut b, u64::from(bs)).unwrap();
+        write_str(&mut b, "lora_id").unwrap();
+        write_nil(&mut b).unwrap();
+        write_str(&mut b, "medium").unwrap();
+        write_str(&mut b, medium).unwrap();
+        write_str(&mut b, "lora_name").unwrap();
+        write_nil(&mut b).unwrap();
+        b
+    }
+
+    /// vLLM ≤ 0.23: a 12-element positional array.
+    pub fn stored_legacy(
+        hs: &[u64],
+        parent: Option<u64>,
+        tokens: &[u32],
+        bs: u32,
+        medium: &str,
+    ) -> Vec<u8> {
+        let mut b = Vec::new();
+        write_array_len(&mut b, 12).unwrap();
+        write_str(&mut b, "BlockStored").unwrap();
+        hashes(&mut b, hs);
+        match parent {
+            Some(p) => write_uint(&mut b, p).map(|_| ()).unwrap(),
+            None => write_nil(&mut b).unwrap(),
+        }
+        write_array_len(&mut b, tokens.len() as u32).unwrap();
+        for t in tokens {
+            write_uint(&mut b, u64::from(*t)).unwrap();
+        }
+        write_uint(&mut b, u64::from(bs)).unwrap();
+        write_nil(&mut b).unwrap();
+        write_str(&mut b, medium).unwrap();
+        for _ in 0..5 {
+            write_nil(&mut b).unwrap();
+        }
+        b
+    }
+
+    pub fn removed_map(hs: &[u64], medium: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        write_map_len(&mut b, 3).unwrap();
+        write_str(&mut b, "type").unwrap();
+        write_str(&mut b, "BlockRemoved").unwrap();
+        write_str(&mut b, "block_hashes").unwrap();
+        hashes(&mut b, hs);
+        write_str(&mut b, "medium").unwrap();
+        write_str(&mut b, medium).unwrap();
+        b
+    }
+
+    pub fn cleared_legacy() -> Vec<u8> {
+        let mut b = Vec::new();
+        write_array_len(&mut b, 1).unwrap();
+        write_str(&mut b, "AllBlocksCleared").unwrap();
+        b
+    }
+}
+
+/// A vLLM-like publisher: PUB for live batches, a ROUTER serving replays from its ring in
+/// the ≥ 0.26 layout (`["", topic, seq, payload]`, end `["", "", ff×8, ""]`).
+struct Publisher {
+    socket: PubSocket,
+    ring: Ring,
+    next: u64,
+    pub_addr: SocketAddr,
+    replay_addr: SocketAddr,
+    replay_task: tokio::task::JoinHandle<()>,
+}
+
+impl Publisher {
+    async fn start() -> Self {
+        let mut socket = PubSocket::new();
+        let ep = socket.bind("tcp://127.0.0.1:0").await.expect("bind pub");
+        let pub_addr: SocketAddr = ep
+            .to_string()
+            .trim_start_matches("tcp://")
+            .parse()
+            .expect("addr");
+        let mut router = RouterSocket::new();
+        let ep = router.bind("tcp://127.0.0.1:0").await.expect("bind router");
+        let replay_addr: SocketAddr = ep
+            .to_string()
+            .trim_start_matches("tcp://")
+            .parse()
+            .expect("addr");
+        let ring: Ring = Arc::default();
+        let served = Arc::clone(&ring);
+        let replay_task = tokio::spawn(async move {
+            while let Ok(req) = router.recv().await {
+                let frames = req.into_vec();
+                let [id, empty, seq] = &frames[..] else {
+                    continue;
+                };
+                assert!(empty.is_empty(), "the DEALER must send the empty delimiter");
+                let start = u64::from_be_bytes(seq[..].try_into().expect("8-byte seq"));
+                let entries: Vec<_> = served
+                    .lock()
+                    .await
+                    .iter()
+                    .filter(|(s, _)| *s >= start)
+                    .cloned()
+                    .collect();
+                for (s, payload) in entries {
+                    let msg = frames_msg(vec![
+                        id.clone(),
+                        Bytes::new(),
+                        Bytes::from_static(TOPIC),
+                        Bytes::copy_from_slice(&s.to_be_bytes()),
+                        Bytes::from(payload),
+                    ]);
+                    if router.send(msg).await.is_err() {
+                        break;
+                    }
+                }
+                let end = frames_msg(vec![
+                    id.clone(),
+                    Bytes::new(),
+                    Bytes::new(),
+                    Bytes::from_static(&[0xff; 8]),
+                    Bytes::new(),
+                ]);
+                let _ = router.send(end).await;
+            }
+        });
+        Self {
+            socket,
+            ring,
+            next: 0,
+            pub_addr,
+            replay_addr,
+            replay_task,
+        }
+    }
+
+    /// Publishes one batch live (and keeps it for replay); returns its seq.
+    async fn publish(&mut self, events: &[Vec<u8>]) -> u64 {
+        self.publish_opt(events, true).await
+    }
+
+    /// As `publish`, optionally only into the ring (a live message the subscriber lost).
+    async fn publish_opt(&mut self, events: &[Vec<u8>], live: bool) -> u64 {
+        let seq = self.next;
+        self.next += 1;
+        let payload = mp::batch(events);
+        self.ring.lock().await.push((seq, payload.clone()));
+        if live {
+            let msg = frames_msg(vec![
+                Bytes::from_static(TOPIC),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                Bytes::from(payload),
+            ]);
+            self.socket.send(msg).await.expect("publish");
+        }
+        seq
+    }
+
+    async fn send_raw(&mut self, frames: Vec<Bytes>) {
+        self.socket
+            .send(frames_msg(frames))
+            .await
+            .expect("publish raw");
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.replay_task.abort();
+    }
+}
+
+fn frames_msg(frames: Vec<Bytes>) -> ZmqMessage {
+    ZmqMessage::try_from(frames).expect("frames")
+}
+
+async fn indexer() -> IndexerServer {
+    within("indexer starts", start(IndexerConfig::default()))
+        .await
+        .expect("start")
+}
+
+async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
+    http(addr, "POST", path, Some(&body.to_string()), &[]).await
+}
+
+fn register_body(p: &Publisher, instance: &str) -> Value {
+    json!({"endpoint": format!("tcp://{}", p.pub_addr),
+           "replay_endpoint": format!("tcp://{}", p.replay_addr),
+           "type": "vLLM", "modelname": "m", "lora_name": null, "tenant_id": "default",
+           "instance_id": instance, "block_size": 4, "dp_rank": 0, "additionalsalt": ""})
+}
+
+fn query_body(n_tokens: u32) -> Value {
+    json!({"model": "m", "block_size": 4, "token_ids": (1..=n_tokens).collect::<Vec<_>>()})
+}
+
+/// Polls `/query` until `check` accepts the answer for instance `inst`.
+async fn until_query(
+    addr: SocketAddr,
+    n_tokens: u32,
+    inst: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = post(addr, "/query", query_body(n_tokens)).await;
+        assert_eq!(status, 200, "{body}");
+        let row = body["default"][inst].clone();
+        if check(&row) {
+            return row;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: last answer {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn until_connected(addr: SocketAddr) {
+    let start = Instant::now();
+    loop {
+        let (_, body) = http(addr, "GET", "/services", None, &[]).await;
+        let c = &body["services"][0]["connection"];
+        if c["connected"] == json!(true)
+            && c["replaying"] == json!(false)
+            && c["replays"].as_u64() >= Some(1)
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never connected: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn vllm_events_become_query_answers_with_replay_gaps_and_unregister() {
+    let server = indexer().await;
+    let addr = server.addr;
+    let mut p = Publisher::start().await;
+    // Published before anyone subscribes: only a replay can recover it.
+    let toks: Vec<u32> = (1..=12).collect();
+    p.publish(&[mp::stored_map(&[101, 102], None, &toks[..8], 4, "GPU")])
+        .await;
+
+    let (status, body) = post(addr, "/register", register_body(&p, "vllm-1")).await;
+    assert_eq!(
+        (status, body["instance_id"].clone()),
+        (200, json!("vllm-1")),
+        "{body}"
+    );
+    let row = until_query(addr, 12, "vllm-1", "replayed store", |r| {
+        r["longest_matched"] == json!(8)
+    })
+    .await;
+    assert_eq!(
+        row,
+        json!({"longest_matched": 8, "GPU": 8, "CPU": 0, "DISK": 0, "DP": {"0": 8}})
+    );
+    until_connected(addr).await;
+
+    // Live, legacy positional layout: block 2 chained to engine hash 102; then a CPU copy of
+    // block 0 through a token-less store, and the GPU eviction of block 1.
+    p.publish(&[mp::stored_legacy(&[103], Some(102), &toks[8..], 4, "GPU")])
+        .await;
+    until_query(addr, 12, "vllm-1", "live store", |r| r["GPU"] == json!(12)).await;
+    p.publish(&[
+        mp::stored_map(&[101], None, &[], 0, "CPU"),
+        mp::removed_map(&[102], "GPU"),
+    ])
+    .await;
+    let row = until_query(addr, 12, "vllm-1", "removal", |r| r["GPU"] == json!(4)).await;
+    assert_eq!(
+        row,
+        json!({"longest_matched": 4, "GPU": 4, "CPU": 4, "DISK": 0, "DP": {"0": 4}})
+    );
+
+    // A lost live message (a clear) is found by the gap and recovered by replay, in order.
+    p.publish_opt(&[mp::cleared_legacy()], false).await;
+    p.publish(&[mp::stored_map(&[201], None, &toks[..4], 4, "DISK")])
+        .await;
+    let row = until_query(addr, 12, "vllm-1", "gap replay", |r| {
+        r["DISK"] == json!(4) && r["GPU"] == json!(0)
+    })
+    .await;
+    assert_eq!(row["CPU"], json!(4), "the clear covers the GPU tier only");
+    let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+    let conn = &services["services"][0]["connection"];
+    assert_eq!(conn["gaps"], json!(1), "{services}");
+    assert_eq!(conn["last_seq"], json!(4));
+
+    // A malformed message is counted and dropped; the stream goes on.
+    p.send_raw(vec![
+        Bytes::from_static(TOPIC),
+        Bytes::from_static(b"short"),
+    ])
+    .await;
+    p.send_raw(vec![
+        Bytes::from_static(TOPIC),
+        Bytes::copy_from_slice(&5u64.to_be_bytes()),
+        Bytes::from_static(&[0xc1]),
+    ])
+    .await;
+    let start = Instant::now();
+    loop {
+        let (_, text) = http(addr, "GET", "/metrics", None, &[]).await;
+        let text = text.as_str().unwrap_or_default().to_owned();
+        if text.contains("kvplane_indexer_frames_dropped_total{reason=\"bad_seq\"} 1")
+            && text.contains("kvplane_indexer_frames_dropped_total{reason=\"malformed\"} 1")
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "drops not counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Unregister removes every membership of the stream.
+    let (status, body) = post(
+        addr,
+        "/unregister",
+        json!({"type":"vLLM","modelname":"m",
+        "lora_name":"","tenant_id":"default","instance_id":"vllm-1","block_size":4,"dp_rank":0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["removed_instances"], json!(["vllm-1|default|0"]));
+    assert_eq!(post(addr, "/query", query_body(12)).await.1, json!({}));
+    assert_eq!(server.state.metrics.frames_dropped("bad_seq"), 1);
+    let (_, text) = http(addr, "GET", "/metrics", None, &[]).await;
+    assert!(
+        text.as_str()
+            .unwrap_or_default()
+            .contains("kvplane_indexer_memberships 0\n"),
+        "{text}"
+    );
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn http_errors_follow_the_spec_table() {
+    let server = indexer().await;
+    let addr = server.addr;
+    let p = Publisher::start().await;
+    assert_eq!(post(addr, "/register", register_body(&p, "a")).await.0, 200);
+    assert_eq!(
+        post(addr, "/register", register_body(&p, "a")).await.0,
+        200,
+        "identical: idempotent"
+    );
+    let mut other = register_body(&p, "a");
+    other["block_size"] = json!(8);
+    let (status, body) = post(addr, "/register", other).await;
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (409, json!("conflict")),
+        "{body}"
+    );
+
+    let (status, body) = http(addr, "POST", "/register", Some("{not json"), &[]).await;
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (400, json!("invalid_json"))
+    );
+    let mut bad = register_body(&p, "b");
+    bad["dp_rank"] = json!("zero");
+    let (status, body) = post(addr, "/register", bad).await;
+    assert_eq!(
+        (status, body["field"].clone()),
+        (400, json!("dp_rank")),
+        "{body}"
+    );
+    let (status, body) = post(
+        addr,
+        "/unregister",
+        json!({"instance_id": "nope", "dp_rank": 0}),
+    )
+    .await;
+    assert_eq!((status, body["reason"].clone()), (404, json!("not_found")));
+    let (status, body) = http(addr, "GET", "/query", None, &[]).await;
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (405, json!("method_not_allowed"))
+    );
+    let (status, body) = post(
+        addr,
+        "/query",
+        json!({"model":"m","block_size":4,"token_ids":[1],"lora_name":"x","lora_id":1}),
+    )
+    .await;
+    assert_eq!((status, body["field"].clone()), (400, json!("lora_id")));
+    // Zero rows for a registered instance with no hits; {} for an unknown tenant.
+    let (_, body) = post(
+        addr,
+        "/query_by_hash",
+        json!({"model":"m","block_size":4,"block_hash":["0x10", -1]}),
+    )
+    .await;
+    assert_eq!(
+        body,
+        json!({"default": {"a": {"longest_matched":0,"GPU":0,"CPU":0,"DISK":0,"DP":{"0":0}}}})
+    );
+    let (_, body) = post(
+        addr,
+        "/query",
+        json!({"model":"m","block_size":4,"token_ids":[1,2,3,4],"tenant_id":"t2"}),
+    )
+    .await;
+    assert_eq!(body, json!({}));
+    let (status, doc) = http(addr, "GET", "/openapi.json", None, &[]).await;
+    assert_eq!(status, 200);
+    assert!(doc["paths"]["/query_by_hash"]["post"].is_object());
+    assert_eq!(http(addr, "GET", "/healthz", None, &[]).await.0, 200);
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn a_publisher_restart_clears_its_stream() {
+    let server = indexer().await;
+    let addr = server.addr;
+    let mut p = Publisher::start().await;
+    assert_eq!(post(addr, "/register", register_body(&p, "r")).await.0, 200);
+    until_connected(addr).await;
+    let toks: Vec<u32> = (1..=8).collect();
+    for _ in 0..3 {
+        p.publish(&[mp::stored_map(&[1, 2], None, &toks, 4, "GPU")])
+            .await;
+    }
+    until_query(addr, 8, "r", "stored", |r| r["GPU"] == json!(8)).await;
+    // The engine restarts: its sequence starts again at 0 and its cache is empty; it stores
+    // one block.
+    p.next = 0;
+    p.ring.lock().await.clear();
+    p.publish(&[mp::stored_map(&[9], None, &toks[..4], 4, "GPU")])
+        .await;
+    until_query(addr, 8, "r", "restart", |r| r["GPU"] == json!(4)).await;
+    let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+    assert_eq!(
+        services["services"][0]["connection"]["restarts"],
+        json!(1),
+        "{services}"
+    );
+    assert_eq!(
+        services["services"][0]["blocks"]["GPU"],
+        json!(1),
+        "{services}"
+    );
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
+    let server = within(
+        "indexer starts",
+        start(IndexerConfig {
+            queue_capacity: 8,
+            ..IndexerConfig::default()
+        }),
+    )
+    .await
+    .expect("start");
+    let addr = server.addr;
+    // A stalled publisher: nothing listens on its port, so its subscriber never connects.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+    let dead = closed.local_addr().expect("addr");
+    drop(closed);
+    let stalled = json!({"endpoint": format!("tcp://{dead}"), "type": "vLLM", "modelname": "m",
+        "instance_id": "stalled", "block_size": 4, "dp_rank": 0});
+    assert_eq!(post(addr, "/register", stalled).await.0, 200);
+    let mut flood = Publisher::start().await;
+    let mut quiet = Publisher::start().await;
+    assert_eq!(
+        post(addr, "/register", register_body(&flood, "flood"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        post(addr, "/register", register_body(&quiet, "quiet"))
+            .await
+            .0,
+        200
+    );
+    let start_wait = Instant::now();
+    loop {
+        let (_, body) = http(addr, "GET", "/services", None, &[]).await;
+        let up = body["services"].as_array().map_or(0, |l| {
+            l.iter()
+                .filter(|s| {
+                    s["connection"]["connected"] == json!(true)
+                        && s["connection"]["replaying"] == json!(false)
+                })
+                .count()
+        });
+        if up == 2 {
+            break;
+        }
+        assert!(start_wait.elapsed() < Duration::from_secs(10), "{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The flood: many batches of 64 blocks, far more than the 8-message queue holds.
+    let toks: Vec<u32> = (0..256).collect();
+    let big = mp::stored_map(&(0..64).collect::<Vec<u64>>(), None, &toks, 4, "GPU");
+    for _ in 0..2000 {
+        flood.publish(std::slice::from_ref(&big)).await;
+    }
+    quiet
+        .publish(&[mp::stored_map(&[7], None, &[1, 2, 3, 4], 4, "GPU")])
+        .await;
+    until_query(addr, 4, "quiet", "quiet publisher applied", |r| {
+        r["GPU"] == json!(4)
+    })
+    .await;
+    let start_wait = Instant::now();
+    loop {
+        let (_, body) = http(addr, "GET", "/services", None, &[]).await;
+        let flood_row = body["services"].as_array().and_then(|l| {
+            l.iter()
+                .find(|s| s["instance_id"] == json!("flood"))
+                .cloned()
+        });
+        let drops = flood_row
+            .as_ref()
+            .and_then(|r| r["connection"]["queue_drops"].as_u64())
+            .unwrap_or(0);
+        let gaps = flood_row
+            .as_ref()
+            .and_then(|r| r["connection"]["gaps"].as_u64())
+            .unwrap_or(0);
+        // Drops are counted, and each one shows up as a gap that a replay repairs.
+        if drops > 0 && gaps > 0 {
+            break;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(10),
+            "no drops counted: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn registrations_are_bounded() {
+    let server = within(
+        "indexer starts",
+        start(IndexerConfig {
+            max_services: 1,
+            ..IndexerConfig::default()
+        }),
+    )
+    .await
+    .expect("start");
+    let addr = server.addr;
+    let p = Publisher::start().await;
+    assert_eq!(
+        post(addr, "/register", register_body(&p, "one")).await.0,
+        200
+    );
+    let (status, body) = post(addr, "/register", register_body(&p, "two")).await;
+    assert_eq!(
+        (status, body["reason"].clone()),
+        (400, json!("out_of_range")),
+        "{body}"
+    );
+    let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+    assert_eq!(services["count"], json!(1));
+    within("stop", server.stop()).await;
+}
