@@ -41,6 +41,8 @@ pub mod bench;
 #[cfg(feature = "server")]
 pub mod controller;
 #[cfg(feature = "server")]
+pub mod coordinator;
+#[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
 pub mod index;
