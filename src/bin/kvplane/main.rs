@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 mod cli;
+mod coordinator;
 
 use cli::{Cli, Command};
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,20 @@ fn main() -> anyhow::Result<()> {
             } else {
                 print!("{}", report.summary());
             }
+        }
+        Command::Coordinator(args) => {
+            let (config, resync) = args.validate(&|k: &str| std::env::var(k).ok())?;
+            if resync.enabled {
+                tracing::info!(
+                    ?resync,
+                    "startup resync is not built yet; starting from empty trackers"
+                );
+            }
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::coordinator::run(config, shutdown).await
+            })?;
         }
     }
     Ok(())
