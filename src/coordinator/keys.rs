@@ -18,7 +18,7 @@
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 use indexmap::IndexSet;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 
 /// Slots per arena segment.
 pub(crate) const SEGMENT: usize = 4 * 1024;
@@ -205,9 +205,7 @@ impl KeyStore {
     }
 
     fn hash_of(hasher: &DefaultHashBuilder, key: &CompactKey) -> u64 {
-        let mut h = hasher.build_hasher();
-        key.hash(&mut h);
-        h.finish()
+        hasher.hash_one(key)
     }
 
     fn find(&self, salt: &str, key: &CompactKey) -> Option<u32> {
@@ -505,7 +503,8 @@ mod tests {
     #[test]
     fn bad_keys_are_rejected_with_the_reason() {
         let mut ks = KeyStore::new();
-        let cases: [(fn(&mut EncodedKey), KeyError); 7] = [
+        type Case = (fn(&mut EncodedKey), KeyError);
+        let cases: [Case; 7] = [
             (|k| k.chunk_hash_hex = "abc".into(), KeyError::BadHex),
             (|k| k.chunk_hash_hex = "zz".into(), KeyError::BadHex),
             (
