@@ -75,6 +75,12 @@ pub mod defaults {
         pub const MAX_TRACKED_KEYS: usize = 16 * 1024 * 1024;
         /// Most explicit quotas.
         pub const MAX_QUOTAS: usize = 100_000;
+        /// Seconds between registration checks of the startup resync.
+        pub const RESYNC_POLL_INTERVAL_S: f64 = 1.0;
+        /// Seconds the startup resync waits for a first server.
+        pub const RESYNC_MAX_WAIT_S: f64 = 60.0;
+        /// `page_size` of the startup resync's `GET /cache/objects`.
+        pub const RESYNC_PAGE_SIZE: usize = 1000;
     }
 }
 

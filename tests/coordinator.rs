@@ -3,13 +3,14 @@
 //! eviction loop dispatching `DELETE /cache/objects` to that fake server.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{Request, StatusCode};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use http_body_util::BodyExt;
 use kvplane::coordinator::{self, api, driver, model, CoordinatorConfig};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,7 @@ fn config() -> CoordinatorConfig {
     c.max_events_per_request = 5;
     c.outbound_timeout = Duration::from_secs(2);
     c.model.max_instances = 3;
+    c.resync = None;
     c
 }
 
@@ -371,6 +373,16 @@ async fn fake_mp() -> (SocketAddr, Arc<FakeMp>) {
             delete(|State(s): State<Arc<FakeMp>>, Json(v): Json<Value>| async move {
                 s.seen.lock().unwrap().push(("delete".into(), v));
                 Json(json!({"deleted": 1}))
+            })
+            .get(|State(s): State<Arc<FakeMp>>, Query(q): Query<BTreeMap<String, String>>| async move {
+                // Two pages: "aa" and "bb" in user-r, then "cc" (the token has characters to encode).
+                s.seen.lock().unwrap().push(("list".into(), json!(q)));
+                let entry = |h: &str, n: u64| json!({"key": key(h, "user-r"), "size_bytes": n});
+                match q.get("page_token").map(String::as_str) {
+                    None => Json(json!({"adapter": "s3", "shared": true, "entries": [entry("aa", 100), entry("bb", 200)], "next_page_token": "p 2/x"})),
+                    Some("p 2/x") => Json(json!({"adapter": "s3", "shared": true, "entries": [entry("cc", 300)], "next_page_token": null})),
+                    Some(_) => Json(json!({"entries": [], "next_page_token": "loop"})),
+                }
             }),
         )
         .with_state(Arc::clone(&state));
@@ -577,6 +589,81 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
             .dispatches_ok
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 1
+    );
+    within("stop", server.stop()).await;
+}
+
+#[tokio::test]
+async fn startup_resync_pages_the_first_registered_server() {
+    let (mp, fake) = fake_mp().await;
+    let mut c = config();
+    c.resync = Some(coordinator::resync::ResyncConfig {
+        poll_interval: Duration::from_millis(20),
+        max_wait: Duration::from_secs(10),
+        page_size: 2,
+    });
+    let server = within("start", coordinator::start(c)).await.unwrap();
+    let h = server.handle.clone();
+    // An event reports "aa" first with another size: the resync must not overwrite it.
+    h.with(|m, _, _| {
+        let body: kvplane::coordinator::events::LegacyEvents = serde_json::from_value(json!({
+            "instance_id": "s1", "seq": 1,
+            "events": [{"type": "store", "key": key("aa", "user-r"), "bytes": 1000}]}))
+        .unwrap();
+        m.ingest([body.into()]);
+    })
+    .await
+    .unwrap();
+    let port = mp.port();
+    h.with(move |m, now, wall| {
+        let reg = kvplane::coordinator::fleet::Registration {
+            instance_id: Some("s1".into()),
+            ip: "127.0.0.1".into(),
+            http_port: port,
+            metadata: Default::default(),
+            p2p_advertised_url: String::new(),
+            mq_port: 0,
+        };
+        m.register(reg, String::new, now, wall).unwrap();
+    })
+    .await
+    .unwrap();
+    let mut usage = 0.0;
+    for _ in 0..200 {
+        usage = h
+            .with(|m, _, _| m.quota_status("user-r").usage_gb)
+            .await
+            .unwrap()
+            * (1u64 << 30) as f64;
+        if usage == 1500.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        usage, 1500.0,
+        "1000 from the event + 200 + 300 from the listing"
+    );
+    let lists: Vec<Value> = fake
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k == "list")
+        .map(|(_, v)| v.clone())
+        .collect();
+    assert_eq!(
+        lists,
+        [
+            json!({"tier": "l2", "page_size": "2"}),
+            json!({"tier": "l2", "page_size": "2", "page_token": "p 2/x"})
+        ]
+    );
+    assert_eq!(
+        h.stats
+            .resync_keys
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
     );
     within("stop", server.stop()).await;
 }

@@ -43,6 +43,12 @@ pub struct LoopStats {
     pub dispatches_in_flight: AtomicUsize,
     /// Health sweeps run.
     pub sweeps: AtomicU64,
+    /// Startup-resync pages read.
+    pub resync_pages: AtomicU64,
+    /// Keys seeded by the startup resync.
+    pub resync_keys: AtomicU64,
+    /// Startup resyncs that ended early (no server, an error).
+    pub resync_failed: AtomicU64,
 }
 
 /// The owner has stopped (shutdown).

@@ -297,6 +297,11 @@ impl KeyStore {
         Some(Stored::New)
     }
 
+    /// True if the key is tracked.
+    pub(crate) fn contains(&self, salt: &str, key: &CompactKey) -> bool {
+        self.find(salt, key).is_some()
+    }
+
     /// Marks a key most recently used; false if it is not tracked.
     pub(crate) fn touch(&mut self, salt: &str, key: &CompactKey) -> bool {
         match self.find(salt, key) {

@@ -18,6 +18,7 @@ pub mod keys;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod resync;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,8 @@ pub struct CoordinatorConfig {
     pub max_events_per_request: usize,
     /// Limits and eviction settings of the model.
     pub model: model::ModelConfig,
+    /// Startup resync (`None`: off).
+    pub resync: Option<resync::ResyncConfig>,
 }
 
 impl CoordinatorConfig {
@@ -77,6 +80,11 @@ impl CoordinatorConfig {
                 eviction_ratio: d::EVICTION_RATIO,
                 trigger_watermark: d::TRIGGER_WATERMARK,
             },
+            resync: Some(resync::ResyncConfig {
+                poll_interval: Duration::from_secs_f64(d::RESYNC_POLL_INTERVAL_S),
+                max_wait: Duration::from_secs_f64(d::RESYNC_MAX_WAIT_S),
+                page_size: d::RESYNC_PAGE_SIZE,
+            }),
         }
     }
 }
@@ -159,6 +167,15 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         shutdown.clone(),
         &tasks,
     );
+    if let Some(rc) = config.resync.clone() {
+        tasks.spawn(resync::run(
+            handle.clone(),
+            rc,
+            config.model.max_tracked_keys,
+            config.outbound_timeout,
+            shutdown.clone(),
+        ));
+    }
     let app = api::router(api_state(&config, handle.clone()));
     let stop = shutdown.clone();
     tasks.spawn(async move {

@@ -326,6 +326,36 @@ impl Model {
         Ok(())
     }
 
+    /// Startup resync: tracks keys listed by a server that no event has reported yet (known
+    /// keys keep their size and recency: events are fresher). Returns how many were added.
+    pub fn seed(&mut self, entries: Vec<(EncodedKey, u64)>) -> u64 {
+        let mut added = 0;
+        for (key, size) in entries {
+            let Ok(size) = u32::try_from(size) else {
+                self.counters.keys_rejected += 1;
+                continue;
+            };
+            let k = match self.keys.compact(&key) {
+                Ok(k) => k,
+                Err(_) => {
+                    self.counters.keys_rejected += 1;
+                    continue;
+                }
+            };
+            if self.keys.contains(&key.cache_salt, &k) {
+                continue;
+            }
+            match self
+                .keys
+                .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
+            {
+                Some(_) => added += 1,
+                None => self.counters.keys_refused += 1,
+            }
+        }
+        added
+    }
+
     /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
     /// quota (no quota = 0 bytes) gives up its least recently used keys (`eviction_ratio` of
     /// them, all of them at a 0 quota, at least one); all victims go to the one instance

@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Largest reply body read from an MP server.
-pub const MAX_REPLY_BYTES: usize = 1 << 20;
+pub const MAX_REPLY_BYTES: usize = 4 << 20;
 
 /// Why a call to an MP server failed.
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,7 @@
 
 use clap::Args;
 use kvplane::config::{self, defaults::coordinator as d, ConfigError};
+use kvplane::coordinator::resync::ResyncConfig;
 use kvplane::coordinator::CoordinatorConfig;
 
 /// Flags of `kvplane coordinator` (the LMCache MP coordinator), as given.
@@ -37,7 +38,7 @@ pub(crate) struct CoordinatorArgs {
     /// Tokens per chunk on the MP servers (prefetch noop rule) [env …_CHUNK_SIZE; 256].
     #[arg(long, allow_hyphen_values = true)]
     chunk_size: Option<String>,
-    /// Startup resync on/off (accepted; not built yet) [env …_ENABLE_STARTUP_RESYNC; true].
+    /// Startup resync on/off (1/true/yes/on) [env …_ENABLE_STARTUP_RESYNC; true].
     #[arg(long, allow_hyphen_values = true)]
     enable_startup_resync: Option<String>,
     /// Seconds between registration checks of the startup resync [env …_RESYNC_POLL_INTERVAL; 1].
@@ -51,7 +52,7 @@ pub(crate) struct CoordinatorArgs {
     resync_page_size: Option<String>,
 }
 
-/// Startup-resync settings: validated, not used yet (the resync is not built).
+/// Startup-resync settings as given (the validated form is `CoordinatorConfig::resync`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Resync {
     pub(crate) enabled: bool,
@@ -210,6 +211,11 @@ impl CoordinatorArgs {
                 )?,
             )?,
         };
+        c.resync = resync.enabled.then(|| ResyncConfig {
+            poll_interval: std::time::Duration::from_secs_f64(resync.poll_interval),
+            max_wait: std::time::Duration::from_secs_f64(resync.max_wait),
+            page_size: resync.page_size,
+        });
         Ok((c, resync))
     }
 }
@@ -258,6 +264,7 @@ mod tests {
             (r.enabled, r.poll_interval, r.max_wait, r.page_size),
             (true, 1.0, 60.0, 1000)
         );
+        assert_eq!(c.resync.map(|r| r.page_size), Some(1000));
     }
 
     #[test]
@@ -277,6 +284,7 @@ mod tests {
         assert_eq!(c.instance_timeout, Duration::from_secs(7));
         assert_eq!(c.health_check_interval, None);
         assert!(!r.enabled);
+        assert!(c.resync.is_none());
         assert_eq!(r.page_size, 50);
     }
 

@@ -45,13 +45,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Coordinator(args) => {
-            let (config, resync) = args.validate(&|k: &str| std::env::var(k).ok())?;
-            if resync.enabled {
-                tracing::info!(
-                    ?resync,
-                    "startup resync is not built yet; starting from empty trackers"
-                );
-            }
+            let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
