@@ -1,7 +1,9 @@
 //! `kvplane coordinator` flags. Each flag is also read from two environment variables:
-//! LMCache's documented `LMCACHE_MP_COORDINATOR_<NAME>` and kvplane's `KVPLANE_<NAME>`.
-//! Precedence: the flag, then `KVPLANE_<NAME>`, then `LMCACHE_MP_COORDINATOR_<NAME>`, then
-//! the default (clap's `env` takes one name, so the variables are read here).
+//! LMCache's documented `LMCACHE_MP_COORDINATOR_<NAME>` and kvplane's
+//! `KVPLANE_COORDINATOR_<NAME>` (prefixed so that `kvplane serve`'s `KVPLANE_PORT` and
+//! `KVPLANE_HOST` do not leak into the coordinator). Precedence: the flag, then
+//! `KVPLANE_COORDINATOR_<NAME>`, then `LMCACHE_MP_COORDINATOR_<NAME>`, then the default
+//! (clap's `env` takes one name, so the variables are read here).
 
 use clap::Args;
 use kvplane::config::{self, defaults::coordinator as d, ConfigError};
@@ -11,7 +13,7 @@ use kvplane::coordinator::CoordinatorConfig;
 /// Flags of `kvplane coordinator` (the LMCache MP coordinator), as given.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct CoordinatorArgs {
-    /// Bind host [env KVPLANE_HOST, LMCACHE_MP_COORDINATOR_HOST; default 0.0.0.0].
+    /// Bind host [env KVPLANE_COORDINATOR_HOST, LMCACHE_MP_COORDINATOR_HOST; default 0.0.0.0].
     #[arg(long)]
     host: Option<String>,
     /// HTTP port; 0 picks a free one [env …_PORT; default 9300].
@@ -66,10 +68,10 @@ struct Source<'a, E> {
 }
 
 impl<E: Fn(&str) -> Option<String>> Source<'_, E> {
-    /// The flag's text, else `KVPLANE_<NAME>`, else `LMCACHE_MP_COORDINATOR_<NAME>`.
+    /// The flag's text, else `KVPLANE_COORDINATOR_<NAME>`, else `LMCACHE_MP_COORDINATOR_<NAME>`.
     fn text(&self, flag: &Option<String>, name: &str) -> Option<String> {
         flag.clone()
-            .or_else(|| (self.env)(&format!("KVPLANE_{name}")))
+            .or_else(|| (self.env)(&format!("KVPLANE_COORDINATOR_{name}")))
             .or_else(|| (self.env)(&format!("LMCACHE_MP_COORDINATOR_{name}")))
     }
 
@@ -272,11 +274,12 @@ mod tests {
         let env = [
             ("LMCACHE_MP_COORDINATOR_PORT", "9400"),
             ("LMCACHE_MP_COORDINATOR_EVICTION_RATIO", "0.5"),
-            ("KVPLANE_EVICTION_RATIO", "0.25"),
+            ("KVPLANE_COORDINATOR_EVICTION_RATIO", "0.25"),
             ("LMCACHE_MP_COORDINATOR_INSTANCE_TIMEOUT", "12"),
             ("LMCACHE_MP_COORDINATOR_HEALTH_CHECK_INTERVAL", "0"),
             ("LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC", "False"),
-            ("KVPLANE_RESYNC_PAGE_SIZE", "50"),
+            ("KVPLANE_COORDINATOR_RESYNC_PAGE_SIZE", "50"),
+            ("KVPLANE_PORT", "1"),
         ];
         let (c, r) = validate(&["--instance-timeout", "7"], &env).unwrap();
         assert_eq!(c.port, 9400);
