@@ -9,12 +9,38 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn coordinator_reads_both_env_forms_serves_and_stops_on_sigterm() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .arg("coordinator")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvplane"));
+    cmd.arg("coordinator")
         .env("LMCACHE_MP_COORDINATOR_HOST", "127.0.0.1")
         .env("LMCACHE_MP_COORDINATOR_PORT", "1")
         .env("KVPLANE_COORDINATOR_PORT", "0")
-        .env("LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC", "False")
+        .env("LMCACHE_MP_COORDINATOR_ENABLE_STARTUP_RESYNC", "False");
+    healthz_then_sigterm(cmd);
+}
+
+#[test]
+fn serve_runs_the_coordinator_in_process_with_coordinator_port() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvplane"));
+    cmd.args([
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--coordinator-port",
+        "0",
+    ])
+    .args([
+        "--monitor-ports",
+        r#"{"pull": 0, "reply": 0, "heartbeat": 0}"#,
+    ])
+    .env("KVPLANE_COORDINATOR_ENABLE_STARTUP_RESYNC", "0");
+    healthz_then_sigterm(cmd);
+}
+
+/// Starts `cmd`, finds the coordinator's listening line, checks `/healthz`, stops it.
+fn healthz_then_sigterm(mut cmd: Command) {
+    let mut child = cmd
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .stdout(Stdio::null())

@@ -41,6 +41,10 @@ pub(crate) struct ServeArgs {
     /// Deprecated in LMCache and ignored there too (0.5.6 always uses --monitor-ports).
     #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
     pub(crate) monitor_port: Option<u16>,
+    /// Also run the LMCache MP coordinator in this process on this port (0 picks one); its
+    /// other settings come from `KVPLANE_COORDINATOR_*` / `LMCACHE_MP_COORDINATOR_*`.
+    #[arg(long, env = "KVPLANE_COORDINATOR_PORT")]
+    pub(crate) coordinator_port: Option<u16>,
     /// Seconds between liveness sweeps; -1 (or 0) turns them off.
     #[arg(
         long,

@@ -222,6 +222,21 @@ impl CoordinatorArgs {
     }
 }
 
+/// The coordinator run inside `kvplane serve --coordinator-port N`: the serve host, port
+/// `N`, everything else from the coordinator's environment variables.
+///
+/// # Errors
+/// [`ConfigError`] for a bad coordinator variable.
+pub(crate) fn embedded(host: &str, port: u16) -> Result<CoordinatorConfig, ConfigError> {
+    let args = CoordinatorArgs {
+        host: Some(host.to_owned()),
+        port: Some(port.to_string()),
+        ..CoordinatorArgs::default()
+    };
+    args.validate(&|k: &str| std::env::var(k).ok())
+        .map(|(c, _)| c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,10 +28,36 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
+            let coordinator = match args.coordinator_port {
+                Some(port) => Some(coordinator::embedded(&config.host, port)?),
+                None => None,
+            };
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::run(config, shutdown).await
+                match coordinator {
+                    None => kvplane::run(config, shutdown)
+                        .await
+                        .map_err(anyhow::Error::from),
+                    Some(c) => {
+                        let stop = shutdown.clone();
+                        let (a, b) = tokio::join!(
+                            async {
+                                let r = kvplane::run(config, shutdown.clone()).await;
+                                shutdown.cancel();
+                                r
+                            },
+                            async {
+                                let r = kvplane::coordinator::run(c, stop.clone()).await;
+                                stop.cancel();
+                                r
+                            }
+                        );
+                        a?;
+                        b?;
+                        Ok(())
+                    }
+                }
             })?;
         }
         Command::Bench(args) => {
