@@ -667,3 +667,20 @@ async fn startup_resync_pages_the_first_registered_server() {
     );
     within("stop", server.stop()).await;
 }
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413_and_are_counted() {
+    let mut c = config();
+    c.max_body_bytes = 1024;
+    let app = app_with(&c);
+    let big = json!({"instance_id": "s", "seq": 1, "events": [], "pad": "x".repeat(2048)});
+    assert_eq!(
+        call(&app, "POST", "/quota/events", Some(big)).await.0,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    let (_, text) = call(&app, "GET", "/metrics", None).await;
+    assert!(text
+        .as_str()
+        .unwrap()
+        .contains("kvplane_coordinator_refused_body_bytes_total 1"));
+}

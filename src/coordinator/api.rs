@@ -49,6 +49,8 @@ pub struct Refused {
     pub instances: AtomicU64,
     /// Bodies that failed validation (422).
     pub invalid_bodies: AtomicU64,
+    /// Bodies over `max_body_bytes` (413).
+    pub body_bytes: AtomicU64,
 }
 
 /// Every error a route returns.
@@ -115,7 +117,24 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/metrics", get(metrics_text))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_too_large,
+        ))
         .with_state(state)
+}
+
+/// Counts the 413s the body limit produces (they never reach a handler).
+async fn count_too_large(
+    State(s): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        s.refused.body_bytes.fetch_add(1, Ordering::Relaxed);
+    }
+    response
 }
 
 fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {

@@ -182,6 +182,13 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
     );
     series(
         &mut out,
+        "counter",
+        "refused_body_bytes_total",
+        "Request bodies over the size limit (413).",
+        ld(&refused.body_bytes),
+    );
+    series(
+        &mut out,
         "gauge",
         "instances",
         "Registered MP servers.",
