@@ -18,6 +18,9 @@
 //!   worker, the liveness sweep; handlers are plain functions of the shared state.
 //! - [`http`] — the axum router: LMCache's orchestration API (`/lookup`, `/clear`, `/move`,
 //!   …), read routes, `/metrics`, `/openapi.json` and the dashboard.
+//! - [`coordinator`] — `kvplane coordinator`, the LMCache MP coordinator (fleet membership,
+//!   quotas, usage events, eviction, warm prefetch): a pure model driven by one task, its
+//!   axum routes and its calls to MP servers (see docs/COORDINATOR.md).
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller

@@ -1,14 +1,25 @@
 //! `kvplane coordinator`: the LMCache MP coordinator (fleet membership, per-tenant L2 quotas,
-//! usage events, fleet-wide eviction, warm prefetch) in Rust. See docs/COORDINATOR.md.
+//! usage events, fleet-wide eviction, warm prefetch, startup resync) in Rust. See
+//! docs/COORDINATOR.md.
 //!
-//! Layout, pure first:
+//! Layout, pure first (no I/O, no clock: `now` is passed in):
 //! - [`keys`] — tracked L2 keys: compact 48-byte slots, per-salt usage and LRU order.
 //! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
 //! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
 //!   `POST /events`) and the per-instance sequence gate.
 //! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
 //!
-//! This module must not touch the controller's state ([`crate::controller`]) or its index.
+//! Then the effects:
+//! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
+//!   eviction loops; dispatches spawned with timeouts.
+//! - [`api`] — the axum routes and their error envelope.
+//! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
+//! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
+//! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
+//!
+//! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
+//! [`run`] serves until a token is cancelled. This module must not touch the controller's
+//! state ([`crate::controller`]) or its index.
 
 pub mod api;
 pub mod driver;
