@@ -57,7 +57,7 @@ pub struct Refused {
 #[derive(Debug)]
 pub enum CoordError {
     /// 422: the body does not match the route's schema (`loc`, message).
-    Invalid(Vec<&'static str>, String),
+    Invalid(Vec<Value>, String),
     /// 400: a value the schema allows but the coordinator refuses.
     BadRequest(String),
     /// 404: unknown instance (`error` is set too, as LMCache's heartbeat reply has it).
@@ -137,16 +137,27 @@ async fn count_too_large(
     response
 }
 
+/// Parses a JSON body; a failure's `loc` is the path to the offending field.
 fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
-    serde_json::from_slice(bytes).map_err(|e| {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
         state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-        CoordError::Invalid(vec!["body"], e.to_string())
+        let mut loc = vec![json!("body")];
+        for seg in e.path().iter() {
+            match seg {
+                serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
+                serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
+                serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
+                serde_path_to_error::Segment::Unknown => {}
+            }
+        }
+        CoordError::Invalid(loc, e.into_inner().to_string())
     })
 }
 
 fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
     state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-    CoordError::Invalid(vec!["body", field], msg.into())
+    CoordError::Invalid(vec![json!("body"), json!(field)], msg.into())
 }
 
 /// `_default` names the empty salt.
