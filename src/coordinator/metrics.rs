@@ -53,7 +53,7 @@ fn escape(label: &str) -> String {
 pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
     let mut out = String::new();
     let c = &s.counters;
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 14] = [
         (
             "instances_refused_total",
             "Registrations refused at the instance limit.",
@@ -118,6 +118,11 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
             "eviction_keys_planned_total",
             "Keys planned for eviction.",
             c.eviction_keys_planned,
+        ),
+        (
+            "eviction_cycles_capped_total",
+            "Eviction cycles that hit the per-cycle victim cap.",
+            c.eviction_cycles_capped,
         ),
     ];
     for (name, help, v) in counters {

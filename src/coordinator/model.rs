@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 pub const GIB: f64 = (1u64 << 30) as f64;
 /// Most keys in one eviction `DELETE /cache/objects` call (LMCache's chunking).
 pub const MAX_KEYS_PER_DISPATCH: usize = 10_000;
+/// Most victims planned in one cycle over all salts (the rest wait for the next cycle), so a
+/// cycle's memory and outbound work are bounded whatever the number of tracked keys.
+pub const MAX_VICTIMS_PER_CYCLE: usize = 10 * MAX_KEYS_PER_DISPATCH;
 
 /// Limits and eviction settings of the model.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +65,8 @@ pub struct Counters {
     pub eviction_no_instance: u64,
     /// Keys planned for eviction.
     pub eviction_keys_planned: u64,
+    /// Cycles that hit [`MAX_VICTIMS_PER_CYCLE`] (more victims wait for the next cycle).
+    pub eviction_cycles_capped: u64,
 }
 
 /// Why a quota cannot be set.
@@ -380,7 +385,15 @@ impl Model {
                 self.config.eviction_ratio
             };
             let tracked = self.keys.salt_len(&salt);
-            let n = ((tracked as f64 * ratio) as usize).clamp(1, tracked);
+            let want = ((tracked as f64 * ratio) as usize).clamp(1, tracked);
+            let room = MAX_VICTIMS_PER_CYCLE - victims.len();
+            if want > room {
+                self.counters.eviction_cycles_capped += 1;
+            }
+            let n = want.min(room);
+            if n == 0 {
+                break;
+            }
             for k in self.keys.oldest(&salt, n) {
                 victims.push(self.keys.encode(&salt, &k));
             }

@@ -15,8 +15,12 @@ fn config() -> ModelConfig {
 }
 
 fn key(n: u64, salt: &str) -> EncodedKey {
+    let mut hex = format!("{n:04x}");
+    if hex.len() % 2 == 1 {
+        hex.insert(0, '0');
+    }
     EncodedKey {
-        chunk_hash_hex: format!("{n:04x}"),
+        chunk_hash_hex: hex,
         model_name: "m".into(),
         kv_rank: 16_777_472,
         object_group_id: 0,
@@ -201,4 +205,18 @@ fn sweep_removes_silent_instances_and_their_cursors() {
     assert_eq!(m.ingest([batch("a", 0, 1, Tier::L2, vec![])]).applied, 1);
     // Deregistering an unknown id is fine (idempotent).
     assert!(!m.deregister("a"));
+}
+
+#[test]
+fn a_cycle_plans_at_most_the_victim_cap() {
+    let n = MAX_VICTIMS_PER_CYCLE as u64 + 5;
+    let mut m = Model::new(ModelConfig {
+        max_tracked_keys: n as usize,
+        ..config()
+    });
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("z", 0..n, 1))]);
+    register(&mut m, "s1", 1);
+    let planned: usize = m.plan_evictions(0).iter().map(|d| d.keys.len()).sum();
+    assert_eq!(planned, MAX_VICTIMS_PER_CYCLE);
+    assert_eq!(m.counters.eviction_cycles_capped, 1);
 }
