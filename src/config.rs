@@ -64,6 +64,44 @@ pub mod defaults {
     pub const LOOKUP_CHUNK_SIZE: usize = 256;
     /// Prefix hash of the first chunk when HTTP /lookup hashes tokens (LMCache's `NONE_HASH`).
     pub const LOOKUP_NONE_HASH: i64 = 0;
+
+    /// `kvplane coordinator` (the LMCache MP coordinator) defaults.
+    pub mod coordinator {
+        /// HTTP port (LMCache's default).
+        pub const PORT: u16 = 9300;
+        /// Seconds without a heartbeat before an instance is removed.
+        pub const INSTANCE_TIMEOUT_S: f64 = 30.0;
+        /// Seconds between health sweeps (0 disables).
+        pub const HEALTH_CHECK_INTERVAL_S: f64 = 10.0;
+        /// Seconds between eviction cycles (0 disables).
+        pub const EVICTION_CHECK_INTERVAL_S: f64 = 5.0;
+        /// Fraction of an over-quota salt's keys evicted per cycle.
+        pub const EVICTION_RATIO: f64 = 0.2;
+        /// Evict when usage reaches this fraction of the quota.
+        pub const TRIGGER_WATERMARK: f64 = 1.0;
+        /// Idle keep-alive seconds.
+        pub const TIMEOUT_KEEP_ALIVE_S: u64 = 10;
+        /// Tokens per chunk on the MP servers.
+        pub const CHUNK_SIZE: usize = 256;
+        /// Seconds each call to an MP server may take.
+        pub const OUTBOUND_TIMEOUT_S: f64 = 5.0;
+        /// Largest request body.
+        pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+        /// Most events in one request.
+        pub const MAX_EVENTS_PER_REQUEST: usize = 100_000;
+        /// Most registered instances.
+        pub const MAX_INSTANCES: usize = 10_000;
+        /// Most tracked L2 keys (≤ 64 bytes each: 1 GiB at most).
+        pub const MAX_TRACKED_KEYS: usize = 16 * 1024 * 1024;
+        /// Most explicit quotas.
+        pub const MAX_QUOTAS: usize = 100_000;
+        /// Seconds between registration checks of the startup resync.
+        pub const RESYNC_POLL_INTERVAL_S: f64 = 1.0;
+        /// Seconds the startup resync waits for a first server.
+        pub const RESYNC_MAX_WAIT_S: f64 = 60.0;
+        /// `page_size` of the startup resync's `GET /cache/objects`.
+        pub const RESYNC_PAGE_SIZE: usize = 1000;
+    }
 }
 
 /// A secret that never shows in `Debug` output or logs.

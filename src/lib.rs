@@ -21,6 +21,9 @@
 //!   liveness sweep.
 //! - [`web`] — HTTP plumbing shared by every service (errors, body schemas, auth, the CSRF
 //!   guard, request metrics, static assets, the server loop and its limits). Knows no service.
+//! - [`coordinator`] — `kvplane coordinator`, the LMCache MP coordinator (fleet membership,
+//!   quotas, usage events, eviction, warm prefetch): a pure model driven by one task, its
+//!   axum routes and its calls to MP servers (see docs/COORDINATOR.md).
 //! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
@@ -48,6 +51,8 @@ pub mod worker;
 pub mod bench;
 #[cfg(feature = "server")]
 pub mod controller;
+#[cfg(feature = "server")]
+pub mod coordinator;
 #[cfg(feature = "server")]
 pub mod index;
 #[cfg(feature = "server")]

@@ -23,6 +23,8 @@ pub(crate) enum Command {
     Bench(kvplane::bench::BenchArgs),
     /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
     Indexer(kvplane::indexer::service::IndexerArgs),
+    /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
+    Coordinator(crate::coordinator::CoordinatorArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
@@ -41,6 +43,10 @@ pub(crate) struct ServeArgs {
     /// Deprecated in LMCache and ignored there too (0.5.6 always uses --monitor-ports).
     #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
     pub(crate) monitor_port: Option<u16>,
+    /// Also run the LMCache MP coordinator in this process on this port (0 picks one); its
+    /// other settings come from `KVPLANE_COORDINATOR_*` / `LMCACHE_MP_COORDINATOR_*`.
+    #[arg(long, env = "KVPLANE_COORDINATOR_PORT")]
+    pub(crate) coordinator_port: Option<u16>,
     /// Seconds between liveness sweeps; -1 (or 0) turns them off.
     #[arg(
         long,
@@ -220,7 +226,9 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
-            Command::Bench(_) | Command::Indexer(_) => Err("not serve".into()),
+            Command::Bench(_) | Command::Indexer(_) | Command::Coordinator(_) => {
+                Err("not serve".into())
+            }
         }
     }
 

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 mod cli;
+mod coordinator;
 
 use cli::{Cli, Command};
 use tokio_util::sync::CancellationToken;
@@ -34,33 +35,50 @@ fn main() -> anyhow::Result<()> {
                     port,
                     ..Default::default()
                 });
+            let coordinator = match args.coordinator_port {
+                Some(port) => Some(coordinator::embedded(&config.host, port)?),
+                None => None,
+            };
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                let controller = async {
-                    kvplane::run(config, shutdown.clone())
-                        .await
-                        .map_err(anyhow::Error::from)
-                };
-                let indexer = async {
-                    match indexer {
-                        Some(c) => kvplane::indexer::service::run(c, shutdown.clone())
-                            .await
-                            .map_err(anyhow::Error::from),
-                        None => Ok(()),
-                    }
-                };
-                // One failing to start stops the other.
+                // Every service runs until the shutdown; one failing (to start or later)
+                // stops the others, and the first error is the exit status.
                 let stop_on_error = |r: anyhow::Result<()>| {
                     if r.is_err() {
                         shutdown.cancel();
                     }
                     r
                 };
-                let (a, b) = tokio::join!(async { stop_on_error(controller.await) }, async {
-                    stop_on_error(indexer.await)
-                });
-                a.and(b)
+                let controller = async {
+                    stop_on_error(
+                        kvplane::run(config, shutdown.clone())
+                            .await
+                            .map_err(anyhow::Error::from),
+                    )
+                };
+                let indexer = async {
+                    match indexer {
+                        Some(c) => stop_on_error(
+                            kvplane::indexer::service::run(c, shutdown.clone())
+                                .await
+                                .map_err(anyhow::Error::from),
+                        ),
+                        None => Ok(()),
+                    }
+                };
+                let coordinator = async {
+                    match coordinator {
+                        Some(c) => stop_on_error(
+                            kvplane::coordinator::run(c, shutdown.clone())
+                                .await
+                                .map_err(anyhow::Error::from),
+                        ),
+                        None => Ok(()),
+                    }
+                };
+                let (a, b, c) = tokio::join!(controller, indexer, coordinator);
+                a.and(b).and(c)
             })?;
         }
         Command::Indexer(args) => {
@@ -79,6 +97,14 @@ fn main() -> anyhow::Result<()> {
             } else {
                 print!("{}", report.summary());
             }
+        }
+        Command::Coordinator(args) => {
+            let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::coordinator::run(config, shutdown).await
+            })?;
         }
     }
     Ok(())

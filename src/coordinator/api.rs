@@ -1,0 +1,494 @@
+//! The coordinator's HTTP routes (axum): request bodies in, [`Model`] calls through the
+//! owner [`Handle`], JSON replies out; prefetch calls forwarded to the named MP server.
+//!
+//! Owns request validation and the error envelope (`{"detail": ...}`, FastAPI's shape; a
+//! 422 lists `{"type","loc","msg"}` naming the field). Must not hold model state itself.
+
+use super::driver::{Handle, Stopped};
+use super::events::{Batch, CacheEvents, LegacyEvents};
+use super::fleet::{FleetError, Registration};
+use super::metrics;
+use super::model::{Model, QuotaError};
+use super::outbound;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the routes share.
+pub struct ApiState {
+    /// The model's owner.
+    pub handle: Handle,
+    /// Tokens per chunk (the MP servers' `--chunk-size`), for the prefetch noop rule.
+    pub chunk_size: usize,
+    /// Deadline of every call to an MP server.
+    pub outbound_timeout: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most events in one request (over all its batches).
+    pub max_events_per_request: usize,
+    /// Requests refused by a limit, by limit name.
+    pub refused: Refused,
+}
+
+/// Requests refused by each limit.
+#[derive(Debug, Default)]
+pub struct Refused {
+    /// Event requests over `max_events_per_request`.
+    pub events_per_request: AtomicU64,
+    /// Registrations over the instance limit.
+    pub instances: AtomicU64,
+    /// Bodies that failed validation (422).
+    pub invalid_bodies: AtomicU64,
+    /// Bodies over `max_body_bytes` (413).
+    pub body_bytes: AtomicU64,
+}
+
+/// Every error a route returns.
+#[derive(Debug)]
+pub enum CoordError {
+    /// 422: the body does not match the route's schema (`loc`, message).
+    Invalid(Vec<Value>, String),
+    /// 400: a value the schema allows but the coordinator refuses.
+    BadRequest(String),
+    /// 404: unknown instance (`error` is set too, as LMCache's heartbeat reply has it).
+    NotFound(String),
+    /// 502: the MP server was unreachable or refused.
+    BadGateway(String),
+    /// 503: a limit is reached, or the coordinator is stopping.
+    Unavailable(String),
+}
+
+impl From<Stopped> for CoordError {
+    fn from(e: Stopped) -> Self {
+        CoordError::Unavailable(e.to_string())
+    }
+}
+
+impl IntoResponse for CoordError {
+    fn into_response(self) -> Response {
+        let (status, body) = match self {
+            CoordError::Invalid(loc, msg) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({"detail": [{"type": "value_error", "loc": loc, "msg": msg}]}),
+            ),
+            CoordError::BadRequest(d) => (StatusCode::BAD_REQUEST, json!({ "detail": d })),
+            CoordError::NotFound(d) => (StatusCode::NOT_FOUND, json!({ "detail": d, "error": d })),
+            CoordError::BadGateway(d) => (StatusCode::BAD_GATEWAY, json!({ "detail": d })),
+            CoordError::Unavailable(d) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "detail": d })),
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+type Shared = Arc<ApiState>;
+
+/// The router of every coordinator route.
+pub fn router(state: Shared) -> Router {
+    let limit = state.max_body_bytes;
+    Router::new()
+        .route("/instances", post(register).get(list_instances))
+        .route("/instances/{id}/heartbeat", put(heartbeat))
+        .route("/instances/{id}", delete(deregister))
+        .route(
+            "/healthz",
+            get(|| async { Json(json!({"status": "healthy"})) }),
+        )
+        .route("/quota", get(list_quota))
+        .route("/quota/events", post(legacy_events))
+        .route(
+            "/quota/{salt}",
+            put(set_quota).get(get_quota).delete(remove_quota),
+        )
+        .route("/events", post(events))
+        .route("/cache/prefetches", post(prefetch))
+        .route(
+            "/cache/prefetches/{instance}/{request}",
+            get(prefetch_status),
+        )
+        .route("/metrics", get(metrics_text))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_too_large,
+        ))
+        .with_state(state)
+}
+
+/// Counts the 413s the body limit produces (they never reach a handler).
+async fn count_too_large(
+    State(s): State<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        s.refused.body_bytes.fetch_add(1, Ordering::Relaxed);
+    }
+    response
+}
+
+/// Parses a JSON body; a failure's `loc` is the path to the offending field.
+fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+        let mut loc = vec![json!("body")];
+        for seg in e.path().iter() {
+            match seg {
+                serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
+                serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
+                serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
+                serde_path_to_error::Segment::Unknown => {}
+            }
+        }
+        CoordError::Invalid(loc, e.into_inner().to_string())
+    })
+}
+
+fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
+    state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+    CoordError::Invalid(vec![json!("body"), json!(field)], msg.into())
+}
+
+/// `_default` names the empty salt.
+fn salt_of(path: &str) -> &str {
+    if path == "_default" {
+        ""
+    } else {
+        path
+    }
+}
+
+#[derive(Deserialize)]
+struct RegisterBody {
+    ip: String,
+    http_port: i64,
+    #[serde(default)]
+    instance_id: Option<String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    p2p_advertised_url: String,
+    #[serde(default)]
+    mq_port: i64,
+}
+
+async fn register(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+    let b: RegisterBody = parse(&s, &body)?;
+    let ip = b.ip.trim().to_owned();
+    if ip.is_empty()
+        || ip.len() > 255
+        || ip.contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return Err(invalid(
+            &s,
+            "ip",
+            "ip must be a non-blank host without spaces or '/'",
+        ));
+    }
+    let http_port = u16::try_from(b.http_port)
+        .ok()
+        .filter(|&p| p > 0)
+        .ok_or_else(|| invalid(&s, "http_port", "http_port must be in 1..=65535"))?;
+    let mq_port = u16::try_from(b.mq_port)
+        .map_err(|_| invalid(&s, "mq_port", "mq_port must be in 0..=65535"))?;
+    let instance_id = b
+        .instance_id
+        .map(|i| i.trim().to_owned())
+        .filter(|i| !i.is_empty());
+    if let Some(id) = &instance_id {
+        // An id with '/' could register but never heartbeat or deregister (LMCache Q15).
+        if id.len() > 256 || id.contains('/') {
+            return Err(invalid(
+                &s,
+                "instance_id",
+                "instance_id must be at most 256 characters without '/'",
+            ));
+        }
+    }
+    let req = Registration {
+        instance_id,
+        ip,
+        http_port,
+        metadata: b.metadata,
+        p2p_advertised_url: b.p2p_advertised_url.trim().to_owned(),
+        mq_port,
+    };
+    let gen = || format!("mp-{:032x}", rand::random::<u128>());
+    match s
+        .handle
+        .with(move |m, now, wall| m.register(req, gen, now, wall))
+        .await?
+    {
+        Ok((id, again)) => Ok(Json(json!({"instance_id": id, "re_registered": again}))),
+        Err(e @ FleetError::Full(_)) => {
+            s.refused.instances.fetch_add(1, Ordering::Relaxed);
+            Err(CoordError::Unavailable(e.to_string()))
+        }
+    }
+}
+
+async fn heartbeat(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, CoordError> {
+    let known = {
+        let id = id.clone();
+        s.handle
+            .with(move |m, now, _| m.heartbeat(&id, now))
+            .await?
+    };
+    if known {
+        Ok(Json(json!({ "instance_id": id })))
+    } else {
+        Err(CoordError::NotFound(format!(
+            "unknown instance {id}; re-register"
+        )))
+    }
+}
+
+async fn deregister(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, CoordError> {
+    s.handle.with(move |m, _, _| m.deregister(&id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+    let list = s
+        .handle
+        .with(|m, _, _| m.fleet().iter().cloned().collect::<Vec<_>>())
+        .await?;
+    Ok(Json(json!({ "instances": list })))
+}
+
+#[derive(Deserialize)]
+struct QuotaBody {
+    limit_gb: f64,
+    #[serde(default = "l2")]
+    tier: String,
+}
+
+fn l2() -> String {
+    "l2".into()
+}
+
+async fn set_quota(
+    State(s): State<Shared>,
+    Path(salt): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, CoordError> {
+    let b: QuotaBody = parse(&s, &body)?;
+    if b.tier != "l2" {
+        return Err(CoordError::BadRequest(format!(
+            "quotas apply to tier 'l2' only, not '{}'",
+            b.tier
+        )));
+    }
+    let salt = salt_of(&salt).to_owned();
+    let limit = b.limit_gb;
+    let reply_salt = salt.clone();
+    let r = s
+        .handle
+        .with(move |m, _, _| m.set_quota(&salt, limit))
+        .await?;
+    match r {
+        Ok(()) => Ok(Json(
+            json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
+        )),
+        Err(e @ (QuotaError::InvalidLimit | QuotaError::InvalidSalt)) => {
+            Err(CoordError::BadRequest(e.to_string()))
+        }
+        Err(e @ QuotaError::Full(_)) => Err(CoordError::Unavailable(e.to_string())),
+    }
+}
+
+async fn get_quota(
+    State(s): State<Shared>,
+    Path(salt): Path<String>,
+) -> Result<Json<Value>, CoordError> {
+    let salt = salt_of(&salt).to_owned();
+    let st = s.handle.with(move |m, _, _| m.quota_status(&salt)).await?;
+    Ok(Json(json!(st)))
+}
+
+async fn remove_quota(
+    State(s): State<Shared>,
+    Path(salt): Path<String>,
+) -> Result<Json<Value>, CoordError> {
+    let salt = salt_of(&salt).to_owned();
+    let reply_salt = salt.clone();
+    let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
+    let status = if existed { "removed" } else { "not_found" };
+    Ok(Json(
+        json!({"cache_salt": reply_salt, "limit_gb": 0.0, "status": status}),
+    ))
+}
+
+async fn list_quota(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+    let (total, rows) = s.handle.with(|m, _, _| m.quota_list()).await?;
+    Ok(Json(json!({"total_gb": total, "by_cache_salt": rows})))
+}
+
+fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), CoordError> {
+    if n > s.max_events_per_request {
+        s.refused.events_per_request.fetch_add(1, Ordering::Relaxed);
+        return Err(invalid(
+            s,
+            field,
+            format!(
+                "{n} events in one request; at most {} accepted",
+                s.max_events_per_request
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn legacy_events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+    let b: LegacyEvents = parse(&s, &body)?;
+    if b.seq < 1 {
+        return Err(invalid(&s, "seq", "seq must be >= 1"));
+    }
+    check_events(&s, b.events.len(), "events")?;
+    let batch = Batch::from(b);
+    let got = s.handle.with(move |m, _, _| m.ingest([batch])).await?;
+    Ok(Json(json!({ "recorded": got.recorded })))
+}
+
+async fn events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+    let b: CacheEvents = parse(&s, &body)?;
+    let n: usize = b.batches.iter().map(|b| b.entries.len()).sum();
+    check_events(&s, n, "batches")?;
+    if b.batches
+        .iter()
+        .any(|b| b.seq < 1 || b.instance_id.is_empty())
+    {
+        return Err(invalid(
+            &s,
+            "batches",
+            "every batch needs a non-empty instance_id and seq >= 1",
+        ));
+    }
+    let batches: Vec<Batch> = b.batches.into_iter().map(Batch::from).collect();
+    let got = s.handle.with(move |m, _, _| m.ingest(batches)).await?;
+    Ok(Json(json!(got)))
+}
+
+#[derive(Deserialize)]
+struct PrefetchBody {
+    instance_id: String,
+    model_name: String,
+    world_size: i64,
+    #[serde(default)]
+    token_ids: Vec<u32>,
+    #[serde(default)]
+    cache_salt: String,
+}
+
+/// The registered address of `id`, or 404.
+async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
+    let key = id.to_owned();
+    s.handle
+        .with(move |m: &mut Model, _, _| m.fleet().get(&key).map(|i| (i.ip.clone(), i.http_port)))
+        .await?
+        .ok_or_else(|| {
+            CoordError::NotFound(format!("no MP server registered with instance_id='{id}'"))
+        })
+}
+
+async fn prefetch(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+    let b: PrefetchBody = parse(&s, &body)?;
+    if !(1..=255).contains(&b.world_size) {
+        return Err(invalid(&s, "world_size", "world_size must be in 1..=255"));
+    }
+    let (ip, port) = address_of(&s, &b.instance_id).await?;
+    let chunks = b.token_ids.len() / s.chunk_size.max(1);
+    if chunks == 0 {
+        return Ok(Json(json!({
+            "instance_id": b.instance_id, "request_id": "", "chunks": 0, "status": "noop"
+        })));
+    }
+    let fwd = json!({
+        "model_name": b.model_name, "world_size": b.world_size,
+        "token_ids": b.token_ids, "cache_salt": b.cache_salt,
+    });
+    let fwd = serde_json::to_vec(&fwd).map_err(|e| CoordError::BadGateway(e.to_string()))?;
+    let failed = |why: String| {
+        CoordError::BadGateway(format!(
+            "prefetch submit to '{}' failed: {why}",
+            b.instance_id
+        ))
+    };
+    let reply = outbound::call(
+        &ip,
+        port,
+        "POST",
+        "/cache/prefetches",
+        Some(&fwd),
+        s.outbound_timeout,
+    )
+    .await
+    .map_err(|e| failed(e.to_string()))?;
+    let text = String::from_utf8_lossy(&reply.body);
+    if !(200..300).contains(&reply.status) {
+        return Err(failed(format!("status {}: {text}", reply.status)));
+    }
+    let v: Value = serde_json::from_slice(&reply.body)
+        .map_err(|_| failed(format!("unreadable reply: {text}")))?;
+    let request_id = v.get("request_id").and_then(Value::as_str).unwrap_or("");
+    let chunks = v
+        .get("chunks")
+        .and_then(Value::as_u64)
+        .unwrap_or(chunks as u64);
+    Ok(Json(json!({
+        "instance_id": b.instance_id, "request_id": request_id,
+        "chunks": chunks, "status": "submitted"
+    })))
+}
+
+async fn prefetch_status(
+    State(s): State<Shared>,
+    Path((instance, request)): Path<(String, String)>,
+) -> Result<Response, CoordError> {
+    let (ip, port) = address_of(&s, &instance).await?;
+    if request.is_empty()
+        || !request
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+    {
+        return Err(CoordError::NotFound(format!(
+            "unknown prefetch request_id='{request}'"
+        )));
+    }
+    let path = format!("/cache/prefetches/{request}");
+    let reply = outbound::call(&ip, port, "GET", &path, None, s.outbound_timeout)
+        .await
+        .map_err(|e| {
+            CoordError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}"))
+        })?;
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    Ok((
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        reply.body,
+    )
+        .into_response())
+}
+
+async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
+    let snapshot = s.handle.with(|m, _, _| metrics::Snapshot::of(m)).await?;
+    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}

@@ -1,0 +1,326 @@
+//! Usage-event wire types (both forms) and the per-instance sequence gate.
+//!
+//! Two bodies carry usage events: the documented `POST /quota/events`
+//! ([`LegacyEvents`]: one batch, `{"instance_id","seq","tier","events":[{type,key,bytes}]}`)
+//! and what 0.5.5/0.5.6 MP servers post to `POST /events` ([`CacheEvents`]:
+//! `{"batches":[{instance_id, incarnation, seq, event_type, tier, backend, entries, …}]}`).
+//! Both become [`Batch`]es and pass the [`Gate`]: per instance a cursor
+//! `(incarnation, last_seq)`; an older incarnation is stale, a repeated or older seq a
+//! duplicate, a jump a gap (admitted and counted). Owns no usage state; the model applies
+//! admitted batches to the key store.
+
+use super::keys::EncodedKey;
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// Which cache tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// The local memory tier (not tracked by fleet quotas).
+    L1,
+    /// The shared storage tier the quotas govern.
+    #[default]
+    L2,
+}
+
+/// What one batch records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventType {
+    /// Keys were stored (sizes counted).
+    Store,
+    /// Keys were deleted.
+    Delete,
+    /// Keys were read (LRU touch).
+    Access,
+    /// A capacity declaration (no entries; not tracked).
+    Config,
+}
+
+/// One entry of a 0.5.6 batch.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Entry {
+    /// The object key.
+    pub key: EncodedKey,
+    /// Stored size (store only).
+    #[serde(default)]
+    pub size_bytes: u64,
+}
+
+/// One batch of a 0.5.6 `POST /events` body (unknown fields such as `token_ids` ignored).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct WireBatch {
+    /// Sender.
+    pub instance_id: String,
+    /// Sender's boot incarnation.
+    pub incarnation: u64,
+    /// Per-(instance, incarnation) sequence number, from 1.
+    pub seq: u64,
+    /// What the entries record.
+    pub event_type: EventType,
+    /// Which tier.
+    pub tier: Tier,
+    /// The entries.
+    #[serde(default)]
+    pub entries: Vec<Entry>,
+}
+
+/// The 0.5.6 `POST /events` body.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct CacheEvents {
+    /// The batches, applied in order.
+    pub batches: Vec<WireBatch>,
+}
+
+/// A documented `POST /quota/events` event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LegacyType {
+    /// Stored `bytes`.
+    Store,
+    /// Read (LRU touch).
+    Lookup,
+    /// Deleted.
+    Delete,
+}
+
+/// One documented `POST /quota/events` event.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct LegacyEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: LegacyType,
+    /// The object key.
+    pub key: EncodedKey,
+    /// Stored size (store only).
+    pub bytes: u64,
+}
+
+/// The documented `POST /quota/events` body.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct LegacyEvents {
+    /// Sender.
+    pub instance_id: String,
+    /// Per-instance sequence number, from 1.
+    pub seq: u64,
+    /// Which tier (default l2).
+    #[serde(default)]
+    pub tier: Tier,
+    /// The events, in order.
+    pub events: Vec<LegacyEvent>,
+}
+
+/// One thing a batch does to one key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Stored with this size.
+    Store(EncodedKey, u64),
+    /// Read.
+    Access(EncodedKey),
+    /// Deleted.
+    Delete(EncodedKey),
+}
+
+/// A batch in the form the model applies, from either body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Sender.
+    pub instance_id: String,
+    /// Sender's incarnation (0 for the documented form, which has none).
+    pub incarnation: u64,
+    /// Sequence number.
+    pub seq: u64,
+    /// Which tier.
+    pub tier: Tier,
+    /// The operations, in order.
+    pub ops: Vec<Op>,
+}
+
+impl From<WireBatch> for Batch {
+    fn from(b: WireBatch) -> Self {
+        let ops = match b.event_type {
+            EventType::Config => Vec::new(),
+            EventType::Store => b
+                .entries
+                .into_iter()
+                .map(|e| Op::Store(e.key, e.size_bytes))
+                .collect(),
+            EventType::Access => b.entries.into_iter().map(|e| Op::Access(e.key)).collect(),
+            EventType::Delete => b.entries.into_iter().map(|e| Op::Delete(e.key)).collect(),
+        };
+        Batch {
+            instance_id: b.instance_id,
+            incarnation: b.incarnation,
+            seq: b.seq,
+            tier: b.tier,
+            ops,
+        }
+    }
+}
+
+impl From<LegacyEvents> for Batch {
+    fn from(b: LegacyEvents) -> Self {
+        let ops = b
+            .events
+            .into_iter()
+            .map(|e| match e.kind {
+                LegacyType::Store => Op::Store(e.key, e.bytes),
+                LegacyType::Lookup => Op::Access(e.key),
+                LegacyType::Delete => Op::Delete(e.key),
+            })
+            .collect();
+        Batch {
+            instance_id: b.instance_id,
+            incarnation: 0,
+            seq: b.seq,
+            tier: b.tier,
+            ops,
+        }
+    }
+}
+
+/// The gate's verdict on a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Next in sequence (or first contact): apply.
+    InOrder,
+    /// Apply, but `missing` batches were skipped.
+    Gap {
+        /// How many sequence numbers were jumped.
+        missing: u64,
+    },
+    /// Already seen: drop.
+    Duplicate,
+    /// From an older incarnation: drop.
+    Stale,
+    /// A new instance while `max` cursors are held: drop.
+    Full,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    incarnation: u64,
+    last_seq: u64,
+}
+
+/// Per-instance sequence cursors.
+#[derive(Debug, Default)]
+pub struct Gate {
+    cursors: HashMap<String, Cursor>,
+    max: usize,
+}
+
+impl Gate {
+    /// A gate holding at most `max` cursors.
+    pub fn new(max: usize) -> Self {
+        Gate {
+            cursors: HashMap::new(),
+            max,
+        }
+    }
+
+    /// Judges a batch and advances the cursor when it is admitted. A first contact is
+    /// in order whatever its seq (after a coordinator restart a server continues its count).
+    pub fn admit(&mut self, instance: &str, incarnation: u64, seq: u64) -> Admit {
+        let Some(c) = self.cursors.get_mut(instance) else {
+            if self.cursors.len() >= self.max {
+                return Admit::Full;
+            }
+            self.cursors.insert(
+                instance.to_owned(),
+                Cursor {
+                    incarnation,
+                    last_seq: seq,
+                },
+            );
+            return Admit::InOrder;
+        };
+        if incarnation < c.incarnation {
+            return Admit::Stale;
+        }
+        if incarnation > c.incarnation {
+            *c = Cursor {
+                incarnation,
+                last_seq: seq,
+            };
+            return Admit::InOrder;
+        }
+        if seq <= c.last_seq {
+            return Admit::Duplicate;
+        }
+        let missing = seq - c.last_seq - 1;
+        c.last_seq = seq;
+        if missing == 0 {
+            Admit::InOrder
+        } else {
+            Admit::Gap { missing }
+        }
+    }
+
+    /// Forgets an instance's cursor (deregistered or timed out).
+    pub fn forget(&mut self, instance: &str) {
+        self.cursors.remove(instance);
+    }
+
+    /// Cursors held.
+    pub fn len(&self) -> usize {
+        self.cursors.len()
+    }
+
+    /// True when no cursor is held.
+    pub fn is_empty(&self) -> bool {
+        self.cursors.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_orders_per_instance() {
+        let mut g = Gate::new(2);
+        assert_eq!(g.admit("a", 5, 7), Admit::InOrder);
+        assert_eq!(g.admit("a", 5, 8), Admit::InOrder);
+        assert_eq!(g.admit("a", 5, 8), Admit::Duplicate);
+        assert_eq!(g.admit("a", 5, 3), Admit::Duplicate);
+        assert_eq!(g.admit("a", 5, 11), Admit::Gap { missing: 2 });
+        assert_eq!(g.admit("a", 4, 100), Admit::Stale);
+        assert_eq!(g.admit("a", 6, 1), Admit::InOrder);
+        assert_eq!(g.admit("a", 6, 2), Admit::InOrder);
+        assert_eq!(g.admit("b", 0, 1), Admit::InOrder);
+        assert_eq!(g.admit("c", 0, 1), Admit::Full);
+        g.forget("b");
+        assert_eq!(g.admit("c", 0, 1), Admit::InOrder);
+        // A forgotten instance starts over.
+        g.forget("a");
+        assert_eq!(g.admit("a", 6, 1), Admit::InOrder);
+        assert_eq!(g.len(), 2);
+    }
+
+    #[test]
+    fn both_wire_forms_parse_into_batches() {
+        let sniffed = r#"{"batches":[
+          {"instance_id":"mp-a","incarnation":1795378491,"seq":1,"event_type":"config","tier":"l1","backend":"dram","entries":[],"shared":false,"ts":1.5,"capacity_bytes":268435456,"capacity_revision":1},
+          {"instance_id":"mp-a","incarnation":1795378491,"seq":2,"event_type":"store","tier":"l2","backend":"fs","entries":[
+            {"key":{"chunk_hash_hex":"9e73","model_name":"test-model","kv_rank":16777472,"object_group_id":0,"cache_salt":""},"size_bytes":16384,"token_ids":[1,2],"token_offset":0}]}]}"#;
+        let body: CacheEvents = serde_json::from_str(sniffed).unwrap();
+        let batches: Vec<Batch> = body.batches.into_iter().map(Batch::from).collect();
+        assert!(batches[0].ops.is_empty());
+        assert_eq!(batches[0].tier, Tier::L1);
+        assert_eq!(batches[1].seq, 2);
+        assert!(matches!(&batches[1].ops[0], Op::Store(k, 16384) if k.chunk_hash_hex == "9e73"));
+
+        let doc = r#"{"instance_id":"server-1","seq":1,"events":[
+          {"type":"store","key":{"chunk_hash_hex":"aa","model_name":"m","kv_rank":0,"cache_salt":"user-a"},"bytes":1024},
+          {"type":"lookup","key":{"chunk_hash_hex":"aa","model_name":"m","kv_rank":0,"cache_salt":"user-a"},"bytes":0},
+          {"type":"delete","key":{"chunk_hash_hex":"aa","model_name":"m","kv_rank":0,"cache_salt":"user-a"},"bytes":0}]}"#;
+        let b = Batch::from(serde_json::from_str::<LegacyEvents>(doc).unwrap());
+        assert_eq!((b.incarnation, b.seq, b.tier), (0, 1, Tier::L2));
+        assert!(matches!(
+            b.ops.as_slice(),
+            [Op::Store(_, 1024), Op::Access(_), Op::Delete(_)]
+        ));
+    }
+}

@@ -1,0 +1,229 @@
+//! `GET /metrics` of the coordinator: every series under the `kvplane_coordinator_` prefix,
+//! rendered in the Prometheus text format from a snapshot of the model's counters, the
+//! background-loop outcomes and the refusals of each limit. Owns the names and help texts;
+//! keeps no state of its own (so it cannot conflict with the controller's registry).
+
+use super::api::Refused;
+use super::driver::LoopStats;
+use super::model::{Counters, Model};
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+/// The model's numbers at one instant.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    counters: Counters,
+    instances: usize,
+    tracked_keys: usize,
+    tracked_key_bytes: usize,
+    usage_bytes: Vec<(String, f64)>,
+}
+
+impl Snapshot {
+    /// Reads the model.
+    pub fn of(m: &Model) -> Self {
+        let (_, rows) = m.quota_list();
+        Snapshot {
+            counters: m.counters.clone(),
+            instances: m.fleet().len(),
+            tracked_keys: m.tracked_keys(),
+            tracked_key_bytes: m.tracked_key_memory(),
+            usage_bytes: rows
+                .into_iter()
+                .map(|r| (r.cache_salt, r.usage_gb * super::model::GIB))
+                .collect(),
+        }
+    }
+}
+
+fn series(out: &mut String, kind: &str, name: &str, help: &str, value: f64) {
+    let _ = writeln!(out, "# HELP kvplane_coordinator_{name} {help}");
+    let _ = writeln!(out, "# TYPE kvplane_coordinator_{name} {kind}");
+    let _ = writeln!(out, "kvplane_coordinator_{name} {value}");
+}
+
+fn escape(label: &str) -> String {
+    label
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The text exposition.
+pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
+    let mut out = String::new();
+    let c = &s.counters;
+    let counters: [(&str, &str, u64); 14] = [
+        (
+            "instances_refused_total",
+            "Registrations refused at the instance limit.",
+            c.instances_refused,
+        ),
+        (
+            "instances_timed_out_total",
+            "Instances removed by the health sweep.",
+            c.instances_timed_out,
+        ),
+        (
+            "batches_applied_total",
+            "Event batches applied.",
+            c.batches_applied,
+        ),
+        (
+            "batches_duplicate_total",
+            "Event batches dropped as duplicates.",
+            c.batches_duplicate,
+        ),
+        (
+            "batches_stale_total",
+            "Event batches dropped as stale (older incarnation).",
+            c.batches_stale,
+        ),
+        (
+            "batches_refused_total",
+            "Event batches dropped at the cursor limit.",
+            c.batches_refused,
+        ),
+        (
+            "seq_gaps_total",
+            "Sequence numbers skipped by event senders.",
+            c.seq_gaps,
+        ),
+        (
+            "events_applied_total",
+            "L2 events applied.",
+            c.events_applied,
+        ),
+        (
+            "events_l1_ignored_total",
+            "L1 events accepted but not tracked.",
+            c.events_l1_ignored,
+        ),
+        (
+            "keys_rejected_total",
+            "Events whose key cannot be tracked.",
+            c.keys_rejected,
+        ),
+        (
+            "keys_refused_total",
+            "New keys dropped at the tracked-key limit.",
+            c.keys_refused,
+        ),
+        (
+            "eviction_no_instance_total",
+            "Eviction cycles with victims but no instance.",
+            c.eviction_no_instance,
+        ),
+        (
+            "eviction_keys_planned_total",
+            "Keys planned for eviction.",
+            c.eviction_keys_planned,
+        ),
+        (
+            "eviction_cycles_capped_total",
+            "Eviction cycles that hit the per-cycle victim cap.",
+            c.eviction_cycles_capped,
+        ),
+    ];
+    for (name, help, v) in counters {
+        series(&mut out, "counter", name, help, v as f64);
+    }
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    series(
+        &mut out,
+        "counter",
+        "eviction_cycles_total",
+        "Eviction cycles run.",
+        ld(&loops.eviction_cycles),
+    );
+    series(
+        &mut out,
+        "counter",
+        "eviction_cycles_skipped_total",
+        "Eviction cycles skipped while dispatches were in flight.",
+        ld(&loops.eviction_cycles_skipped),
+    );
+    series(
+        &mut out,
+        "counter",
+        "dispatches_ok_total",
+        "Eviction dispatches that succeeded.",
+        ld(&loops.dispatches_ok),
+    );
+    series(
+        &mut out,
+        "counter",
+        "dispatches_failed_total",
+        "Eviction dispatches that failed.",
+        ld(&loops.dispatches_failed),
+    );
+    series(
+        &mut out,
+        "counter",
+        "sweeps_total",
+        "Health sweeps run.",
+        ld(&loops.sweeps),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_events_per_request_total",
+        "Event requests over the per-request event limit.",
+        ld(&refused.events_per_request),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_instances_total",
+        "Registrations refused at the instance limit (HTTP).",
+        ld(&refused.instances),
+    );
+    series(
+        &mut out,
+        "counter",
+        "invalid_bodies_total",
+        "Request bodies refused with 422.",
+        ld(&refused.invalid_bodies),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_body_bytes_total",
+        "Request bodies over the size limit (413).",
+        ld(&refused.body_bytes),
+    );
+    series(
+        &mut out,
+        "gauge",
+        "instances",
+        "Registered MP servers.",
+        s.instances as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "tracked_keys",
+        "L2 keys tracked.",
+        s.tracked_keys as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "tracked_key_memory_bytes",
+        "Bytes allocated for tracked keys.",
+        s.tracked_key_bytes as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvplane_coordinator_usage_bytes Tracked L2 bytes per cache_salt."
+    );
+    let _ = writeln!(out, "# TYPE kvplane_coordinator_usage_bytes gauge");
+    for (salt, bytes) in &s.usage_bytes {
+        let _ = writeln!(
+            out,
+            "kvplane_coordinator_usage_bytes{{cache_salt=\"{}\"}} {bytes}",
+            escape(salt)
+        );
+    }
+    out
+}

@@ -1,0 +1,221 @@
+//! `kvplane coordinator`: the LMCache MP coordinator (fleet membership, per-tenant L2 quotas,
+//! usage events, fleet-wide eviction, warm prefetch, startup resync) in Rust. See
+//! docs/COORDINATOR.md.
+//!
+//! Layout, pure first (no I/O, no clock: `now` is passed in):
+//! - [`keys`] — tracked L2 keys: compact 48-byte slots, per-salt usage and LRU order.
+//! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
+//! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
+//!   `POST /events`) and the per-instance sequence gate.
+//! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
+//!
+//! Then the effects:
+//! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
+//!   eviction loops; dispatches spawned with timeouts.
+//! - [`api`] — the axum routes and their error envelope.
+//! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
+//! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
+//! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
+//!
+//! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
+//! [`run`] serves until a token is cancelled. This module must not touch the controller's
+//! state ([`crate::controller`]) or its index.
+
+pub mod api;
+pub mod driver;
+pub mod events;
+pub mod fleet;
+pub mod keys;
+pub mod metrics;
+pub mod model;
+pub mod outbound;
+pub mod resync;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long shutdown waits for the coordinator's tasks.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The validated `kvplane coordinator` configuration.
+#[derive(Clone, Debug)]
+pub struct CoordinatorConfig {
+    /// Bind host.
+    pub host: String,
+    /// Bind port (0 picks one).
+    pub port: u16,
+    /// Silence after which an instance is removed.
+    pub instance_timeout: Duration,
+    /// Between health sweeps (`None`: off).
+    pub health_check_interval: Option<Duration>,
+    /// Between eviction cycles (`None`: off).
+    pub eviction_check_interval: Option<Duration>,
+    /// Idle keep-alive of the HTTP server (accepted for compatibility; see docs).
+    pub timeout_keep_alive: Duration,
+    /// Tokens per chunk on the MP servers (prefetch `noop` rule).
+    pub chunk_size: usize,
+    /// Deadline of each call to an MP server.
+    pub outbound_timeout: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most events in one request.
+    pub max_events_per_request: usize,
+    /// Limits and eviction settings of the model.
+    pub model: model::ModelConfig,
+    /// Startup resync (`None`: off).
+    pub resync: Option<resync::ResyncConfig>,
+}
+
+impl CoordinatorConfig {
+    /// The documented defaults on `host:port`.
+    pub fn with_defaults(host: impl Into<String>, port: u16) -> Self {
+        use crate::config::defaults::coordinator as d;
+        CoordinatorConfig {
+            host: host.into(),
+            port,
+            instance_timeout: Duration::from_secs_f64(d::INSTANCE_TIMEOUT_S),
+            health_check_interval: Some(Duration::from_secs_f64(d::HEALTH_CHECK_INTERVAL_S)),
+            eviction_check_interval: Some(Duration::from_secs_f64(d::EVICTION_CHECK_INTERVAL_S)),
+            timeout_keep_alive: Duration::from_secs(d::TIMEOUT_KEEP_ALIVE_S),
+            chunk_size: d::CHUNK_SIZE,
+            outbound_timeout: Duration::from_secs_f64(d::OUTBOUND_TIMEOUT_S),
+            max_body_bytes: d::MAX_BODY_BYTES,
+            max_events_per_request: d::MAX_EVENTS_PER_REQUEST,
+            model: model::ModelConfig {
+                max_instances: d::MAX_INSTANCES,
+                max_tracked_keys: d::MAX_TRACKED_KEYS,
+                max_quotas: d::MAX_QUOTAS,
+                eviction_ratio: d::EVICTION_RATIO,
+                trigger_watermark: d::TRIGGER_WATERMARK,
+            },
+            resync: Some(resync::ResyncConfig {
+                poll_interval: Duration::from_secs_f64(d::RESYNC_POLL_INTERVAL_S),
+                max_wait: Duration::from_secs_f64(d::RESYNC_MAX_WAIT_S),
+                page_size: d::RESYNC_PAGE_SIZE,
+            }),
+        }
+    }
+}
+
+/// Why the coordinator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The HTTP port could not be bound.
+    #[error("cannot bind the coordinator on {addr}: {source}")]
+    Bind {
+        /// The address tried.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+}
+
+/// A running coordinator.
+pub struct Coordinator {
+    /// The bound HTTP address.
+    pub addr: SocketAddr,
+    /// The model's owner, for tests and embedding.
+    pub handle: driver::Handle,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Coordinator {
+    /// Stops serving and waits (at most a few seconds) for the tasks.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        if tokio::time::timeout(DRAIN_DEADLINE, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some coordinator tasks did not stop within {DRAIN_DEADLINE:?}");
+        }
+    }
+}
+
+/// The routes' shared state for `config` around an owner handle.
+pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api::ApiState> {
+    Arc::new(api::ApiState {
+        handle,
+        chunk_size: config.chunk_size,
+        outbound_timeout: config.outbound_timeout,
+        max_body_bytes: config.max_body_bytes,
+        max_events_per_request: config.max_events_per_request,
+        refused: api::Refused::default(),
+    })
+}
+
+/// Binds the HTTP port and starts the owner task and the server.
+///
+/// # Errors
+/// [`CoordinatorError::Bind`] if the port cannot be bound.
+pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+    let addr = crate::net::host_port(&config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| CoordinatorError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| CoordinatorError::Bind { addr, source })?;
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let timing = driver::Timing {
+        instance_timeout: config.instance_timeout,
+        health_check_interval: config.health_check_interval,
+        eviction_check_interval: config.eviction_check_interval,
+    };
+    let handle = driver::spawn(
+        model::Model::new(config.model.clone()),
+        timing,
+        driver::http_dispatcher(config.outbound_timeout),
+        shutdown.clone(),
+        &tasks,
+    );
+    if let Some(rc) = config.resync.clone() {
+        tasks.spawn(resync::run(
+            handle.clone(),
+            rc,
+            config.model.max_tracked_keys,
+            config.outbound_timeout,
+            shutdown.clone(),
+        ));
+    }
+    let app = api::router(api_state(&config, handle.clone()));
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!("coordinator HTTP server failed: {e}");
+        }
+    });
+    tracing::info!("MP coordinator listening on http://{bound}");
+    Ok(Coordinator {
+        addr: bound,
+        handle,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Serves until `shutdown` is cancelled, then drains.
+///
+/// # Errors
+/// [`CoordinatorError`] if the port cannot be bound.
+pub async fn run(
+    config: CoordinatorConfig,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    let c = start(config).await?;
+    shutdown.cancelled().await;
+    c.stop().await;
+    Ok(())
+}

@@ -1,0 +1,429 @@
+//! The coordinator's whole state as one plain struct with plain methods: fleet, event gate,
+//! tracked keys, quotas and the counters behind the metrics.
+//!
+//! No I/O and no clock: `now` (monotonic) and the wall-clock time are passed in, random
+//! choices arrive as numbers, and the eviction decision is returned as a list of
+//! [`Dispatch`]es for the driver to perform. One task owns a [`Model`]; nothing else touches
+//! it.
+
+use super::events::{Admit, Batch, Gate, Op, Tier};
+use super::fleet::{Fleet, FleetError, Instance, Registration};
+use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Bytes in one GiB (quota limits are given in GiB).
+pub const GIB: f64 = (1u64 << 30) as f64;
+/// Most keys in one eviction `DELETE /cache/objects` call (LMCache's chunking).
+pub const MAX_KEYS_PER_DISPATCH: usize = 10_000;
+/// Most victims planned in one cycle over all salts (the rest wait for the next cycle), so a
+/// cycle's memory and outbound work are bounded whatever the number of tracked keys.
+pub const MAX_VICTIMS_PER_CYCLE: usize = 10 * MAX_KEYS_PER_DISPATCH;
+
+/// Limits and eviction settings of the model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Most registered instances (and event cursors).
+    pub max_instances: usize,
+    /// Most tracked keys over all salts.
+    pub max_tracked_keys: usize,
+    /// Most explicit quotas.
+    pub max_quotas: usize,
+    /// Fraction of a salt's keys evicted per cycle when over its quota (0..=1).
+    pub eviction_ratio: f64,
+    /// Evict when usage ≥ watermark × quota ((0, 1]).
+    pub trigger_watermark: f64,
+}
+
+/// Counters the driver exports as metrics. Monotonic unless said otherwise.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Registrations refused at the instance limit.
+    pub instances_refused: u64,
+    /// Instances removed by the timeout sweep.
+    pub instances_timed_out: u64,
+    /// Batches applied.
+    pub batches_applied: u64,
+    /// Batches dropped as duplicates.
+    pub batches_duplicate: u64,
+    /// Batches dropped as stale (older incarnation).
+    pub batches_stale: u64,
+    /// Batches dropped because the cursor table was full.
+    pub batches_refused: u64,
+    /// Sequence numbers skipped (sum of gaps).
+    pub seq_gaps: u64,
+    /// Events applied (store, access, delete on the L2 tier).
+    pub events_applied: u64,
+    /// Events of the L1 tier (accepted, not tracked).
+    pub events_l1_ignored: u64,
+    /// Events with a key that cannot be tracked.
+    pub keys_rejected: u64,
+    /// New keys dropped at the tracked-key limit.
+    pub keys_refused: u64,
+    /// Eviction cycles with victims but no registered instance.
+    pub eviction_no_instance: u64,
+    /// Keys planned for eviction.
+    pub eviction_keys_planned: u64,
+    /// Cycles that hit [`MAX_VICTIMS_PER_CYCLE`] (more victims wait for the next cycle).
+    pub eviction_cycles_capped: u64,
+}
+
+/// Why a quota cannot be set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    /// Negative, NaN, infinite or larger than 2^63 bytes.
+    #[error("limit_gb must be a finite number >= 0 and below 2^33 GiB")]
+    InvalidLimit,
+    /// The salt can never match a key.
+    #[error("cache_salt must be at most 128 characters without '@', '/', '\\' or NUL")]
+    InvalidSalt,
+    /// Too many quotas.
+    #[error("quota limit of {0} salts reached")]
+    Full(usize),
+}
+
+/// A salt's quota and usage (`GET /quota/{cache_salt}`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QuotaStatus {
+    /// The salt ("" for `_default`).
+    pub cache_salt: String,
+    /// The explicit limit in GiB (0 without one: allowlist).
+    pub quota_limit_gb: f64,
+    /// Whether an explicit quota exists.
+    pub quota_exists: bool,
+    /// Tracked L2 bytes in GiB.
+    pub usage_gb: f64,
+}
+
+/// What one ingest call did (`POST /events` reply counts batches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Ingested {
+    /// Batches applied.
+    pub applied: u64,
+    /// Batches dropped as duplicates.
+    pub duplicates: u64,
+    /// Batches dropped as stale (or refused at the cursor limit).
+    pub stale: u64,
+    /// Events processed in applied batches (the documented `recorded`).
+    #[serde(skip)]
+    pub recorded: u64,
+}
+
+/// One eviction call for the driver: `DELETE http://ip:port/cache/objects {"keys": [...]}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Dispatch {
+    /// Target instance.
+    pub instance_id: String,
+    /// Its host.
+    pub ip: String,
+    /// Its HTTP port.
+    pub http_port: u16,
+    /// The victims, at most [`MAX_KEYS_PER_DISPATCH`].
+    pub keys: Vec<EncodedKey>,
+}
+
+/// The coordinator state.
+pub struct Model {
+    config: ModelConfig,
+    fleet: Fleet,
+    gate: Gate,
+    keys: KeyStore,
+    /// Explicit quotas in bytes.
+    quotas: BTreeMap<String, u64>,
+    /// Counters for the metrics.
+    pub counters: Counters,
+}
+
+impl Model {
+    /// An empty model.
+    pub fn new(config: ModelConfig) -> Self {
+        Model {
+            fleet: Fleet::new(config.max_instances),
+            gate: Gate::new(config.max_instances),
+            keys: KeyStore::new(),
+            quotas: BTreeMap::new(),
+            counters: Counters::default(),
+            config,
+        }
+    }
+
+    /// The fleet, read-only.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// Keys tracked.
+    pub fn tracked_keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Bytes allocated for tracked keys.
+    pub fn tracked_key_memory(&self) -> usize {
+        self.keys.memory_bytes()
+    }
+
+    /// `POST /instances`.
+    ///
+    /// # Errors
+    /// [`FleetError::Full`] at the instance limit (counted).
+    pub fn register(
+        &mut self,
+        req: Registration,
+        generated_id: impl FnOnce() -> String,
+        now: Instant,
+        wall_now: f64,
+    ) -> Result<(String, bool), FleetError> {
+        let r = self.fleet.register(req, generated_id, now, wall_now);
+        if r.is_err() {
+            self.counters.instances_refused += 1;
+        }
+        r
+    }
+
+    /// `PUT /instances/{id}/heartbeat`: false for an unknown id.
+    pub fn heartbeat(&mut self, id: &str, now: Instant) -> bool {
+        self.fleet.heartbeat(id, now)
+    }
+
+    /// `DELETE /instances/{id}`: idempotent; forgets the event cursor too.
+    pub fn deregister(&mut self, id: &str) -> bool {
+        self.gate.forget(id);
+        self.fleet.remove(id)
+    }
+
+    /// The health sweep: removes instances silent for more than `timeout`.
+    pub fn sweep(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
+        let gone = self.fleet.sweep(now, timeout);
+        for id in &gone {
+            self.gate.forget(id);
+        }
+        self.counters.instances_timed_out += gone.len() as u64;
+        gone
+    }
+
+    /// `PUT /quota/{cache_salt}`.
+    ///
+    /// # Errors
+    /// [`QuotaError`] for a bad limit or salt, or at the quota limit.
+    pub fn set_quota(&mut self, salt: &str, limit_gb: f64) -> Result<(), QuotaError> {
+        let bytes = limit_gb * GIB;
+        if !limit_gb.is_finite() || limit_gb < 0.0 || bytes >= 9.2e18 {
+            return Err(QuotaError::InvalidLimit);
+        }
+        if salt.len() > 128 || salt.contains(['@', '/', '\\', '\0']) {
+            return Err(QuotaError::InvalidSalt);
+        }
+        if !self.quotas.contains_key(salt) && self.quotas.len() >= self.config.max_quotas {
+            return Err(QuotaError::Full(self.config.max_quotas));
+        }
+        // Truncates like LMCache (`int(limit_gb * 2**30)`); `bytes` is finite, ≥ 0, < 2^63.
+        self.quotas.insert(salt.to_owned(), bytes as u64);
+        Ok(())
+    }
+
+    /// `DELETE /quota/{cache_salt}`: true if a quota existed.
+    pub fn remove_quota(&mut self, salt: &str) -> bool {
+        self.quotas.remove(salt).is_some()
+    }
+
+    /// `GET /quota/{cache_salt}` (never fails: an unknown salt has no quota and no usage).
+    pub fn quota_status(&self, salt: &str) -> QuotaStatus {
+        let limit = self.quotas.get(salt).copied();
+        QuotaStatus {
+            cache_salt: salt.to_owned(),
+            quota_limit_gb: limit.map_or(0.0, |b| b as f64 / GIB),
+            quota_exists: limit.is_some(),
+            usage_gb: self.keys.salt_bytes(salt) as f64 / GIB,
+        }
+    }
+
+    /// `GET /quota`: total usage in GiB and every salt with a quota or usage, by salt.
+    pub fn quota_list(&self) -> (f64, Vec<QuotaStatus>) {
+        let mut salts: Vec<&str> = self.quotas.keys().map(String::as_str).collect();
+        salts.extend(self.keys.salts().map(|(s, _)| s));
+        salts.sort_unstable();
+        salts.dedup();
+        let total: u64 = self.keys.salts().map(|(_, b)| b).sum();
+        (
+            total as f64 / GIB,
+            salts.into_iter().map(|s| self.quota_status(s)).collect(),
+        )
+    }
+
+    /// Applies batches in order through the sequence gate.
+    pub fn ingest(&mut self, batches: impl IntoIterator<Item = Batch>) -> Ingested {
+        let mut out = Ingested::default();
+        for b in batches {
+            match self.gate.admit(&b.instance_id, b.incarnation, b.seq) {
+                Admit::Duplicate => {
+                    out.duplicates += 1;
+                    self.counters.batches_duplicate += 1;
+                    continue;
+                }
+                Admit::Stale => {
+                    out.stale += 1;
+                    self.counters.batches_stale += 1;
+                    continue;
+                }
+                Admit::Full => {
+                    out.stale += 1;
+                    self.counters.batches_refused += 1;
+                    continue;
+                }
+                Admit::Gap { missing } => self.counters.seq_gaps += missing,
+                Admit::InOrder => {}
+            }
+            out.applied += 1;
+            out.recorded += b.ops.len() as u64;
+            self.counters.batches_applied += 1;
+            self.apply(b);
+        }
+        out
+    }
+
+    fn apply(&mut self, b: Batch) {
+        if b.tier == Tier::L1 {
+            self.counters.events_l1_ignored += b.ops.len() as u64;
+            return;
+        }
+        // A batch of stores holds a sequence's chunks prefix first; recording them in
+        // reverse makes the prefix the most recently used, so eviction takes the tail of a
+        // sequence first (a suffix without its prefix is unreachable; LMCache quirk Q2).
+        let all_stores = b.ops.iter().all(|op| matches!(op, Op::Store(..)));
+        let ops: Box<dyn Iterator<Item = Op>> = if all_stores {
+            Box::new(b.ops.into_iter().rev())
+        } else {
+            Box::new(b.ops.into_iter())
+        };
+        for op in ops {
+            match self.apply_op(op) {
+                Ok(()) => self.counters.events_applied += 1,
+                Err(_) => self.counters.keys_rejected += 1,
+            }
+        }
+    }
+
+    fn apply_op(&mut self, op: Op) -> Result<(), KeyError> {
+        match op {
+            Op::Store(key, size) => {
+                let size = u32::try_from(size).map_err(|_| KeyError::OutOfRange("size_bytes"))?;
+                let k = self.keys.compact(&key)?;
+                match self
+                    .keys
+                    .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
+                {
+                    Some(Stored::New | Stored::Updated) => {}
+                    None => self.counters.keys_refused += 1,
+                }
+            }
+            Op::Access(key) => {
+                if let Some(k) = self.keys.find_compact(&key)? {
+                    self.keys.touch(&key.cache_salt, &k);
+                }
+            }
+            Op::Delete(key) => {
+                if let Some(k) = self.keys.find_compact(&key)? {
+                    self.keys.remove(&key.cache_salt, &k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Startup resync: tracks keys listed by a server that no event has reported yet (known
+    /// keys keep their size and recency: events are fresher). Returns how many were added.
+    pub fn seed(&mut self, entries: Vec<(EncodedKey, u64)>) -> u64 {
+        let mut added = 0;
+        for (key, size) in entries {
+            let Ok(size) = u32::try_from(size) else {
+                self.counters.keys_rejected += 1;
+                continue;
+            };
+            let k = match self.keys.compact(&key) {
+                Ok(k) => k,
+                Err(_) => {
+                    self.counters.keys_rejected += 1;
+                    continue;
+                }
+            };
+            if self.keys.contains(&key.cache_salt, &k) {
+                continue;
+            }
+            match self
+                .keys
+                .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
+            {
+                Some(_) => added += 1,
+                None => self.counters.keys_refused += 1,
+            }
+        }
+        added
+    }
+
+    /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
+    /// quota (no quota = 0 bytes) gives up its least recently used keys (`eviction_ratio` of
+    /// them, all of them at a 0 quota, at least one); all victims go to the one instance
+    /// `pick` selects (modulo the fleet), in calls of at most [`MAX_KEYS_PER_DISPATCH`] keys.
+    /// Nothing changes here: usage drops when the servers' delete events come back.
+    pub fn plan_evictions(&mut self, pick: u64) -> Vec<Dispatch> {
+        let mut victims = Vec::new();
+        let over: Vec<(String, u64)> = self
+            .keys
+            .salts()
+            .filter(|&(_, used)| used > 0)
+            .map(|(s, used)| (s.to_owned(), used))
+            .collect();
+        for (salt, used) in over {
+            let limit = self.quotas.get(&salt).copied().unwrap_or(0);
+            if (used as f64) < self.config.trigger_watermark * limit as f64 {
+                continue;
+            }
+            let ratio = if limit == 0 {
+                1.0
+            } else {
+                self.config.eviction_ratio
+            };
+            let tracked = self.keys.salt_len(&salt);
+            let want = ((tracked as f64 * ratio) as usize).clamp(1, tracked);
+            let room = MAX_VICTIMS_PER_CYCLE - victims.len();
+            if want > room {
+                self.counters.eviction_cycles_capped += 1;
+            }
+            let n = want.min(room);
+            if n == 0 {
+                break;
+            }
+            for k in self.keys.oldest(&salt, n) {
+                victims.push(self.keys.encode(&salt, &k));
+            }
+        }
+        if victims.is_empty() {
+            return Vec::new();
+        }
+        let Some(target) = self.fleet.pick(pick) else {
+            self.counters.eviction_no_instance += 1;
+            return Vec::new();
+        };
+        self.counters.eviction_keys_planned += victims.len() as u64;
+        let Instance {
+            instance_id,
+            ip,
+            http_port,
+            ..
+        } = target;
+        victims
+            .chunks(MAX_KEYS_PER_DISPATCH)
+            .map(|keys| Dispatch {
+                instance_id: instance_id.clone(),
+                ip: ip.clone(),
+                http_port: *http_port,
+                keys: keys.to_vec(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "model_tests.rs"]
+mod tests;

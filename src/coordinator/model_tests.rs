@@ -1,0 +1,222 @@
+//! Unit tests of [`super::Model`]: no runtime, an injected clock.
+
+use super::*;
+use crate::coordinator::events::{Batch, Op, Tier};
+use crate::coordinator::keys::EncodedKey;
+
+fn config() -> ModelConfig {
+    ModelConfig {
+        max_instances: 4,
+        max_tracked_keys: 1_000,
+        max_quotas: 3,
+        eviction_ratio: 0.2,
+        trigger_watermark: 1.0,
+    }
+}
+
+fn key(n: u64, salt: &str) -> EncodedKey {
+    let mut hex = format!("{n:04x}");
+    if hex.len() % 2 == 1 {
+        hex.insert(0, '0');
+    }
+    EncodedKey {
+        chunk_hash_hex: hex,
+        model_name: "m".into(),
+        kv_rank: 16_777_472,
+        object_group_id: 0,
+        cache_salt: salt.into(),
+    }
+}
+
+fn batch(id: &str, inc: u64, seq: u64, tier: Tier, ops: Vec<Op>) -> Batch {
+    Batch {
+        instance_id: id.into(),
+        incarnation: inc,
+        seq,
+        tier,
+        ops,
+    }
+}
+
+fn stores(salt: &str, range: std::ops::Range<u64>, size: u64) -> Vec<Op> {
+    range.map(|n| Op::Store(key(n, salt), size)).collect()
+}
+
+fn register(m: &mut Model, id: &str, port: u16) {
+    let req = Registration {
+        instance_id: Some(id.into()),
+        ip: "127.0.0.1".into(),
+        http_port: port,
+        metadata: Default::default(),
+        p2p_advertised_url: String::new(),
+        mq_port: 0,
+    };
+    m.register(req, String::new, Instant::now(), 0.0).unwrap();
+}
+
+#[test]
+fn ingest_counts_duplicates_stale_and_gaps() {
+    let mut m = Model::new(config());
+    let got = m.ingest([
+        batch("a", 7, 1, Tier::L2, stores("s", 0..3, 100)),
+        batch("a", 7, 1, Tier::L2, stores("s", 3..4, 100)),
+        batch("a", 7, 4, Tier::L2, vec![Op::Delete(key(0, "s"))]),
+        batch("a", 6, 9, Tier::L2, stores("s", 9..10, 100)),
+        batch("a", 7, 5, Tier::L1, stores("s", 20..25, 100)),
+    ]);
+    assert_eq!(
+        got,
+        Ingested {
+            applied: 3,
+            duplicates: 1,
+            stale: 1,
+            recorded: 9
+        }
+    );
+    assert_eq!(m.counters.seq_gaps, 2);
+    assert_eq!(m.counters.events_l1_ignored, 5);
+    assert_eq!(m.quota_status("s").usage_gb * GIB, 200.0);
+    // Deregistration forgets the cursor: seq 1 is accepted again.
+    m.deregister("a");
+    assert_eq!(m.ingest([batch("a", 7, 1, Tier::L2, vec![])]).applied, 1);
+}
+
+#[test]
+fn bad_keys_and_the_key_limit_are_counted_and_the_rest_applied() {
+    let mut m = Model::new(ModelConfig {
+        max_tracked_keys: 2,
+        ..config()
+    });
+    let mut bad = key(1, "s");
+    bad.chunk_hash_hex = "xyz".into();
+    let mut ops = stores("s", 0..3, 10);
+    ops.push(Op::Store(bad, 10));
+    ops.push(Op::Store(key(9, "s"), u64::from(u32::MAX) + 1));
+    m.ingest([batch("a", 0, 1, Tier::L2, ops)]);
+    assert_eq!(m.counters.keys_rejected, 2);
+    assert_eq!(m.counters.keys_refused, 1);
+    assert_eq!(m.tracked_keys(), 2);
+}
+
+#[test]
+fn quotas_validate_and_report_allowlist_semantics() {
+    let mut m = Model::new(config());
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+        assert_eq!(m.set_quota("u", bad), Err(QuotaError::InvalidLimit));
+    }
+    assert_eq!(m.set_quota("a/b", 1.0), Err(QuotaError::InvalidSalt));
+    m.set_quota("u", 2.0).unwrap();
+    m.set_quota("", 0.5).unwrap();
+    m.set_quota("v", 0.0).unwrap();
+    assert_eq!(m.set_quota("w", 1.0), Err(QuotaError::Full(3)));
+    m.set_quota("u", 3.0).unwrap();
+    let s = m.quota_status("u");
+    assert_eq!((s.quota_limit_gb, s.quota_exists), (3.0, true));
+    let none = m.quota_status("nobody");
+    assert_eq!(
+        (none.quota_limit_gb, none.quota_exists, none.usage_gb),
+        (0.0, false, 0.0)
+    );
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("x", 0..2, 1 << 29))]);
+    let (total, rows) = m.quota_list();
+    assert_eq!(total, 1.0);
+    let salts: Vec<_> = rows.iter().map(|r| r.cache_salt.as_str()).collect();
+    assert_eq!(salts, ["", "u", "v", "x"]);
+    assert!(m.remove_quota("u"));
+    assert!(!m.remove_quota("u"));
+}
+
+#[test]
+fn eviction_plans_lru_victims_of_salts_over_the_watermark() {
+    let mut m = Model::new(ModelConfig {
+        trigger_watermark: 0.5,
+        ..config()
+    });
+    // "hot" has 10 keys of 1 KiB under a 10 KiB quota: at the 0.5 watermark, evicts 20%.
+    m.set_quota("hot", 10.0 * 1024.0 / GIB).unwrap();
+    // "ok" is under its quota; "free" has no quota: everything goes.
+    m.set_quota("ok", 1.0).unwrap();
+    m.ingest([
+        batch("a", 0, 1, Tier::L2, stores("hot", 0..10, 1024)),
+        batch("a", 0, 2, Tier::L2, stores("ok", 0..10, 1024)),
+        batch("a", 0, 3, Tier::L2, stores("free", 0..3, 1)),
+        batch("a", 0, 4, Tier::L2, vec![Op::Access(key(9, "hot"))]),
+    ]);
+    // No instance: nothing dispatched, counted.
+    assert!(m.plan_evictions(0).is_empty());
+    assert_eq!(m.counters.eviction_no_instance, 1);
+    register(&mut m, "s1", 1);
+    register(&mut m, "s2", 2);
+    let plan = m.plan_evictions(3);
+    assert_eq!(plan.len(), 1);
+    assert_eq!((plan[0].instance_id.as_str(), plan[0].http_port), ("s2", 2));
+    let got: Vec<_> = plan[0]
+        .keys
+        .iter()
+        .map(|k| (k.cache_salt.as_str(), k.chunk_hash_hex.as_str()))
+        .collect();
+    // The batch was recorded tail first, so the tail chunks (9 was touched since) are oldest.
+    assert_eq!(
+        got,
+        [
+            ("hot", "0008"),
+            ("hot", "0007"),
+            ("free", "0002"),
+            ("free", "0001"),
+            ("free", "0000")
+        ]
+    );
+    // The plan changes nothing until the delete events come back.
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 5);
+    let deletes = plan[0].keys.iter().cloned().map(Op::Delete).collect();
+    m.ingest([batch("s2", 0, 1, Tier::L2, deletes)]);
+    // 8 KiB left of a 10 KiB quota with watermark 0.5: still over, 20% of 8 = 1 key.
+    let next = m.plan_evictions(0);
+    assert_eq!(next[0].keys.len(), 1);
+    assert_eq!(next[0].keys[0].chunk_hash_hex, "0006");
+}
+
+#[test]
+fn eviction_dispatches_are_chunked() {
+    let mut m = Model::new(ModelConfig {
+        max_tracked_keys: 30_000,
+        ..config()
+    });
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("z", 0..25_000, 1))]);
+    register(&mut m, "s1", 1);
+    let plan = m.plan_evictions(0);
+    let sizes: Vec<_> = plan.iter().map(|d| d.keys.len()).collect();
+    assert_eq!(sizes, [10_000, 10_000, 5_000]);
+    assert_eq!(m.counters.eviction_keys_planned, 25_000);
+}
+
+#[test]
+fn sweep_removes_silent_instances_and_their_cursors() {
+    let mut m = Model::new(config());
+    let t0 = Instant::now();
+    register(&mut m, "a", 1);
+    register(&mut m, "b", 2);
+    m.ingest([batch("a", 0, 5, Tier::L2, vec![])]);
+    let later = t0 + Duration::from_secs(40);
+    assert!(m.heartbeat("b", later));
+    assert!(!m.heartbeat("nope", later));
+    assert_eq!(m.sweep(later, Duration::from_secs(30)), ["a"]);
+    assert_eq!(m.counters.instances_timed_out, 1);
+    assert_eq!(m.ingest([batch("a", 0, 1, Tier::L2, vec![])]).applied, 1);
+    // Deregistering an unknown id is fine (idempotent).
+    assert!(!m.deregister("a"));
+}
+
+#[test]
+fn a_cycle_plans_at_most_the_victim_cap() {
+    let n = MAX_VICTIMS_PER_CYCLE as u64 + 5;
+    let mut m = Model::new(ModelConfig {
+        max_tracked_keys: n as usize,
+        ..config()
+    });
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("z", 0..n, 1))]);
+    register(&mut m, "s1", 1);
+    let planned: usize = m.plan_evictions(0).iter().map(|d| d.keys.len()).sum();
+    assert_eq!(planned, MAX_VICTIMS_PER_CYCLE);
+    assert_eq!(m.counters.eviction_cycles_capped, 1);
+}
