@@ -46,6 +46,8 @@ pub mod http;
 pub mod index;
 #[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
+pub mod node;
 
 #[cfg(feature = "server")]
 use config::ServeConfig;

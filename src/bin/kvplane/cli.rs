@@ -21,6 +21,8 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
+    /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
+    Node(crate::node::NodeArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
@@ -161,7 +163,7 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
-            Command::Bench(_) => Err("not serve".into()),
+            _ => Err("not serve".into()),
         }
     }
 

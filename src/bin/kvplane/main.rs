@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::Parser;
 mod cli;
+mod node;
 
 use cli::{Cli, Command};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,14 @@ fn main() -> anyhow::Result<()> {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
                 kvplane::run(config, shutdown).await
+            })?;
+        }
+        Command::Node(args) => {
+            let config = args.validate()?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::node::run(config, shutdown).await
             })?;
         }
         Command::Bench(args) => {
