@@ -232,7 +232,12 @@ pub fn parse_request(
         fmt: int_at(buf, 2),
         dtype: int_at(buf, 3),
         location: int_at(buf, 4),
-        shape: [int_at(buf, 5), int_at(buf, 6), int_at(buf, 7), int_at(buf, 8)],
+        shape: [
+            int_at(buf, 5),
+            int_at(buf, 6),
+            int_at(buf, 7),
+            int_at(buf, 8),
+        ],
     };
     let key = std::str::from_utf8(&buf[36..])
         .map_err(|_| CodecError::BadUtf8)?
@@ -320,7 +325,12 @@ pub fn parse_reply(buf: &[u8; REPLY_HEADER_LEN]) -> Result<Reply, CodecError> {
         meta: ObjectMeta {
             fmt: int_at(buf, 2),
             dtype: int_at(buf, 3),
-            shape: [int_at(buf, 4), int_at(buf, 5), int_at(buf, 6), int_at(buf, 7)],
+            shape: [
+                int_at(buf, 4),
+                int_at(buf, 5),
+                int_at(buf, 6),
+                int_at(buf, 7),
+            ],
             location: int_at(buf, 8),
         },
     })

@@ -31,12 +31,30 @@ fn meta(fmt: i32, dtype: i32, location: i32, shape: [i32; 4]) -> ObjectMeta {
 #[test]
 fn parses_and_reencodes_every_lmcache_request_vector() {
     let cases = [
-        ("put", Command::Put, 4096, meta(1, 3, 0, [2, 32, 256, 1024]), KEY),
+        (
+            "put",
+            Command::Put,
+            4096,
+            meta(1, 3, 0, [2, 32, 256, 1024]),
+            KEY,
+        ),
         ("get", Command::Get, 0, meta(1, 2, 0, [0; 4]), KEY),
         ("exist", Command::Exist, 0, meta(1, 2, 0, [0; 4]), KEY),
         ("list", Command::List, 0, meta(0, 0, 0, [0; 4]), "x"),
-        ("health", Command::Health, 0, meta(0, 0, 0, [0; 4]), "health"),
-        ("put_3d_located", Command::Put, 12, meta(4, 6, 2, [3, 2, 2, 0]), KEY),
+        (
+            "health",
+            Command::Health,
+            0,
+            meta(0, 0, 0, [0; 4]),
+            "health",
+        ),
+        (
+            "put_3d_located",
+            Command::Put,
+            12,
+            meta(4, 6, 2, [3, 2, 2, 0]),
+            KEY,
+        ),
     ];
     for (name, command, length, m, key) in cases {
         let raw = header(name);
@@ -54,7 +72,10 @@ fn parses_and_reencodes_every_lmcache_request_vector() {
     }
     let long = parse_request(&header("put_150_byte_key"), 16).expect("150-byte key");
     assert_eq!(long.key, "m".repeat(150));
-    assert_eq!(encode_request(&long).expect("encodes"), header("put_150_byte_key"));
+    assert_eq!(
+        encode_request(&long).expect("encodes"),
+        header("put_150_byte_key")
+    );
 }
 
 #[test]

@@ -198,10 +198,7 @@ pub(crate) fn write_object(
         TMP_SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
         f.write_all(&header)?;
         f.write_all(body)?;
         if fsync {
@@ -404,7 +401,10 @@ mod tests {
         // The flipped body is caught when read.
         let err = read_object(&root, "flipped").expect_err("corrupt");
         assert_eq!(err.reason(), "bad_checksum");
-        assert_eq!(read_object(&root, "good").expect("ok").1, &b"0123456789"[..]);
+        assert_eq!(
+            read_object(&root, "good").expect("ok").1,
+            &b"0123456789"[..]
+        );
         let _ = fs::remove_dir_all(&root);
     }
 }

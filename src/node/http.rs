@@ -31,8 +31,12 @@ fn clamp(v: u64) -> i64 {
 async fn metrics_route(State(s): State<AppState>) -> impl IntoResponse {
     let u = s.tiers.usage();
     let m = &s.metrics;
-    m.tier_bytes.with_label_values(&["l1"]).set(clamp(u.l1_bytes));
-    m.tier_bytes.with_label_values(&["l2"]).set(clamp(u.l2_bytes));
+    m.tier_bytes
+        .with_label_values(&["l1"])
+        .set(clamp(u.l1_bytes));
+    m.tier_bytes
+        .with_label_values(&["l2"])
+        .set(clamp(u.l2_bytes));
     m.tier_objects
         .with_label_values(&["l1"])
         .set(clamp(u.l1_objects as u64));

@@ -225,7 +225,11 @@ impl<V: Weighted> TierIndex<V> {
     /// `eviction_ratio × used` bytes (fewer if the rest is pinned), LRU first.
     pub(crate) fn evict_if_triggered(&mut self) -> Vec<(String, V)> {
         let p = self.policy;
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
         let (trigger, target) = (
             (p.budget as f64 * p.trigger_watermark) as u64,
             (self.used as f64 * p.eviction_ratio).ceil() as u64,

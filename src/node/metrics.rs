@@ -141,7 +141,11 @@ impl NodeMetrics {
                 "Stores refused (too large, or the rest pinned) by tier.",
                 &["tier"],
             ),
-            l2_writes: counter_vec("l2_writes_total", "L2 file writes by outcome.", &["outcome"]),
+            l2_writes: counter_vec(
+                "l2_writes_total",
+                "L2 file writes by outcome.",
+                &["outcome"],
+            ),
             l2_reads: counter_vec("l2_reads_total", "L2 file reads by outcome.", &["outcome"]),
             l2_discarded: counter_vec(
                 "l2_discarded_total",

@@ -87,7 +87,10 @@ async fn read_header(
 ) -> Result<bool, Stop> {
     // Idle between requests is fine (LMCache keeps connections open); once the first byte
     // is in, the rest must come within `timeout`.
-    let first = stream.read(&mut buf[..]).await.map_err(|_| Stop::Aborted("io"))?;
+    let first = stream
+        .read(&mut buf[..])
+        .await
+        .map_err(|_| Stop::Aborted("io"))?;
     if first == 0 {
         return Ok(false);
     }
@@ -113,7 +116,10 @@ async fn serve_connection(mut stream: TcpStream, ctx: &ConnContext) {
         let request = match codec::parse_request(&header, ctx.max_object_bytes) {
             Ok(r) => r,
             Err(e) => {
-                ctx.metrics.bad_requests.with_label_values(&[e.reason()]).inc();
+                ctx.metrics
+                    .bad_requests
+                    .with_label_values(&[e.reason()])
+                    .inc();
                 if let Err(stop) = refuse(&mut stream, &header, &e).await {
                     break stop;
                 }
@@ -189,13 +195,15 @@ async fn handle(stream: &mut TcpStream, ctx: &ConnContext, req: Request) -> Resu
                 }
             }
             ctx.metrics.put_bytes.inc_by(req.length as u64);
-            ctx.tiers.put(
-                req.key,
-                Object {
-                    meta: req.meta,
-                    data: body.freeze(),
-                },
-            );
+            ctx.tiers
+                .put(
+                    req.key,
+                    Object {
+                        meta: req.meta,
+                        data: body.freeze(),
+                    },
+                )
+                .await;
             count(ctx, Command::Put, "ok");
             Ok(())
         }

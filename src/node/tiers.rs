@@ -10,6 +10,7 @@ use super::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
 use super::metrics::NodeMetrics;
 use bytes::Bytes;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,6 +51,14 @@ impl Weighted for DiskEntry {
 
 struct L2 {
     root: PathBuf,
+    /// Objects whose file write is in flight, readable until the file is in place (L1 may
+    /// have evicted them meanwhile): key → (generation, object).
+    pending: Mutex<HashMap<String, (u64, Object)>>,
+    /// Bytes of pending writes allowed at once (the L1 budget): a PUT beyond waits, which
+    /// pushes back on its connection instead of growing memory.
+    pending_bytes: Arc<Semaphore>,
+    /// Permits `pending_bytes` started with.
+    pending_total: u64,
     index: Mutex<TierIndex<DiskEntry>>,
     io: Semaphore,
     fsync: bool,
@@ -78,6 +87,13 @@ pub struct Recovery {
     pub recovered: usize,
     /// Files discarded (torn temp files, truncated or corrupt objects, over budget).
     pub discarded: usize,
+}
+
+/// Permits of the pending-write budget for `bytes` (the semaphore's ceiling applies).
+fn pending_permits(bytes: u64) -> usize {
+    usize::try_from(bytes)
+        .unwrap_or(usize::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize))
 }
 
 /// L1 + optional L2.
@@ -149,15 +165,22 @@ impl Tiers {
                 }
                 for key in &over_budget {
                     disk::delete_object(&c.path, key)?;
-                    metrics.l2_discarded.with_label_values(&["over_budget"]).inc();
+                    metrics
+                        .l2_discarded
+                        .with_label_values(&["over_budget"])
+                        .inc();
                 }
                 recovery = Recovery {
                     recovered: index.len(),
-                    discarded: report.discarded.len() + usize::try_from(torn).unwrap_or(0)
+                    discarded: report.discarded.len()
+                        + usize::try_from(torn).unwrap_or(0)
                         + over_budget.len(),
                 };
                 Some(L2 {
                     root: c.path.clone(),
+                    pending: Mutex::new(HashMap::new()),
+                    pending_bytes: Arc::new(Semaphore::new(pending_permits(l1.budget))),
+                    pending_total: pending_permits(l1.budget) as u64,
                     index: Mutex::new(index),
                     io: Semaphore::new(c.max_in_flight.max(1)),
                     fsync: c.fsync,
@@ -212,11 +235,20 @@ impl Tiers {
         admitted
     }
 
-    /// Stores an object per the store policy. Returns at once: the L2 write (if any) runs in
-    /// the background.
-    pub(crate) fn put(self: &Arc<Self>, key: String, obj: Object) {
+    /// Stores an object per the store policy. The L2 write (if any) runs in the background;
+    /// this waits only while the pending-write budget is used up (backpressure).
+    pub(crate) async fn put(self: &Arc<Self>, key: String, obj: Object) {
         self.put_l1(&key, obj.clone());
         let Some(l2) = &self.l2 else { return };
+        // `pending_total` fits a u32 (see `pending_permits`); a larger object takes it all.
+        let permits =
+            u32::try_from((obj.data.len() as u64).min(l2.pending_total)).unwrap_or(u32::MAX);
+        let Ok(permit) = Arc::clone(&l2.pending_bytes)
+            .acquire_many_owned(permits)
+            .await
+        else {
+            return;
+        };
         let file_bytes = (disk::FIXED_HEADER + key.len()) as u64 + obj.data.len() as u64;
         let generation = l2
             .generation
@@ -241,16 +273,27 @@ impl Tiers {
             }
         };
         self.drop_files(evicted);
+        l2.pending
+            .lock()
+            .insert(key.clone(), (generation, obj.clone()));
         let this = Arc::clone(self);
-        self.tasks.spawn(async move { this.write_l2(key, obj, generation).await });
+        self.tasks.spawn(async move {
+            this.write_l2(key, obj, generation).await;
+            drop(permit);
+        });
     }
 
     async fn write_l2(self: Arc<Self>, key: String, obj: Object, generation: u64) {
         let Some(l2) = &self.l2 else { return };
         let written = match l2.io.acquire().await {
             Ok(_permit) => {
-                let (root, k, meta, data, fsync) =
-                    (l2.root.clone(), key.clone(), obj.meta, obj.data.clone(), l2.fsync);
+                let (root, k, meta, data, fsync) = (
+                    l2.root.clone(),
+                    key.clone(),
+                    obj.meta,
+                    obj.data.clone(),
+                    l2.fsync,
+                );
                 tokio::task::spawn_blocking(move || {
                     disk::write_object(&root, &k, &meta, &data, fsync)
                 })
@@ -259,6 +302,12 @@ impl Tiers {
             }
             Err(e) => Err(io::Error::other(e)),
         };
+        {
+            let mut pending = l2.pending.lock();
+            if pending.get(&key).is_some_and(|(g, _)| *g == generation) {
+                pending.remove(&key);
+            }
+        }
         let evicted = {
             let mut index = l2.index.lock();
             index.unpin(&key);
@@ -336,6 +385,9 @@ impl Tiers {
             }
         }
         let l2 = self.l2.as_ref()?;
+        if let Some((_, obj)) = l2.pending.lock().get(key) {
+            return Some((obj.clone(), None));
+        }
         let generation = {
             let mut index = l2.index.lock();
             match index.peek(key) {
@@ -367,8 +419,7 @@ impl Tiers {
             Ok((meta, data)) => {
                 self.metrics.l2_reads.with_label_values(&["ok"]).inc();
                 let obj = Object { meta, data };
-                if l2.prefetch_policy == PrefetchPolicy::Retain && self.put_l1(key, obj.clone())
-                {
+                if l2.prefetch_policy == PrefetchPolicy::Retain && self.put_l1(key, obj.clone()) {
                     self.metrics.l2_promotions.inc();
                 }
                 Some((obj, None))
@@ -394,10 +445,10 @@ impl Tiers {
     /// Whether `key` is in L1 or complete in L2.
     pub(crate) fn exists(&self, key: &str) -> bool {
         self.l1.lock().contains(key)
-            || self
-                .l2
-                .as_ref()
-                .is_some_and(|l2| l2.index.lock().peek(key).is_some_and(|e| e.ready))
+            || self.l2.as_ref().is_some_and(|l2| {
+                l2.pending.lock().contains_key(key)
+                    || l2.index.lock().peek(key).is_some_and(|e| e.ready)
+            })
     }
 
     /// Every key (L1's, then L2's not in L1), newline-joined, whole keys only, at most

@@ -119,7 +119,10 @@ impl NodeArgs {
     pub(crate) fn validate(&self) -> Result<NodeConfig, ConfigError> {
         let l1 = EvictionPolicy {
             budget: size("l1-size-gb", self.l1_size_gb)?,
-            trigger_watermark: ratio("eviction-trigger-watermark", self.eviction_trigger_watermark)?,
+            trigger_watermark: ratio(
+                "eviction-trigger-watermark",
+                self.eviction_trigger_watermark,
+            )?,
             eviction_ratio: ratio("eviction-ratio", self.eviction_ratio)?,
             lru: lru("eviction-policy", &self.eviction_policy)?,
         };
@@ -202,7 +205,10 @@ mod tests {
     #[test]
     fn defaults_and_l2_flags() {
         let c = parse(&[]).expect("defaults");
-        assert_eq!((c.port, c.http_port, c.l1.budget), (65432, Some(9091), 4 << 30));
+        assert_eq!(
+            (c.port, c.http_port, c.l1.budget),
+            (65432, Some(9091), 4 << 30)
+        );
         assert!(c.l2.is_none());
         let c = parse(&[
             "--l2-path",
