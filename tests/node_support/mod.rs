@@ -237,3 +237,17 @@ pub fn sample(text: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
         .map_or(0.0, |v| v.trim().parse().expect("number"))
 }
+
+/// The interpreter of the project's venv (scripts/setup-python.sh), or `$KVPLANE_PYTHON`.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("KVPLANE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/setup-python.sh (it installs lmcache==0.5.6 for these tests)",
+        venv.display()
+    );
+    venv
+}
