@@ -22,6 +22,8 @@
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).
+//! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
+//!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
 //! - [`worker`] — the library workers link to join a kvplane or LMCache controller
 //!   (protocol + transport only; see docs/WORKER.md).
 //!
