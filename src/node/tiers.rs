@@ -20,11 +20,11 @@ use tokio_util::task::TaskTracker;
 /// A stored object: the opaque fields and the body, shared (never copied) between L1, L2
 /// writes and GET replies.
 #[derive(Debug, Clone)]
-pub struct Object {
+pub(crate) struct Object {
     /// Fields returned unchanged on GET.
-    pub meta: ObjectMeta,
+    pub(crate) meta: ObjectMeta,
     /// The body.
-    pub data: Bytes,
+    pub(crate) data: Bytes,
 }
 
 impl Weighted for Object {
@@ -76,7 +76,7 @@ pub struct TierUsage {
     pub l1_objects: usize,
     /// Bytes in L2 (files, including the in-flight ones).
     pub l2_bytes: u64,
-    /// Objects in L2 (complete files).
+    /// Objects in L2, including those whose file write is in flight.
     pub l2_objects: usize,
 }
 
@@ -496,11 +496,7 @@ impl Tiers {
         };
         let (l2_bytes, l2_objects) = self.l2.as_ref().map_or((0, 0), |l2| {
             let index = l2.index.lock();
-            let ready = index
-                .keys()
-                .filter(|k| index.peek(k).is_some_and(|e| e.ready))
-                .count();
-            (index.used(), ready)
+            (index.used(), index.len())
         });
         TierUsage {
             l1_bytes,
