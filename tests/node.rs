@@ -484,3 +484,109 @@ async fn connections_beyond_the_cap_are_closed_and_counted() {
     assert_eq!(b.health().await.code, CODE_SUCCESS);
     node.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_being_sent_is_pinned_and_never_evicted_mid_read() {
+    const MIB: usize = 1 << 20;
+    let node = node_with(|c| {
+        c.l1 = EvictionPolicy {
+            budget: 40 << 20,
+            trigger_watermark: 0.8,
+            eviction_ratio: 0.2,
+            lru: true,
+        };
+    })
+    .await;
+    let big = body(1, 30 * MIB);
+    let mut reader = Client::connect(&node).await;
+    reader.put("big", &big).await;
+    // Ask for it but do not read: 30 MiB cannot fit in the socket buffers, so the node is
+    // stuck mid-reply holding the pin.
+    reader
+        .send_header(Command::Get, "big", 0, ObjectMeta::default())
+        .await;
+    let hit = r#"kvplane_node_requests_total{command="get",outcome="hit"}"#;
+    let mut started = false;
+    for _ in 0..500 {
+        if sample(&scrape(&node).await, hit) == 1.0 {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(started, "the GET reached the node");
+    // 38 MiB > 0.8 × 40 MiB: a cycle must free 7.6 MiB, and only the new object is evictable.
+    let mut writer = Client::connect(&node).await;
+    writer.put("small", &body(2, 8 * MIB)).await;
+    assert!(
+        !writer.exists("small").await,
+        "the unpinned object was evicted"
+    );
+    assert!(
+        node.in_l1("big"),
+        "the pinned object stays while it is being sent"
+    );
+    let reply = reader.reply().await;
+    assert_eq!(reply.length, big.len());
+    assert!(reader.body(big.len()).await == big, "identical bytes");
+    // Pin released: the next cycle may take it (least recently used).
+    assert!(reader.exists("big").await);
+    writer.put("small2", &body(3, 8 * MIB)).await;
+    assert!(writer.exists("small2").await);
+    assert!(!node.in_l1("big"), "unpinned, it is evictable again");
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_l2_with_nothing_evictable_refuses_and_counts() {
+    let dir = tempdir("full");
+    let node = node_with(|c| {
+        let mut cfg = l2(&dir, 1000, PrefetchPolicy::Default, StorePolicy::Default);
+        cfg.eviction.lru = false;
+        c.l2 = Some(cfg);
+    })
+    .await;
+    let mut c = Client::connect(&node).await;
+    for i in 0..8 {
+        c.put(&format!("k{i}"), &body(i, 200)).await;
+    }
+    assert!(c.exists("k7").await, "still in L1");
+    node.flush().await;
+    // 258 bytes per file: 3 fit in 1000, the other 5 are refused; the client never waits.
+    assert_eq!(node.usage().l2_objects, 3);
+    let text = scrape(&node).await;
+    assert_eq!(
+        sample(&text, r#"kvplane_node_stores_refused_total{tier="l2"}"#),
+        5.0
+    );
+    node.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn list_is_bounded_to_whole_keys_and_healthz_answers() {
+    let node = node_with(|c| c.max_list_bytes = 10).await;
+    let mut c = Client::connect(&node).await;
+    for k in ["aaaa", "bbbb", "cccc"] {
+        c.put(k, b"x").await;
+    }
+    // "aaaa\nbbbb" is 9 bytes; adding "\ncccc" would exceed 10.
+    assert_eq!(c.list().await, ["aaaa", "bbbb"]);
+    let addr = node.addrs.http.expect("http");
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /healthz HTTP/1.0\r\n\r\n")
+        .await
+        .expect("send");
+    let mut out = String::new();
+    within(
+        "healthz",
+        tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out),
+    )
+    .await
+    .expect("read");
+    assert!(
+        out.starts_with("HTTP/1.0 200") && out.ends_with("ok\n"),
+        "{out}"
+    );
+    node.stop().await;
+}
