@@ -122,6 +122,7 @@ async fn sigkill_mid_writes_leaves_only_intact_objects() {
         ));
     })
     .await;
+    eprintln!("recovery after SIGKILL: {:?} of {n} PUTs", node.recovery);
     assert!(node.recovery.recovered > 0, "{:?}", node.recovery);
     let mut c = Client::connect(&node).await;
     let mut served = 0;
