@@ -477,7 +477,8 @@ impl Tiers {
         if let (false, Some(l2)) = (full, &self.l2) {
             let index = l2.index.lock();
             for k in index.keys() {
-                if l1.contains(k) || !index.peek(k).is_some_and(|e| e.ready) {
+                // Entries still being written are listed too: GET serves them from memory.
+                if l1.contains(k) {
                     continue;
                 }
                 if !push(k) {
