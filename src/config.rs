@@ -102,6 +102,38 @@ pub mod defaults {
         /// `page_size` of the startup resync's `GET /cache/objects`.
         pub const RESYNC_PAGE_SIZE: usize = 1000;
     }
+
+    /// Defaults of `kvplane node`.
+    pub mod node {
+        /// LMCache protocol port (the port LMCache's docs use for `lm://`).
+        pub const PORT: u16 = 65432;
+        /// HTTP port for `/metrics` and `/healthz`.
+        pub const HTTP_PORT: u16 = 9091;
+        /// L1 budget, GiB.
+        pub const L1_SIZE_GB: f64 = 4.0;
+        /// L2 budget, GiB.
+        pub const L2_SIZE_GB: f64 = 16.0;
+        /// Eviction policy of both tiers (LMCache's `LRU`).
+        pub const EVICTION_POLICY: &str = "LRU";
+        /// Fraction of the budget above which an eviction cycle runs (LMCache's 0.8).
+        pub const EVICTION_TRIGGER_WATERMARK: f64 = 0.8;
+        /// Fraction of used bytes one cycle frees (LMCache's 0.2).
+        pub const EVICTION_RATIO: f64 = 0.2;
+        /// L2 store policy.
+        pub const L2_STORE_POLICY: &str = "default";
+        /// L2 prefetch policy.
+        pub const L2_PREFETCH_POLICY: &str = "default";
+        /// L2 file operations in flight (LMCache's `--l2-prefetch-max-in-flight`).
+        pub const L2_MAX_IN_FLIGHT: usize = 8;
+        /// Largest PUT body, bytes.
+        pub const MAX_OBJECT_BYTES: usize = 256 << 20;
+        /// Most connections open at once.
+        pub const MAX_CONNECTIONS: usize = 4096;
+        /// Seconds to wait for the rest of a started request.
+        pub const READ_TIMEOUT_S: f64 = 30.0;
+        /// Largest LIST reply body, bytes.
+        pub const MAX_LIST_BYTES: usize = 4 << 20;
+    }
 }
 
 /// A secret that never shows in `Debug` output or logs.

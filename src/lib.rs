@@ -31,6 +31,8 @@
 //! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
 //!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
 //!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
+//! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
+//!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
 //! - [`worker`] — the library workers link to join a kvplane or LMCache controller
 //!   (protocol + transport only; see docs/WORKER.md).
 //!
@@ -59,6 +61,8 @@ pub mod index;
 pub mod indexer;
 #[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "server")]
+pub mod node;
 #[cfg(feature = "server")]
 pub mod web;
 

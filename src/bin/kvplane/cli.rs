@@ -25,6 +25,8 @@ pub(crate) enum Command {
     Indexer(kvplane::indexer::service::IndexerArgs),
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
     Coordinator(crate::coordinator::CoordinatorArgs),
+    /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
+    Node(crate::node::NodeArgs),
 }
 
 /// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
@@ -226,9 +228,10 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
-            Command::Bench(_) | Command::Indexer(_) | Command::Coordinator(_) => {
-                Err("not serve".into())
-            }
+            Command::Bench(_)
+            | Command::Indexer(_)
+            | Command::Coordinator(_)
+            | Command::Node(_) => Err("not serve".into()),
         }
     }
 

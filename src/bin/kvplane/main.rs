@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 mod cli;
 mod coordinator;
+mod node;
 
 use cli::{Cli, Command};
 use tokio_util::sync::CancellationToken;
@@ -86,6 +87,14 @@ fn main() -> anyhow::Result<()> {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
                 kvplane::indexer::service::run(args.config(), shutdown).await
+            })?;
+        }
+        Command::Node(args) => {
+            let config = args.validate()?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::node::run(config, shutdown).await
             })?;
         }
         Command::Bench(args) => {

@@ -1,0 +1,248 @@
+//! Flags of `kvplane node` (each also read from `KVPLANE_<FLAG>`), validated into
+//! [`kvplane::node::NodeConfig`].
+
+use clap::Args;
+use kvplane::config::{self, defaults::node as d, ConfigError};
+use kvplane::node::config::{
+    gib_to_bytes, EvictionPolicy, L2Config, NodeConfig, PrefetchPolicy, StorePolicy,
+};
+use std::path::PathBuf;
+
+/// Flags of `kvplane node`, as given.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct NodeArgs {
+    /// Address both listeners bind to.
+    #[arg(long, env = "KVPLANE_HOST", default_value = config::defaults::HOST)]
+    host: String,
+    /// LMCache protocol port (workers use `remote_url: lm://HOST:PORT`). 0 picks a free port.
+    #[arg(long, env = "KVPLANE_PORT", default_value_t = d::PORT)]
+    port: u16,
+    /// HTTP port for /metrics and /healthz. 0 picks a free port.
+    #[arg(long, env = "KVPLANE_HTTP_PORT", default_value_t = d::HTTP_PORT)]
+    http_port: u16,
+    /// Serve no HTTP listener at all.
+    #[arg(long, env = "KVPLANE_NO_HTTP")]
+    no_http: bool,
+    /// L1 (memory) budget in GiB.
+    #[arg(long, env = "KVPLANE_L1_SIZE_GB", default_value_t = d::L1_SIZE_GB)]
+    l1_size_gb: f64,
+    /// L1 eviction policy: LRU or noop (never evict; stores that do not fit are refused).
+    #[arg(long, env = "KVPLANE_EVICTION_POLICY", default_value = d::EVICTION_POLICY)]
+    eviction_policy: String,
+    /// Fraction of the L1 budget above which an eviction cycle runs.
+    #[arg(long, env = "KVPLANE_EVICTION_TRIGGER_WATERMARK", default_value_t = d::EVICTION_TRIGGER_WATERMARK)]
+    eviction_trigger_watermark: f64,
+    /// Fraction of L1's used bytes one eviction cycle frees.
+    #[arg(long, env = "KVPLANE_EVICTION_RATIO", default_value_t = d::EVICTION_RATIO)]
+    eviction_ratio: f64,
+    /// L2 directory; unset, there is no L2 and nothing survives a restart.
+    #[arg(long, env = "KVPLANE_L2_PATH")]
+    l2_path: Option<PathBuf>,
+    /// L2 (disk) budget in GiB.
+    #[arg(long, env = "KVPLANE_L2_SIZE_GB", default_value_t = d::L2_SIZE_GB)]
+    l2_size_gb: f64,
+    /// L2 store policy: default (keep in L1, write through to L2) or skip_l1.
+    #[arg(long, env = "KVPLANE_L2_STORE_POLICY", default_value = d::L2_STORE_POLICY)]
+    l2_store_policy: String,
+    /// L2 prefetch policy: default (an L2 hit is served, not kept in L1) or retain.
+    #[arg(long, env = "KVPLANE_L2_PREFETCH_POLICY", default_value = d::L2_PREFETCH_POLICY)]
+    l2_prefetch_policy: String,
+    /// L2 file reads and writes in flight at once.
+    #[arg(long, env = "KVPLANE_L2_MAX_IN_FLIGHT", default_value_t = d::L2_MAX_IN_FLIGHT)]
+    l2_max_in_flight: usize,
+    /// L2 eviction policy: LRU or noop.
+    #[arg(long, env = "KVPLANE_L2_EVICTION_POLICY", default_value = d::EVICTION_POLICY)]
+    l2_eviction_policy: String,
+    /// Fraction of the L2 budget above which an eviction cycle runs.
+    #[arg(long, env = "KVPLANE_L2_EVICTION_TRIGGER_WATERMARK", default_value_t = d::EVICTION_TRIGGER_WATERMARK)]
+    l2_eviction_trigger_watermark: f64,
+    /// Fraction of L2's used bytes one eviction cycle frees.
+    #[arg(long, env = "KVPLANE_L2_EVICTION_RATIO", default_value_t = d::EVICTION_RATIO)]
+    l2_eviction_ratio: f64,
+    /// Skip fsync of L2 files and directories (faster; a power loss may then lose recent
+    /// objects, which are discarded at restart, never served torn).
+    #[arg(long, env = "KVPLANE_L2_NO_FSYNC")]
+    l2_no_fsync: bool,
+    /// Largest PUT body in bytes; a larger PUT closes the connection (counted).
+    #[arg(long, env = "KVPLANE_MAX_OBJECT_BYTES", default_value_t = d::MAX_OBJECT_BYTES)]
+    max_object_bytes: usize,
+    /// Most connections open at once; more are closed at accept (counted).
+    #[arg(long, env = "KVPLANE_MAX_CONNECTIONS", default_value_t = d::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Seconds to wait for the rest of a request once its first byte arrived.
+    #[arg(long, env = "KVPLANE_READ_TIMEOUT", default_value_t = d::READ_TIMEOUT_S)]
+    read_timeout: f64,
+    /// Largest LIST reply body in bytes (whole keys only).
+    #[arg(long, env = "KVPLANE_MAX_LIST_BYTES", default_value_t = d::MAX_LIST_BYTES)]
+    max_list_bytes: usize,
+}
+
+fn size(flag: &'static str, gib: f64) -> Result<u64, ConfigError> {
+    if gib.is_finite() && gib > 0.0 {
+        Ok(gib_to_bytes(gib))
+    } else {
+        Err(ConfigError::Value {
+            flag,
+            detail: format!("{gib} is not a positive number of GiB"),
+        })
+    }
+}
+
+fn lru(flag: &'static str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "lru" => Ok(true),
+        "noop" => Ok(false),
+        _ => Err(ConfigError::Value {
+            flag,
+            detail: format!("{v:?} is not LRU or noop"),
+        }),
+    }
+}
+
+fn ratio(flag: &'static str, v: f64) -> Result<f64, ConfigError> {
+    let v = config::fraction(flag, v)?;
+    if v > 0.0 {
+        Ok(v)
+    } else {
+        Err(ConfigError::Value {
+            flag,
+            detail: "must be above 0".into(),
+        })
+    }
+}
+
+impl NodeArgs {
+    /// Validates the flags.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag at fault.
+    pub(crate) fn validate(&self) -> Result<NodeConfig, ConfigError> {
+        let l1 = EvictionPolicy {
+            budget: size("l1-size-gb", self.l1_size_gb)?,
+            trigger_watermark: ratio(
+                "eviction-trigger-watermark",
+                self.eviction_trigger_watermark,
+            )?,
+            eviction_ratio: ratio("eviction-ratio", self.eviction_ratio)?,
+            lru: lru("eviction-policy", &self.eviction_policy)?,
+        };
+        let store_policy = match self.l2_store_policy.as_str() {
+            "default" => StorePolicy::Default,
+            "skip_l1" => StorePolicy::SkipL1,
+            other => {
+                return Err(ConfigError::Value {
+                    flag: "l2-store-policy",
+                    detail: format!("{other:?} is not default or skip_l1"),
+                })
+            }
+        };
+        let prefetch_policy = match self.l2_prefetch_policy.as_str() {
+            "default" => PrefetchPolicy::Default,
+            "retain" => PrefetchPolicy::Retain,
+            other => {
+                return Err(ConfigError::Value {
+                    flag: "l2-prefetch-policy",
+                    detail: format!("{other:?} is not default or retain"),
+                })
+            }
+        };
+        let l2 = match &self.l2_path {
+            None => None,
+            Some(path) => Some(L2Config {
+                path: path.clone(),
+                eviction: EvictionPolicy {
+                    budget: size("l2-size-gb", self.l2_size_gb)?,
+                    trigger_watermark: ratio(
+                        "l2-eviction-trigger-watermark",
+                        self.l2_eviction_trigger_watermark,
+                    )?,
+                    eviction_ratio: ratio("l2-eviction-ratio", self.l2_eviction_ratio)?,
+                    lru: lru("l2-eviction-policy", &self.l2_eviction_policy)?,
+                },
+                store_policy,
+                prefetch_policy,
+                max_in_flight: config::at_least_one("l2-max-in-flight", self.l2_max_in_flight)?,
+                fsync: !self.l2_no_fsync,
+            }),
+        };
+        let max_object_bytes = config::at_least_one("max-object-bytes", self.max_object_bytes)?;
+        if i32::try_from(max_object_bytes).is_err() {
+            return Err(ConfigError::Value {
+                flag: "max-object-bytes",
+                detail: "the protocol's length is an int32: at most 2147483647".into(),
+            });
+        }
+        Ok(NodeConfig {
+            host: self.host.clone(),
+            port: self.port,
+            http_port: (!self.no_http).then_some(self.http_port),
+            l1,
+            l2,
+            max_object_bytes,
+            max_connections: config::at_least_one("max-connections", self.max_connections)?,
+            read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
+            max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+    use kvplane::node::config::{NodeConfig, PrefetchPolicy, StorePolicy};
+
+    fn parse(args: &[&str]) -> Result<NodeConfig, String> {
+        let mut full = vec!["kvplane", "node"];
+        full.extend_from_slice(args);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Node(a) => a.validate().map_err(|e| e.to_string()),
+            _ => Err("not node".into()),
+        }
+    }
+
+    #[test]
+    fn defaults_and_l2_flags() {
+        let c = parse(&[]).expect("defaults");
+        assert_eq!(
+            (c.port, c.http_port, c.l1.budget),
+            (65432, Some(9091), 4 << 30)
+        );
+        assert!(c.l2.is_none());
+        let c = parse(&[
+            "--l2-path",
+            "/tmp/x",
+            "--l2-size-gb",
+            "0.5",
+            "--l2-store-policy",
+            "skip_l1",
+            "--l2-prefetch-policy",
+            "retain",
+            "--no-http",
+        ])
+        .expect("valid");
+        let l2 = c.l2.expect("l2");
+        assert_eq!(l2.eviction.budget, 512 << 20);
+        assert_eq!(
+            (l2.store_policy, l2.prefetch_policy, c.http_port),
+            (StorePolicy::SkipL1, PrefetchPolicy::Retain, None)
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for (flag, v) in [
+            ("--l1-size-gb", "0"),
+            ("--eviction-ratio", "0"),
+            ("--eviction-trigger-watermark", "1.5"),
+            ("--eviction-policy", "fifo"),
+            ("--l2-store-policy", "bogus"),
+            ("--max-object-bytes", "4294967296"),
+            ("--max-connections", "0"),
+        ] {
+            let e = parse(&["--l2-path", "/tmp/x", flag, v]).expect_err(flag);
+            assert!(e.contains(flag), "{flag}: {e}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! The validated configuration of `kvplane node` (the binary's flags build it; defaults are
+//! in [`crate::config::defaults::node`]).
+
+use crate::config::defaults::node as d;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use super::lru::EvictionPolicy;
+
+/// Where a PUT goes (`--l2-store-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorePolicy {
+    /// Keep in L1 and write through to L2.
+    Default,
+    /// Write to L2, then drop from L1 (L1 only buffers while the write is in flight).
+    SkipL1,
+}
+
+/// What an L2 hit does to L1 (`--l2-prefetch-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchPolicy {
+    /// Served from the read buffer and not kept in L1 (temporary).
+    Default,
+    /// Loaded into L1 (promoted), subject to L1 eviction.
+    Retain,
+}
+
+/// The L2 disk tier.
+#[derive(Debug, Clone)]
+pub struct L2Config {
+    /// Directory holding `objects/` and `tmp/`.
+    pub path: PathBuf,
+    /// Budget and eviction knobs (bytes counted on disk: header + key + body).
+    pub eviction: EvictionPolicy,
+    /// Store policy.
+    pub store_policy: StorePolicy,
+    /// Prefetch policy.
+    pub prefetch_policy: PrefetchPolicy,
+    /// File reads and writes in flight at once.
+    pub max_in_flight: usize,
+    /// fsync each object file and its directory before a write counts as done.
+    pub fsync: bool,
+}
+
+/// The validated configuration of `kvplane node`.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Bind host of both listeners.
+    pub host: String,
+    /// LMCache protocol port (0 picks a free port).
+    pub port: u16,
+    /// HTTP port for `/metrics` and `/healthz` (0 picks one); `None` = no HTTP listener.
+    pub http_port: Option<u16>,
+    /// L1 budget and eviction knobs.
+    pub l1: EvictionPolicy,
+    /// L2, if any.
+    pub l2: Option<L2Config>,
+    /// Largest PUT body accepted.
+    pub max_object_bytes: usize,
+    /// Most connections open at once; more are closed at accept (counted).
+    pub max_connections: usize,
+    /// Longest wait for the rest of a request once its first byte arrived.
+    pub read_timeout: Duration,
+    /// Largest LIST reply body (whole keys only; the rest is left out).
+    pub max_list_bytes: usize,
+}
+
+impl NodeConfig {
+    /// 127.0.0.1, ephemeral ports, small tiers, no L2: for tests.
+    #[must_use]
+    pub fn ephemeral() -> Self {
+        NodeConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            http_port: Some(0),
+            l1: EvictionPolicy {
+                budget: 64 << 20,
+                trigger_watermark: d::EVICTION_TRIGGER_WATERMARK,
+                eviction_ratio: d::EVICTION_RATIO,
+                lru: true,
+            },
+            l2: None,
+            max_object_bytes: d::MAX_OBJECT_BYTES,
+            max_connections: d::MAX_CONNECTIONS,
+            read_timeout: Duration::from_secs_f64(d::READ_TIMEOUT_S),
+            max_list_bytes: d::MAX_LIST_BYTES,
+        }
+    }
+}
+
+/// Gigabytes (GiB, fractional) to bytes.
+#[must_use]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss
+)]
+pub fn gib_to_bytes(gib: f64) -> u64 {
+    (gib * (1u64 << 30) as f64) as u64
+}

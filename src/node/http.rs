@@ -1,0 +1,50 @@
+//! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
+//! at scrape) and `/healthz`.
+
+use super::metrics::NodeMetrics;
+use super::tiers::Tiers;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct AppState {
+    tiers: Arc<Tiers>,
+    metrics: Arc<NodeMetrics>,
+}
+
+/// The node's HTTP routes.
+pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_route))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(AppState { tiers, metrics })
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+async fn metrics_route(State(s): State<AppState>) -> impl IntoResponse {
+    let u = s.tiers.usage();
+    let m = &s.metrics;
+    m.tier_bytes
+        .with_label_values(&["l1"])
+        .set(clamp(u.l1_bytes));
+    m.tier_bytes
+        .with_label_values(&["l2"])
+        .set(clamp(u.l2_bytes));
+    m.tier_objects
+        .with_label_values(&["l1"])
+        .set(clamp(u.l1_objects as u64));
+    m.tier_objects
+        .with_label_values(&["l2"])
+        .set(clamp(u.l2_objects as u64));
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        m.render(),
+    )
+}

@@ -1,0 +1,177 @@
+//! Every metric `kvplane node` exports, in its own prometheus registry (so the node shares
+//! nothing with the controller's `crate::metrics`). Counters are bumped on the hot paths;
+//! the tier gauges are set from the tiers when `/metrics` is scraped.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// Metric name prefix.
+const PREFIX: &str = "kvplane_node";
+
+/// The node's metrics.
+pub struct NodeMetrics {
+    registry: Registry,
+    /// Requests by `command` and `outcome` (`hit`, `miss`, `ok`, `fail`).
+    pub requests: IntCounterVec,
+    /// Time from a whole request read to its reply written, by `command`.
+    pub request_seconds: HistogramVec,
+    /// Requests refused as malformed, by `reason` (the codec's stable labels).
+    pub bad_requests: IntCounterVec,
+    /// Connections open now.
+    pub connections_open: IntGauge,
+    /// Connections accepted since start.
+    pub connections_total: IntCounter,
+    /// Connections closed at once because `--max-connections` were open.
+    pub connections_refused: IntCounter,
+    /// Connections closed for a read timeout or a short read mid-request.
+    pub connections_aborted: IntCounterVec,
+    /// Bytes held, by `tier` (`l1`, `l2`).
+    pub tier_bytes: IntGaugeVec,
+    /// Objects held, by `tier`.
+    pub tier_objects: IntGaugeVec,
+    /// Byte budget, by `tier`.
+    pub tier_capacity_bytes: IntGaugeVec,
+    /// Objects evicted, by `tier`.
+    pub evictions: IntCounterVec,
+    /// Bytes evicted, by `tier`.
+    pub evicted_bytes: IntCounterVec,
+    /// Stores refused (larger than the tier, or the rest pinned), by `tier`.
+    pub stores_refused: IntCounterVec,
+    /// L2 file writes, by `outcome` (`ok`, `error`).
+    pub l2_writes: IntCounterVec,
+    /// L2 file reads, by `outcome` (`ok`, `error`).
+    pub l2_reads: IntCounterVec,
+    /// L2 files discarded (torn, truncated, corrupt), by `reason`.
+    pub l2_discarded: IntCounterVec,
+    /// L2 hits loaded into L1 (`retain` prefetch policy).
+    pub l2_promotions: IntCounter,
+    /// Body bytes received in PUTs.
+    pub put_bytes: IntCounter,
+    /// Body bytes sent in GET replies.
+    pub get_bytes: IntCounter,
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: T) -> T {
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| unreachable!("node metrics are registered once: {e}"));
+    c
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(format!("{PREFIX}_{name}"), help)
+}
+
+impl NodeMetrics {
+    /// A fresh registry with every node metric.
+    #[must_use]
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let r = &registry;
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                r,
+                IntCounterVec::new(opts(name, help), labels)
+                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        let gauge_vec = |name: &str, help: &str| {
+            reg(
+                r,
+                IntGaugeVec::new(opts(name, help), &["tier"])
+                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        let counter = |name: &str, help: &str| {
+            reg(
+                r,
+                IntCounter::with_opts(opts(name, help))
+                    .unwrap_or_else(|e| unreachable!("static metric {name}: {e}")),
+            )
+        };
+        let buckets = prometheus::exponential_buckets(20e-6, 2.5, 14)
+            .unwrap_or_else(|e| unreachable!("static buckets: {e}"));
+        NodeMetrics {
+            requests: counter_vec(
+                "requests_total",
+                "Requests by command and outcome (hit, miss, ok, fail).",
+                &["command", "outcome"],
+            ),
+            request_seconds: reg(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        format!("{PREFIX}_request_seconds"),
+                        "Time from a whole request read to its reply written, by command.",
+                    )
+                    .buckets(buckets),
+                    &["command"],
+                )
+                .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
+            bad_requests: counter_vec(
+                "bad_requests_total",
+                "Malformed requests by reason.",
+                &["reason"],
+            ),
+            connections_open: reg(
+                r,
+                IntGauge::with_opts(opts("connections_open", "Connections open now."))
+                    .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
+            connections_total: counter("connections_total", "Connections accepted."),
+            connections_refused: counter(
+                "connections_refused_total",
+                "Connections closed at once because --max-connections were open.",
+            ),
+            connections_aborted: counter_vec(
+                "connections_aborted_total",
+                "Connections closed mid-request, by reason (timeout, eof, io).",
+                &["reason"],
+            ),
+            tier_bytes: gauge_vec("tier_bytes", "Bytes held by tier."),
+            tier_objects: gauge_vec("tier_objects", "Objects held by tier."),
+            tier_capacity_bytes: gauge_vec("tier_capacity_bytes", "Byte budget by tier."),
+            evictions: counter_vec("evictions_total", "Objects evicted by tier.", &["tier"]),
+            evicted_bytes: counter_vec("evicted_bytes_total", "Bytes evicted by tier.", &["tier"]),
+            stores_refused: counter_vec(
+                "stores_refused_total",
+                "Stores refused (too large, or the rest pinned) by tier.",
+                &["tier"],
+            ),
+            l2_writes: counter_vec(
+                "l2_writes_total",
+                "L2 file writes by outcome.",
+                &["outcome"],
+            ),
+            l2_reads: counter_vec("l2_reads_total", "L2 file reads by outcome.", &["outcome"]),
+            l2_discarded: counter_vec(
+                "l2_discarded_total",
+                "L2 files discarded (torn, truncated, corrupt) by reason.",
+                &["reason"],
+            ),
+            l2_promotions: counter("l2_promotions_total", "L2 hits loaded into L1."),
+            put_bytes: counter("put_bytes_total", "Body bytes received in PUTs."),
+            get_bytes: counter("get_bytes_total", "Body bytes sent in GET replies."),
+            registry,
+        }
+    }
+
+    /// The text exposition of every node metric.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!("cannot encode node metrics: {e}");
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl Default for NodeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,223 @@
+//! `kvplane node`: a cache server speaking LMCache 0.5.6's `lm://` protocol, with an L1
+//! memory tier and an L2 disk tier (docs/NODE.md).
+//!
+//! - `codec` — the wire format (186-byte request, 36-byte reply headers). Pure.
+//! - `lru` — the eviction policy both tiers share (budget, watermark, ratio, pins). Pure.
+//! - `disk` — L2's file format and blocking file operations.
+//! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
+//! - `server` — the accept loop and the per-connection request loop.
+//! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
+//!   prometheus registry.
+//!
+//! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
+//! `crate::metrics`) and must not touch it.
+
+pub mod codec;
+pub mod config;
+mod disk;
+mod http;
+mod lru;
+pub mod metrics;
+mod server;
+mod tiers;
+
+pub use config::NodeConfig;
+pub use tiers::{Recovery, TierUsage};
+
+use crate::net::host_port;
+use metrics::NodeMetrics;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long [`Node::stop`] waits for connections and L2 writes to finish.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why the node could not start.
+#[derive(Debug, Error)]
+pub enum NodeError {
+    /// A listener could not be bound.
+    #[error("cannot bind the {what} listener on {addr}: {source}")]
+    Bind {
+        /// `lm` or `http`.
+        what: &'static str,
+        /// The address tried.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The L2 directory could not be prepared or scanned.
+    #[error("cannot open L2 at {path}: {source}")]
+    L2 {
+        /// The directory.
+        path: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+}
+
+/// The addresses a node bound.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeAddrs {
+    /// The LMCache protocol listener (`lm://` this).
+    pub lm: SocketAddr,
+    /// The HTTP listener, if any.
+    pub http: Option<SocketAddr>,
+}
+
+/// A running node.
+pub struct Node {
+    /// The bound addresses.
+    pub addrs: NodeAddrs,
+    /// What L2 recovery found at start.
+    pub recovery: Recovery,
+    /// The node's metrics.
+    pub metrics: Arc<NodeMetrics>,
+    tiers: Arc<tiers::Tiers>,
+    shutdown: CancellationToken,
+    /// Listeners and connections.
+    tasks: TaskTracker,
+    /// L2 writes, reads and deletes.
+    background: TaskTracker,
+}
+
+impl Node {
+    /// What each tier holds now.
+    #[must_use]
+    pub fn usage(&self) -> TierUsage {
+        self.tiers.usage()
+    }
+
+    /// Whether `key` is in L1 now.
+    #[must_use]
+    pub fn in_l1(&self, key: &str) -> bool {
+        self.tiers.in_l1(key)
+    }
+
+    /// Waits (bounded) until every L2 write and delete started so far has finished.
+    pub async fn flush(&self) {
+        self.background.close();
+        if tokio::time::timeout(DRAIN_DEADLINE, self.background.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("L2 work did not finish within {DRAIN_DEADLINE:?}");
+        }
+        self.background.reopen();
+    }
+
+    /// Stops accepting, closes connections, waits for in-flight L2 writes (bounded).
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.background.close();
+        let drained = async {
+            self.tasks.wait().await;
+            self.background.wait().await;
+        };
+        if tokio::time::timeout(DRAIN_DEADLINE, drained).await.is_err() {
+            tracing::warn!("node tasks did not stop within {DRAIN_DEADLINE:?}");
+        }
+    }
+}
+
+/// Opens the tiers (recovering L2), binds both listeners and starts serving.
+///
+/// # Errors
+/// [`NodeError`] if a listener cannot be bound or L2 cannot be opened.
+pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let background = TaskTracker::new();
+    let metrics = Arc::new(NodeMetrics::new());
+    let (l1, l2) = (config.l1, config.l2.clone());
+    let (m, t) = (Arc::clone(&metrics), background.clone());
+    let opened = tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let (tiers, recovery) = opened.map_err(|source| NodeError::L2 {
+        path: config
+            .l2
+            .as_ref()
+            .map(|c| c.path.display().to_string())
+            .unwrap_or_default(),
+        source,
+    })?;
+    let tiers = Arc::new(tiers);
+
+    let lm_addr = host_port(&config.host, config.port);
+    let bind_err = |what, addr: &String| {
+        let addr = addr.clone();
+        move |source| NodeError::Bind { what, addr, source }
+    };
+    let listener = tokio::net::TcpListener::bind(&lm_addr)
+        .await
+        .map_err(bind_err("lm", &lm_addr))?;
+    let lm = listener.local_addr().map_err(bind_err("lm", &lm_addr))?;
+    let http = match config.http_port {
+        None => None,
+        Some(port) => {
+            let addr = host_port(&config.host, port);
+            let l = tokio::net::TcpListener::bind(&addr)
+                .await
+                .map_err(bind_err("http", &addr))?;
+            let bound = l.local_addr().map_err(bind_err("http", &addr))?;
+            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics));
+            let stop = shutdown.clone();
+            tasks.spawn(async move {
+                if let Err(e) = axum::serve(l, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await
+                {
+                    tracing::error!("node HTTP server failed: {e}");
+                }
+            });
+            Some(bound)
+        }
+    };
+    let ctx = Arc::new(server::ConnContext {
+        tiers: Arc::clone(&tiers),
+        metrics: Arc::clone(&metrics),
+        max_object_bytes: config.max_object_bytes,
+        read_timeout: config.read_timeout,
+        max_list_bytes: config.max_list_bytes,
+    });
+    tasks.spawn(server::accept_loop(
+        listener,
+        ctx,
+        config.max_connections,
+        shutdown.clone(),
+        tasks.clone(),
+    ));
+    tracing::info!(
+        lm = %lm,
+        http = ?http,
+        recovered = recovery.recovered,
+        discarded = recovery.discarded,
+        "kvplane node listening"
+    );
+    Ok(Node {
+        addrs: NodeAddrs { lm, http },
+        recovery,
+        metrics,
+        tiers,
+        shutdown,
+        tasks,
+        background,
+    })
+}
+
+/// Serves until `shutdown` is cancelled, then drains.
+///
+/// # Errors
+/// [`NodeError`] if the node cannot start.
+pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<(), NodeError> {
+    let node = start(config).await?;
+    shutdown.cancelled().await;
+    tracing::info!("node shutting down");
+    node.stop().await;
+    Ok(())
+}

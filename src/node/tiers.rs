@@ -1,0 +1,514 @@
+//! The node's two tiers put together: L1 (`Bytes` in memory) and L2 (one file per object),
+//! the store and prefetch policies, pins for reads in progress, and the blocking disk work
+//! (on tokio's blocking pool, at most `max_in_flight` file operations at once). The eviction
+//! rules themselves are `lru`'s; the file format is `disk`'s. No sockets here.
+
+use super::codec::ObjectMeta;
+use super::config::{L2Config, PrefetchPolicy, StorePolicy};
+use super::disk;
+use super::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
+use super::metrics::NodeMetrics;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+/// A stored object: the opaque fields and the body, shared (never copied) between L1, L2
+/// writes and GET replies.
+#[derive(Debug, Clone)]
+pub(crate) struct Object {
+    /// Fields returned unchanged on GET.
+    pub(crate) meta: ObjectMeta,
+    /// The body.
+    pub(crate) data: Bytes,
+}
+
+impl Weighted for Object {
+    fn bytes(&self) -> u64 {
+        self.data.len() as u64
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct DiskEntry {
+    file_bytes: u64,
+    /// The file is complete on disk (false while its write is in flight).
+    ready: bool,
+    /// Which PUT wrote it: a write finishing after a newer PUT of the same key leaves the
+    /// newer entry alone.
+    generation: u64,
+}
+
+impl Weighted for DiskEntry {
+    fn bytes(&self) -> u64 {
+        self.file_bytes
+    }
+}
+
+struct L2 {
+    root: PathBuf,
+    /// Objects whose file write is in flight, readable until the file is in place (L1 may
+    /// have evicted them meanwhile): key → (generation, object).
+    pending: Mutex<HashMap<String, (u64, Object)>>,
+    /// Bytes of pending writes allowed at once (the L1 budget): a PUT beyond waits, which
+    /// pushes back on its connection instead of growing memory.
+    pending_bytes: Arc<Semaphore>,
+    /// Permits `pending_bytes` started with.
+    pending_total: u64,
+    index: Mutex<TierIndex<DiskEntry>>,
+    io: Semaphore,
+    fsync: bool,
+    store_policy: StorePolicy,
+    prefetch_policy: PrefetchPolicy,
+    generation: std::sync::atomic::AtomicU64,
+}
+
+/// What the tiers hold, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierUsage {
+    /// Bytes in L1.
+    pub l1_bytes: u64,
+    /// Objects in L1.
+    pub l1_objects: usize,
+    /// Bytes in L2 (files, including the in-flight ones).
+    pub l2_bytes: u64,
+    /// Objects in L2, including those whose file write is in flight.
+    pub l2_objects: usize,
+}
+
+/// What restart recovery found on L2.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Complete objects now served again.
+    pub recovered: usize,
+    /// Files discarded (torn temp files, truncated or corrupt objects, over budget).
+    pub discarded: usize,
+}
+
+/// Permits of the pending-write budget for `bytes` (the semaphore's ceiling applies).
+fn pending_permits(bytes: u64) -> usize {
+    usize::try_from(bytes)
+        .unwrap_or(usize::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize))
+}
+
+/// L1 + optional L2.
+pub(crate) struct Tiers {
+    l1: Mutex<TierIndex<Object>>,
+    l2: Option<L2>,
+    metrics: Arc<NodeMetrics>,
+    tasks: TaskTracker,
+}
+
+/// Holds a pin on an L1 object until dropped (the GET reply is written).
+pub(crate) struct Pin {
+    tiers: Arc<Tiers>,
+    key: String,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        self.tiers.l1.lock().unpin(&self.key);
+    }
+}
+
+impl Tiers {
+    /// Builds the tiers; with L2, prepares its directory and recovers every complete object
+    /// (blocking: call before serving, off the async threads).
+    pub(crate) fn open(
+        l1: EvictionPolicy,
+        l2: Option<&L2Config>,
+        metrics: Arc<NodeMetrics>,
+        tasks: TaskTracker,
+    ) -> io::Result<(Self, Recovery)> {
+        metrics
+            .tier_capacity_bytes
+            .with_label_values(&["l1"])
+            .set(i64::try_from(l1.budget).unwrap_or(i64::MAX));
+        let mut recovery = Recovery::default();
+        let l2 = match l2 {
+            None => None,
+            Some(c) => {
+                metrics
+                    .tier_capacity_bytes
+                    .with_label_values(&["l2"])
+                    .set(i64::try_from(c.eviction.budget).unwrap_or(i64::MAX));
+                let torn = disk::prepare_root(&c.path)?;
+                if torn > 0 {
+                    metrics
+                        .l2_discarded
+                        .with_label_values(&["torn_temp"])
+                        .inc_by(torn);
+                }
+                let report = disk::scan(&c.path)?;
+                for (_, reason) in &report.discarded {
+                    metrics.l2_discarded.with_label_values(&[reason]).inc();
+                }
+                let mut index = TierIndex::new(c.eviction);
+                let mut over_budget = Vec::new();
+                for f in report.found {
+                    let entry = DiskEntry {
+                        file_bytes: f.file_bytes,
+                        ready: true,
+                        generation: 0,
+                    };
+                    match index.insert(&f.key, entry) {
+                        Insert::Stored { evicted, .. } => {
+                            over_budget.extend(evicted.into_iter().map(|(k, _)| k));
+                        }
+                        Insert::Refused(_) => over_budget.push(f.key),
+                    }
+                }
+                for key in &over_budget {
+                    disk::delete_object(&c.path, key)?;
+                    metrics
+                        .l2_discarded
+                        .with_label_values(&["over_budget"])
+                        .inc();
+                }
+                recovery = Recovery {
+                    recovered: index.len(),
+                    discarded: report.discarded.len()
+                        + usize::try_from(torn).unwrap_or(0)
+                        + over_budget.len(),
+                };
+                Some(L2 {
+                    root: c.path.clone(),
+                    pending: Mutex::new(HashMap::new()),
+                    pending_bytes: Arc::new(Semaphore::new(pending_permits(l1.budget))),
+                    pending_total: pending_permits(l1.budget) as u64,
+                    index: Mutex::new(index),
+                    io: Semaphore::new(c.max_in_flight.max(1)),
+                    fsync: c.fsync,
+                    store_policy: c.store_policy,
+                    prefetch_policy: c.prefetch_policy,
+                    generation: std::sync::atomic::AtomicU64::new(1),
+                })
+            }
+        };
+        Ok((
+            Tiers {
+                l1: Mutex::new(TierIndex::new(l1)),
+                l2,
+                metrics,
+                tasks,
+            },
+            recovery,
+        ))
+    }
+
+    fn count_evicted<V: Weighted>(&self, tier: &str, evicted: &[(String, V)]) {
+        if evicted.is_empty() {
+            return;
+        }
+        let bytes: u64 = evicted.iter().map(|(_, v)| v.bytes()).sum();
+        self.metrics
+            .evictions
+            .with_label_values(&[tier])
+            .inc_by(evicted.len() as u64);
+        self.metrics
+            .evicted_bytes
+            .with_label_values(&[tier])
+            .inc_by(bytes);
+    }
+
+    /// Stores into L1 (evicting as the policy says); returns whether it was admitted.
+    fn put_l1(&self, key: &str, obj: Object) -> bool {
+        let mut l1 = self.l1.lock();
+        let admitted = match l1.insert(key, obj) {
+            Insert::Stored { evicted, .. } => {
+                self.count_evicted("l1", &evicted);
+                true
+            }
+            Insert::Refused(_) => {
+                self.metrics.stores_refused.with_label_values(&["l1"]).inc();
+                false
+            }
+        };
+        let evicted = l1.evict_if_triggered();
+        drop(l1);
+        self.count_evicted("l1", &evicted);
+        admitted
+    }
+
+    /// Stores an object per the store policy. The L2 write (if any) runs in the background;
+    /// this waits only while the pending-write budget is used up (backpressure).
+    pub(crate) async fn put(self: &Arc<Self>, key: String, obj: Object) {
+        self.put_l1(&key, obj.clone());
+        let Some(l2) = &self.l2 else { return };
+        // `pending_total` fits a u32 (see `pending_permits`); a larger object takes it all.
+        let permits =
+            u32::try_from((obj.data.len() as u64).min(l2.pending_total)).unwrap_or(u32::MAX);
+        let Ok(permit) = Arc::clone(&l2.pending_bytes)
+            .acquire_many_owned(permits)
+            .await
+        else {
+            return;
+        };
+        let file_bytes = (disk::FIXED_HEADER + key.len()) as u64 + obj.data.len() as u64;
+        let generation = l2
+            .generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let entry = DiskEntry {
+            file_bytes,
+            ready: false,
+            generation,
+        };
+        let evicted = {
+            let mut index = l2.index.lock();
+            match index.insert(&key, entry) {
+                Insert::Stored { evicted, .. } => {
+                    // The writer holds a pin until its file is in place.
+                    index.pin(&key);
+                    evicted
+                }
+                Insert::Refused(_) => {
+                    self.metrics.stores_refused.with_label_values(&["l2"]).inc();
+                    return;
+                }
+            }
+        };
+        self.drop_files(evicted);
+        l2.pending
+            .lock()
+            .insert(key.clone(), (generation, obj.clone()));
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            this.write_l2(key, obj, generation).await;
+            drop(permit);
+        });
+    }
+
+    async fn write_l2(self: Arc<Self>, key: String, obj: Object, generation: u64) {
+        let Some(l2) = &self.l2 else { return };
+        let written = match l2.io.acquire().await {
+            Ok(_permit) => {
+                let (root, k, meta, data, fsync) = (
+                    l2.root.clone(),
+                    key.clone(),
+                    obj.meta,
+                    obj.data.clone(),
+                    l2.fsync,
+                );
+                tokio::task::spawn_blocking(move || {
+                    disk::write_object(&root, &k, &meta, &data, fsync)
+                })
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e)))
+            }
+            Err(e) => Err(io::Error::other(e)),
+        };
+        {
+            let mut pending = l2.pending.lock();
+            if pending.get(&key).is_some_and(|(g, _)| *g == generation) {
+                pending.remove(&key);
+            }
+        }
+        let evicted = {
+            let mut index = l2.index.lock();
+            index.unpin(&key);
+            let current = index.peek(&key).map(|e| e.generation) == Some(generation);
+            match &written {
+                Ok(_) if current => {
+                    if let Some(e) = index.peek_mut(&key) {
+                        e.ready = true;
+                    }
+                }
+                Err(_) if current => {
+                    index.remove(&key);
+                }
+                _ => {}
+            }
+            index.evict_if_triggered()
+        };
+        match written {
+            Ok(_) => {
+                self.metrics.l2_writes.with_label_values(&["ok"]).inc();
+                if l2.store_policy == StorePolicy::SkipL1 {
+                    let mut l1 = self.l1.lock();
+                    let same = l1
+                        .peek(&key)
+                        .is_some_and(|o| o.data.as_ptr() == obj.data.as_ptr());
+                    if same && l1.pins(&key) == 0 {
+                        l1.remove(&key);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(key, "L2 write failed: {e}");
+                self.metrics.l2_writes.with_label_values(&["error"]).inc();
+            }
+        }
+        self.drop_files(evicted);
+    }
+
+    /// Deletes evicted L2 files in the background (counted as evictions).
+    fn drop_files(self: &Arc<Self>, evicted: Vec<(String, DiskEntry)>) {
+        let Some(l2) = &self.l2 else { return };
+        if evicted.is_empty() {
+            return;
+        }
+        self.count_evicted("l2", &evicted);
+        let root = l2.root.clone();
+        self.tasks.spawn(async move {
+            let deleted = tokio::task::spawn_blocking(move || {
+                for (key, _) in evicted {
+                    if let Err(e) = disk::delete_object(&root, &key) {
+                        tracing::warn!(key, "cannot delete an evicted L2 file: {e}");
+                    }
+                }
+            })
+            .await;
+            if let Err(e) = deleted {
+                tracing::warn!("L2 delete task failed: {e}");
+            }
+        });
+    }
+
+    /// Looks `key` up: L1 first (the object stays pinned until the returned [`Pin`] drops),
+    /// then L2 (read and verified off the async threads; promoted to L1 under `retain`).
+    pub(crate) async fn get(self: &Arc<Self>, key: &str) -> Option<(Object, Option<Pin>)> {
+        {
+            let mut l1 = self.l1.lock();
+            if l1.pin(key) {
+                let obj = l1.peek(key).cloned();
+                drop(l1);
+                let pin = Pin {
+                    tiers: Arc::clone(self),
+                    key: key.to_owned(),
+                };
+                return obj.map(|o| (o, Some(pin)));
+            }
+        }
+        let l2 = self.l2.as_ref()?;
+        if let Some((_, obj)) = l2.pending.lock().get(key) {
+            return Some((obj.clone(), None));
+        }
+        let generation = {
+            let mut index = l2.index.lock();
+            match index.peek(key) {
+                Some(e) if e.ready => {
+                    let g = e.generation;
+                    index.pin(key);
+                    g
+                }
+                _ => return None,
+            }
+        };
+        let read = match l2.io.acquire().await {
+            Ok(_permit) => {
+                let (root, k) = (l2.root.clone(), key.to_owned());
+                tokio::task::spawn_blocking(move || disk::read_object(&root, &k))
+                    .await
+                    .unwrap_or_else(|e| Err(disk::DiskError::Io(io::Error::other(e))))
+            }
+            Err(e) => Err(disk::DiskError::Io(io::Error::other(e))),
+        };
+        {
+            let mut index = l2.index.lock();
+            index.unpin(key);
+            if read.is_err() && index.peek(key).map(|e| e.generation) == Some(generation) {
+                index.remove(key);
+            }
+        }
+        match read {
+            Ok((meta, data)) => {
+                self.metrics.l2_reads.with_label_values(&["ok"]).inc();
+                let obj = Object { meta, data };
+                if l2.prefetch_policy == PrefetchPolicy::Retain && self.put_l1(key, obj.clone()) {
+                    self.metrics.l2_promotions.inc();
+                }
+                Some((obj, None))
+            }
+            Err(e) => {
+                tracing::warn!(key, "L2 object discarded: {e}");
+                self.metrics.l2_reads.with_label_values(&["error"]).inc();
+                self.metrics
+                    .l2_discarded
+                    .with_label_values(&[e.reason()])
+                    .inc();
+                if matches!(e, disk::DiskError::Corrupt(_)) {
+                    let (root, k) = (l2.root.clone(), key.to_owned());
+                    self.tasks.spawn_blocking(move || {
+                        let _ = disk::delete_object(&root, &k);
+                    });
+                }
+                None
+            }
+        }
+    }
+
+    /// Whether `key` is in L1 or complete in L2.
+    pub(crate) fn exists(&self, key: &str) -> bool {
+        self.l1.lock().contains(key)
+            || self.l2.as_ref().is_some_and(|l2| {
+                l2.pending.lock().contains_key(key)
+                    || l2.index.lock().peek(key).is_some_and(|e| e.ready)
+            })
+    }
+
+    /// Every key (L1's, then L2's not in L1), newline-joined, whole keys only, at most
+    /// `max_bytes`.
+    pub(crate) fn list(&self, max_bytes: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut push = |k: &str| {
+            let extra = k.len() + usize::from(!out.is_empty());
+            if out.len() + extra > max_bytes {
+                return false;
+            }
+            if !out.is_empty() {
+                out.push(b'\n');
+            }
+            out.extend_from_slice(k.as_bytes());
+            true
+        };
+        let l1 = self.l1.lock();
+        let mut full = false;
+        for k in l1.keys() {
+            if !push(k) {
+                full = true;
+                break;
+            }
+        }
+        if let (false, Some(l2)) = (full, &self.l2) {
+            let index = l2.index.lock();
+            for k in index.keys() {
+                // Entries still being written are listed too: GET serves them from memory.
+                if l1.contains(k) {
+                    continue;
+                }
+                if !push(k) {
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// What each tier holds now.
+    pub(crate) fn usage(&self) -> TierUsage {
+        let (l1_bytes, l1_objects) = {
+            let l1 = self.l1.lock();
+            (l1.used(), l1.len())
+        };
+        let (l2_bytes, l2_objects) = self.l2.as_ref().map_or((0, 0), |l2| {
+            let index = l2.index.lock();
+            (index.used(), index.len())
+        });
+        TierUsage {
+            l1_bytes,
+            l1_objects,
+            l2_bytes,
+            l2_objects,
+        }
+    }
+
+    /// Whether `key` is in L1 (tests and tools).
+    pub(crate) fn in_l1(&self, key: &str) -> bool {
+        self.l1.lock().contains(key)
+    }
+}

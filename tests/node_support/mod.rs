@@ -1,0 +1,253 @@
+//! A Rust client of the LMCache 0.5.6 `lm://` protocol for the node's integration tests,
+//! and helpers to start nodes on 127.0.0.1. Every await is bounded.
+
+#![allow(dead_code)]
+
+use kvplane::node::codec::{
+    self, Command, ObjectMeta, Reply, Request, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
+};
+use kvplane::node::config::{L2Config, PrefetchPolicy, StorePolicy};
+use kvplane::node::{Node, NodeConfig};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Bound on any single await.
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// Awaits `f`, failing the test after [`STEP`].
+pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(STEP, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// The meta LMCache's connector sends for a KV_2LTD bfloat16 chunk.
+pub const META: ObjectMeta = ObjectMeta {
+    fmt: 1,
+    dtype: 3,
+    location: 0,
+    shape: [2, 4, 8, 16],
+};
+
+/// A fresh, empty directory under the system temp dir.
+pub fn tempdir(name: &str) -> PathBuf {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let p = std::env::temp_dir().join(format!(
+        "kvplane-node-{name}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&p);
+    p
+}
+
+/// An L2 configuration at `path` with `budget` bytes.
+pub fn l2(path: &Path, budget: u64, prefetch: PrefetchPolicy, store: StorePolicy) -> L2Config {
+    L2Config {
+        path: path.to_owned(),
+        eviction: kvplane::node::config::EvictionPolicy {
+            budget,
+            trigger_watermark: 0.8,
+            eviction_ratio: 0.2,
+            lru: true,
+        },
+        store_policy: store,
+        prefetch_policy: prefetch,
+        max_in_flight: 4,
+        fsync: true,
+    }
+}
+
+/// Starts a node with `tweak` applied to the ephemeral configuration.
+pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> Node {
+    let mut c = NodeConfig::ephemeral();
+    tweak(&mut c);
+    within("node start", kvplane::node::start(c))
+        .await
+        .expect("node starts")
+}
+
+/// Deterministic body bytes for `seed`.
+pub fn body(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// One connection speaking the protocol.
+pub struct Client {
+    pub stream: TcpStream,
+}
+
+impl Client {
+    pub async fn connect(node: &Node) -> Client {
+        let stream = within("connect", TcpStream::connect(node.addrs.lm))
+            .await
+            .expect("connects");
+        Client { stream }
+    }
+
+    pub async fn send_header(
+        &mut self,
+        command: Command,
+        key: &str,
+        length: usize,
+        meta: ObjectMeta,
+    ) {
+        let raw = codec::encode_request(&Request {
+            command,
+            length,
+            meta,
+            key: key.to_owned(),
+        })
+        .expect("encodes");
+        within("send", self.stream.write_all(&raw))
+            .await
+            .expect("send");
+    }
+
+    pub async fn send_raw(&mut self, raw: &[u8]) {
+        within("send raw", self.stream.write_all(raw))
+            .await
+            .expect("send raw");
+    }
+
+    pub async fn reply(&mut self) -> Reply {
+        let mut raw = [0u8; REPLY_HEADER_LEN];
+        within("reply", self.stream.read_exact(&mut raw))
+            .await
+            .expect("reply header");
+        codec::parse_reply(&raw).expect("valid reply")
+    }
+
+    pub async fn body(&mut self, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        within("body", self.stream.read_exact(&mut b))
+            .await
+            .expect("body");
+        b
+    }
+
+    pub async fn put(&mut self, key: &str, data: &[u8]) {
+        self.send_header(Command::Put, key, data.len(), META).await;
+        within("put body", self.stream.write_all(data))
+            .await
+            .expect("put body");
+    }
+
+    /// GET as LMCache's connector sends it; `None` on FAIL.
+    pub async fn get(&mut self, key: &str) -> Option<(Reply, Vec<u8>)> {
+        let probe = ObjectMeta {
+            fmt: 1,
+            dtype: 2,
+            location: 0,
+            shape: [0; 4],
+        };
+        self.send_header(Command::Get, key, 0, probe).await;
+        let r = self.reply().await;
+        if r.code != codec::CODE_SUCCESS {
+            assert_eq!(r, Reply::fail(), "a miss is FAIL with zeros");
+            return None;
+        }
+        let b = self.body(r.length).await;
+        Some((r, b))
+    }
+
+    pub async fn exists(&mut self, key: &str) -> bool {
+        self.send_header(Command::Exist, key, 0, ObjectMeta::default())
+            .await;
+        let r = self.reply().await;
+        assert_eq!(r.length, 0);
+        r.code == codec::CODE_SUCCESS
+    }
+
+    pub async fn health(&mut self) -> Reply {
+        self.send_header(Command::Health, "health", 0, ObjectMeta::default())
+            .await;
+        self.reply().await
+    }
+
+    pub async fn list(&mut self) -> Vec<String> {
+        self.send_header(Command::List, "list", 0, ObjectMeta::default())
+            .await;
+        let r = self.reply().await;
+        assert_eq!(r.code, codec::CODE_SUCCESS);
+        let b = self.body(r.length).await;
+        let mut keys: Vec<String> = String::from_utf8(b)
+            .expect("utf8")
+            .split('\n')
+            .filter(|k| !k.is_empty())
+            .map(str::to_owned)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Reads until EOF (bounded); returns the bytes seen before it.
+    pub async fn until_closed(&mut self) -> Vec<u8> {
+        let mut seen = Vec::new();
+        within("server closes", self.stream.read_to_end(&mut seen))
+            .await
+            .ok();
+        seen
+    }
+}
+
+/// A raw header with arbitrary ints and key bytes (for bad input).
+pub fn raw_header(ints: [i32; 9], key: &[u8]) -> [u8; REQUEST_HEADER_LEN] {
+    let mut raw = [b' '; REQUEST_HEADER_LEN];
+    for (i, v) in ints.iter().enumerate() {
+        raw[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    raw[36..36 + key.len()].copy_from_slice(key);
+    raw
+}
+
+/// `GET /metrics` over plain HTTP/1.0 on the node's HTTP port.
+pub async fn scrape(node: &Node) -> String {
+    let addr = node.addrs.http.expect("http configured");
+    let mut s = within("http connect", TcpStream::connect(addr))
+        .await
+        .expect("http connects");
+    within(
+        "http send",
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n"),
+    )
+    .await
+    .expect("send");
+    let mut out = String::new();
+    within("http read", s.read_to_string(&mut out))
+        .await
+        .expect("read");
+    out
+}
+
+/// The value of one sample line (`name{labels} value`) in a scrape, 0 if absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().expect("number"))
+}
+
+/// The interpreter of the project's venv (scripts/setup-python.sh), or `$KVPLANE_PYTHON`.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("KVPLANE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/setup-python.sh (it installs lmcache==0.5.6 for these tests)",
+        venv.display()
+    );
+    venv
+}
