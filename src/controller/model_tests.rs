@@ -193,7 +193,7 @@ fn random_interleavings_keep_model_and_live_downlinks_in_agreement() {
             .partition(|e| matches!(e, Effect::CloseDownlink { .. }));
         live.perform(&rest);
         live.perform(&std::mem::take(&mut delayed));
-        if (seed >> 24) % 2 == 0 {
+        if (seed >> 24).is_multiple_of(2) {
             delayed = closes;
         } else {
             live.perform(&closes);

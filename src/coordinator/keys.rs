@@ -376,7 +376,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// The model-independent part of [`KeyStore::compact`] (model left 0).
 fn lookup_compact(key: &EncodedKey) -> Result<CompactKey, KeyError> {
     let hex = key.chunk_hash_hex.as_bytes();
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return Err(KeyError::BadHex);
     }
     if hex.len() / 2 > MAX_HASH_BYTES {

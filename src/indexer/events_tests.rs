@@ -22,7 +22,7 @@ fn hx(spec: &str) -> Vec<u8> {
                 .find(|c: char| c.is_whitespace() || c == '\'')
                 .unwrap_or(rest.len());
             let tok = &rest[..n];
-            assert!(tok.len() % 2 == 0, "odd hex {tok}");
+            assert!(tok.len().is_multiple_of(2), "odd hex {tok}");
             for i in (0..tok.len()).step_by(2) {
                 out.push(u8::from_str_radix(&tok[i..i + 2], 16).expect("hex"));
             }
