@@ -1,6 +1,9 @@
 //! Codec throughput: encode and decode of 50-op `BatchedKVOperationMsg` batches (what an LMCache
 //! worker sends), reported as ops/s (elements) and bytes/s.
 
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use kvplane::protocol::{
     decode, decode_batch, encode, BatchedKVOperationMsg, ChunkHash, KVOpEvent, Msg, OpType,

@@ -2,6 +2,9 @@
 //! prefixes with 1M and 10M keys indexed. Bytes per membership are printed from the index's own
 //! accounting (`memory_stats`); RSS is measured by `kvplane bench --pid` (docs/BENCHMARKS.md).
 
+// criterion_group! generates an undocumented public function.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvplane::index::Index;
 use kvplane::protocol::{ChunkHash, KVOpEvent, OpType};

@@ -24,7 +24,7 @@ type Ring = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
 mod mp {
     use rmp::encode::*;
 
-    pub fn batch(events: &[Vec<u8>]) -> Vec<u8> {
+    pub(crate) fn batch(events: &[Vec<u8>]) -> Vec<u8> {
         let mut b = Vec::new();
         write_array_len(&mut b, 3).unwrap();
         write_f64(&mut b, 1.5).unwrap();
@@ -44,7 +44,7 @@ mod mp {
     }
 
     /// vLLM ≥ 0.33: a tagged map with a map16 header (8 entries).
-    pub fn stored_map(
+    pub(crate) fn stored_map(
         hs: &[u64],
         parent: Option<u64>,
         tokens: &[u32],
@@ -78,7 +78,7 @@ mod mp {
     }
 
     /// vLLM ≤ 0.23: a 12-element positional array.
-    pub fn stored_legacy(
+    pub(crate) fn stored_legacy(
         hs: &[u64],
         parent: Option<u64>,
         tokens: &[u32],
@@ -106,7 +106,7 @@ mod mp {
         b
     }
 
-    pub fn removed_map(hs: &[u64], medium: &str) -> Vec<u8> {
+    pub(crate) fn removed_map(hs: &[u64], medium: &str) -> Vec<u8> {
         let mut b = Vec::new();
         write_map_len(&mut b, 3).unwrap();
         write_str(&mut b, "type").unwrap();
@@ -118,7 +118,7 @@ mod mp {
         b
     }
 
-    pub fn cleared_legacy() -> Vec<u8> {
+    pub(crate) fn cleared_legacy() -> Vec<u8> {
         let mut b = Vec::new();
         write_array_len(&mut b, 1).unwrap();
         write_str(&mut b, "AllBlocksCleared").unwrap();

@@ -19,12 +19,6 @@ async fn metrics(server: &kvplane::Server) -> String {
     }
 }
 
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn hits(text: &str, limit: &str) -> f64 {
     sample(
         text,

@@ -2,11 +2,11 @@
 //! spill and promotion, restart recovery with torn files planted, concurrent clients, and
 //! every bad-input case (each answered, counted, and harmless to other clients).
 
-mod node_support;
+mod common;
 
+use common::node::*;
 use kvplane::node::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
 use kvplane::node::config::{EvictionPolicy, PrefetchPolicy, StorePolicy};
-use node_support::*;
 use std::time::Duration;
 
 #[tokio::test]

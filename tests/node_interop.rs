@@ -3,9 +3,9 @@
 //! PUT, GET, EXIST and HEALTH; and the `kvplane` binary is SIGKILLed in the middle of a
 //! stream of PUTs, after which every object served from its L2 is intact.
 
-mod node_support;
+mod common;
 
-use node_support::*;
+use common::node::*;
 use std::path::PathBuf;
 use std::process::Stdio;
 use tokio::io::{AsyncBufReadExt, BufReader};

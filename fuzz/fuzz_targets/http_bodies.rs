@@ -2,7 +2,7 @@
 //! driven with `oneshot` — the same extractors, validation and handlers as the server.
 //!
 //! Input: `[route: u8][flags: u8][rest]`. `route` picks one entry of
-//! [`kvplane::http::api_routes`]; for a POST, `rest` is the body; for a GET, `rest` is the
+//! [`kvplane::controller::routes::api_routes`]; for a POST, `rest` is the body; for a GET, `rest` is the
 //! query string. `flags & 1` sends the right bearer token, `flags & 2` a wrong one. The server
 //! has `--api-token` set and no workers registered.
 //!
@@ -17,7 +17,7 @@ use axum::http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use kvplane::config::{ApiToken, ServeConfig};
 use kvplane::controller::Shared;
-use kvplane::http::{api_routes, router, Access};
+use kvplane::controller::routes::{api_routes, router, Access};
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, OnceLock};
 use tower::ServiceExt;

@@ -10,14 +10,14 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 /// The location every simulated op uses (LMCache's hot CPU cache).
-pub const LOCATION: &str = "LocalCPUBackend";
+pub(super) const LOCATION: &str = "LocalCPUBackend";
 
 /// Timeout of every request the load generator sends.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A simulated worker identity.
 #[derive(Clone, Debug)]
-pub struct SimWorker {
+pub(super) struct SimWorker {
     /// Instance id.
     pub instance_id: String,
     /// Worker id.
@@ -28,7 +28,7 @@ pub struct SimWorker {
 
 impl SimWorker {
     /// `count` workers named `{prefix}-{i}`, one per instance, worker id 0.
-    pub fn many(prefix: &str, count: usize) -> Vec<SimWorker> {
+    pub(super) fn many(prefix: &str, count: usize) -> Vec<SimWorker> {
         (0..count)
             .map(|i| SimWorker {
                 instance_id: format!("{prefix}-{i}"),
@@ -39,7 +39,7 @@ impl SimWorker {
     }
 
     /// The `RegisterMsg` of this worker.
-    pub fn register_msg(&self, peer_init_url: Option<String>) -> Msg {
+    pub(super) fn register_msg(&self, peer_init_url: Option<String>) -> Msg {
         Msg::RegisterMsg(RegisterMsg {
             instance_id: self.instance_id.clone(),
             worker_id: self.worker_id,
@@ -54,7 +54,10 @@ impl SimWorker {
 ///
 /// # Errors
 /// A message naming the worker whose registration failed.
-pub async fn register_all(reply: &str, workers: &[SimWorker]) -> Result<Option<String>, String> {
+pub(super) async fn register_all(
+    reply: &str,
+    workers: &[SimWorker],
+) -> Result<Option<String>, String> {
     let mut dealer = DealerClient::new(reply.to_owned(), REQUEST_TIMEOUT);
     let mut heartbeat_url = None;
     for w in workers {
@@ -84,7 +87,7 @@ pub async fn register_all(reply: &str, workers: &[SimWorker]) -> Result<Option<S
 /// Sends a `DeRegisterMsg` for every worker, so repeated runs start clean, and keeps the PUSH
 /// socket open until `/controller/key-stats` no longer lists them (at most 10 s): a PUSH send
 /// only queues the frame locally, and dropping the socket at once could discard it.
-pub async fn deregister_all(pull: &str, http_base: &str, workers: &[SimWorker]) {
+pub(super) async fn deregister_all(pull: &str, http_base: &str, workers: &[SimWorker]) {
     let mut push = PushSender::new(pull.to_owned());
     for w in workers {
         let msg = Msg::DeRegisterMsg(DeRegisterMsg {
@@ -121,14 +124,14 @@ pub async fn deregister_all(pull: &str, http_base: &str, workers: &[SimWorker]) 
 }
 
 /// A synthetic chunk hash, unique per (run, worker, index), spread over the whole u64 range.
-pub fn key(run: u64, worker: usize, i: u64) -> ChunkHash {
+pub(super) fn key(run: u64, worker: usize, i: u64) -> ChunkHash {
     ChunkHash::from_u64(mix(run
         ^ mix(worker as u64)
         ^ i.wrapping_mul(0x1000_0000_01b3)))
 }
 
 /// One worker's pre-encoded op stream.
-pub struct OpStream {
+pub(super) struct OpStream {
     /// An empty batch of this worker, sent first to connect the socket (applies nothing).
     pub warmup: Bytes,
     /// Multipart sends, each a list of frames (each frame one batch).
@@ -142,7 +145,7 @@ pub struct OpStream {
 /// Builds a worker's stream of `batches` batches of `batch` ops: every batch after the first
 /// evicts `evicts` keys admitted by the previous batch, so the key count grows monotonically
 /// per batch and "all applied" is detectable from the count.
-pub fn op_stream(
+pub(super) fn op_stream(
     run: u64,
     worker: &SimWorker,
     worker_index: usize,

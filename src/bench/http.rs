@@ -6,7 +6,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Splits `http://host:port[/prefix]` into `host:port` and the path prefix.
-pub fn split_base(base: &str) -> Result<(String, String), String> {
+pub(super) fn split_base(base: &str) -> Result<(String, String), String> {
     let rest = base
         .strip_prefix("http://")
         .ok_or_else(|| format!("--http must start with http:// (got {base:?})"))?;
@@ -21,7 +21,7 @@ pub fn split_base(base: &str) -> Result<(String, String), String> {
 ///
 /// # Errors
 /// A message naming what failed (connect, status, body).
-pub async fn get_json(
+pub(super) async fn get_json(
     base: &str,
     path: &str,
     timeout: Duration,
@@ -64,7 +64,7 @@ pub async fn get_json(
 ///
 /// # Errors
 /// As [`get_json`], or when the field is missing.
-pub async fn total_keys(base: &str, timeout: Duration) -> Result<u64, String> {
+pub(super) async fn total_keys(base: &str, timeout: Duration) -> Result<u64, String> {
     let v = get_json(base, "/controller/key-stats", timeout).await?;
     v["total_key_count"]
         .as_u64()

@@ -91,7 +91,7 @@ async fn push_streams(pull: &str, streams: Vec<fleet::OpStream>) -> Result<(Inst
 ///
 /// # Errors
 /// A message naming what failed.
-pub async fn ingest(args: &BenchArgs, run: u64) -> Result<Ingest, String> {
+pub(super) async fn ingest(args: &BenchArgs, run: u64) -> Result<Ingest, String> {
     let workers = SimWorker::many(&format!("bench-{run:x}-ingest"), args.workers);
     fleet::register_all(&args.reply, &workers).await?;
     let batches_total = (args.ops as usize).div_ceil(args.batch).max(1);
@@ -153,7 +153,7 @@ pub struct Lookup {
 ///
 /// # Errors
 /// A message naming what failed.
-pub async fn lookup(args: &BenchArgs, run: u64) -> Result<Lookup, String> {
+pub(super) async fn lookup(args: &BenchArgs, run: u64) -> Result<Lookup, String> {
     let holders = SimWorker::many(&format!("bench-{run:x}-holder"), args.workers);
     fleet::register_all(&args.reply, &holders).await?;
     let hashes = args.lookup_hashes.max(1);
@@ -258,7 +258,7 @@ pub struct FullSync {
 ///
 /// # Errors
 /// A message naming what failed.
-pub async fn full_sync(args: &BenchArgs, run: u64) -> Result<FullSync, String> {
+pub(super) async fn full_sync(args: &BenchArgs, run: u64) -> Result<FullSync, String> {
     const BATCH: usize = 2000;
     let worker = SimWorker::many(&format!("bench-{run:x}-sync"), 1).remove(0);
     fleet::register_all(&args.reply, std::slice::from_ref(&worker)).await?;
@@ -361,7 +361,7 @@ pub struct Heartbeat {
 ///
 /// # Errors
 /// A message naming what failed.
-pub async fn heartbeat(args: &BenchArgs, run: u64) -> Result<Heartbeat, String> {
+pub(super) async fn heartbeat(args: &BenchArgs, run: u64) -> Result<Heartbeat, String> {
     let workers = SimWorker::many(&format!("bench-{run:x}-hb"), args.heartbeat_workers);
     let url = fleet::register_all(&args.reply, &workers).await?;
     let endpoint = args

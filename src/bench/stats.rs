@@ -55,7 +55,7 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 /// A well-mixed 64-bit value (splitmix64), for spreading synthetic chunk hashes.
-pub fn mix(mut x: u64) -> u64 {
+pub(super) fn mix(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -33,7 +33,7 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// A batcher that flushes a location at `batch_size` ops (≥ 1).
-    pub fn new(batch_size: usize) -> Self {
+    pub(super) fn new(batch_size: usize) -> Self {
         Batcher {
             batch_size: batch_size.max(1),
             queues: IndexMap::new(),
@@ -43,7 +43,7 @@ impl Batcher {
     }
 
     /// Queues `op`; returns whether some location now has a full batch waiting.
-    pub fn push(&mut self, op: Op) -> bool {
+    pub(super) fn push(&mut self, op: Op) -> bool {
         let queue = match self.queues.get_mut(op.location.as_str()) {
             Some(q) => q,
             None => self.queues.entry(op.location).or_default(),
@@ -57,13 +57,13 @@ impl Batcher {
     }
 
     /// Ops waiting.
-    pub fn pending(&self) -> usize {
+    pub(super) fn pending(&self) -> usize {
         self.pending
     }
 
     /// Takes every pending op back out, unsent (no sequence numbers consumed), each
     /// location's in FIFO order.
-    pub fn take_ops(&mut self) -> Vec<Op> {
+    pub(super) fn take_ops(&mut self) -> Vec<Op> {
         let mut out = Vec::with_capacity(self.pending);
         for (location, queue) in &mut self.queues {
             out.extend(queue.ops.drain(..).map(|(kind, key)| Op {
@@ -79,7 +79,7 @@ impl Batcher {
 
     /// Takes every pending op as messages of at most `batch_size` ops, each location's in
     /// FIFO order with consecutive sequence numbers.
-    pub fn drain(&mut self, instance_id: &str, worker_id: i64) -> Vec<Msg> {
+    pub(super) fn drain(&mut self, instance_id: &str, worker_id: i64) -> Vec<Msg> {
         let mut out = Vec::new();
         for (location, queue) in &mut self.queues {
             if queue.ops.is_empty() {

@@ -138,7 +138,7 @@ fn op_count(msgs: &[Msg]) -> usize {
 }
 
 impl Engine {
-    pub fn new(parts: Parts) -> Self {
+    pub(super) fn new(parts: Parts) -> Self {
         let batch_size = parts.ctx.config.batch_size;
         Engine {
             ctx: parts.ctx,
@@ -167,7 +167,7 @@ impl Engine {
     }
 
     /// Runs until shutdown, cancellation, or every handle is dropped.
-    pub async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         self.start_recovery();
         loop {
             let flush_at = self.flush_at;

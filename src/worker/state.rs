@@ -94,7 +94,7 @@ pub(crate) fn inc(counter: &AtomicU64) {
 
 impl Stats {
     /// A snapshot with `state`.
-    pub fn status(&self, state: WorkerState) -> WorkerStatus {
+    pub(super) fn status(&self, state: WorkerState) -> WorkerStatus {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         WorkerStatus {
             state,

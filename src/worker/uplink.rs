@@ -52,7 +52,7 @@ pub(crate) struct Uplink {
 
 impl Uplink {
     /// Fresh sockets (they connect on first use).
-    pub fn new(ctx: &Ctx) -> Self {
+    pub(super) fn new(ctx: &Ctx) -> Self {
         Uplink {
             push: PushSender::new(ctx.config.controller_pull.clone()),
             control: DealerClient::new(
@@ -65,7 +65,11 @@ impl Uplink {
     /// Pushes `msgs`, at most 50 frames per multipart, each send bounded by the request
     /// timeout. Stops at the first failure and returns how many messages were handed to the
     /// socket with the error.
-    pub async fn push(&mut self, ctx: &Ctx, msgs: &[Msg]) -> Result<(), (usize, WorkerError)> {
+    pub(super) async fn push(
+        &mut self,
+        ctx: &Ctx,
+        msgs: &[Msg],
+    ) -> Result<(), (usize, WorkerError)> {
         let mut sent = 0;
         for chunk in msgs.chunks(FRAMES_PER_MULTIPART) {
             let frames = chunk.iter().map(|m| Bytes::from(encode(m))).collect();
@@ -80,14 +84,14 @@ impl Uplink {
     }
 
     /// A request on the control DEALER.
-    pub async fn call(&mut self, ctx: &Ctx, msg: &Msg) -> Result<Msg, WorkerError> {
+    pub(super) async fn call(&mut self, ctx: &Ctx, msg: &Msg) -> Result<Msg, WorkerError> {
         call(&mut self.control, msg, ctx.config.request_timeout).await
     }
 
     /// Sends one `RegisterMsg` and returns the heartbeat endpoint: the controller's
     /// `heartbeat_url`, or the reply socket when it has none (both controllers accept
     /// `HeartbeatMsg` there).
-    pub async fn register(&mut self, ctx: &Ctx) -> Result<String, WorkerError> {
+    pub(super) async fn register(&mut self, ctx: &Ctx) -> Result<String, WorkerError> {
         let c = &ctx.config;
         let msg = Msg::RegisterMsg(RegisterMsg {
             instance_id: c.instance_id.clone(),
@@ -108,7 +112,7 @@ impl Uplink {
     }
 
     /// Pushes `DeRegisterMsg`.
-    pub async fn deregister(&mut self, ctx: &Ctx) -> Result<(), WorkerError> {
+    pub(super) async fn deregister(&mut self, ctx: &Ctx) -> Result<(), WorkerError> {
         let c = &ctx.config;
         let msg = Msg::DeRegisterMsg(DeRegisterMsg {
             instance_id: c.instance_id.clone(),
@@ -133,7 +137,7 @@ pub(crate) struct LookupPool {
 
 impl LookupPool {
     /// A pool for the controller's reply socket.
-    pub fn new(endpoint: String, timeout: Duration, max: usize) -> Self {
+    pub(super) fn new(endpoint: String, timeout: Duration, max: usize) -> Self {
         LookupPool {
             endpoint,
             timeout,
@@ -143,7 +147,7 @@ impl LookupPool {
     }
 
     /// One request; waiting for a free connection counts against the timeout.
-    pub async fn call(&self, msg: &Msg) -> Result<Msg, WorkerError> {
+    pub(super) async fn call(&self, msg: &Msg) -> Result<Msg, WorkerError> {
         let started = tokio::time::Instant::now();
         let permit = tokio::time::timeout(self.timeout, self.permits.acquire())
             .await

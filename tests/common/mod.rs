@@ -5,9 +5,12 @@
 //! and uses what it needs.
 
 #![allow(dead_code)]
+// Each test binary includes this module privately: `pub` here means "for the test files".
+#![allow(unreachable_pub)]
 
 pub mod http;
 pub mod lmcache;
+pub mod node;
 pub mod zmtp;
 
 #[allow(unused_imports)] // not every test binary uses them
@@ -340,4 +343,17 @@ pub fn free_port() -> u16 {
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The value of one sample line (`name{labels} value`) in a Prometheus scrape, 0 if absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }

@@ -1,8 +1,8 @@
 //! A Rust client of the LMCache 0.5.6 `lm://` protocol for the node's integration tests,
-//! and helpers to start nodes on 127.0.0.1. Every await is bounded.
+//! and helpers to start nodes on 127.0.0.1. Every await is bounded ([`super::within`]).
 
-#![allow(dead_code)]
-
+#[allow(unused_imports)] // not every test binary uses them through this module
+pub use super::{lmcache::python, sample, within, STEP};
 use kvplane::node::codec::{
     self, Command, ObjectMeta, Reply, Request, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
@@ -10,19 +10,8 @@ use kvplane::node::config::{L2Config, PrefetchPolicy, StorePolicy};
 use kvplane::node::{Node, NodeConfig};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Bound on any single await.
-pub const STEP: Duration = Duration::from_secs(10);
-
-/// Awaits `f`, failing the test after [`STEP`].
-pub async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
 
 /// The meta LMCache's connector sends for a KV_2LTD bfloat16 chunk.
 pub const META: ObjectMeta = ObjectMeta {
@@ -229,25 +218,4 @@ pub async fn scrape(node: &Node) -> String {
         .await
         .expect("read");
     out
-}
-
-/// The value of one sample line (`name{labels} value`) in a scrape, 0 if absent.
-pub fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().expect("number"))
-}
-
-/// The interpreter of the project's venv (scripts/setup-python.sh), or `$KVPLANE_PYTHON`.
-pub fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("KVPLANE_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    assert!(
-        venv.exists(),
-        "{} is missing: run scripts/setup-python.sh (it installs lmcache==0.5.6 for these tests)",
-        venv.display()
-    );
-    venv
 }
