@@ -1,0 +1,122 @@
+//! The dependency direction of docs/ARCHITECTURE.md, checked on the source: every
+//! `crate::<module>` path in `src/<module>/` must be an edge the table below allows. Shared
+//! plumbing never reaches up into a service, and no service reaches into another; a new edge
+//! is a design decision, made here and in docs/ARCHITECTURE.md together.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Module → the crate modules it may use. `lib.rs` (the root) and `bin/` are not checked.
+const ALLOWED: &[(&str, &[&str])] = &[
+    // Shared, below every service.
+    ("protocol", &[]),
+    ("transport", &[]),
+    ("net", &[]),
+    ("metrics", &[]),
+    ("config", &["protocol"]),
+    ("index", &["protocol"]),
+    ("web", &["config"]),
+    // Clients of the services (linked by workers and load generators).
+    ("worker", &["net", "protocol", "transport"]),
+    ("bench", &["protocol", "transport"]),
+    // The services: each may use the shared modules, never another service.
+    (
+        "controller",
+        &[
+            "config",
+            "index",
+            "metrics",
+            "net",
+            "protocol",
+            "transport",
+            "web",
+        ],
+    ),
+    ("indexer", &["config", "net", "transport", "web"]),
+    ("coordinator", &["config", "net", "web"]),
+    // The node reports what it holds as a worker does, through the worker library.
+    (
+        "node",
+        &["config", "net", "protocol", "transport", "web", "worker"],
+    ),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The `crate::<name>` modules a source text uses, comments excluded.
+fn crate_uses(text: &str) -> BTreeSet<String> {
+    let mut uses = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let name: String = rest[at + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            // `crate::Server`-style items of the root are not modules.
+            if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                uses.insert(name);
+            }
+            rest = &rest[at + "crate::".len()..];
+        }
+    }
+    uses
+}
+
+#[test]
+fn modules_depend_only_in_the_documented_direction() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut checked = BTreeSet::new();
+    let mut violations = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let first = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .expect("utf-8 path");
+        let module = first.strip_suffix(".rs").unwrap_or(first);
+        if module == "lib" || module == "bin" {
+            continue;
+        }
+        let Some(ok) = allowed.get(module) else {
+            violations.push(format!(
+                "{}: module `{module}` is not in the table",
+                rel.display()
+            ));
+            continue;
+        };
+        checked.insert(module);
+        let text = std::fs::read_to_string(file).expect("read source");
+        for used in crate_uses(&text) {
+            if used != module && !ok.contains(&used.as_str()) {
+                violations.push(format!("{}: uses crate::{used}", rel.display()));
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    // The check saw every module of the table, so a rename cannot make it vacuous.
+    let expected: BTreeSet<&str> = allowed.keys().copied().collect();
+    assert_eq!(checked, expected);
+}
+
+#[test]
+fn the_scanner_sees_uses_and_skips_comments() {
+    let text = "use crate::web::serve;\n// crate::controller in a comment\nlet x = crate::net::host_port(a, b); // crate::node\nlet s = crate::Server::x;";
+    let uses: Vec<String> = crate_uses(text).into_iter().collect();
+    assert_eq!(uses, ["net", "web"]);
+}
