@@ -69,8 +69,14 @@ mod tests {
     use serde_json::Value;
 
     fn vectors() -> serde_json::Map<String, Value> {
-        let text = include_str!("../../tests/conformance/kv-indexer/hash-vectors.json");
-        match serde_json::from_str(text) {
+        // Read at test time (not `include_str!`): test data is not part of the crate's sources,
+        // so the Docker build context does not need it.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/conformance/kv-indexer/hash-vectors.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        match serde_json::from_str(&text) {
             Ok(Value::Object(map)) => map,
             other => panic!("hash-vectors.json is not an object: {other:?}"),
         }

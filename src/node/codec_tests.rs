@@ -1,10 +1,21 @@
 use super::*;
 
-const VECTORS: &str = include_str!("../../tests/conformance/lmcache-0.5.6-server/vectors.txt");
+/// The golden vectors, read at test time (test data is not part of the crate's sources, so the
+/// Docker build context does not need it).
+fn vectors() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/conformance/lmcache-0.5.6-server/vectors.txt"
+        );
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    })
+}
 const KEY: &str = "mymodel@1@0@00000000deadbeef@bfloat16";
 
 fn vector(name: &str) -> Vec<u8> {
-    let line = VECTORS
+    let line = vectors()
         .lines()
         .find(|l| l.split(' ').next() == Some(name))
         .unwrap_or_else(|| panic!("vector {name} missing"));
