@@ -7,10 +7,12 @@
 use super::driver::{Handle, Stopped};
 use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
+use super::limits::{self, JsonBody, Refused};
 use super::metrics;
 use super::model::{Model, QuotaError};
 use super::outbound;
-use axum::body::Bytes;
+use crate::web::limits::{LimitHit, WebLimit};
+use crate::web::HttpLimits;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -20,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,25 +34,12 @@ pub struct ApiState {
     pub chunk_size: usize,
     /// Deadline of every call to an MP server.
     pub outbound_timeout: Duration,
-    /// Largest request body.
-    pub max_body_bytes: usize,
+    /// The HTTP limits (body bytes and values, connections, read timeout).
+    pub http: HttpLimits,
     /// Most events in one request (over all its batches).
     pub max_events_per_request: usize,
     /// Requests refused by a limit, by limit name.
     pub refused: Refused,
-}
-
-/// Requests refused by each limit.
-#[derive(Debug, Default)]
-pub struct Refused {
-    /// Event requests over `max_events_per_request`.
-    pub events_per_request: AtomicU64,
-    /// Registrations over the instance limit.
-    pub instances: AtomicU64,
-    /// Bodies that failed validation (422).
-    pub invalid_bodies: AtomicU64,
-    /// Bodies over `max_body_bytes` (413).
-    pub body_bytes: AtomicU64,
 }
 
 /// Every error a route returns.
@@ -66,6 +55,12 @@ pub enum CoordError {
     BadGateway(String),
     /// 503: a limit is reached, or the coordinator is stopping.
     Unavailable(String),
+    /// 413: the body is over `--max-body-bytes`.
+    TooLarge(String),
+    /// 413: the body holds more JSON values than `--max-body-items` (the limit).
+    TooManyItems(usize),
+    /// 408: the body did not arrive within `--http-read-timeout`.
+    Timeout,
 }
 
 impl From<Stopped> for CoordError {
@@ -85,6 +80,25 @@ impl IntoResponse for CoordError {
             CoordError::NotFound(d) => (StatusCode::NOT_FOUND, json!({ "detail": d, "error": d })),
             CoordError::BadGateway(d) => (StatusCode::BAD_GATEWAY, json!({ "detail": d })),
             CoordError::Unavailable(d) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "detail": d })),
+            CoordError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, json!({ "detail": d })),
+            CoordError::TooManyItems(max) => {
+                let mut r = (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Json(json!({ "detail": format!(
+                        "the body holds more than {max} JSON values (--max-body-items); split the request"
+                    ) })),
+                )
+                    .into_response();
+                r.extensions_mut().insert(LimitHit {
+                    limit: WebLimit::BodyItems,
+                    value: max as u64,
+                });
+                return r;
+            }
+            CoordError::Timeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                json!({ "detail": "the request body was not received within --http-read-timeout" }),
+            ),
         };
         (status, Json(body)).into_response()
     }
@@ -94,7 +108,7 @@ type Shared = Arc<ApiState>;
 
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
-    let limit = state.max_body_bytes;
+    let limits = state.http;
     Router::new()
         .route("/instances", post(register).get(list_instances))
         .route("/instances/{id}/heartbeat", put(heartbeat))
@@ -116,25 +130,16 @@ pub fn router(state: Shared) -> Router {
             get(prefetch_status),
         )
         .route("/metrics", get(metrics_text))
-        .layer(DefaultBodyLimit::max(limit))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.max_body_bytes,
+            crate::web::limits::refuse_announced_oversize,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
-            count_too_large,
+            limits::count_refusals,
         ))
         .with_state(state)
-}
-
-/// Counts the 413s the body limit produces (they never reach a handler).
-async fn count_too_large(
-    State(s): State<Shared>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let response = next.run(request).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        s.refused.body_bytes.fetch_add(1, Ordering::Relaxed);
-    }
-    response
 }
 
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
@@ -183,7 +188,10 @@ struct RegisterBody {
     mq_port: i64,
 }
 
-async fn register(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn register(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: RegisterBody = parse(&s, &body)?;
     let ip = b.ip.trim().to_owned();
     if ip.is_empty()
@@ -287,7 +295,7 @@ fn l2() -> String {
 async fn set_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, CoordError> {
     let b: QuotaBody = parse(&s, &body)?;
     if b.tier != "l2" {
@@ -356,7 +364,10 @@ fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), Coord
     Ok(())
 }
 
-async fn legacy_events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn legacy_events(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: LegacyEvents = parse(&s, &body)?;
     if b.seq < 1 {
         return Err(invalid(&s, "seq", "seq must be >= 1"));
@@ -367,7 +378,10 @@ async fn legacy_events(State(s): State<Shared>, body: Bytes) -> Result<Json<Valu
     Ok(Json(json!({ "recorded": got.recorded })))
 }
 
-async fn events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn events(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: CacheEvents = parse(&s, &body)?;
     let n: usize = b.batches.iter().map(|b| b.entries.len()).sum();
     check_events(&s, n, "batches")?;
@@ -408,7 +422,10 @@ async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError>
         })
 }
 
-async fn prefetch(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn prefetch(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: PrefetchBody = parse(&s, &body)?;
     if !(1..=255).contains(&b.world_size) {
         return Err(invalid(&s, "world_size", "world_size must be in 1..=255"));
