@@ -13,7 +13,7 @@ use super::model::{Model, QuotaError};
 use super::outbound;
 use crate::web::limits::{LimitHit, WebLimit};
 use crate::web::HttpLimits;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -118,6 +118,7 @@ pub fn router(state: Shared) -> Router {
             get(|| async { Json(json!({"status": "healthy"})) }),
         )
         .route("/quota", get(list_quota))
+        .route("/quota/config", put(set_quota_config).get(get_quota_config))
         .route("/quota/events", post(legacy_events))
         .route(
             "/quota/{salt}",
@@ -130,6 +131,10 @@ pub fn router(state: Shared) -> Router {
             get(prefetch_status),
         )
         .route("/metrics", get(metrics_text))
+        .route(
+            "/openapi.json",
+            get(|| async { Json(super::openapi::document()) }),
+        )
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
             limits.max_body_bytes,
@@ -284,12 +289,111 @@ async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordErr
 #[derive(Deserialize)]
 struct QuotaBody {
     limit_gb: f64,
-    #[serde(default = "l2")]
-    tier: String,
+    #[serde(default)]
+    tier: Option<String>,
 }
 
-fn l2() -> String {
-    "l2".into()
+#[derive(Deserialize)]
+struct QuotaConfigBody {
+    #[serde(default)]
+    default_limit_gb: Option<f64>,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+/// The `tier` query parameter of the quota routes.
+#[derive(Deserialize)]
+pub struct TierQuery {
+    tier: Option<String>,
+}
+
+/// A cache tier as LMCache 0.5.6 names them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum TierName {
+    L1,
+    L2,
+    All,
+}
+
+impl TierName {
+    fn as_str(self) -> &'static str {
+        match self {
+            TierName::L1 => "l1",
+            TierName::L2 => "l2",
+            TierName::All => "all",
+        }
+    }
+}
+
+/// Parses a `tier` (absent: `l2`); any other name is a 422 at `loc`, as FastAPI's enum check.
+fn tier_of(s: &ApiState, tier: Option<&str>, loc: &str) -> Result<TierName, CoordError> {
+    match tier {
+        None | Some("l2") => Ok(TierName::L2),
+        Some("l1") => Ok(TierName::L1),
+        Some("all") => Ok(TierName::All),
+        Some(other) => {
+            s.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+            Err(CoordError::Invalid(
+                vec![json!(loc), json!("tier")],
+                format!("Input should be 'l1', 'l2' or 'all' (got {other:?})"),
+            ))
+        }
+    }
+}
+
+/// Quota writes and `GET /quota/config` apply to `l2` only (400 otherwise, as 0.5.6).
+fn require_quota_tier(tier: TierName) -> Result<(), CoordError> {
+    if tier == TierName::L2 {
+        return Ok(());
+    }
+    Err(CoordError::BadRequest(format!(
+        "quotas apply to tier 'l2' only, not '{}'",
+        tier.as_str()
+    )))
+}
+
+/// Usage reads: `all` is 400 as in 0.5.6; `l1` is 400 too, because kvplane tracks L2 usage
+/// only (0.5.6 also counts L1 bytes per salt).
+fn require_accounted_tier(tier: TierName) -> Result<(), CoordError> {
+    match tier {
+        TierName::L2 => Ok(()),
+        TierName::All => Err(CoordError::BadRequest(
+            "tier 'all' has no usage accounting; only 'l1', 'l2'".into(),
+        )),
+        TierName::L1 => Err(CoordError::BadRequest(
+            "kvplane tracks L2 usage only; tier 'l1' is not accounted".into(),
+        )),
+    }
+}
+
+async fn set_quota_config(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
+    let b: QuotaConfigBody = parse(&s, &body)?;
+    require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
+    let limit = b.default_limit_gb;
+    if limit.is_some_and(|l| l < 0.0) {
+        return Err(invalid(
+            &s,
+            "default_limit_gb",
+            "default_limit_gb must be >= 0 or null",
+        ));
+    }
+    s.handle
+        .with(move |m, _, _| m.set_default_limit(limit))
+        .await?
+        .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    Ok(Json(json!({ "default_limit_gb": limit })))
+}
+
+async fn get_quota_config(
+    State(s): State<Shared>,
+    Query(q): Query<TierQuery>,
+) -> Result<Json<Value>, CoordError> {
+    require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
+    let limit = s.handle.with(|m, _, _| m.default_limit_gb()).await?;
+    Ok(Json(json!({ "default_limit_gb": limit })))
 }
 
 async fn set_quota(
@@ -298,12 +402,7 @@ async fn set_quota(
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, CoordError> {
     let b: QuotaBody = parse(&s, &body)?;
-    if b.tier != "l2" {
-        return Err(CoordError::BadRequest(format!(
-            "quotas apply to tier 'l2' only, not '{}'",
-            b.tier
-        )));
-    }
+    require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
     let salt = salt_of(&salt).to_owned();
     let limit = b.limit_gb;
     let reply_salt = salt.clone();
@@ -325,7 +424,9 @@ async fn set_quota(
 async fn get_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
+    Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, CoordError> {
+    require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let st = s.handle.with(move |m, _, _| m.quota_status(&salt)).await?;
     Ok(Json(json!(st)))
@@ -334,7 +435,9 @@ async fn get_quota(
 async fn remove_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
+    Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, CoordError> {
+    require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
     let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
@@ -344,7 +447,11 @@ async fn remove_quota(
     ))
 }
 
-async fn list_quota(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+async fn list_quota(
+    State(s): State<Shared>,
+    Query(q): Query<TierQuery>,
+) -> Result<Json<Value>, CoordError> {
+    require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let (total, rows) = s.handle.with(|m, _, _| m.quota_list()).await?;
     Ok(Json(json!({"total_gb": total, "by_cache_salt": rows})))
 }

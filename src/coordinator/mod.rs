@@ -16,6 +16,7 @@
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
+//! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //!
 //! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
@@ -30,6 +31,7 @@ pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod outbound;
 pub mod resync;
 
