@@ -9,6 +9,8 @@
 //!   `POST /events`) and the per-instance sequence gate.
 //! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
 //!
+//! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
+//!
 //! Then the effects:
 //! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
@@ -33,6 +35,7 @@ pub mod metrics;
 pub mod model;
 pub mod openapi;
 pub mod outbound;
+pub mod pins;
 pub mod resync;
 
 use std::net::SocketAddr;
