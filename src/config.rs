@@ -102,6 +102,9 @@ pub mod defaults {
         pub const MAX_TRACKED_KEYS: usize = 16 * 1024 * 1024;
         /// Most explicit quotas.
         pub const MAX_QUOTAS: usize = 100_000;
+        /// Most keys pinned against eviction (`POST /cache/pins`); an eviction cycle looks
+        /// past at most this many pinned candidates per salt.
+        pub const MAX_PINNED_KEYS: usize = 100_000;
         /// Seconds between registration checks of the startup resync.
         pub const RESYNC_POLL_INTERVAL_S: f64 = 1.0;
         /// Seconds the startup resync waits for a first server.

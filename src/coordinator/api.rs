@@ -4,6 +4,7 @@
 //! Owns request validation and the error envelope (`{"detail": ...}`, FastAPI's shape; a
 //! 422 lists `{"type","loc","msg"}` naming the field). Must not hold model state itself.
 
+use super::cache_api;
 use super::driver::{Handle, Stopped};
 use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
@@ -104,7 +105,7 @@ impl IntoResponse for CoordError {
     }
 }
 
-type Shared = Arc<ApiState>;
+pub(crate) type Shared = Arc<ApiState>;
 
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
@@ -130,6 +131,13 @@ pub fn router(state: Shared) -> Router {
             "/cache/prefetches/{instance}/{request}",
             get(prefetch_status),
         )
+        .route(
+            "/cache/pins",
+            post(cache_api::pin)
+                .delete(cache_api::unpin)
+                .get(cache_api::list),
+        )
+        .route("/cache/delete", post(cache_api::delete))
         .route("/metrics", get(metrics_text))
         .route(
             "/openapi.json",
@@ -148,7 +156,7 @@ pub fn router(state: Shared) -> Router {
 }
 
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
-fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
+pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
@@ -165,7 +173,7 @@ fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, Coord
     })
 }
 
-fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
+pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
     state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
     CoordError::Invalid(vec![json!("body"), json!(field)], msg.into())
 }
@@ -519,7 +527,7 @@ struct PrefetchBody {
 }
 
 /// The registered address of `id`, or 404.
-async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
+pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
     let key = id.to_owned();
     s.handle
         .with(move |m: &mut Model, _, _| m.fleet().get(&key).map(|i| (i.ip.clone(), i.http_port)))

@@ -15,6 +15,8 @@
 //! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
 //! - [`api`] — the axum routes and their error envelope.
+//! - [`cache_api`] — `/cache/pins` and `/cache/delete` (token sequences → keys → pins / a
+//!   server's `DELETE /cache/objects`).
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
@@ -26,6 +28,7 @@
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
+pub mod cache_api;
 pub mod driver;
 pub mod events;
 pub mod fleet;

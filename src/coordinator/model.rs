@@ -9,6 +9,7 @@
 use super::events::{Admit, Batch, Gate, Op, Tier};
 use super::fleet::{Fleet, FleetError, Instance, Registration};
 use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
+use super::pins::Pins;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -144,6 +145,8 @@ pub struct Model {
     /// The limit of a salt without a quota (`PUT /quota/config`); `None` exempts such salts
     /// from eviction. Starts at `Some(0)`, the document's allowlist.
     default_limit: Option<u64>,
+    /// Keys pinned against eviction (`/cache/pins`).
+    pub pins: Pins,
     /// Counters for the metrics.
     pub counters: Counters,
 }
@@ -157,6 +160,7 @@ impl Model {
             keys: KeyStore::new(),
             quotas: BTreeMap::new(),
             default_limit: Some(0),
+            pins: Pins::default(),
             counters: Counters::default(),
             config,
         }
@@ -424,8 +428,17 @@ impl Model {
             if n == 0 {
                 break;
             }
-            for k in self.keys.oldest(&salt, n) {
-                victims.push(self.keys.encode(&salt, &k));
+            // Pinned keys are skipped: take up to `n` more candidates, at most the pin count.
+            let extra = self.pins.len().min(tracked.saturating_sub(n));
+            let before = victims.len();
+            for k in self.keys.oldest(&salt, n + extra) {
+                if victims.len() - before == n {
+                    break;
+                }
+                let key = self.keys.encode(&salt, &k);
+                if !self.pins.contains(&key) {
+                    victims.push(key);
+                }
             }
         }
         if victims.is_empty() {

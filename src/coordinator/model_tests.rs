@@ -249,3 +249,23 @@ fn the_default_limit_governs_salts_without_a_quota() {
     }
     assert_eq!(m.default_limit_gb(), Some(8192.0 / GIB));
 }
+
+#[test]
+fn pinned_keys_are_never_planned() {
+    let mut m = Model::new(config());
+    register(&mut m, "s1", 1);
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("free", 0..4, 1024))]);
+    // The two oldest (recorded tail first: 3, 2) are pinned, one in another object group.
+    let mut pinned = key(2, "free");
+    pinned.object_group_id = 1;
+    m.pins.pin(&[key(3, "free"), pinned], 10).unwrap();
+    let plan = m.plan_evictions(0);
+    let got: Vec<_> = plan[0]
+        .keys
+        .iter()
+        .map(|k| k.chunk_hash_hex.as_str())
+        .collect();
+    assert_eq!(got, ["0001", "0000"]);
+    m.pins.drop_pins(&[key(3, "free")]);
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 3);
+}
