@@ -587,3 +587,19 @@ async fn cache_delete_is_502_when_the_server_fails_or_is_gone() {
     .await;
     assert_eq!(code, StatusCode::BAD_GATEWAY);
 }
+
+#[tokio::test]
+async fn a_missing_field_is_named_in_loc() {
+    let (app, _) = app();
+    let (code, got) = call(&app, "POST", "/instances", Some(r#"{"http_port": 8080}"#)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(got["detail"][0]["loc"], json!(["body", "ip"]));
+    // Nested: the path to the object, then the field.
+    let body = r#"{"batches": [{"instance_id": "a", "seq": 1, "event_type": "store", "tier": "l2", "backend": "fs", "entries": [{"size_bytes": 1}]}]}"#;
+    let (code, got) = call(&app, "POST", "/events", Some(body)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{got}");
+    assert_eq!(
+        got["detail"][0]["loc"],
+        json!(["body", "batches", 0, "entries", 0, "key"])
+    );
+}

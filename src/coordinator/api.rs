@@ -169,7 +169,16 @@ pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Resu
                 serde_path_to_error::Segment::Unknown => {}
             }
         }
-        CoordError::Invalid(loc, e.into_inner().to_string())
+        let msg = e.into_inner().to_string();
+        // serde names a missing field only in its message ("missing field `ip`"): FastAPI
+        // puts it in `loc`, and so do we.
+        if let Some(field) = msg
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            loc.push(json!(field));
+        }
+        CoordError::Invalid(loc, msg)
     })
 }
 
