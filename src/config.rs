@@ -85,8 +85,15 @@ pub mod defaults {
         pub const CHUNK_SIZE: usize = 256;
         /// Seconds each call to an MP server may take.
         pub const OUTBOUND_TIMEOUT_S: f64 = 5.0;
-        /// Largest request body.
-        pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+        /// Largest request body: 16 MiB, room for a full `POST /events` of
+        /// `MAX_EVENTS_PER_REQUEST` entries (~150 bytes of JSON each).
+        pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+        /// Most JSON values in one request body (an event entry is about eight).
+        pub const MAX_BODY_ITEMS: usize = 1 << 20;
+        /// Most HTTP connections served at once (one or two per MP server).
+        pub const MAX_HTTP_CONNECTIONS: usize = 1024;
+        /// Seconds to send a request's headers (also the keep-alive idle time), then its body.
+        pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
         /// Most events in one request.
         pub const MAX_EVENTS_PER_REQUEST: usize = 100_000;
         /// Most registered instances.
@@ -95,6 +102,9 @@ pub mod defaults {
         pub const MAX_TRACKED_KEYS: usize = 16 * 1024 * 1024;
         /// Most explicit quotas.
         pub const MAX_QUOTAS: usize = 100_000;
+        /// Most keys pinned against eviction (`POST /cache/pins`); an eviction cycle looks
+        /// past at most this many pinned candidates per salt.
+        pub const MAX_PINNED_KEYS: usize = 100_000;
         /// Seconds between registration checks of the startup resync.
         pub const RESYNC_POLL_INTERVAL_S: f64 = 1.0;
         /// Seconds the startup resync waits for a first server.

@@ -671,7 +671,7 @@ async fn startup_resync_pages_the_first_registered_server() {
 #[tokio::test]
 async fn bodies_over_the_limit_get_413_and_are_counted() {
     let mut c = config();
-    c.max_body_bytes = 1024;
+    c.http.max_body_bytes = 1024;
     let app = app_with(&c);
     let big = json!({"instance_id": "s", "seq": 1, "events": [], "pad": "x".repeat(2048)});
     assert_eq!(

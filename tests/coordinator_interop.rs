@@ -1,8 +1,10 @@
 //! LMCache 0.5.6's own MP-server coordinator client against `kvplane coordinator`: the real
 //! `registrar.keep_registered` (register, heartbeat, 404 → re-register, deregister on
-//! shutdown) and the real event wire types posted to `POST /events`, CPU only
-//! (tests/interop/coordinator_client.py). The full `lmcache server` MP server needs LMCache's
-//! compiled extension (real torch), so it does not run here.
+//! shutdown), the real event wire types posted to `POST /events`, and the MP server's real
+//! event reporter (`cache_events.CacheEventSubscriber` + `HttpCacheEventSink`) fed bus
+//! events, CPU only (tests/interop/coordinator_client.py). The full `lmcache server` MP
+//! server needs LMCache's compiled extension (`lmcache_native`, linked to real torch) for its
+//! storage manager, so it does not run here (docs/COORDINATOR.md says exactly why).
 
 mod common;
 
@@ -43,6 +45,8 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
         "store event moved usage",
         "replayed batch is a duplicate",
         "delete event cleared usage",
+        "reporter stores moved usage",
+        "reporter delete lowered usage",
         "deregistered on shutdown",
     ] {
         assert!(
@@ -56,5 +60,14 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
         .await
         .expect("running");
     assert_eq!(instances, 0);
+    // The reporter's batches went through the sequence gate: its capacity (config) batch,
+    // stores and access, then the delete, as one instance's ordered stream.
+    let (applied, gaps) = server
+        .handle
+        .with(|m, _, _| (m.counters.batches_applied, m.counters.seq_gaps))
+        .await
+        .expect("running");
+    assert!(applied >= 6, "batches applied: {applied}");
+    assert_eq!(gaps, 0);
     server.stop().await;
 }

@@ -4,14 +4,17 @@
 //! Owns request validation and the error envelope (`{"detail": ...}`, FastAPI's shape; a
 //! 422 lists `{"type","loc","msg"}` naming the field). Must not hold model state itself.
 
+use super::cache_api;
 use super::driver::{Handle, Stopped};
 use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
+use super::limits::{self, JsonBody, Refused};
 use super::metrics;
 use super::model::{Model, QuotaError};
 use super::outbound;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use crate::web::limits::{LimitHit, WebLimit};
+use crate::web::HttpLimits;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -20,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,25 +35,12 @@ pub struct ApiState {
     pub chunk_size: usize,
     /// Deadline of every call to an MP server.
     pub outbound_timeout: Duration,
-    /// Largest request body.
-    pub max_body_bytes: usize,
+    /// The HTTP limits (body bytes and values, connections, read timeout).
+    pub http: HttpLimits,
     /// Most events in one request (over all its batches).
     pub max_events_per_request: usize,
     /// Requests refused by a limit, by limit name.
     pub refused: Refused,
-}
-
-/// Requests refused by each limit.
-#[derive(Debug, Default)]
-pub struct Refused {
-    /// Event requests over `max_events_per_request`.
-    pub events_per_request: AtomicU64,
-    /// Registrations over the instance limit.
-    pub instances: AtomicU64,
-    /// Bodies that failed validation (422).
-    pub invalid_bodies: AtomicU64,
-    /// Bodies over `max_body_bytes` (413).
-    pub body_bytes: AtomicU64,
 }
 
 /// Every error a route returns.
@@ -66,6 +56,12 @@ pub enum CoordError {
     BadGateway(String),
     /// 503: a limit is reached, or the coordinator is stopping.
     Unavailable(String),
+    /// 413: the body is over `--max-body-bytes`.
+    TooLarge(String),
+    /// 413: the body holds more JSON values than `--max-body-items` (the limit).
+    TooManyItems(usize),
+    /// 408: the body did not arrive within `--http-read-timeout`.
+    Timeout,
 }
 
 impl From<Stopped> for CoordError {
@@ -85,16 +81,35 @@ impl IntoResponse for CoordError {
             CoordError::NotFound(d) => (StatusCode::NOT_FOUND, json!({ "detail": d, "error": d })),
             CoordError::BadGateway(d) => (StatusCode::BAD_GATEWAY, json!({ "detail": d })),
             CoordError::Unavailable(d) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "detail": d })),
+            CoordError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, json!({ "detail": d })),
+            CoordError::TooManyItems(max) => {
+                let mut r = (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Json(json!({ "detail": format!(
+                        "the body holds more than {max} JSON values (--max-body-items); split the request"
+                    ) })),
+                )
+                    .into_response();
+                r.extensions_mut().insert(LimitHit {
+                    limit: WebLimit::BodyItems,
+                    value: max as u64,
+                });
+                return r;
+            }
+            CoordError::Timeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                json!({ "detail": "the request body was not received within --http-read-timeout" }),
+            ),
         };
         (status, Json(body)).into_response()
     }
 }
 
-type Shared = Arc<ApiState>;
+pub(crate) type Shared = Arc<ApiState>;
 
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
-    let limit = state.max_body_bytes;
+    let limits = state.http;
     Router::new()
         .route("/instances", post(register).get(list_instances))
         .route("/instances/{id}/heartbeat", put(heartbeat))
@@ -104,6 +119,7 @@ pub fn router(state: Shared) -> Router {
             get(|| async { Json(json!({"status": "healthy"})) }),
         )
         .route("/quota", get(list_quota))
+        .route("/quota/config", put(set_quota_config).get(get_quota_config))
         .route("/quota/events", post(legacy_events))
         .route(
             "/quota/{salt}",
@@ -115,30 +131,32 @@ pub fn router(state: Shared) -> Router {
             "/cache/prefetches/{instance}/{request}",
             get(prefetch_status),
         )
+        .route(
+            "/cache/pins",
+            post(cache_api::pin)
+                .delete(cache_api::unpin)
+                .get(cache_api::list),
+        )
+        .route("/cache/delete", post(cache_api::delete))
         .route("/metrics", get(metrics_text))
-        .layer(DefaultBodyLimit::max(limit))
+        .route(
+            "/openapi.json",
+            get(|| async { Json(super::openapi::document()) }),
+        )
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limits.max_body_bytes,
+            crate::web::limits::refuse_announced_oversize,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
-            count_too_large,
+            limits::count_refusals,
         ))
         .with_state(state)
 }
 
-/// Counts the 413s the body limit produces (they never reach a handler).
-async fn count_too_large(
-    State(s): State<Shared>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let response = next.run(request).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        s.refused.body_bytes.fetch_add(1, Ordering::Relaxed);
-    }
-    response
-}
-
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
-fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
+pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
@@ -151,11 +169,20 @@ fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, Coord
                 serde_path_to_error::Segment::Unknown => {}
             }
         }
-        CoordError::Invalid(loc, e.into_inner().to_string())
+        let msg = e.into_inner().to_string();
+        // serde names a missing field only in its message ("missing field `ip`"): FastAPI
+        // puts it in `loc`, and so do we.
+        if let Some(field) = msg
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+        {
+            loc.push(json!(field));
+        }
+        CoordError::Invalid(loc, msg)
     })
 }
 
-fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
+pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
     state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
     CoordError::Invalid(vec![json!("body"), json!(field)], msg.into())
 }
@@ -183,7 +210,10 @@ struct RegisterBody {
     mq_port: i64,
 }
 
-async fn register(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn register(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: RegisterBody = parse(&s, &body)?;
     let ip = b.ip.trim().to_owned();
     if ip.is_empty()
@@ -276,26 +306,120 @@ async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordErr
 #[derive(Deserialize)]
 struct QuotaBody {
     limit_gb: f64,
-    #[serde(default = "l2")]
-    tier: String,
+    #[serde(default)]
+    tier: Option<String>,
 }
 
-fn l2() -> String {
-    "l2".into()
+#[derive(Deserialize)]
+struct QuotaConfigBody {
+    #[serde(default)]
+    default_limit_gb: Option<f64>,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+/// The `tier` query parameter of the quota routes.
+#[derive(Deserialize)]
+pub struct TierQuery {
+    tier: Option<String>,
+}
+
+/// A cache tier as LMCache 0.5.6 names them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum TierName {
+    L1,
+    L2,
+    All,
+}
+
+impl TierName {
+    fn as_str(self) -> &'static str {
+        match self {
+            TierName::L1 => "l1",
+            TierName::L2 => "l2",
+            TierName::All => "all",
+        }
+    }
+}
+
+/// Parses a `tier` (absent: `l2`); any other name is a 422 at `loc`, as FastAPI's enum check.
+fn tier_of(s: &ApiState, tier: Option<&str>, loc: &str) -> Result<TierName, CoordError> {
+    match tier {
+        None | Some("l2") => Ok(TierName::L2),
+        Some("l1") => Ok(TierName::L1),
+        Some("all") => Ok(TierName::All),
+        Some(other) => {
+            s.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+            Err(CoordError::Invalid(
+                vec![json!(loc), json!("tier")],
+                format!("Input should be 'l1', 'l2' or 'all' (got {other:?})"),
+            ))
+        }
+    }
+}
+
+/// Quota writes and `GET /quota/config` apply to `l2` only (400 otherwise, as 0.5.6).
+fn require_quota_tier(tier: TierName) -> Result<(), CoordError> {
+    if tier == TierName::L2 {
+        return Ok(());
+    }
+    Err(CoordError::BadRequest(format!(
+        "quotas apply to tier 'l2' only, not '{}'",
+        tier.as_str()
+    )))
+}
+
+/// Usage reads: `all` is 400 as in 0.5.6; `l1` is 400 too, because kvplane tracks L2 usage
+/// only (0.5.6 also counts L1 bytes per salt).
+fn require_accounted_tier(tier: TierName) -> Result<(), CoordError> {
+    match tier {
+        TierName::L2 => Ok(()),
+        TierName::All => Err(CoordError::BadRequest(
+            "tier 'all' has no usage accounting; only 'l1', 'l2'".into(),
+        )),
+        TierName::L1 => Err(CoordError::BadRequest(
+            "kvplane tracks L2 usage only; tier 'l1' is not accounted".into(),
+        )),
+    }
+}
+
+async fn set_quota_config(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
+    let b: QuotaConfigBody = parse(&s, &body)?;
+    require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
+    let limit = b.default_limit_gb;
+    if limit.is_some_and(|l| l < 0.0) {
+        return Err(invalid(
+            &s,
+            "default_limit_gb",
+            "default_limit_gb must be >= 0 or null",
+        ));
+    }
+    s.handle
+        .with(move |m, _, _| m.set_default_limit(limit))
+        .await?
+        .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    Ok(Json(json!({ "default_limit_gb": limit })))
+}
+
+async fn get_quota_config(
+    State(s): State<Shared>,
+    Query(q): Query<TierQuery>,
+) -> Result<Json<Value>, CoordError> {
+    require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
+    let limit = s.handle.with(|m, _, _| m.default_limit_gb()).await?;
+    Ok(Json(json!({ "default_limit_gb": limit })))
 }
 
 async fn set_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, CoordError> {
     let b: QuotaBody = parse(&s, &body)?;
-    if b.tier != "l2" {
-        return Err(CoordError::BadRequest(format!(
-            "quotas apply to tier 'l2' only, not '{}'",
-            b.tier
-        )));
-    }
+    require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
     let salt = salt_of(&salt).to_owned();
     let limit = b.limit_gb;
     let reply_salt = salt.clone();
@@ -317,7 +441,9 @@ async fn set_quota(
 async fn get_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
+    Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, CoordError> {
+    require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let st = s.handle.with(move |m, _, _| m.quota_status(&salt)).await?;
     Ok(Json(json!(st)))
@@ -326,7 +452,9 @@ async fn get_quota(
 async fn remove_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
+    Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, CoordError> {
+    require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
     let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
@@ -336,7 +464,11 @@ async fn remove_quota(
     ))
 }
 
-async fn list_quota(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+async fn list_quota(
+    State(s): State<Shared>,
+    Query(q): Query<TierQuery>,
+) -> Result<Json<Value>, CoordError> {
+    require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let (total, rows) = s.handle.with(|m, _, _| m.quota_list()).await?;
     Ok(Json(json!({"total_gb": total, "by_cache_salt": rows})))
 }
@@ -356,7 +488,10 @@ fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), Coord
     Ok(())
 }
 
-async fn legacy_events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn legacy_events(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: LegacyEvents = parse(&s, &body)?;
     if b.seq < 1 {
         return Err(invalid(&s, "seq", "seq must be >= 1"));
@@ -367,7 +502,10 @@ async fn legacy_events(State(s): State<Shared>, body: Bytes) -> Result<Json<Valu
     Ok(Json(json!({ "recorded": got.recorded })))
 }
 
-async fn events(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn events(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: CacheEvents = parse(&s, &body)?;
     let n: usize = b.batches.iter().map(|b| b.entries.len()).sum();
     check_events(&s, n, "batches")?;
@@ -398,7 +536,7 @@ struct PrefetchBody {
 }
 
 /// The registered address of `id`, or 404.
-async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
+pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
     let key = id.to_owned();
     s.handle
         .with(move |m: &mut Model, _, _| m.fleet().get(&key).map(|i| (i.ip.clone(), i.http_port)))
@@ -408,7 +546,10 @@ async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError>
         })
 }
 
-async fn prefetch(State(s): State<Shared>, body: Bytes) -> Result<Json<Value>, CoordError> {
+async fn prefetch(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: PrefetchBody = parse(&s, &body)?;
     if !(1..=255).contains(&b.world_size) {
         return Err(invalid(&s, "world_size", "world_size must be in 1..=255"));

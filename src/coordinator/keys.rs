@@ -46,7 +46,7 @@ pub enum KeyError {
 }
 
 /// An object key in LMCache's JSON form (`EncodedObjectKey`).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
 pub struct EncodedKey {
     /// Hex of the chunk hash (any case on input; lowercase on output).
     pub chunk_hash_hex: String,

@@ -3,8 +3,8 @@
 //! background-loop outcomes and the refusals of each limit. Owns the names and help texts;
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
-use super::api::Refused;
 use super::driver::LoopStats;
+use super::limits::Refused;
 use super::model::{Counters, Model};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -189,8 +189,29 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         &mut out,
         "counter",
         "refused_body_bytes_total",
-        "Request bodies over the size limit (413).",
+        "Request bodies over --max-body-bytes (413).",
         ld(&refused.body_bytes),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_body_items_total",
+        "Request bodies over --max-body-items JSON values (413).",
+        ld(&refused.body_items),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_connections_total",
+        "Connections that waited for a slot at --max-http-connections.",
+        ld(&refused.connections),
+    );
+    series(
+        &mut out,
+        "counter",
+        "refused_read_timeout_total",
+        "Peers cut off by --http-read-timeout.",
+        ld(&refused.read_timeout),
     );
     series(
         &mut out,

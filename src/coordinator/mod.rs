@@ -9,12 +9,18 @@
 //!   `POST /events`) and the per-instance sequence gate.
 //! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
 //!
+//! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
+//!
 //! Then the effects:
 //! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
 //! - [`api`] — the axum routes and their error envelope.
+//! - [`cache_api`] — `/cache/pins` and `/cache/delete` (token sequences → keys → pins / a
+//!   server's `DELETE /cache/objects`).
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
+//! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
+//! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //!
 //! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
@@ -22,13 +28,17 @@
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
+pub mod cache_api;
 pub mod driver;
 pub mod events;
 pub mod fleet;
 pub mod keys;
+pub mod limits;
 pub mod metrics;
 pub mod model;
+pub mod openapi;
 pub mod outbound;
+pub mod pins;
 pub mod resync;
 
 use std::net::SocketAddr;
@@ -59,8 +69,8 @@ pub struct CoordinatorConfig {
     pub chunk_size: usize,
     /// Deadline of each call to an MP server.
     pub outbound_timeout: Duration,
-    /// Largest request body.
-    pub max_body_bytes: usize,
+    /// The HTTP limits: body bytes and JSON values, connections, read timeout.
+    pub http: crate::web::HttpLimits,
     /// Most events in one request.
     pub max_events_per_request: usize,
     /// Limits and eviction settings of the model.
@@ -82,7 +92,12 @@ impl CoordinatorConfig {
             timeout_keep_alive: Duration::from_secs(d::TIMEOUT_KEEP_ALIVE_S),
             chunk_size: d::CHUNK_SIZE,
             outbound_timeout: Duration::from_secs_f64(d::OUTBOUND_TIMEOUT_S),
-            max_body_bytes: d::MAX_BODY_BYTES,
+            http: crate::web::HttpLimits {
+                max_body_bytes: d::MAX_BODY_BYTES,
+                max_body_items: d::MAX_BODY_ITEMS,
+                max_connections: d::MAX_HTTP_CONNECTIONS,
+                read_timeout: Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S),
+            },
             max_events_per_request: d::MAX_EVENTS_PER_REQUEST,
             model: model::ModelConfig {
                 max_instances: d::MAX_INSTANCES,
@@ -143,9 +158,9 @@ pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api:
         handle,
         chunk_size: config.chunk_size,
         outbound_timeout: config.outbound_timeout,
-        max_body_bytes: config.max_body_bytes,
+        http: config.http,
         max_events_per_request: config.max_events_per_request,
-        refused: api::Refused::default(),
+        refused: limits::Refused::default(),
     })
 }
 
@@ -187,13 +202,16 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
             shutdown.clone(),
         ));
     }
-    let app = api::router(api_state(&config, handle.clone()));
-    let stop = shutdown.clone();
+    let state = api_state(&config, handle.clone());
+    let served = crate::web::serve(
+        listener,
+        api::router(Arc::clone(&state)),
+        config.http,
+        limits::hook(&state),
+        shutdown.clone(),
+    );
     tasks.spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(e) = served {
+        if let Err(e) = served.await {
             tracing::error!("coordinator HTTP server failed: {e}");
         }
     });

@@ -9,6 +9,7 @@
 use super::events::{Admit, Batch, Gate, Op, Tier};
 use super::fleet::{Fleet, FleetError, Instance, Registration};
 use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
+use super::pins::Pins;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -83,6 +84,16 @@ pub enum QuotaError {
     Full(usize),
 }
 
+/// A limit in GiB as bytes, truncated like LMCache (`int(limit_gb * 2**30)`).
+fn limit_bytes(limit_gb: f64) -> Result<u64, QuotaError> {
+    let bytes = limit_gb * GIB;
+    if !limit_gb.is_finite() || limit_gb < 0.0 || bytes >= 9.2e18 {
+        return Err(QuotaError::InvalidLimit);
+    }
+    // finite, ≥ 0, < 2^63
+    Ok(bytes as u64)
+}
+
 /// A salt's quota and usage (`GET /quota/{cache_salt}`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct QuotaStatus {
@@ -131,6 +142,11 @@ pub struct Model {
     keys: KeyStore,
     /// Explicit quotas in bytes.
     quotas: BTreeMap<String, u64>,
+    /// The limit of a salt without a quota (`PUT /quota/config`); `None` exempts such salts
+    /// from eviction. Starts at `Some(0)`, the document's allowlist.
+    default_limit: Option<u64>,
+    /// Keys pinned against eviction (`/cache/pins`).
+    pub pins: Pins,
     /// Counters for the metrics.
     pub counters: Counters,
 }
@@ -143,6 +159,8 @@ impl Model {
             gate: Gate::new(config.max_instances),
             keys: KeyStore::new(),
             quotas: BTreeMap::new(),
+            default_limit: Some(0),
+            pins: Pins::default(),
             counters: Counters::default(),
             config,
         }
@@ -202,23 +220,36 @@ impl Model {
         gone
     }
 
+    /// `PUT /quota/config`: the limit of salts without a quota, in GiB (`None`: exempt).
+    ///
+    /// # Errors
+    /// [`QuotaError::InvalidLimit`] for a negative, non-finite or too large limit.
+    pub fn set_default_limit(&mut self, limit_gb: Option<f64>) -> Result<(), QuotaError> {
+        self.default_limit = match limit_gb {
+            None => None,
+            Some(gb) => Some(limit_bytes(gb)?),
+        };
+        Ok(())
+    }
+
+    /// `GET /quota/config`: the limit of salts without a quota, in GiB (`None`: exempt).
+    pub fn default_limit_gb(&self) -> Option<f64> {
+        self.default_limit.map(|b| b as f64 / GIB)
+    }
+
     /// `PUT /quota/{cache_salt}`.
     ///
     /// # Errors
     /// [`QuotaError`] for a bad limit or salt, or at the quota limit.
     pub fn set_quota(&mut self, salt: &str, limit_gb: f64) -> Result<(), QuotaError> {
-        let bytes = limit_gb * GIB;
-        if !limit_gb.is_finite() || limit_gb < 0.0 || bytes >= 9.2e18 {
-            return Err(QuotaError::InvalidLimit);
-        }
+        let bytes = limit_bytes(limit_gb)?;
         if salt.len() > 128 || salt.contains(['@', '/', '\\', '\0']) {
             return Err(QuotaError::InvalidSalt);
         }
         if !self.quotas.contains_key(salt) && self.quotas.len() >= self.config.max_quotas {
             return Err(QuotaError::Full(self.config.max_quotas));
         }
-        // Truncates like LMCache (`int(limit_gb * 2**30)`); `bytes` is finite, ≥ 0, < 2^63.
-        self.quotas.insert(salt.to_owned(), bytes as u64);
+        self.quotas.insert(salt.to_owned(), bytes);
         Ok(())
     }
 
@@ -362,7 +393,8 @@ impl Model {
     }
 
     /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
-    /// quota (no quota = 0 bytes) gives up its least recently used keys (`eviction_ratio` of
+    /// quota (no quota: the default limit, 0 bytes unless `PUT /quota/config` changed it;
+    /// exempt when that is `None`) gives up its least recently used keys (`eviction_ratio` of
     /// them, all of them at a 0 quota, at least one); all victims go to the one instance
     /// `pick` selects (modulo the fleet), in calls of at most [`MAX_KEYS_PER_DISPATCH`] keys.
     /// Nothing changes here: usage drops when the servers' delete events come back.
@@ -375,7 +407,9 @@ impl Model {
             .map(|(s, used)| (s.to_owned(), used))
             .collect();
         for (salt, used) in over {
-            let limit = self.quotas.get(&salt).copied().unwrap_or(0);
+            let Some(limit) = self.quotas.get(&salt).copied().or(self.default_limit) else {
+                continue; // no quota and no default: exempt
+            };
             if (used as f64) < self.config.trigger_watermark * limit as f64 {
                 continue;
             }
@@ -394,8 +428,17 @@ impl Model {
             if n == 0 {
                 break;
             }
-            for k in self.keys.oldest(&salt, n) {
-                victims.push(self.keys.encode(&salt, &k));
+            // Pinned keys are skipped: take up to `n` more candidates, at most the pin count.
+            let extra = self.pins.len().min(tracked.saturating_sub(n));
+            let before = victims.len();
+            for k in self.keys.oldest(&salt, n + extra) {
+                if victims.len() - before == n {
+                    break;
+                }
+                let key = self.keys.encode(&salt, &k);
+                if !self.pins.contains(&key) {
+                    victims.push(key);
+                }
             }
         }
         if victims.is_empty() {

@@ -220,3 +220,52 @@ fn a_cycle_plans_at_most_the_victim_cap() {
     assert_eq!(planned, MAX_VICTIMS_PER_CYCLE);
     assert_eq!(m.counters.eviction_cycles_capped, 1);
 }
+
+#[test]
+fn the_default_limit_governs_salts_without_a_quota() {
+    let mut m = Model::new(config());
+    register(&mut m, "s1", 1);
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("free", 0..4, 1024))]);
+    // Boot: the document's allowlist (0 bytes), so everything goes.
+    assert_eq!(m.default_limit_gb(), Some(0.0));
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 4);
+    // Exempt (0.5.6's boot default): nothing planned.
+    m.set_default_limit(None).unwrap();
+    assert_eq!(m.default_limit_gb(), None);
+    assert!(m.plan_evictions(0).is_empty());
+    // A positive default is a per-salt budget: 4 KiB ≥ 1 × 4 KiB → 20% of 4 keys = 1 key.
+    m.set_default_limit(Some(4096.0 / GIB)).unwrap();
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 1);
+    m.set_default_limit(Some(8192.0 / GIB)).unwrap();
+    assert!(m.plan_evictions(0).is_empty());
+    // An explicit quota wins over the default.
+    m.set_quota("free", 0.0).unwrap();
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 4);
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
+        assert_eq!(
+            m.set_default_limit(Some(bad)),
+            Err(QuotaError::InvalidLimit)
+        );
+    }
+    assert_eq!(m.default_limit_gb(), Some(8192.0 / GIB));
+}
+
+#[test]
+fn pinned_keys_are_never_planned() {
+    let mut m = Model::new(config());
+    register(&mut m, "s1", 1);
+    m.ingest([batch("a", 0, 1, Tier::L2, stores("free", 0..4, 1024))]);
+    // The two oldest (recorded tail first: 3, 2) are pinned, one in another object group.
+    let mut pinned = key(2, "free");
+    pinned.object_group_id = 1;
+    m.pins.pin(&[key(3, "free"), pinned], 10).unwrap();
+    let plan = m.plan_evictions(0);
+    let got: Vec<_> = plan[0]
+        .keys
+        .iter()
+        .map(|k| k.chunk_hash_hex.as_str())
+        .collect();
+    assert_eq!(got, ["0001", "0000"]);
+    m.pins.drop_pins(&[key(3, "free")]);
+    assert_eq!(m.plan_evictions(0)[0].keys.len(), 3);
+}

@@ -2,12 +2,18 @@
 
 Uses the real code from the lmcache wheel, CPU only (stub torch, stub numba):
 ``mp_coordinator.registrar.keep_registered`` (register, heartbeat, deregister on
-cancellation) and the real event wire types (``CacheEventBatch``,
-``CacheEventEntry``, ``schemas.CacheEventsRequest``), posted exactly as
-``cache_events.HttpCacheEventSink.publish`` does (``POST /events`` with
-``CacheEventsRequest(batches=...).model_dump(mode="json")``). The sink class itself is
-not imported: its module pulls in the observability stack, which needs LMCache's
-compiled extension (libc10.so, i.e. real torch).
+cancellation), the real event wire types (``CacheEventBatch``, ``CacheEventEntry``,
+``schemas.CacheEventsRequest``), and the MP server's real event reporter:
+``cache_events.CacheEventSubscriber`` fed the event-bus ``Event``s the storage manager
+publishes (L2 stores / deletes / accesses, L1 stores, capacity declarations), flushing
+through the real ``cache_events.HttpCacheEventSink`` (``POST /events``).
+
+Importing ``cache_events`` reaches LMCache's compiled extension ``lmcache.lmcache_native``
+(links libc10.so, i.e. real torch) through the observability package, and ``cryptography``
+through the L2 adapter configs. Neither is used by the reporter: both are replaced by
+dummy modules below. The full MP server cannot run this way: its storage manager
+(``lmcache/v1/distributed/storage_manager.py``) uses ``lmcache_native.PeriodicEventNotifier``
+and the native transfer code for real.
 
 Usage: coordinator_client.py http://127.0.0.1:PORT
 Prints one JSON line per checkpoint; exits non-zero on the first failed check.
@@ -41,6 +47,52 @@ def _stub_numba():
 
 _stub_numba()
 
+
+def _stub_modules(*prefixes):
+    # Dummy modules for imports the tested code never calls: any attribute is a class.
+    import importlib.abc
+    import importlib.machinery
+    import types
+
+    import itertools
+
+    numbers = itertools.count(1)
+
+    class Meta(type):
+        # A dummy enum-like class: any member is a distinct int; no members to iterate.
+        def __getattr__(cls, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            value = next(numbers)
+            setattr(cls, name, value)
+            return value
+
+    class Dummy(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            # A class, usable as a base, in annotations, and as an empty enum.
+            return Meta(name, (), {"__init__": lambda self, *a, **k: None, "__members__": {}})
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if any(name == p or name.startswith(p + ".") for p in prefixes):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            mod = Dummy(spec.name)
+            mod.__path__ = []
+            return mod
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, Finder())
+
+
+_stub_modules("lmcache.lmcache_native", "cryptography")
+
 import httpx  # noqa: E402
 from lmcache.v1.distributed.api import EncodedObjectKey, Tier  # noqa: E402
 from lmcache.v1.mp_coordinator.api import (  # noqa: E402
@@ -50,6 +102,55 @@ from lmcache.v1.mp_coordinator.api import (  # noqa: E402
 )
 from lmcache.v1.mp_coordinator.schemas import CacheEventsRequest  # noqa: E402
 from lmcache.v1.mp_coordinator.registrar import keep_registered  # noqa: E402
+from lmcache.v1.distributed.api import (  # noqa: E402
+    CapacitySnapshot,
+    ModuleMemoryCapacity,
+    ObjectKey,
+)
+from lmcache.v1.mp_coordinator.cache_events import (  # noqa: E402
+    CacheEventSubscriber,
+    HttpCacheEventSink,
+)
+from lmcache.v1.mp_observability.event import Event, EventType  # noqa: E402
+
+
+REPORTER = {}
+
+
+def reporter_keys():
+    return [
+        ObjectKey(chunk_hash=bytes([i]) * 32, model_name="test-model", kv_rank=16777472, cache_salt="reporter")
+        for i in range(3)
+    ]
+
+
+def drive_reporter(base):
+    sink = HttpCacheEventSink(base, timeout=5.0)
+    sub = CacheEventSubscriber(sink, instance_id="mp-reporter", incarnation=int(time.time()), flush_interval=3600)
+    REPORTER["sub"], REPORTER["sink"] = sub, sink
+    handlers = sub.get_subscriptions()
+
+    def emit(event_type, **metadata):
+        handlers[event_type](Event(event_type=event_type, timestamp=time.time(), metadata=metadata))
+
+    keys = reporter_keys()
+    emit(EventType.SM_CAPACITY_CHANGED, snapshot=CapacitySnapshot(modules=(
+        ModuleMemoryCapacity(tier=Tier.L2, backend="fs", capacity_bytes=1 << 30, shared=False),
+    )))
+    emit(EventType.MP_TOKENS, chunk_hashes=[k.chunk_hash for k in keys],
+         token_chunks=[[7, 8]] * 3, token_offsets=[0, 2, 4])
+    emit(EventType.L2_KEYS_STORED, keys=keys, sizes=[4096] * 3, backend="fs")
+    emit(EventType.L2_KEYS_ACCESSED, keys=keys[:1], backend="fs")
+    sub.flush()  # what the eviction-loop tick does once flush_interval has passed
+
+
+def drive_reporter_delete(base):
+    sub, sink = REPORTER["sub"], REPORTER["sink"]
+    handlers = sub.get_subscriptions()
+    handlers[EventType.L2_KEYS_DELETED](Event(
+        event_type=EventType.L2_KEYS_DELETED, timestamp=time.time(),
+        metadata={"keys": reporter_keys()[1:], "backend": "fs"}))
+    sub.shutdown()  # flushes what is pending and closes the sink, as on server shutdown
 
 
 def check(cond, what):
@@ -116,6 +217,15 @@ async def main(base):
         await publish([delete])
         q = (await client.get(f"{base}/quota/tenant")).json()
         check(q["usage_gb"] == 0.0, "delete event cleared usage")
+
+        # The MP server's own reporter: bus events in, POST /events out through the real sink.
+        # It runs on the bus's drain thread in the server; here, in a worker thread.
+        await asyncio.to_thread(drive_reporter, base)
+        q = (await client.get(f"{base}/quota/reporter")).json()
+        check(q["usage_gb"] == 3 * 4096 / 2**30, "reporter stores moved usage")
+        await asyncio.to_thread(drive_reporter_delete, base)
+        q = (await client.get(f"{base}/quota/reporter")).json()
+        check(q["usage_gb"] == 4096 / 2**30, "reporter delete lowered usage")
 
         task.cancel()
         try:

@@ -52,6 +52,19 @@ pub(crate) struct CoordinatorArgs {
     /// page_size of the resync's GET /cache/objects [env …_RESYNC_PAGE_SIZE; 1000].
     #[arg(long, allow_hyphen_values = true)]
     resync_page_size: Option<String>,
+    /// Largest request body, bytes (413 beyond) [env …_MAX_BODY_BYTES; 16777216].
+    #[arg(long, allow_hyphen_values = true)]
+    max_body_bytes: Option<String>,
+    /// Most JSON values in one request body (413 beyond) [env …_MAX_BODY_ITEMS; 1048576].
+    #[arg(long, allow_hyphen_values = true)]
+    max_body_items: Option<String>,
+    /// Most HTTP connections served at once [env …_MAX_HTTP_CONNECTIONS; 1024].
+    #[arg(long, allow_hyphen_values = true)]
+    max_http_connections: Option<String>,
+    /// Seconds to send a request's headers (also the idle keep-alive), then its body
+    /// [env …_HTTP_READ_TIMEOUT; 30].
+    #[arg(long, allow_hyphen_values = true)]
+    http_read_timeout: Option<String>,
 }
 
 /// Startup-resync settings as given (the validated form is `CoordinatorConfig::resync`).
@@ -174,6 +187,42 @@ impl CoordinatorArgs {
             "chunk-size",
             s.parse(&self.chunk_size, "CHUNK_SIZE", "chunk-size", d::CHUNK_SIZE)?,
         )?;
+        c.http.max_body_bytes = config::at_least_one(
+            "max-body-bytes",
+            s.parse(
+                &self.max_body_bytes,
+                "MAX_BODY_BYTES",
+                "max-body-bytes",
+                d::MAX_BODY_BYTES,
+            )?,
+        )?;
+        c.http.max_body_items = config::at_least_one(
+            "max-body-items",
+            s.parse(
+                &self.max_body_items,
+                "MAX_BODY_ITEMS",
+                "max-body-items",
+                d::MAX_BODY_ITEMS,
+            )?,
+        )?;
+        c.http.max_connections = config::at_least_one(
+            "max-http-connections",
+            s.parse(
+                &self.max_http_connections,
+                "MAX_HTTP_CONNECTIONS",
+                "max-http-connections",
+                d::MAX_HTTP_CONNECTIONS,
+            )?,
+        )?;
+        c.http.read_timeout = config::positive_seconds(
+            "http-read-timeout",
+            f(
+                &self.http_read_timeout,
+                "HTTP_READ_TIMEOUT",
+                "http-read-timeout",
+                d::HTTP_READ_TIMEOUT_S,
+            )?,
+        )?;
         let enabled = match s.text(&self.enable_startup_resync, "ENABLE_STARTUP_RESYNC") {
             None => true,
             Some(t) => matches!(
@@ -282,6 +331,25 @@ mod tests {
             (true, 1.0, 60.0, 1000)
         );
         assert_eq!(c.resync.map(|r| r.page_size), Some(1000));
+        assert_eq!(c.http.max_body_bytes, 16 << 20);
+        assert_eq!(c.http.max_body_items, 1 << 20);
+        assert_eq!(c.http.max_connections, 1024);
+        assert_eq!(c.http.read_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn http_limits_from_flags_and_both_variables() {
+        let env = [
+            ("LMCACHE_MP_COORDINATOR_MAX_BODY_BYTES", "2048"),
+            ("KVPLANE_COORDINATOR_MAX_BODY_ITEMS", "64"),
+            ("LMCACHE_MP_COORDINATOR_MAX_BODY_ITEMS", "65"),
+            ("KVPLANE_COORDINATOR_HTTP_READ_TIMEOUT", "2.5"),
+        ];
+        let (c, _) = validate(&["--max-http-connections", "8"], &env).unwrap();
+        assert_eq!(c.http.max_body_bytes, 2048);
+        assert_eq!(c.http.max_body_items, 64);
+        assert_eq!(c.http.max_connections, 8);
+        assert_eq!(c.http.read_timeout, Duration::from_millis(2500));
     }
 
     #[test]
@@ -318,6 +386,10 @@ mod tests {
                 "--eviction-check-interval",
             ),
             (&["--timeout-keep-alive", "0"], "--timeout-keep-alive"),
+            (&["--max-body-bytes", "0"], "--max-body-bytes"),
+            (&["--max-body-items", "x"], "--max-body-items"),
+            (&["--max-http-connections", "0"], "--max-http-connections"),
+            (&["--http-read-timeout", "0"], "--http-read-timeout"),
         ] {
             let e = validate(argv, &[]).expect_err("invalid");
             assert!(e.to_string().starts_with(flag), "{e}");

@@ -1,0 +1,213 @@
+//! The cache-control routes of LMCache 0.5.6's coordinator: `POST/DELETE/GET /cache/pins`
+//! (keys pinned against the fleet eviction plan) and `POST /cache/delete` (a token sequence
+//! deleted on one MP server, pinned L2 keys held back unless `force`). Token sequences become
+//! object keys with [`super::pins::resolve`]; the pin table lives in the model.
+
+use super::api::{address_of, invalid, parse, CoordError, Shared};
+use super::limits::JsonBody;
+use super::outbound;
+use super::pins::{self, Pinned};
+use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
+use axum::extract::{Query, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+#[derive(Deserialize)]
+struct PinBody {
+    model_name: String,
+    world_size: i64,
+    #[serde(default)]
+    token_ids: Vec<u32>,
+    #[serde(default)]
+    cache_salt: String,
+}
+
+#[derive(Deserialize)]
+struct DeleteBody {
+    instance_id: String,
+    model_name: String,
+    world_size: i64,
+    #[serde(default)]
+    token_ids: Vec<u32>,
+    #[serde(default)]
+    cache_salt: String,
+    #[serde(default)]
+    tier: Option<String>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// `world_size` in 1..=255 (0.5.6 has no upper bound, Q11), else 422.
+fn world_size(s: &Shared, w: i64) -> Result<u8, CoordError> {
+    u8::try_from(w)
+        .ok()
+        .filter(|&w| w >= 1)
+        .ok_or_else(|| invalid(s, "world_size", "world_size must be in 1..=255"))
+}
+
+fn resolve(
+    s: &Shared,
+    model: &str,
+    world: i64,
+    tokens: &[u32],
+    salt: &str,
+) -> Result<(Vec<super::keys::EncodedKey>, usize), CoordError> {
+    let world = world_size(s, world)?;
+    pins::resolve(model, world, tokens, salt, s.chunk_size)
+        .map_err(|e| CoordError::BadRequest(e.to_string()))
+}
+
+/// `POST /cache/pins`: pins the keys of the complete chunks of `token_ids`.
+pub(crate) async fn pin(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
+    let b: PinBody = parse(&s, &body)?;
+    let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
+    let affected = keys.len();
+    s.handle
+        .with(move |m, _, _| m.pins.pin(&keys, MAX_PINNED_KEYS))
+        .await?
+        .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+    Ok(Json(
+        json!({"requested": chunks, "affected": affected, "status": "pinned"}),
+    ))
+}
+
+/// `DELETE /cache/pins`: removes one pin from each of those keys.
+pub(crate) async fn unpin(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
+    let b: PinBody = parse(&s, &body)?;
+    let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
+    let affected = keys.len();
+    s.handle.with(move |m, _, _| m.pins.unpin(&keys)).await?;
+    Ok(Json(
+        json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
+    ))
+}
+
+/// The query of `GET /cache/pins`.
+#[derive(Deserialize)]
+pub(crate) struct PinQuery {
+    #[serde(default)]
+    cache_salt: String,
+    #[serde(default)]
+    model_name: String,
+    #[serde(default)]
+    offset: Option<i64>,
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+/// `GET /cache/pins?cache_salt=&model_name=&offset=0&limit=1000`.
+pub(crate) async fn list(
+    State(s): State<Shared>,
+    Query(q): Query<PinQuery>,
+) -> Result<Json<Value>, CoordError> {
+    let query_error = |field: &str, msg: &str| {
+        CoordError::Invalid(vec![json!("query"), json!(field)], msg.to_owned())
+    };
+    let offset = usize::try_from(q.offset.unwrap_or(0))
+        .map_err(|_| query_error("offset", "Input should be greater than or equal to 0"))?;
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(query_error("limit", "Input should be in 1..=10000"));
+    }
+    let (total, page): (usize, Vec<Pinned>) = s
+        .handle
+        .with(move |m, _, _| {
+            m.pins
+                .list(&q.cache_salt, &q.model_name, offset, limit as usize)
+        })
+        .await?;
+    Ok(Json(json!({ "total": total, "pins": page })))
+}
+
+/// `POST /cache/delete`: resolves the tokens, holds back pinned keys when the delete touches
+/// L2 (unless `force`, which deletes them and drops their pins), and sends the rest to the
+/// named server as `DELETE /cache/objects {"keys", "tier", "force"}`.
+pub(crate) async fn delete(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
+    let b: DeleteBody = parse(&s, &body)?;
+    let tier = match b.tier.as_deref() {
+        None | Some("all") => "all",
+        Some("l1") => "l1",
+        Some("l2") => "l2",
+        Some(other) => {
+            return Err(invalid(
+                &s,
+                "tier",
+                format!("Input should be 'l1', 'l2' or 'all' (got {other:?})"),
+            ))
+        }
+    };
+    let world = world_size(&s, b.world_size)?;
+    let (ip, port) = address_of(&s, &b.instance_id).await?;
+    let (keys, chunks) = pins::resolve(
+        &b.model_name,
+        world,
+        &b.token_ids,
+        &b.cache_salt,
+        s.chunk_size,
+    )
+    .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    if chunks == 0 {
+        return Ok(Json(json!({
+            "instance_id": b.instance_id, "requested": 0, "affected": 0, "skipped": 0,
+            "status": "noop"
+        })));
+    }
+    let touches_l2 = tier != "l1";
+    let (send, held_back) = if touches_l2 && !b.force {
+        s.handle
+            .with(move |m, _, _| {
+                let (send, held): (Vec<_>, Vec<_>) =
+                    keys.into_iter().partition(|k| !m.pins.contains(k));
+                (send, held.len())
+            })
+            .await?
+    } else {
+        (keys, 0)
+    };
+    let (mut deleted, mut skipped) = (0u64, 0u64);
+    if !send.is_empty() {
+        let payload = json!({"keys": send, "tier": tier, "force": b.force});
+        let payload =
+            serde_json::to_vec(&payload).map_err(|e| CoordError::BadGateway(e.to_string()))?;
+        let failed = |why: String| {
+            CoordError::BadGateway(format!("delete to '{}' failed: {why}", b.instance_id))
+        };
+        let reply = outbound::call(
+            &ip,
+            port,
+            "DELETE",
+            "/cache/objects",
+            Some(&payload),
+            s.outbound_timeout,
+        )
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+        let text = String::from_utf8_lossy(&reply.body);
+        if !(200..300).contains(&reply.status) {
+            return Err(failed(format!("status {}: {text}", reply.status)));
+        }
+        let v: Value = serde_json::from_slice(&reply.body)
+            .map_err(|_| failed(format!("unreadable reply: {text}")))?;
+        deleted = v.get("deleted").and_then(Value::as_u64).unwrap_or(0);
+        skipped = v.get("skipped").and_then(Value::as_u64).unwrap_or(0);
+    }
+    if touches_l2 && b.force {
+        s.handle
+            .with(move |m, _, _| m.pins.drop_pins(&send))
+            .await?;
+    }
+    Ok(Json(json!({
+        "instance_id": b.instance_id, "requested": chunks, "affected": deleted,
+        "skipped": skipped + held_back as u64, "status": "deleted"
+    })))
+}

@@ -1,0 +1,115 @@
+//! The coordinator's HTTP limits: what a refusal by each of them looks like and where it is
+//! counted. The limits themselves are enforced by the shared plumbing — [`crate::web::serve`]
+//! (connection cap, read timeouts), `web::limits::refuse_announced_oversize` and axum's
+//! `DefaultBodyLimit` (body bytes) — and by [`JsonBody`] here (JSON values per body, counted
+//! with `web::schema::too_many_values` before anything is parsed).
+//!
+//! Every refusal is counted exactly once, in [`Refused`]: a 413 by [`count_refusals`]
+//! (by the [`LimitHit`] the response carries, else as a body-bytes refusal), a connection
+//! wait or a read timeout by the [`LimitHook`] that `web::serve` calls.
+
+use super::api::{ApiState, CoordError};
+use crate::web::limits::{LimitHit, LimitHook, WebLimit};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Requests refused by each limit.
+#[derive(Debug, Default)]
+pub struct Refused {
+    /// Event requests over `max_events_per_request`.
+    pub events_per_request: AtomicU64,
+    /// Registrations over the instance limit.
+    pub instances: AtomicU64,
+    /// Bodies that failed validation (422).
+    pub invalid_bodies: AtomicU64,
+    /// Bodies over `--max-body-bytes` (413).
+    pub body_bytes: AtomicU64,
+    /// Bodies over `--max-body-items` JSON values (413).
+    pub body_items: AtomicU64,
+    /// Connections that waited for a slot at `--max-http-connections`.
+    pub connections: AtomicU64,
+    /// Peers cut off by `--http-read-timeout`.
+    pub read_timeout: AtomicU64,
+}
+
+impl Refused {
+    /// Counts one refusal by `limit`.
+    pub fn count(&self, limit: WebLimit) {
+        let counter = match limit {
+            WebLimit::BodyBytes => &self.body_bytes,
+            WebLimit::BodyItems => &self.body_items,
+            WebLimit::Connections => &self.connections,
+            WebLimit::ReadTimeout => &self.read_timeout,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What `web::serve` calls on a connection wait or a read timeout: counted, logged at debug
+/// (a peer can trigger it at will, so it must not flood the log).
+pub fn hook(state: &Arc<ApiState>) -> LimitHook {
+    let state = Arc::clone(state);
+    Arc::new(move |hit: LimitHit, detail: &str| {
+        state.refused.count(hit.limit);
+        tracing::debug!(
+            limit = hit.limit.label(),
+            value = hit.value,
+            "coordinator HTTP limit {} hit: {detail}",
+            hit.limit.flag()
+        );
+    })
+}
+
+/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
+pub async fn count_refusals(
+    State(s): State<Arc<ApiState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let limit = response
+            .extensions()
+            .get::<LimitHit>()
+            .map_or(WebLimit::BodyBytes, |h| h.limit);
+        s.refused.count(limit);
+    }
+    response
+}
+
+/// Extractor: the raw request body, refused with 413 past `--max-body-bytes` or when it holds
+/// more than `--max-body-items` JSON values, 408 when the peer is too slow sending it.
+#[derive(Debug)]
+pub struct JsonBody(pub Bytes);
+
+impl FromRequest<Arc<ApiState>> for JsonBody {
+    type Rejection = CoordError;
+
+    async fn from_request(req: Request, state: &Arc<ApiState>) -> Result<Self, CoordError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e: BytesRejection| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    CoordError::TooLarge(format!(
+                        "the body is larger than {} bytes (--max-body-bytes)",
+                        state.http.max_body_bytes
+                    ))
+                } else if crate::web::serve::is_read_timeout(&e) {
+                    CoordError::Timeout
+                } else {
+                    CoordError::BadRequest(format!("cannot read the body: {}", e.body_text()))
+                }
+            })?;
+        let max = state.http.max_body_items;
+        if crate::web::schema::too_many_values(&bytes, max) {
+            return Err(CoordError::TooManyItems(max));
+        }
+        Ok(JsonBody(bytes))
+    }
+}

@@ -1,0 +1,192 @@
+//! The coordinator's HTTP limits over real sockets on 127.0.0.1: body bytes (announced and
+//! streamed), JSON values per body, the connection cap and the read timeout. Each refusal is
+//! answered with its code, names its flag, and is counted exactly once in `/metrics`.
+
+mod common;
+
+use common::{http, sample, within};
+use kvplane::coordinator::{self, Coordinator, CoordinatorConfig};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn start(tune: impl FnOnce(&mut CoordinatorConfig)) -> Coordinator {
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    tune(&mut c);
+    within("start", coordinator::start(c))
+        .await
+        .expect("coordinator starts")
+}
+
+async fn metrics(addr: SocketAddr) -> String {
+    match http(addr, "GET", "/metrics", None, &[]).await {
+        (200, Value::String(text)) => text,
+        (status, other) => panic!("/metrics: {status} {other}"),
+    }
+}
+
+fn refused(text: &str, what: &str) -> f64 {
+    sample(text, &format!("kvplane_coordinator_refused_{what}_total"))
+}
+
+/// Sends `request` on a fresh connection and reads until the server closes it.
+async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+    within("raw exchange", async {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(request).await.expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+}
+
+fn events_body(entries: usize) -> String {
+    let entry = r#"{"key": {"chunk_hash_hex": "aa", "model_name": "m", "kv_rank": 0, "object_group_id": 0, "cache_salt": ""}, "size_bytes": 1}"#;
+    let entries = vec![entry; entries].join(", ");
+    format!(
+        r#"{{"batches": [{{"instance_id": "a", "incarnation": 1, "seq": 1, "event_type": "store", "tier": "l2", "backend": "fs", "entries": [{entries}]}}]}}"#
+    )
+}
+
+#[tokio::test]
+async fn oversize_bodies_get_413_and_are_counted_once() {
+    let c = start(|c| c.http.max_body_bytes = 4096).await;
+    let addr = c.addr;
+    // Announced by Content-Length: refused before the body is read.
+    let (status, body) = http(addr, "POST", "/events", Some(&events_body(100)), &[]).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .contains("--max-body-bytes"));
+    // Streamed without a length (chunked): cut while read, also 413.
+    let chunk = events_body(100);
+    let request = format!(
+        "POST /events HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n\
+         {:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len()
+    );
+    let answer = exchange(addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("--max-body-bytes"), "{answer}");
+    // Under the limit: served.
+    let (status, body) = http(addr, "POST", "/events", Some(&events_body(2)), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let text = metrics(addr).await;
+    assert_eq!(refused(&text, "body_bytes"), 2.0, "{text}");
+    assert_eq!(refused(&text, "body_items"), 0.0);
+    within("stop", c.stop()).await;
+}
+
+#[tokio::test]
+async fn too_many_values_get_413_naming_the_limit_before_parsing() {
+    let c = start(|c| c.http.max_body_items = 100).await;
+    let addr = c.addr;
+    // 20 entries are ~160 values: refused, whatever the body's schema would say.
+    let (status, body) = http(addr, "POST", "/events", Some(&events_body(20)), &[]).await;
+    assert_eq!(status, 413, "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("--max-body-items") && detail.contains("100"),
+        "{detail}"
+    );
+    // Even a body that is not valid JSON is refused by the count, not parsed.
+    let junk = format!("[{}", "1,".repeat(200));
+    let (status, _) = http(addr, "POST", "/instances", Some(&junk), &[]).await;
+    assert_eq!(status, 413);
+    let (status, body) = http(addr, "POST", "/events", Some(&events_body(5)), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let text = metrics(addr).await;
+    assert_eq!(refused(&text, "body_items"), 2.0, "{text}");
+    assert_eq!(refused(&text, "body_bytes"), 0.0, "{text}");
+    assert_eq!(
+        sample(&text, "kvplane_coordinator_invalid_bodies_total"),
+        0.0
+    );
+    within("stop", c.stop()).await;
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` from a kept-alive connection.
+async fn read_response(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
+        out.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.expect("body");
+    head
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_and_are_counted() {
+    let c = start(|c| c.http.max_connections = 2).await;
+    let addr = c.addr;
+    let get = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = within("connect", TcpStream::connect(addr))
+            .await
+            .expect("connect");
+        s.write_all(get.as_bytes()).await.expect("write");
+        let head = within("answer", read_response(&mut s)).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        held.push(s);
+    }
+    // A third peer is queued by the kernel but not served while both slots are held.
+    let mut third = within("connect", TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    third.write_all(get.as_bytes()).await.expect("write");
+    let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut third)).await;
+    assert!(early.is_err(), "served beyond the cap");
+    drop(held.pop());
+    let head = within("served once a slot is free", read_response(&mut third)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    drop(third);
+    drop(held);
+    let text = metrics(addr).await;
+    assert!(refused(&text, "connections") >= 1.0, "{text}");
+    within("stop", c.stop()).await;
+}
+
+#[tokio::test]
+async fn a_stalled_body_gets_408_and_is_counted() {
+    let c = start(|c| c.http.read_timeout = Duration::from_millis(300)).await;
+    let addr = c.addr;
+    let answer = exchange(
+        addr,
+        b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"batches\": [",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("--http-read-timeout"), "{answer}");
+    // Headers never finished: the server hangs up, counted too.
+    let answer = exchange(addr, b"POST /events HTTP/1.1\r\nHost: x\r\n").await;
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = metrics(addr).await;
+        if refused(&text, "read_timeout") >= 2.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(refused(&text, "read_timeout"), 2.0, "{text}");
+    within("stop", c.stop()).await;
+}
