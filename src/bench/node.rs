@@ -171,7 +171,12 @@ pub async fn run(args: &NodeBenchArgs) -> Result<NodeReport, String> {
         let bodies: Vec<Arc<Vec<u8>>> = (0..args.clients)
             .map(|c| Arc::new(pattern(size, mix(run ^ (c as u64) << 32 ^ size as u64))))
             .collect();
-        let key = move |c: usize, k: usize| format!("bench-{run:x}-{size}-{c}-{k}");
+        // LMCache's server parses keys as `CacheEngineKey` strings
+        // (`model@world_size@worker_id@chunk_hash_hex@dtype`).
+        let key = move |c: usize, k: usize| {
+            let hash = mix(run ^ (size as u64) << 20 ^ (c as u64) << 40 ^ k as u64);
+            format!("bench@1@{c}@{hash:016x}@bfloat16")
+        };
 
         // PUT phase.
         let start = Instant::now();
@@ -284,10 +289,13 @@ fn request_header(command: i32, length: usize, key: &str) -> Result<[u8; REQ_HEA
         return Err(format!("key {key:?} over {KEY_FIELD} bytes"));
     }
     let length = i32::try_from(length).map_err(|_| "length over i32".to_owned())?;
+    // fmt 1 (KV_2LTD), dtype 3 (bfloat16), location 1, shape [elements, 0, 0, 0]: fields
+    // LMCache's server parses (and its dtype table accepts) and returns unchanged.
+    let ints = [command, length, 1, 3, 1, (length / 2).max(1), 0, 0, 0];
     let mut out = [b' '; REQ_HEADER];
-    out[..36].fill(0);
-    out[..4].copy_from_slice(&command.to_le_bytes());
-    out[4..8].copy_from_slice(&length.to_le_bytes());
+    for (i, v) in ints.iter().enumerate() {
+        out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
     out[36..36 + key.len()].copy_from_slice(key.as_bytes());
     Ok(out)
 }
