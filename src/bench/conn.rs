@@ -17,6 +17,9 @@ pub(super) struct Conn {
     stream: TcpStream,
     buf: Vec<u8>,
     out: Vec<u8>,
+    /// Whether any byte of the current reply arrived (a failure before that is a stale
+    /// keep-alive connection the server closed while idle: reconnect and send again).
+    answered: bool,
 }
 
 impl Conn {
@@ -37,6 +40,7 @@ impl Conn {
             stream,
             buf: Vec::with_capacity(4096),
             out: Vec::with_capacity(4096),
+            answered: false,
         })
     }
 
@@ -51,7 +55,19 @@ impl Conn {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<(u16, Vec<u8>), String> {
-        tokio::time::timeout(timeout, self.exchange(method, path, body))
+        let call = async {
+            match self.exchange(method, path, body).await {
+                Err(_) if !self.answered => {
+                    // The server closed the idle connection (uvicorn after its keep-alive
+                    // timeout); reconnect once and send again, as httpx does.
+                    let fresh = Conn::connect(&self.authority, timeout).await?;
+                    *self = fresh;
+                    self.exchange(method, path, body).await
+                }
+                other => other,
+            }
+        };
+        tokio::time::timeout(timeout, call)
             .await
             .map_err(|_| format!("{method} {path}: no answer within {timeout:?}"))?
             .map_err(|e| format!("{method} {path}: {e}"))
@@ -63,6 +79,8 @@ impl Conn {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<(u16, Vec<u8>), String> {
+        self.answered = false;
+        self.buf.clear();
         self.out.clear();
         self.out.extend_from_slice(
             format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.authority).as_bytes(),
@@ -164,6 +182,7 @@ impl Conn {
         if n == 0 {
             return Err("connection closed".into());
         }
+        self.answered = true;
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(())
     }
