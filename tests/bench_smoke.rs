@@ -113,6 +113,8 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
         "2",
         "--batch",
         "10",
+        "--salts",
+        "3",
         "--timeout",
         "30",
         "--pid",
@@ -152,7 +154,7 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
         .unwrap_or_default();
     assert!(
         rows.iter().all(|r| r["quota_exists"] == false),
-        "the bench quota was deleted: {quotas}"
+        "the bench quotas were deleted: {quotas}"
     );
     coordinator.stop().await;
 }

@@ -6,9 +6,9 @@
 //! the second). Phase 1 measures heartbeats alone; phase 2 measures them again while
 //! `--senders` of those servers post store events as fast as the coordinator answers
 //! (`POST /events`, the 0.5.6 `CacheEventsRequest` form both coordinators accept, one batch of
-//! `--batch` entries per request, each a new key of `--key-bytes`). The event rate counts only
-//! **applied** events: the clock stops when `GET /quota/{salt}` shows the usage of every key
-//! sent. Every call is bounded; a non-2xx answer fails the run.
+//! `--batch` entries per request, each a new key of `--key-bytes`, spread over `--salts`
+//! tenants). The event rate counts only **applied** events: the clock stops when
+//! `GET /quota/{salt}` shows the usage of every key sent. Every call is bounded; a non-2xx answer fails the run.
 
 use super::conn::Conn;
 use super::http::split_base;
@@ -42,6 +42,9 @@ pub struct CoordinatorBenchArgs {
     /// Servers posting events back to back (closed loop), each on its own connection.
     #[arg(long, env = "KVPLANE_BENCH_SENDERS", default_value_t = 4)]
     pub senders: usize,
+    /// Tenants (`cache_salt`s) the event keys are spread over, each with a large quota.
+    #[arg(long, env = "KVPLANE_BENCH_SALTS", default_value_t = 1)]
+    pub salts: usize,
     /// `size_bytes` of every stored key.
     #[arg(long, env = "KVPLANE_BENCH_KEY_BYTES", default_value_t = 65536)]
     pub key_bytes: u64,
@@ -116,6 +119,9 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
             "--servers, --batch and --senders must be ≥ 1, and --senders ≤ --servers".into(),
         );
     }
+    if !(1..=1000).contains(&args.salts) {
+        return Err("--salts must be between 1 and 1000".into());
+    }
     if !(args.seconds.is_finite() && args.seconds > 0.0) {
         return Err("--seconds must be a positive number".into());
     }
@@ -134,7 +140,15 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
     let ids: Vec<String> = (0..args.servers)
         .map(|i| format!("bench-{run:x}-{i}"))
         .collect();
-    let salt = format!("bench-{run:x}");
+    let salts: Vec<String> = (0..args.salts)
+        .map(|k| {
+            if args.salts == 1 {
+                format!("bench-{run:x}")
+            } else {
+                format!("bench-{run:x}-t{k}")
+            }
+        })
+        .collect();
 
     // Register every server on its own connection.
     let mut conns = Vec::with_capacity(args.servers);
@@ -159,20 +173,25 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
     }
     report.rss.registered = rss();
     let mut admin = Conn::connect(&authority, timeout).await?;
-    let quota_path = format!("{prefix}/quota/{salt}");
-    let (status, reply) = admin
-        .request(
-            "PUT",
-            &quota_path,
-            Some(br#"{"limit_gb": 1000000.0}"#),
-            timeout,
-        )
-        .await?;
-    if status != 200 {
-        return Err(format!(
-            "PUT {quota_path}: HTTP {status} {}",
-            String::from_utf8_lossy(&reply)
-        ));
+    let quota_paths: Vec<String> = salts
+        .iter()
+        .map(|salt| format!("{prefix}/quota/{salt}"))
+        .collect();
+    for quota_path in &quota_paths {
+        let (status, reply) = admin
+            .request(
+                "PUT",
+                quota_path,
+                Some(br#"{"limit_gb": 1000000.0}"#),
+                timeout,
+            )
+            .await?;
+        if status != 200 {
+            return Err(format!(
+                "PUT {quota_path}: HTTP {status} {}",
+                String::from_utf8_lossy(&reply)
+            ));
+        }
     }
 
     // Phase 1: heartbeats alone.
@@ -193,7 +212,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
                 path: format!("{prefix}/events"),
                 instance: id.clone(),
                 incarnation: run,
-                salt: salt.clone(),
+                salts: salts.clone(),
                 batch: args.batch,
                 key_bytes: args.key_bytes,
                 seed: mix(run ^ ((s as u64) << 48)),
@@ -226,11 +245,14 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
     let want = report.events * args.key_bytes;
     let deadline = Instant::now() + timeout;
     loop {
-        let (status, reply) = admin.request("GET", &quota_path, None, timeout).await?;
-        let v: serde_json::Value = serde_json::from_slice(&reply)
-            .map_err(|e| format!("GET {quota_path}: HTTP {status}, body not JSON: {e}"))?;
-        let usage_gb = v["usage_gb"].as_f64().unwrap_or(0.0);
-        let usage = (usage_gb * f64::from(1u32 << 30)).round() as u64;
+        let mut usage = 0u64;
+        for quota_path in &quota_paths {
+            let (status, reply) = admin.request("GET", quota_path, None, timeout).await?;
+            let v: serde_json::Value = serde_json::from_slice(&reply)
+                .map_err(|e| format!("GET {quota_path}: HTTP {status}, body not JSON: {e}"))?;
+            let usage_gb = v["usage_gb"].as_f64().unwrap_or(0.0);
+            usage += (usage_gb * f64::from(1u32 << 30)).round() as u64;
+        }
         if usage == want {
             break;
         }
@@ -252,7 +274,9 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
             .request("DELETE", &format!("{prefix}/instances/{id}"), None, timeout)
             .await?;
     }
-    admin.request("DELETE", &quota_path, None, timeout).await?;
+    for quota_path in &quota_paths {
+        admin.request("DELETE", quota_path, None, timeout).await?;
+    }
     Ok(report)
 }
 
@@ -302,7 +326,7 @@ struct EventStream {
     path: String,
     instance: String,
     incarnation: u64,
-    salt: String,
+    salts: Vec<String>,
     batch: usize,
     key_bytes: u64,
     seed: u64,
@@ -322,10 +346,11 @@ impl EventStream {
                 out.push(',');
             }
             let hash = mix(self.seed ^ (seq << 20) ^ j);
+            let salt = &self.salts[(hash % self.salts.len() as u64) as usize];
             let _ = write!(
                 out,
-                r#"{{"key":{{"chunk_hash_hex":"{hash:016x}","model_name":"bench","kv_rank":0,"object_group_id":0,"cache_salt":"{}"}},"size_bytes":{}}}"#,
-                self.salt, self.key_bytes
+                r#"{{"key":{{"chunk_hash_hex":"{hash:016x}","model_name":"bench","kv_rank":0,"object_group_id":0,"cache_salt":"{salt}"}},"size_bytes":{}}}"#,
+                self.key_bytes
             );
         }
         out.push_str("]}]}");
