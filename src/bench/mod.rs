@@ -5,14 +5,29 @@
 //! measures both. Op streams and requests are pre-encoded, so the client is not what is
 //! measured. It reports the **applied** ingest rate (time until key-stats shows every op), P2P
 //! lookup latency percentiles, full-sync time and heartbeat latency, plus the controller's RSS
-//! when given its pid. Depends on `protocol` and `transport` only.
+//! when given its pid. `kvplane bench coordinator` ([`coordinator`]) and `kvplane bench node`
+//! ([`node`]) measure the other services over their own wire protocols. Depends on `protocol`
+//! and `transport` only.
 
+mod conn;
+pub mod coordinator;
 mod fleet;
 mod http;
+pub mod node;
 mod scenarios;
 mod stats;
 
 pub use stats::{rss_bytes, Latency};
+
+/// The other services `kvplane bench` measures (without one: the controller scenarios).
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum BenchTarget {
+    /// The LMCache MP coordinator scenario (kvplane's or `python -m lmcache.v1.mp_coordinator`).
+    Coordinator(coordinator::CoordinatorBenchArgs),
+    /// The cache-node scenario over the LMCache server protocol (kvplane node, LMCache's
+    /// `lmcache.v1.server`, or the bare-loopback baseline).
+    Node(node::NodeBenchArgs),
+}
 
 use clap::Args;
 use serde::Serialize;
@@ -21,6 +36,9 @@ use std::fmt::Write as _;
 /// Flags of `kvplane bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
+    /// Another service to measure; without one, the controller scenarios below run.
+    #[command(subcommand)]
+    pub target: Option<BenchTarget>,
     /// The controller's PULL socket.
     #[arg(long, env = "KVPLANE_BENCH_PULL", default_value = "127.0.0.1:8300")]
     pub pull: String,

@@ -97,6 +97,31 @@ fn main() -> anyhow::Result<()> {
                 kvplane::node::run(config, shutdown).await
             })?;
         }
+        Command::Bench(args) if args.target.is_some() => {
+            use kvplane::bench::{coordinator, node, BenchTarget};
+            let out = match &args.target {
+                Some(BenchTarget::Coordinator(a)) => {
+                    let r = runtime
+                        .block_on(coordinator::run(a))
+                        .map_err(anyhow::Error::msg)?;
+                    if a.json {
+                        serde_json::to_string_pretty(&r)? + "\n"
+                    } else {
+                        r.summary()
+                    }
+                }
+                Some(BenchTarget::Node(a)) => {
+                    let r = runtime.block_on(node::run(a)).map_err(anyhow::Error::msg)?;
+                    if a.json {
+                        serde_json::to_string_pretty(&r)? + "\n"
+                    } else {
+                        r.summary()
+                    }
+                }
+                None => String::new(),
+            };
+            print!("{out}");
+        }
         Command::Bench(args) => {
             let report = runtime
                 .block_on(kvplane::bench::run(&args))

@@ -1,0 +1,134 @@
+"""Medians of scripts/bench-services.sh's raw reports, as Markdown tables.
+
+Usage: summarize.py OUT_DIR {coordinator|node|all} RUNS
+Reads OUT_DIR/{coord,node}-{kvplane,python,baseline}-R.json (kvplane bench --json), the
+.proc.json RSS readings and the .load.json load averages next to them.
+"""
+
+import json
+import os
+import statistics
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def runs_of(out, prefix, runs):
+    found = []
+    for r in range(1, runs + 1):
+        path = os.path.join(out, f"{prefix}-{r}.json")
+        if os.path.exists(path):
+            rep = load(path)
+            proc_path = os.path.join(out, f"{prefix}-{r}.proc.json")
+            rep["_proc"] = load(proc_path) if os.path.exists(proc_path) else {}
+            rep["_load"] = load(os.path.join(out, f"{prefix}-{r}.load.json"))
+            found.append(rep)
+    return found
+
+
+def loads(reps):
+    return "; ".join(f"{r['_load']['before']} → {r['_load']['after']}" for r in reps)
+
+
+def coordinator(out, runs):
+    rows = {}
+    for who in ("kvplane", "python"):
+        reps = runs_of(out, f"coord-{who}", runs)
+        if not reps:
+            continue
+        rows[who] = {
+            "n": len(reps),
+            "events": med([r["events_per_sec"] for r in reps]),
+            "all_events": [round(r["events_per_sec"]) for r in reps],
+            "idle50": med([r["heartbeat_idle"]["p50_us"] for r in reps]),
+            "idle99": med([r["heartbeat_idle"]["p99_us"] for r in reps]),
+            "load50": med([r["heartbeat_loaded"]["p50_us"] for r in reps]),
+            "load99": med([r["heartbeat_loaded"]["p99_us"] for r in reps]),
+            "rss": med([r["_proc"].get("vmrss_kib") for r in reps]),
+            "hwm": med([r["_proc"].get("vmhwm_kib") for r in reps]),
+            "servers": reps[0]["servers"],
+            "loads": loads(reps),
+        }
+    print("## coordinator (medians)\n")
+    print("| coordinator | runs | applied events/s | heartbeat idle p50 / p99 (µs) "
+          "| heartbeat under event load p50 / p99 (µs) | RSS / peak at end (MiB) |")
+    print("|---|---|---|---|---|---|")
+    for who, r in rows.items():
+        print(f"| {who} | {r['n']} | {fmt(r['events'], ',.0f')} {r['all_events']} "
+              f"| {fmt(r['idle50'], '.0f')} / {fmt(r['idle99'], '.0f')} "
+              f"| {fmt(r['load50'], '.0f')} / {fmt(r['load99'], '.0f')} "
+              f"| {fmt(r['rss'] and r['rss'] / 1024, '.1f')} / {fmt(r['hwm'] and r['hwm'] / 1024, '.1f')} |")
+    if "kvplane" in rows and "python" in rows and rows["python"]["events"]:
+        print(f"\nevent-rate ratio kvplane / python: "
+              f"{rows['kvplane']['events'] / rows['python']['events']:.1f}×")
+    for who, r in rows.items():
+        print(f"load ({who}, 1/5/15 min before → after each run): {r['loads']}")
+    print()
+
+
+def node(out, runs):
+    rows = []
+    for who in ("kvplane", "python", "baseline"):
+        reps = runs_of(out, f"node-{who}", runs)
+        if not reps:
+            continue
+        for i, size in enumerate(reps[0]["sizes"]):
+            s = [r["sizes"][i] for r in reps]
+            rows.append({
+                "who": who, "n": len(reps), "size": size["size"],
+                "put": med([x["put"]["gb_per_sec"] for x in s]),
+                "put50": med([x["put"]["latency"]["p50_us"] for x in s]),
+                "put99": med([x["put"]["latency"]["p99_us"] for x in s]),
+                "get": med([x["get"]["gb_per_sec"] for x in s]),
+                "get50": med([x["get"]["latency"]["p50_us"] for x in s]),
+                "get99": med([x["get"]["latency"]["p99_us"] for x in s]),
+                "per_gib": med([x.get("rss_mib_per_stored_gib") for x in s]),
+                "over": med([x.get("memory_overhead") for x in s]),
+            })
+        print(f"load (node {who}, before → after each run): {loads(reps)}")
+    print("\n## node (medians)\n")
+    print("| server | size | runs | PUT GB/s | PUT p50 / p99 (µs) | GET GB/s "
+          "| GET p50 / p99 (µs) | RSS MiB per stored GiB | overhead |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        over = None if r["over"] is None else r["over"] * 100
+        print(f"| {r['who']} | {r['size'] // 1024} KiB | {r['n']} | {fmt(r['put'], '.2f')} "
+              f"| {fmt(r['put50'], '.0f')} / {fmt(r['put99'], '.0f')} | {fmt(r['get'], '.2f')} "
+              f"| {fmt(r['get50'], '.0f')} / {fmt(r['get99'], '.0f')} "
+              f"| {fmt(r['per_gib'], '.1f')} | {fmt(over, '.2f')}% |")
+    by = {(r["who"], r["size"]): r for r in rows}
+    for size in sorted({r["size"] for r in rows}):
+        k, p, b = by.get(("kvplane", size)), by.get(("python", size)), by.get(("baseline", size))
+        for op in ("put", "get"):
+            parts = []
+            if k and p and p[op]:
+                parts.append(f"kvplane/python {k[op] / p[op]:.2f}×")
+            if k and b and k[op]:
+                parts.append(f"baseline/kvplane {b[op] / k[op]:.2f}×")
+            print(f"{size // 1024} KiB {op.upper()}: " + ", ".join(parts))
+    print()
+
+
+def main():
+    out, what, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print(f"# kvplane vs LMCache 0.5.6 ({runs} runs; raw reports in {out})\n")
+    if what in ("coordinator", "all"):
+        coordinator(out, runs)
+    if what in ("node", "all"):
+        node(out, runs)
+
+
+if __name__ == "__main__":
+    main()
