@@ -1,5 +1,6 @@
 //! `kvplane node` and `kvplane coordinator` in one process over 127.0.0.1: the coordinator's
-//! startup resync pages the node's `GET /cache/objects` and its usage takes the node's L2 in.
+//! startup resync pages the node's `GET /cache/objects` and its usage takes the node's L2 in;
+//! its eviction loop deletes from the node through `DELETE /cache/objects`.
 
 mod common;
 
@@ -10,6 +11,17 @@ use std::time::Duration;
 
 #[tokio::test]
 async fn coordinator_resync_counts_the_nodes_l2_objects() {
+    resync_then(None).await;
+}
+
+/// No quota for the salt means none allowed (the coordinator's allowlist): its eviction loop
+/// sends the node `DELETE /cache/objects` and the objects leave the node.
+#[tokio::test]
+async fn coordinator_eviction_deletes_from_the_node() {
+    resync_then(Some(Duration::from_millis(50))).await;
+}
+
+async fn resync_then(eviction: Option<Duration>) {
     let dir = tempdir("coord");
     let node = node_with(|c| {
         c.l2 = Some(l2(
@@ -30,8 +42,7 @@ async fn coordinator_resync_counts_the_nodes_l2_objects() {
     let http = node.addrs.http.expect("http");
     let mut listed = 0;
     for _ in 0..200 {
-        let (_, page) = common::http::http(http, "GET", "/cache/objects?tier=l2", None, &[]).await;
-        listed = page["entries"].as_array().map_or(0, Vec::len);
+        listed = node_l2_objects(http).await;
         if listed == 3 {
             break;
         }
@@ -41,7 +52,7 @@ async fn coordinator_resync_counts_the_nodes_l2_objects() {
 
     let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
     c.health_check_interval = None;
-    c.eviction_check_interval = None;
+    c.eviction_check_interval = eviction;
     c.resync = Some(coordinator::resync::ResyncConfig {
         poll_interval: Duration::from_millis(20),
         max_wait: Duration::from_secs(10),
@@ -85,5 +96,28 @@ async fn coordinator_resync_counts_the_nodes_l2_objects() {
         .await
         .expect("driver answers");
     assert!(usage > 0.0, "usage took the node's L2 in: {usage}");
+    if eviction.is_some() {
+        let mut left = usize::MAX;
+        for _ in 0..300 {
+            left = node_l2_objects(http).await;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0, "the coordinator's eviction deleted every object");
+        assert!(client.get("m@1@0@00b0@bfloat16").await.is_none());
+        let metrics = scrape(&node).await;
+        assert!(
+            metrics.contains("kvplane_node_coordinator_deleted_total 3"),
+            "{metrics}"
+        );
+    }
     common::within("stop", server.stop()).await;
+}
+
+/// Complete L2 objects the node lists (one page of up to 100).
+async fn node_l2_objects(http: std::net::SocketAddr) -> usize {
+    let (_, page) = common::http::http(http, "GET", "/cache/objects?tier=l2", None, &[]).await;
+    page["entries"].as_array().map_or(0, Vec::len)
 }

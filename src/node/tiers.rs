@@ -583,9 +583,10 @@ impl Tiers {
     }
 
     /// Deletes every key for which `matches` holds from both tiers (pinned L1 objects and L2
-    /// files still being written are left alone); returns how many objects were removed.
+    /// files still being written are left alone); returns how many distinct keys were removed
+    /// (an object in both tiers counts once).
     pub(crate) fn delete_where(self: &Arc<Self>, matches: impl Fn(&str) -> bool) -> usize {
-        let mut removed = 0;
+        let mut removed = std::collections::HashSet::new();
         {
             let mut l1 = self.l1.lock();
             let victims: Vec<String> = l1
@@ -595,11 +596,13 @@ impl Tiers {
                 .collect();
             for k in victims {
                 if l1.remove(&k).is_some() {
-                    removed += 1;
+                    removed.insert(k);
                 }
             }
         }
-        let Some(l2) = &self.l2 else { return removed };
+        let Some(l2) = &self.l2 else {
+            return removed.len();
+        };
         let files: Vec<String> = {
             let mut index = l2.index.lock();
             let victims: Vec<String> = index
@@ -614,7 +617,7 @@ impl Tiers {
             }
             victims
         };
-        removed += files.len();
+        removed.extend(files.iter().cloned());
         if !files.is_empty() {
             let root = l2.root.clone();
             self.tasks.spawn_blocking(move || {
@@ -625,6 +628,6 @@ impl Tiers {
                 }
             });
         }
-        removed
+        removed.len()
     }
 }
