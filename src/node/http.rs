@@ -1,9 +1,10 @@
 //! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
-//! at scrape) and `/healthz`.
+//! at scrape), `/healthz`, and the coordinator's `GET`/`DELETE /cache/objects` (`objects`).
 
 use super::metrics::NodeMetrics;
 use super::tiers::Tiers;
 use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, Query};
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -21,6 +22,18 @@ pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/cache/objects",
+            get(
+                |State(s): State<AppState>, q: Query<super::objects::PageQuery>| {
+                    super::objects::list(s.tiers, s.metrics, q)
+                },
+            )
+            .delete(|State(s): State<AppState>, body: axum::body::Bytes| {
+                super::objects::delete(s.tiers, s.metrics, body)
+            }),
+        )
+        .layer(DefaultBodyLimit::max(super::objects::MAX_DELETE_BODY))
         .with_state(AppState { tiers, metrics })
 }
 

@@ -51,6 +51,10 @@ pub struct NodeMetrics {
     pub put_bytes: IntCounter,
     /// Body bytes sent in GET replies.
     pub get_bytes: IntCounter,
+    /// Coordinator route requests (`GET`/`DELETE /cache/objects`), by `route`, `outcome`.
+    pub coordinator_requests: IntCounterVec,
+    /// Objects deleted through `DELETE /cache/objects`.
+    pub coordinator_deleted: IntCounter,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: T) -> T {
@@ -155,6 +159,15 @@ impl NodeMetrics {
             l2_promotions: counter("l2_promotions_total", "L2 hits loaded into L1."),
             put_bytes: counter("put_bytes_total", "Body bytes received in PUTs."),
             get_bytes: counter("get_bytes_total", "Body bytes sent in GET replies."),
+            coordinator_requests: counter_vec(
+                "coordinator_requests_total",
+                "Coordinator route requests, by route and outcome.",
+                &["route", "outcome"],
+            ),
+            coordinator_deleted: counter(
+                "coordinator_deleted_total",
+                "Objects deleted through DELETE /cache/objects.",
+            ),
             registry,
         }
     }

@@ -18,6 +18,7 @@ mod disk;
 mod http;
 mod lru;
 pub mod metrics;
+mod objects;
 mod server;
 mod tiers;
 

@@ -512,3 +512,122 @@ impl Tiers {
         self.l1.lock().contains(key)
     }
 }
+
+/// One listed object: its key and its size in the tier (body bytes in L1, file bytes in L2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// The node's key.
+    pub(crate) key: String,
+    /// Bytes in the tier.
+    pub(crate) size_bytes: u64,
+}
+
+/// The `limit` smallest keys greater than `after` for which `keep` holds, in key order
+/// (bounded: at most `limit + 1` kept at once); and whether more follow.
+fn page_of<'a, V: Weighted + 'a>(
+    entries: impl Iterator<Item = (&'a str, &'a V)>,
+    after: Option<&str>,
+    limit: usize,
+    keep: impl Fn(&V) -> bool,
+) -> (Vec<Listed>, bool) {
+    let mut best: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for (k, v) in entries {
+        if after.is_some_and(|a| k <= a) || !keep(v) {
+            continue;
+        }
+        best.insert(k, v.bytes());
+        if best.len() > limit + 1 {
+            best.pop_last();
+        }
+    }
+    let more = best.len() > limit;
+    let out = best
+        .into_iter()
+        .take(limit)
+        .map(|(k, size_bytes)| Listed {
+            key: k.to_owned(),
+            size_bytes,
+        })
+        .collect();
+    (out, more)
+}
+
+impl Tiers {
+    /// A page of `tier`'s keys (`l2`: complete files only) after `after`, in key order.
+    pub(crate) fn page(
+        &self,
+        l2_tier: bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<Listed>, bool) {
+        if l2_tier {
+            let Some(l2) = &self.l2 else {
+                return (Vec::new(), false);
+            };
+            let index = l2.index.lock();
+            page_of(
+                index.keys().filter_map(|k| index.peek(k).map(|v| (k, v))),
+                after,
+                limit,
+                |e| e.ready,
+            )
+        } else {
+            let l1 = self.l1.lock();
+            page_of(
+                l1.keys().filter_map(|k| l1.peek(k).map(|v| (k, v))),
+                after,
+                limit,
+                |_| true,
+            )
+        }
+    }
+
+    /// Deletes every key for which `matches` holds from both tiers (pinned L1 objects and L2
+    /// files still being written are left alone); returns how many distinct keys were removed
+    /// (an object in both tiers counts once).
+    pub(crate) fn delete_where(self: &Arc<Self>, matches: impl Fn(&str) -> bool) -> usize {
+        let mut removed = std::collections::HashSet::new();
+        {
+            let mut l1 = self.l1.lock();
+            let victims: Vec<String> = l1
+                .keys()
+                .filter(|k| matches(k) && l1.pins(k) == 0)
+                .map(str::to_owned)
+                .collect();
+            for k in victims {
+                if l1.remove(&k).is_some() {
+                    removed.insert(k);
+                }
+            }
+        }
+        let Some(l2) = &self.l2 else {
+            return removed.len();
+        };
+        let files: Vec<String> = {
+            let mut index = l2.index.lock();
+            let victims: Vec<String> = index
+                .keys()
+                .filter(|k| {
+                    matches(k) && index.pins(k) == 0 && index.peek(k).is_some_and(|e| e.ready)
+                })
+                .map(str::to_owned)
+                .collect();
+            for k in &victims {
+                index.remove(k);
+            }
+            victims
+        };
+        removed.extend(files.iter().cloned());
+        if !files.is_empty() {
+            let root = l2.root.clone();
+            self.tasks.spawn_blocking(move || {
+                for key in files {
+                    if let Err(e) = disk::delete_object(&root, &key) {
+                        tracing::warn!(key, "cannot delete an L2 file: {e}");
+                    }
+                }
+            });
+        }
+        removed.len()
+    }
+}

@@ -1,0 +1,244 @@
+//! The coordinator's node routes on the node's HTTP listener: `GET /cache/objects` (a page of
+//! one tier's keys) and `DELETE /cache/objects {"keys": [...]}` (the coordinator's quota
+//! eviction), in the bodies an LMCache 0.5.6 MP server uses.
+//!
+//! The coordinator names objects by an encoded key (`model_name`, `chunk_hash_hex`, `kv_rank`,
+//! `object_group_id`, `cache_salt`); the node stores LMCache's key strings
+//! (`CacheEngineKey.to_string()`: `model@world_size@worker_id@chunk_hash_hex@dtype[@…]`). [`encode`] maps one to the other
+//! (`kv_rank` packed as one host: `world_size<<24 | worker_id<<16 | world_size<<8 |
+//! worker_id`); keys that do not parse are left out of listings and cannot be deleted by an
+//! encoded key (a DELETE may also name raw key strings).
+
+use super::metrics::NodeMetrics;
+use super::tiers::Tiers;
+use axum::body::Bytes;
+use axum::extract::Query;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// Largest `page_size` served (larger requests are clamped).
+pub(crate) const MAX_PAGE_SIZE: usize = 1000;
+/// Default `page_size`.
+const DEFAULT_PAGE_SIZE: usize = 100;
+/// Most keys one DELETE may name (more: 413).
+pub(crate) const MAX_DELETE_KEYS: usize = 10_000;
+/// Largest DELETE body.
+pub(crate) const MAX_DELETE_BODY: usize = 4 << 20;
+
+/// The coordinator's form of a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct EncodedKey {
+    /// Lowercase, even-length hex of the chunk hash.
+    pub(crate) chunk_hash_hex: String,
+    /// Model name.
+    pub(crate) model_name: String,
+    /// Packed ranks.
+    pub(crate) kv_rank: i64,
+    /// Object group (always 0 here).
+    #[serde(default)]
+    pub(crate) object_group_id: i64,
+    /// Tenant salt (always "" here).
+    #[serde(default)]
+    pub(crate) cache_salt: String,
+}
+
+/// Lowercase, left-padded to even length; `None` if not hex.
+fn norm_hex(h: &str) -> Option<String> {
+    if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut s = h.to_ascii_lowercase();
+    if s.len() % 2 == 1 {
+        s.insert(0, '0');
+    }
+    Some(s)
+}
+
+/// The coordinator's form of an LMCache key string, if it has one.
+pub(crate) fn encode(key: &str) -> Option<EncodedKey> {
+    let mut parts = key.split('@');
+    let model = parts.next()?;
+    let world: i64 = parts.next()?.parse().ok()?;
+    let worker: i64 = parts.next()?.parse().ok()?;
+    let hash = norm_hex(parts.next()?)?;
+    if model.is_empty() || !(0..256).contains(&world) || !(0..256).contains(&worker) {
+        return None;
+    }
+    Some(EncodedKey {
+        chunk_hash_hex: hash,
+        model_name: model.to_owned(),
+        kv_rank: (world << 24) | (worker << 16) | (world << 8) | worker,
+        object_group_id: 0,
+        cache_salt: String::new(),
+    })
+}
+
+#[derive(Deserialize)]
+pub(crate) struct PageQuery {
+    #[serde(default)]
+    tier: Option<String>,
+    #[serde(default)]
+    page_size: Option<usize>,
+    #[serde(default)]
+    page_token: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Entry {
+    key: EncodedKey,
+    size_bytes: u64,
+    raw_key: String,
+}
+
+#[derive(Serialize)]
+struct Page {
+    tier: &'static str,
+    entries: Vec<Entry>,
+    next_page_token: Option<String>,
+}
+
+fn bad(metrics: &NodeMetrics, route: &str, status: StatusCode, detail: String) -> Response {
+    metrics
+        .coordinator_requests
+        .with_label_values(&[route, "bad_request"])
+        .inc();
+    (status, Json(serde_json::json!({ "detail": detail }))).into_response()
+}
+
+/// `GET /cache/objects?tier=l1|l2&page_size=N&page_token=T`: keys in key order; the token is
+/// the last key of the previous page.
+pub(crate) async fn list(
+    tiers: Arc<Tiers>,
+    metrics: Arc<NodeMetrics>,
+    q: Query<PageQuery>,
+) -> Response {
+    let l2 = match q.tier.as_deref().unwrap_or("l2") {
+        "l2" | "L2" => true,
+        "l1" | "L1" => false,
+        other => {
+            return bad(
+                &metrics,
+                "list",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("tier must be l1 or l2, not {other:?}"),
+            )
+        }
+    };
+    let size = q
+        .page_size
+        .unwrap_or(DEFAULT_PAGE_SIZE)
+        .clamp(1, MAX_PAGE_SIZE);
+    let (listed, more) = tiers.page(l2, q.page_token.as_deref(), size);
+    let next_page_token = if more {
+        listed.last().map(|l| l.key.clone())
+    } else {
+        None
+    };
+    let entries: Vec<Entry> = listed
+        .into_iter()
+        .filter_map(|l| {
+            encode(&l.key).map(|key| Entry {
+                key,
+                size_bytes: l.size_bytes,
+                raw_key: l.key,
+            })
+        })
+        .collect();
+    metrics
+        .coordinator_requests
+        .with_label_values(&["list", "ok"])
+        .inc();
+    Json(Page {
+        tier: if l2 { "l2" } else { "l1" },
+        entries,
+        next_page_token,
+    })
+    .into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeleteKey {
+    Encoded(EncodedKey),
+    Raw(String),
+}
+
+#[derive(Deserialize)]
+struct DeleteBody {
+    keys: Vec<DeleteKey>,
+}
+
+/// `DELETE /cache/objects {"keys": [encoded key or key string, ...]}` → `{"deleted": n}`.
+pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: Bytes) -> Response {
+    if body.len() > MAX_DELETE_BODY {
+        return bad(
+            &metrics,
+            "delete",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body over {MAX_DELETE_BODY} bytes"),
+        );
+    }
+    let parsed: DeleteBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return bad(
+                &metrics,
+                "delete",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("body: {e}"),
+            )
+        }
+    };
+    if parsed.keys.len() > MAX_DELETE_KEYS {
+        return bad(
+            &metrics,
+            "delete",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("at most {MAX_DELETE_KEYS} keys per request"),
+        );
+    }
+    let mut encoded = HashSet::new();
+    let mut raw = HashSet::new();
+    for k in parsed.keys {
+        match k {
+            DeleteKey::Encoded(mut e) => {
+                if let Some(h) = norm_hex(&e.chunk_hash_hex) {
+                    e.chunk_hash_hex = h;
+                    encoded.insert(e);
+                }
+            }
+            DeleteKey::Raw(s) => {
+                raw.insert(s);
+            }
+        }
+    }
+    let deleted = tiers.delete_where(|k| {
+        raw.contains(k) || (!encoded.is_empty() && encode(k).is_some_and(|e| encoded.contains(&e)))
+    });
+    metrics
+        .coordinator_requests
+        .with_label_values(&["delete", "ok"])
+        .inc();
+    metrics.coordinator_deleted.inc_by(deleted as u64);
+    Json(serde_json::json!({ "deleted": deleted })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_lmcache_keys() {
+        let e = encode("m/x@2@1@ABC@bfloat16").unwrap_or_else(|| unreachable!());
+        assert_eq!(e.chunk_hash_hex, "0abc");
+        assert_eq!(e.model_name, "m/x");
+        assert_eq!(e.kv_rank, (2 << 24) | (1 << 16) | (2 << 8) | 1);
+        assert!(encode("plain-key").is_none());
+        assert!(encode("m@x@1@ab").is_none());
+        assert!(encode("m@1@1@zz").is_none());
+    }
+}
