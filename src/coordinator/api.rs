@@ -96,6 +96,7 @@ type Shared = Arc<ApiState>;
 pub fn router(state: Shared) -> Router {
     let limit = state.max_body_bytes;
     Router::new()
+        .merge(super::dashboard::routes(&state))
         .route("/instances", post(register).get(list_instances))
         .route("/instances/{id}/heartbeat", put(heartbeat))
         .route("/instances/{id}", delete(deregister))
@@ -116,6 +117,9 @@ pub fn router(state: Shared) -> Router {
             get(prefetch_status),
         )
         .route("/metrics", get(metrics_text))
+        .layer(axum::middleware::from_fn(
+            crate::web::guard::same_origin_only,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),

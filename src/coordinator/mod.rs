@@ -16,12 +16,14 @@
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
+//! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //!
 //! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
 //! [`run`] serves until a token is cancelled. This module must not touch the controller's
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
+pub mod dashboard;
 pub mod driver;
 pub mod events;
 pub mod fleet;

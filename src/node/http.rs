@@ -1,5 +1,5 @@
 //! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
-//! at scrape) and `/healthz`.
+//! at scrape), `/healthz`, and the dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 use super::metrics::NodeMetrics;
 use super::tiers::Tiers;
@@ -19,8 +19,12 @@ struct AppState {
 /// The node's HTTP routes.
 pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
     Router::new()
+        .merge(super::dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
+        .layer(axum::middleware::from_fn(
+            crate::web::guard::same_origin_only,
+        ))
         .with_state(AppState { tiers, metrics })
 }
 
