@@ -37,7 +37,8 @@ export class TimeChart {
    *          legend?: HTMLElement, title: string, unit: string, stacked?: boolean,
    *          fmt?: (v: number) => string}} opts  series are stacked bottom-up unless
    *          `stacked` is false (then each is drawn from zero; `dash` ones as a dashed line, no
-   *          fill); color is a CSS variable name; `fmt` formats values (default: a rate).
+   *          fill); color is a CSS variable name; `fmt` formats values (default: a rate);
+   *          `binary` rounds the axis in powers of 1024 (bytes).
    */
   constructor(canvas, opts) {
     this.canvas = canvas;
@@ -132,8 +133,14 @@ export class TimeChart {
       ? series.reduce((a, s) => a + (p[s.key] || 0), 0)
       : Math.max(0, ...series.map((s) => p[s.key] || 0)));
     const totals = pts.map(height);
-    const maxV = 4 * niceCeil((Math.max(0, ...totals) * 1.08) / 4); // four round steps
-    const x0 = PAD.left;
+    const yStep = (Math.max(0, ...totals) * 1.08) / 4;
+    // Four round steps; for bytes, round in the binary unit the values are shown in.
+    const unit = this.opts.binary && yStep >= 1024 ? 1024 ** Math.floor(Math.log(yStep) / Math.log(1024)) : 1;
+    const maxV = 4 * unit * niceCeil(yStep / unit);
+    const label = (v) => (this.opts.fmt ? this.fmt(v) : Number.isInteger(v) ? fmtCompact(v) : fmtRate(v));
+    g.font = font;
+    const labelW = Math.max(...[0, 1, 2, 3, 4].map((i) => g.measureText(label((maxV * i) / 4)).width));
+    const x0 = Math.max(PAD.left, Math.ceil(labelW) + 14);
     const x1 = w - PAD.right;
     const y0 = hgt - PAD.bottom;
     const y1 = PAD.top;
@@ -154,7 +161,7 @@ export class TimeChart {
       g.lineTo(x1, y);
       g.stroke();
       g.fillStyle = muted;
-      g.fillText(this.opts.fmt ? this.fmt(v) : Number.isInteger(v) ? fmtCompact(v) : fmtRate(v), x0 - 8, y);
+      g.fillText(label(v), x0 - 8, y);
     }
     // x labels at round clock times
     const step = this.window <= 60 ? 15 : this.window <= 300 ? 60 : 180;

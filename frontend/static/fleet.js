@@ -20,10 +20,10 @@ const salt = (s) => (s === "" ? "(default)" : s);
 
 const charts = {
   tenants: new TimeChart($("chart-tenants"), {
-    title: "Usage by tenant", unit: "", legend: $("legend-tenants"), fmt: fmtBytes, series: [],
+    title: "Usage by tenant", unit: "", legend: $("legend-tenants"), fmt: fmtBytes, binary: true, series: [],
   }),
   quota: new TimeChart($("chart-quota"), {
-    title: "Usage against quota", unit: "", legend: $("legend-quota"), fmt: fmtBytes, stacked: false, series: [],
+    title: "Usage against quota", unit: "", legend: $("legend-quota"), fmt: fmtBytes, binary: true, stacked: false, series: [],
   }),
   evictions: new TimeChart($("chart-evictions"), {
     title: "Eviction dispatches", unit: "/s", legend: $("legend-evictions"),

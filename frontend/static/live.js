@@ -117,6 +117,8 @@ export class Live {
       if (withHistory && feed.history) this.needHistory = false;
       const v = $("version");
       if (v) v.textContent = `v${feed.version}`;
+      const clock = $("server-time");
+      if (clock) clock.textContent = fmtClock(this.serverNow());
       this.onFeed(feed, withHistory && !!feed.history);
       this.failures = 0;
       this.polls++;

@@ -14,7 +14,7 @@ const rates = new Series("rate", ["hit", "miss", "evict_l1", "evict_l2", "put_by
 
 const charts = {
   bytes: new TimeChart($("chart-bytes"), {
-    title: "Tier usage", unit: "", legend: $("legend-bytes"), stacked: false, fmt: fmtBytes,
+    title: "Tier usage", unit: "", legend: $("legend-bytes"), stacked: false, fmt: fmtBytes, binary: true,
     series: [{ key: "l1_bytes", label: "L1", color: "--s1" }, { key: "l2_bytes", label: "L2", color: "--s2" }],
   }),
   objects: new TimeChart($("chart-objects"), {
@@ -87,7 +87,7 @@ function renderKpis(feed) {
     ? `${fmtCompact(c.get_hit)} hits · ${fmtCompact(c.get_miss)} misses${last ? ` · ${fmtRate(last.hit + last.miss)}/s` : ""}`
     : "no GET yet");
   setText(kpi("traffic"), last ? fmtByteRate(last.put_bytes + last.get_bytes) : "–");
-  setText(kpi("traffic-sub"), `in ${fmtBytes(c.put_bytes)} · out ${fmtBytes(c.get_bytes)} since start`);
+  setText(kpi("traffic-sub"), `in ${fmtBytes(c.put_bytes)} · out ${fmtBytes(c.get_bytes)}`);
   const ev = feed.l1.evictions + (feed.l2 ? feed.l2.evictions : 0);
   setText(kpi("evictions"), fmtCompact(ev));
   setText(kpi("evictions-sub"), `L1 ${fmtCompact(feed.l1.evictions)} · L2 ${feed.l2 ? fmtCompact(feed.l2.evictions) : "–"} · ${fmtBytes(feed.l1.evicted_bytes + (feed.l2 ? feed.l2.evicted_bytes : 0))}`);
