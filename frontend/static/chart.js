@@ -1,5 +1,6 @@
-// A small stacked-area time-series chart on <canvas>: crisp on any device pixel ratio, themed
-// from CSS variables, with gaps where the dashboard was disconnected and a hover tooltip.
+// A small time-series chart on <canvas> (stacked areas, or overlaid areas and dashed lines):
+// crisp on any device pixel ratio, themed from CSS variables, with gaps where the dashboard
+// was disconnected and a hover tooltip.
 
 import { fmtClock, fmtCompact, fmtRate } from "./format.js";
 
@@ -32,33 +33,55 @@ function cssVar(name) {
 export class TimeChart {
   /**
    * @param {HTMLCanvasElement} canvas
-   * @param {{series: {key: string, label: string, color: string}[], legend?: HTMLElement,
-   *          title: string, unit: string}} opts  series are stacked bottom-up; color is a CSS
-   *          variable name.
+   * @param {{series: {key: string, label: string, color: string, dash?: boolean}[],
+   *          legend?: HTMLElement, title: string, unit: string, stacked?: boolean,
+   *          fmt?: (v: number) => string}} opts  series are stacked bottom-up unless
+   *          `stacked` is false (then each is drawn from zero; `dash` ones as a dashed line, no
+   *          fill); color is a CSS variable name; `fmt` formats values (default: a rate);
+   *          `binary` rounds the axis in powers of 1024 (bytes).
    */
   constructor(canvas, opts) {
     this.canvas = canvas;
     this.opts = opts;
+    this.stacked = opts.stacked !== false;
+    this.fmt = opts.fmt || fmtRate;
     this.points = [];
     this.window = 300;
     this.now = 0;
     this.gap = 10;
     this.hover = null;
     this.legendCells = [];
-    if (opts.legend) {
-      for (const s of opts.series) {
-        const swatch = document.createElement("i");
-        const value = document.createElement("b");
-        const item = document.createElement("span");
-        item.append(swatch, s.label, value);
-        opts.legend.append(item);
-        this.legendCells.push({ swatch, value, s });
-      }
-    }
+    this.buildLegend();
     new ResizeObserver(() => this.draw()).observe(canvas);
     matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => this.draw());
     canvas.addEventListener("pointermove", (e) => this.onMove(e));
     canvas.addEventListener("pointerleave", () => { this.hover = null; tooltip().hidden = true; this.draw(); });
+  }
+
+  buildLegend() {
+    this.legendCells = [];
+    const legend = this.opts.legend;
+    if (!legend) return;
+    legend.replaceChildren();
+    for (const s of this.opts.series) {
+      const swatch = document.createElement("i");
+      if (s.dash) swatch.className = "dash";
+      const value = document.createElement("b");
+      const item = document.createElement("span");
+      item.append(swatch, s.label, value);
+      legend.append(item);
+      this.legendCells.push({ swatch, value, s });
+    }
+  }
+
+  /** Replaces the series (same shape as the constructor's), rebuilding the legend. */
+  setSeries(series) {
+    const sig = JSON.stringify(series);
+    if (sig === this.seriesSig) return;
+    this.seriesSig = sig;
+    this.opts.series = series;
+    this.buildLegend();
+    this.draw();
   }
 
   /**
@@ -106,9 +129,18 @@ export class TimeChart {
     const inWindow = pts.filter((p) => p.t >= this.now - this.window);
     c.dataset.points = String(inWindow.length);
 
-    const totals = pts.map((p) => series.reduce((a, s) => a + (p[s.key] || 0), 0));
-    const maxV = 4 * niceCeil((Math.max(0, ...totals) * 1.08) / 4); // four round steps
-    const x0 = PAD.left;
+    const height = (p) => (this.stacked
+      ? series.reduce((a, s) => a + (p[s.key] || 0), 0)
+      : Math.max(0, ...series.map((s) => p[s.key] || 0)));
+    const totals = pts.map(height);
+    const yStep = (Math.max(0, ...totals) * 1.08) / 4;
+    // Four round steps; for bytes, round in the binary unit the values are shown in.
+    const unit = this.opts.binary && yStep >= 1024 ? 1024 ** Math.floor(Math.log(yStep) / Math.log(1024)) : 1;
+    const maxV = 4 * unit * niceCeil(yStep / unit);
+    const label = (v) => (this.opts.fmt ? this.fmt(v) : Number.isInteger(v) ? fmtCompact(v) : fmtRate(v));
+    g.font = font;
+    const labelW = Math.max(...[0, 1, 2, 3, 4].map((i) => g.measureText(label((maxV * i) / 4)).width));
+    const x0 = Math.max(PAD.left, Math.ceil(labelW) + 14);
     const x1 = w - PAD.right;
     const y0 = hgt - PAD.bottom;
     const y1 = PAD.top;
@@ -129,7 +161,7 @@ export class TimeChart {
       g.lineTo(x1, y);
       g.stroke();
       g.fillStyle = muted;
-      g.fillText(Number.isInteger(v) ? fmtCompact(v) : fmtRate(v), x0 - 8, y);
+      g.fillText(label(v), x0 - 8, y);
     }
     // x labels at round clock times
     const step = this.window <= 60 ? 15 : this.window <= 300 ? 60 : 180;
@@ -174,23 +206,28 @@ export class TimeChart {
       if (r.length < 2) continue;
       let below = r.map(() => 0);
       series.forEach((s, si) => {
-        const above = r.map((p, i) => below[i] + (p[s.key] || 0));
-        const grad = g.createLinearGradient(0, y1, 0, y0);
-        grad.addColorStop(0, withAlpha(colors[si], 0.34));
-        grad.addColorStop(1, withAlpha(colors[si], 0.06));
-        g.beginPath();
-        r.forEach((p, i) => (i ? g.lineTo(X(p.t), Y(above[i])) : g.moveTo(X(p.t), Y(above[i]))));
-        for (let i = r.length - 1; i >= 0; i--) g.lineTo(X(r[i].t), Y(below[i]));
-        g.closePath();
-        g.fillStyle = grad;
-        g.fill();
+        const base = this.stacked ? below : below.map(() => 0);
+        const above = r.map((p, i) => base[i] + (p[s.key] || 0));
+        if (!s.dash) {
+          const grad = g.createLinearGradient(0, y1, 0, y0);
+          grad.addColorStop(0, withAlpha(colors[si], this.stacked ? 0.34 : 0.2));
+          grad.addColorStop(1, withAlpha(colors[si], this.stacked ? 0.06 : 0.03));
+          g.beginPath();
+          r.forEach((p, i) => (i ? g.lineTo(X(p.t), Y(above[i])) : g.moveTo(X(p.t), Y(above[i]))));
+          for (let i = r.length - 1; i >= 0; i--) g.lineTo(X(r[i].t), Y(base[i]));
+          g.closePath();
+          g.fillStyle = grad;
+          g.fill();
+        }
         g.beginPath();
         r.forEach((p, i) => (i ? g.lineTo(X(p.t), Y(above[i])) : g.moveTo(X(p.t), Y(above[i]))));
         g.strokeStyle = colors[si];
-        g.lineWidth = 1.6;
+        g.lineWidth = s.dash ? 1.3 : 1.6;
         g.lineJoin = "round";
+        g.setLineDash(s.dash ? [5, 4] : []);
         g.stroke();
-        below = above;
+        g.setLineDash([]);
+        if (this.stacked) below = above;
       });
     }
     g.restore();
@@ -211,7 +248,7 @@ export class TimeChart {
         g.setLineDash([]);
         let acc = 0;
         series.forEach((s, si) => {
-          acc += shown[s.key] || 0;
+          acc = (this.stacked ? acc : 0) + (shown[s.key] || 0);
           g.beginPath();
           g.arc(x, Y(acc), 3, 0, Math.PI * 2);
           g.fillStyle = colors[si];
@@ -222,15 +259,16 @@ export class TimeChart {
     }
     this.updateLegend(shown || pts[pts.length - 1]);
     const last = pts[pts.length - 1];
-    const now = series.map((s) => `${s.label} ${fmtRate(last[s.key])}`).join(", ");
-    const peak = Math.max(...inWindow.map((p) => series.reduce((a, s) => a + (p[s.key] || 0), 0)));
-    c.setAttribute("aria-label", `${this.opts.title} (${this.opts.unit}): now ${now}; peak ${fmtRate(peak)} over the last ${Math.round(this.window / 60)} minutes`);
+    const now = series.map((s) => `${s.label} ${this.fmt(last[s.key])}`).join(", ");
+    const peak = Math.max(...inWindow.map(height));
+    c.setAttribute("aria-label", `${this.opts.title} (${this.opts.unit}): now ${now}; peak ${this.fmt(peak)} over the last ${Math.round(this.window / 60)} minutes`);
   }
 
   updateLegend(p) {
     this.legendCells.forEach(({ swatch, value, s }) => {
-      swatch.style.background = cssVar(s.color);
-      value.textContent = p ? fmtRate(p[s.key]) : "–";
+      if (s.dash) swatch.style.borderTopColor = cssVar(s.color);
+      else swatch.style.background = cssVar(s.color);
+      value.textContent = p && p[s.key] != null ? this.fmt(p[s.key]) : "–";
     });
   }
 
@@ -253,16 +291,18 @@ export class TimeChart {
       const sw = document.createElement("i");
       sw.style.background = cssVar(s.color);
       const b = document.createElement("b");
-      b.textContent = `${fmtRate(p[s.key])} ${this.opts.unit}`;
+      b.textContent = `${p[s.key] == null ? "–" : this.fmt(p[s.key])} ${this.opts.unit}`.trim();
       row.append(sw, s.label, b);
       t.append(row);
       total += p[s.key] || 0;
     }
-    const row = document.createElement("div");
-    const b = document.createElement("b");
-    b.textContent = `${fmtRate(total)} ${this.opts.unit}`;
-    row.append("total", b);
-    t.append(row);
+    if (this.stacked && this.opts.series.length > 1) {
+      const row = document.createElement("div");
+      const b = document.createElement("b");
+      b.textContent = `${this.fmt(total)} ${this.opts.unit}`.trim();
+      row.append("total", b);
+      t.append(row);
+    }
     t.hidden = false;
     const r = this.canvas.getBoundingClientRect();
     const tw = t.offsetWidth;

@@ -107,3 +107,22 @@ export function bar(fraction, extraClass = "") {
   fill.style.width = `${Math.max(0, Math.min(1, fraction)) * 100}%`;
   return h("span", { class: `bar ${extraClass}`.trim() }, fill);
 }
+
+/** 512 B · 1.5 KiB · 12.3 MiB · 1.02 GiB (binary units, three significant digits). */
+export function fmtBytes(n) {
+  if (n == null || !Number.isFinite(n)) return "–";
+  const a = Math.abs(n);
+  if (a < 1024) return `${Math.round(n)} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+  let v = a;
+  let i = -1;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  const s = v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+  return `${n < 0 ? "-" : ""}${s.replace(/\.0+$|(\.\d*?)0+$/, "$1")} ${units[i]}`;
+}
+
+/** A byte rate: 0 · 1.5 KiB/s … */
+export function fmtByteRate(r) {
+  if (r == null || !Number.isFinite(r)) return "–";
+  return r === 0 ? "0" : `${fmtBytes(r)}/s`;
+}

@@ -111,6 +111,7 @@ pub(crate) type Shared = Arc<ApiState>;
 pub fn router(state: Shared) -> Router {
     let limits = state.http;
     Router::new()
+        .merge(super::dashboard::routes(&state))
         .route("/instances", post(register).get(list_instances))
         .route("/instances/{id}/heartbeat", put(heartbeat))
         .route("/instances/{id}", delete(deregister))
@@ -143,6 +144,9 @@ pub fn router(state: Shared) -> Router {
             "/openapi.json",
             get(|| async { Json(super::openapi::document()) }),
         )
+        .layer(axum::middleware::from_fn(
+            crate::web::guard::same_origin_only,
+        ))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(
             limits.max_body_bytes,

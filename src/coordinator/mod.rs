@@ -22,6 +22,7 @@
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
+//! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //!
 //! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
 //! [`run`] serves until a token is cancelled. This module must not touch the controller's
@@ -29,6 +30,7 @@
 
 pub mod api;
 pub mod cache_api;
+pub mod dashboard;
 pub mod driver;
 pub mod events;
 pub mod fleet;

@@ -166,6 +166,11 @@ impl Model {
         }
     }
 
+    /// The limits and eviction settings, read-only.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
     /// The fleet, read-only.
     pub fn fleet(&self) -> &Fleet {
         &self.fleet

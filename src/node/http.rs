@@ -1,5 +1,6 @@
 //! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
-//! at scrape), `/healthz`, and the coordinator's `GET`/`DELETE /cache/objects` (`objects`).
+//! at scrape), `/healthz`, the coordinator's `GET`/`DELETE /cache/objects` (`objects`), and the
+//! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 use super::metrics::NodeMetrics;
 use super::tiers::Tiers;
@@ -20,6 +21,7 @@ struct AppState {
 /// The node's HTTP routes.
 pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
     Router::new()
+        .merge(super::dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -34,6 +36,9 @@ pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
             }),
         )
         .layer(DefaultBodyLimit::max(super::objects::MAX_DELETE_BODY))
+        .layer(axum::middleware::from_fn(
+            crate::web::guard::same_origin_only,
+        ))
         .with_state(AppState { tiers, metrics })
 }
 

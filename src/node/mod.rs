@@ -7,13 +7,14 @@
 //! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
 //! - `server` — the accept loop and the per-connection request loop.
 //! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
-//!   prometheus registry.
+//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port.
 //!
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
 pub mod codec;
 pub mod config;
+mod dashboard;
 mod disk;
 mod http;
 mod lru;

@@ -7,8 +7,10 @@
 //! `Content-Security-Policy` of `'self'` only makes the browser itself refuse any request
 //! that would leave the host, and refuse inline script and style.
 //!
-//! Knows no service: which folder is served is the type parameter, a `RustEmbed` type the
-//! service declares (the controller: `frontend/`).
+//! Knows no service: which folder is served is the type parameter, a `RustEmbed` type. Every
+//! service serves the same [`Frontend`] (`frontend/`, embedded once), each with its own page
+//! at `/` ([`page`]): the controller `index.html`, the indexer `indexer.html`, the
+//! coordinator `fleet.html`, the node `node.html`.
 
 use super::error::ApiError;
 use axum::extract::Path;
@@ -23,16 +25,28 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
                    connect-src 'self'; base-uri 'none'; form-action 'none'; \
                    frame-ancestors 'none'";
 
+/// The dashboards' files (`frontend/`: one HTML page per service and their shared
+/// `static/` modules), compiled into the binary once (read from disk in debug builds).
+#[derive(RustEmbed)]
+#[folder = "frontend/"]
+pub struct Frontend;
+
 /// The routes serving `E`: `/` is its `index.html`, `/static/<path>` its `static/<path>`.
 pub fn routes<E: RustEmbed + Send + Sync + 'static, S: Clone + Send + Sync + 'static>() -> Router<S>
 {
-    Router::new()
-        .route("/", get(index_page::<E>))
-        .route("/static/{*path}", get(static_asset::<E>))
+    page::<E, S>("index.html")
 }
 
-async fn index_page<E: RustEmbed>(headers: HeaderMap) -> Response {
-    asset::<E>("index.html", &headers)
+/// The routes serving `E` with `page` (a top-level file of `E`) at `/`, and `/static/<path>`.
+pub fn page<E: RustEmbed + Send + Sync + 'static, S: Clone + Send + Sync + 'static>(
+    page: &'static str,
+) -> Router<S> {
+    Router::new()
+        .route(
+            "/",
+            get(move |headers: HeaderMap| async move { asset::<E>(page, &headers) }),
+        )
+        .route("/static/{*path}", get(static_asset::<E>))
 }
 
 async fn static_asset<E: RustEmbed>(Path(path): Path<String>, headers: HeaderMap) -> Response {
@@ -129,10 +143,7 @@ mod tests {
     use serde_json::Value;
     use tower::ServiceExt;
 
-    /// The controller's dashboard, the one embedded folder there is to test with.
-    #[derive(RustEmbed)]
-    #[folder = "frontend/"]
-    struct Assets;
+    type Assets = Frontend;
 
     fn app() -> Router {
         routes::<Assets, ()>()
@@ -218,7 +229,10 @@ mod tests {
                 continue; // never reachable: `/static/` maps only into frontend/static/
             }
             let Some(rest) = path.strip_prefix("static/") else {
-                assert_eq!(path, "index.html", "only index.html lives outside static/");
+                assert!(
+                    PAGES.contains(&&*path),
+                    "only the services' pages live outside static/: {path}"
+                );
                 continue;
             };
             let resp = get_req(app(), &format!("/static/{rest}"), &[]).await;
@@ -243,9 +257,20 @@ mod tests {
         assert_eq!(stale.status(), StatusCode::OK);
     }
 
+    /// Every service's page.
+    const PAGES: [&str; 4] = ["index.html", "indexer.html", "fleet.html", "node.html"];
+
     #[tokio::test]
-    async fn the_page_references_only_embedded_same_origin_assets() {
+    async fn every_page_references_only_embedded_same_origin_assets() {
+        for name in PAGES {
+            page_references_only_embedded_assets(name).await;
+        }
+    }
+
+    async fn page_references_only_embedded_assets(name: &'static str) {
+        let app = || page::<Assets, ()>(name);
         let resp = get_req(app(), "/", &[]).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{name}");
         let csp = resp.headers()[header::CONTENT_SECURITY_POLICY]
             .to_str()
             .expect("ascii")
@@ -265,7 +290,7 @@ mod tests {
                 }
                 let path = url.split('?').next().unwrap_or(url);
                 let resp = get_req(app(), path, &[]).await;
-                assert_eq!(resp.status(), StatusCode::OK, "{url} is embedded");
+                assert_eq!(resp.status(), StatusCode::OK, "{name}: {url} is embedded");
             }
         }
     }

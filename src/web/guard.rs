@@ -12,6 +12,12 @@
 //!
 //! This is FastAPI's fix for CVE-2021-32677, which LMCache's controller inherits. A reverse
 //! proxy in front must pass `Host` through unchanged.
+//!
+//! [`same_origin_only`] is the second half alone, for services whose clients send
+//! state-changing requests without a body (LMCache's MP servers: `PUT .../heartbeat`,
+//! `DELETE /instances/{id}`) or without a content type (the Conductor's clients): a browser
+//! names the page's origin on every such request, so a page of another origin is refused
+//! whatever it sends, and non-browser clients pass unchanged.
 
 use super::error::ApiError;
 use axum::extract::Request;
@@ -28,6 +34,19 @@ pub async fn same_origin_json(request: Request, next: Next) -> Response {
         return next.run(request).await;
     }
     match check(request.headers(), request.uri()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware: 403 for a state-changing request a page of another origin sent (`Origin` or
+/// `Sec-Fetch-Site` say so); any content type. Use with
+/// `axum::middleware::from_fn(same_origin_only)`.
+pub async fn same_origin_only(request: Request, next: Next) -> Response {
+    if request.method().is_safe() {
+        return next.run(request).await;
+    }
+    match check_origin(request.headers(), request.uri()) {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
     }
@@ -52,6 +71,15 @@ pub fn check(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
             }
         )));
     }
+    check_origin(headers, uri)
+}
+
+/// The origin half of the rule: a browser's `Sec-Fetch-Site` must be `same-origin` or
+/// `none`, its `Origin` must name `Host`; requests without them pass.
+///
+/// # Errors
+/// [`ApiError::Forbidden`].
+pub fn check_origin(headers: &HeaderMap, uri: &Uri) -> Result<(), ApiError> {
     if let Some(site) = headers.get("sec-fetch-site") {
         if !matches!(site.as_bytes(), b"same-origin" | b"none") {
             return Err(cross_origin("the browser says it is"));
@@ -162,6 +190,36 @@ mod tests {
             verdict(&[HOST]),
             Some(StatusCode::UNSUPPORTED_MEDIA_TYPE),
             "missing"
+        );
+    }
+
+    #[test]
+    fn the_origin_half_alone_takes_any_body_type() {
+        let verdict = |pairs: &[(&str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(
+                    HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                    HeaderValue::from_str(v).expect("value"),
+                );
+            }
+            check_origin(&h, &Uri::from_static("/register"))
+                .err()
+                .map(|e| e.status())
+        };
+        assert_eq!(verdict(&[]), None, "curl, LMCache: no Origin");
+        assert_eq!(verdict(&[("content-type", "text/plain"), HOST]), None);
+        assert_eq!(verdict(&[HOST, ("origin", "http://127.0.0.1:9000")]), None);
+        assert_eq!(
+            verdict(&[HOST, ("origin", "http://evil.example")]),
+            Some(StatusCode::FORBIDDEN)
+        );
+        assert_eq!(
+            verdict(&[
+                ("content-type", "text/plain"),
+                ("sec-fetch-site", "cross-site")
+            ]),
+            Some(StatusCode::FORBIDDEN)
         );
     }
 

@@ -13,7 +13,9 @@
 //! * `auth` — the bearer-token middleware;
 //! * `guard` — the CSRF guard of state-changing routes (JSON content type, same origin);
 //! * `metrics_layer` — request counts and times by matched route, limit hits;
-//! * `assets` — a `rust-embed` folder served with ETags and a strict CSP;
+//! * `assets` — a `rust-embed` folder served with ETags and a strict CSP (the dashboards'
+//!   `frontend/`, one page per service);
+//! * `history` — a dashboard's server-side history: a bounded ring of samples and its sampler;
 //! * `limits` — the HTTP limits, their defaults and their reporting;
 //! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts.
 
@@ -21,6 +23,7 @@ pub mod assets;
 pub mod auth;
 pub mod error;
 pub mod guard;
+pub mod history;
 pub mod limits;
 pub mod metrics_layer;
 pub mod schema;

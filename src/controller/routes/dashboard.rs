@@ -19,15 +19,12 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use prometheus::core::Collector;
 use prometheus::IntCounterVec;
-use rust_embed::RustEmbed;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// The dashboard's files, compiled into the binary (read from disk in debug builds).
-#[derive(RustEmbed)]
-#[folder = "frontend/"]
-struct Assets;
+/// The dashboards' files, compiled into the binary once for every service.
+use crate::web::assets::Frontend as Assets;
 
 /// The dashboard routes, merged into the API router before its state is attached. The feed
 /// reads the [`History`] from an `Extension` layered on by the caller.

@@ -1,6 +1,7 @@
 //! The indexer's routes (spec §1): `POST /register`, `/unregister`, `/query`,
 //! `/query_by_hash`; `GET /services`, `/healthz`, `/metrics`, `/openapi.json`. Every error is
-//! JSON (`api::ApiError`), a wrong method included (405).
+//! JSON (`api::ApiError`), a wrong method included (405). The dashboard (`/`, `/static/*`,
+//! `/api/dashboard`) is `super::dashboard`; a POST from a page of another origin is a 403.
 
 use super::api::{self, ApiError};
 use super::metrics::Text;
@@ -30,6 +31,7 @@ type PublisherFamily = (
 pub(crate) fn router(state: Arc<IndexerState>) -> Router {
     let limit = state.config.max_body_bytes;
     Router::new()
+        .merge(super::dashboard::routes(&state))
         .route("/register", post(register))
         .route("/unregister", post(unregister))
         .route("/query", post(query))
@@ -41,6 +43,9 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(
+            crate::web::guard::same_origin_only,
+        ))
         .with_state(state)
 }
 

@@ -5,6 +5,7 @@
 //! the index lock is never held across an `.await`). Sockets are in [`crate::transport`].
 
 pub mod api;
+mod dashboard;
 mod http;
 mod metrics;
 mod openapi;

@@ -1,0 +1,222 @@
+//! The node's dashboard on `--http-port`: the shared `frontend/` app with `node.html` at `/`,
+//! and its one JSON feed, `GET /api/dashboard[?history=1]`: tier usage (bytes and objects of
+//! L1 and L2 against their budgets), the counters (GET hits and misses, evictions, bytes in
+//! and out, refusals) and, on request, the server-side history of those figures
+//! ([`crate::web::history`], a sample every 2 s for 15 minutes), so the charts are full on
+//! open.
+//!
+//! Read-only: no route here changes anything. Reads the tiers' usage (two short locks) and
+//! the node's own prometheus registry (never `with_label_values` on a read, which would
+//! create empty series in `/metrics`).
+
+use super::metrics::NodeMetrics;
+use super::tiers::Tiers;
+use crate::web::assets::{page, Frontend};
+use crate::web::history::{spawn_sampler, unix_now, History, HistoryPage, Sample};
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use prometheus::core::Collector;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Values per history sample: the node sends 10.
+const MAX_SERIES: usize = 16;
+
+#[derive(Clone)]
+struct Dash {
+    tiers: Arc<Tiers>,
+    metrics: Arc<NodeMetrics>,
+    history: Arc<History>,
+}
+
+/// The dashboard's routes, and its sampler (which ends when these routes are dropped).
+pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
+    tiers: &Arc<Tiers>,
+    metrics: &Arc<NodeMetrics>,
+) -> Router<S> {
+    let history = Arc::new(History::dashboard(MAX_SERIES));
+    let (t, m) = (Arc::clone(tiers), Arc::clone(metrics));
+    spawn_sampler(&history, move || {
+        let s = sample(&t, &m, unix_now());
+        async move { Some(s) }
+    });
+    page::<Frontend, Dash>("node.html")
+        .route("/api/dashboard", get(feed))
+        .with_state(Dash {
+            tiers: Arc::clone(tiers),
+            metrics: Arc::clone(metrics),
+            history,
+        })
+}
+
+/// Sum of the samples of `metric` (a counter or gauge family) whose labels include every
+/// `(name, value)` of `want`.
+fn read(metric: &impl Collector, want: &[(&str, &str)]) -> u64 {
+    let mut sum = 0.0;
+    for family in metric.collect() {
+        let counter = family.get_field_type() == prometheus::proto::MetricType::COUNTER;
+        for m in family.get_metric() {
+            let labels = m.get_label();
+            if want
+                .iter()
+                .all(|(k, v)| labels.iter().any(|l| l.name() == *k && l.value() == *v))
+            {
+                sum += if counter {
+                    m.get_counter().get_value()
+                } else {
+                    m.get_gauge().get_value()
+                };
+            }
+        }
+    }
+    if sum > 0.0 {
+        sum as u64
+    } else {
+        0
+    }
+}
+
+/// One tier's figures.
+#[derive(Serialize)]
+struct Tier {
+    bytes: u64,
+    objects: usize,
+    /// The byte budget (`--l1-size-gb` / `--l2-size-gb`).
+    capacity_bytes: u64,
+    evictions: u64,
+    evicted_bytes: u64,
+    stores_refused: u64,
+}
+
+/// Cumulative since start: the page turns deltas into rates.
+#[derive(Serialize)]
+struct Counters {
+    get_hit: u64,
+    get_miss: u64,
+    exist_hit: u64,
+    exist_miss: u64,
+    puts: u64,
+    put_bytes: u64,
+    get_bytes: u64,
+    bad_requests: u64,
+    connections_open: u64,
+    connections_total: u64,
+    connections_refused: u64,
+    l2_writes_ok: u64,
+    l2_write_errors: u64,
+    l2_reads_ok: u64,
+    l2_read_errors: u64,
+    l2_promotions: u64,
+}
+
+#[derive(Serialize)]
+struct Feed {
+    server_time: f64,
+    version: &'static str,
+    service: &'static str,
+    l1: Tier,
+    /// `null` without `--l2-path`.
+    l2: Option<Tier>,
+    counters: Counters,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<HistoryPage>,
+}
+
+fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str) -> Tier {
+    let (bytes, objects) = if name == "l1" {
+        (tiers.l1_bytes, tiers.l1_objects)
+    } else {
+        (tiers.l2_bytes, tiers.l2_objects)
+    };
+    let t = [("tier", name)];
+    Tier {
+        bytes,
+        objects,
+        capacity_bytes: read(&m.tier_capacity_bytes, &t),
+        evictions: read(&m.evictions, &t),
+        evicted_bytes: read(&m.evicted_bytes, &t),
+        stores_refused: read(&m.stores_refused, &t),
+    }
+}
+
+fn counters(m: &NodeMetrics) -> Counters {
+    let req = |command: &str, outcome: &str| {
+        read(&m.requests, &[("command", command), ("outcome", outcome)])
+    };
+    Counters {
+        get_hit: req("get", "hit"),
+        get_miss: req("get", "miss"),
+        exist_hit: req("exist", "hit"),
+        exist_miss: req("exist", "miss"),
+        puts: read(&m.requests, &[("command", "put")]),
+        put_bytes: m.put_bytes.get(),
+        get_bytes: m.get_bytes.get(),
+        bad_requests: read(&m.bad_requests, &[]),
+        connections_open: u64::try_from(m.connections_open.get()).unwrap_or(0),
+        connections_total: m.connections_total.get(),
+        connections_refused: m.connections_refused.get(),
+        l2_writes_ok: read(&m.l2_writes, &[("outcome", "ok")]),
+        l2_write_errors: read(&m.l2_writes, &[("outcome", "error")]),
+        l2_reads_ok: read(&m.l2_reads, &[("outcome", "ok")]),
+        l2_read_errors: read(&m.l2_reads, &[("outcome", "error")]),
+        l2_promotions: m.l2_promotions.get(),
+    }
+}
+
+/// Whether the node has an L2 tier (its budget gauge was set at start).
+fn has_l2(m: &NodeMetrics) -> bool {
+    m.tier_capacity_bytes
+        .collect()
+        .iter()
+        .flat_map(|f| f.get_metric())
+        .any(|s| s.get_label().iter().any(|l| l.value() == "l2"))
+}
+
+/// One history sample: tier gauges, then cumulative counters.
+fn sample(tiers: &Tiers, m: &NodeMetrics, now: f64) -> Sample {
+    let u = tiers.usage();
+    let c = counters(m);
+    let ev = |t: &str| read(&m.evictions, &[("tier", t)]) as f64;
+    Sample::at(now)
+        .with("l1_bytes", u.l1_bytes as f64)
+        .with("l2_bytes", u.l2_bytes as f64)
+        .with("l1_objects", u.l1_objects as f64)
+        .with("l2_objects", u.l2_objects as f64)
+        .with("hit", c.get_hit as f64)
+        .with("miss", c.get_miss as f64)
+        .with("evict_l1", ev("l1"))
+        .with("evict_l2", ev("l2"))
+        .with("put_bytes", c.put_bytes as f64)
+        .with("get_bytes", c.get_bytes as f64)
+}
+
+/// `?history=1` adds the server-side history (the page asks for it on its first poll).
+#[derive(Deserialize)]
+struct FeedQuery {
+    history: Option<String>,
+}
+
+async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
+    let usage = d.tiers.usage();
+    let m = &d.metrics;
+    let body = Feed {
+        server_time: (unix_now() * 1000.0).round() / 1000.0,
+        version: env!("CARGO_PKG_VERSION"),
+        service: "node",
+        l1: tier(&usage, m, "l1"),
+        l2: has_l2(m).then(|| tier(&usage, m, "l2")),
+        counters: counters(m),
+        history: (q.history.as_deref() == Some("1")).then(|| d.history.page()),
+    };
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        Json(body),
+    )
+        .into_response()
+}
