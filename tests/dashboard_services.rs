@@ -324,20 +324,26 @@ async fn indexer_page_shows_publishers_history_and_answers_the_query_box() {
     let mut publisher = Publisher { socket, next: 0 };
     let query = json!({"model": MODEL, "block_size": BLOCK, "token_ids": prompt()});
     let mut found = false;
+    let mut last = Value::Null;
     for _ in 0..100 {
         publisher
             .publish(&[vllm::stored(&[1, 2, 3, 4], &prompt(), BLOCK, "GPU")])
             .await;
         let (status, v) = http(addr, "POST", "/query", Some(&query.to_string()), &[]).await;
         assert_eq!(status, 200, "{v}");
-        if v["default"]["vllm-0"]["longest_matched"] == 4 {
-            assert_eq!(v["default"]["vllm-0"]["GPU"], 4, "{v}");
+        last = v.clone();
+        // Counts are tokens (whole blocks only): 4 blocks of 4.
+        if v["default"]["vllm-0"]["longest_matched"] == 16 {
+            assert_eq!(v["default"]["vllm-0"]["GPU"], 16, "{v}");
             found = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(found, "the prompt was never indexed");
+    if !found {
+        let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+        panic!("the prompt was never indexed; last /query: {last}; GET /services: {services}");
+    }
     cross_origin_is_refused(addr, "POST", "/query", &query).await;
 
     let cancel = CancellationToken::new();
