@@ -615,7 +615,7 @@ async fn startup_resync_pages_the_first_registered_server() {
     .await
     .unwrap();
     let port = mp.port();
-    h.with(move |m, now, wall| {
+    h.fleet(move |f, now, wall| {
         let reg = kvplane::coordinator::fleet::Registration {
             instance_id: Some("s1".into()),
             ip: "127.0.0.1".into(),
@@ -624,7 +624,7 @@ async fn startup_resync_pages_the_first_registered_server() {
             p2p_advertised_url: String::new(),
             mq_port: 0,
         };
-        m.register(reg, String::new, now, wall).unwrap();
+        f.register(reg, String::new, now, wall).unwrap();
     })
     .await
     .unwrap();

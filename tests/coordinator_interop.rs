@@ -56,7 +56,7 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
     }
     let instances = server
         .handle
-        .with(|m, _, _| m.fleet().len())
+        .fleet(|f, _, _| f.len())
         .await
         .expect("running");
     assert_eq!(instances, 0);

@@ -10,7 +10,7 @@ use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
 use super::limits::{self, JsonBody, Refused};
 use super::metrics;
-use super::model::{Model, QuotaError};
+use super::model::{Ingested, QuotaError};
 use super::outbound;
 use crate::web::limits::{LimitHit, WebLimit};
 use crate::web::HttpLimits;
@@ -261,7 +261,7 @@ async fn register(
     let gen = || format!("mp-{:032x}", rand::random::<u128>());
     match s
         .handle
-        .with(move |m, now, wall| m.register(req, gen, now, wall))
+        .fleet(move |f, now, wall| f.register(req, gen, now, wall))
         .await?
     {
         Ok((id, again)) => Ok(Json(json!({"instance_id": id, "re_registered": again}))),
@@ -279,7 +279,7 @@ async fn heartbeat(
     let known = {
         let id = id.clone();
         s.handle
-            .with(move |m, now, _| m.heartbeat(&id, now))
+            .fleet(move |f, now, _| f.heartbeat(&id, now))
             .await?
     };
     if known {
@@ -295,14 +295,16 @@ async fn deregister(
     State(s): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, CoordError> {
-    s.handle.with(move |m, _, _| m.deregister(&id)).await?;
+    let gone = id.clone();
+    s.handle.fleet(move |f, _, _| f.remove(&gone)).await?;
+    s.handle.forget_instances(vec![id]).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
     let list = s
         .handle
-        .with(|m, _, _| m.fleet().iter().cloned().collect::<Vec<_>>())
+        .fleet(|f, _, _| f.iter().cloned().collect::<Vec<_>>())
         .await?;
     Ok(Json(json!({ "instances": list })))
 }
@@ -501,8 +503,7 @@ async fn legacy_events(
         return Err(invalid(&s, "seq", "seq must be >= 1"));
     }
     check_events(&s, b.events.len(), "events")?;
-    let batch = Batch::from(b);
-    let got = s.handle.with(move |m, _, _| m.ingest([batch])).await?;
+    let got = ingest(&s, vec![Batch::from(b)]).await?;
     Ok(Json(json!({ "recorded": got.recorded })))
 }
 
@@ -524,8 +525,19 @@ async fn events(
         ));
     }
     let batches: Vec<Batch> = b.batches.into_iter().map(Batch::from).collect();
-    let got = s.handle.with(move |m, _, _| m.ingest(batches)).await?;
+    let got = ingest(&s, batches).await?;
     Ok(Json(json!(got)))
+}
+
+/// Admits the batches in one job, then applies them one slice per job (the owner answers
+/// other callers in between). The reply waits for the last slice, so usage read after a
+/// reply includes the request.
+async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, CoordError> {
+    let (got, slices) = s.handle.with(move |m, _, _| m.admit(batches)).await?;
+    for b in slices {
+        s.handle.with(move |m, _, _| m.apply_slice(b)).await?;
+    }
+    Ok(got)
 }
 
 #[derive(Deserialize)]
@@ -543,7 +555,7 @@ struct PrefetchBody {
 pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
     let key = id.to_owned();
     s.handle
-        .with(move |m: &mut Model, _, _| m.fleet().get(&key).map(|i| (i.ip.clone(), i.http_port)))
+        .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
         .await?
         .ok_or_else(|| {
             CoordError::NotFound(format!("no MP server registered with instance_id='{id}'"))
@@ -633,7 +645,14 @@ async fn prefetch_status(
 }
 
 async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
-    let snapshot = s.handle.with(|m, _, _| metrics::Snapshot::of(m)).await?;
+    let fleet = s
+        .handle
+        .fleet(|f, _, _| metrics::FleetNumbers::of(f))
+        .await?;
+    let snapshot = s
+        .handle
+        .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
+        .await?;
     let text = metrics::render(&snapshot, &s.handle.stats, &s.refused);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

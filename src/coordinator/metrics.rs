@@ -4,28 +4,48 @@
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
 use super::driver::LoopStats;
+use super::fleet::Fleet;
 use super::limits::Refused;
 use super::model::{Counters, Model};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
+/// The fleet's numbers at one instant (read on the fleet owner).
+#[derive(Clone, Copy, Debug)]
+pub struct FleetNumbers {
+    instances: usize,
+    refused: u64,
+    timed_out: u64,
+}
+
+impl FleetNumbers {
+    /// Reads the fleet.
+    pub fn of(f: &Fleet) -> Self {
+        FleetNumbers {
+            instances: f.len(),
+            refused: f.refused,
+            timed_out: f.timed_out,
+        }
+    }
+}
+
 /// The model's numbers at one instant.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     counters: Counters,
-    instances: usize,
+    fleet: FleetNumbers,
     tracked_keys: usize,
     tracked_key_bytes: usize,
     usage_bytes: Vec<(String, f64)>,
 }
 
 impl Snapshot {
-    /// Reads the model.
-    pub fn of(m: &Model) -> Self {
+    /// Reads the model; `fleet` was read just before.
+    pub fn of(m: &Model, fleet: FleetNumbers) -> Self {
         let (_, rows) = m.quota_list();
         Snapshot {
             counters: m.counters.clone(),
-            instances: m.fleet().len(),
+            fleet,
             tracked_keys: m.tracked_keys(),
             tracked_key_bytes: m.tracked_key_memory(),
             usage_bytes: rows
@@ -57,12 +77,12 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         (
             "instances_refused_total",
             "Registrations refused at the instance limit.",
-            c.instances_refused,
+            s.fleet.refused,
         ),
         (
             "instances_timed_out_total",
             "Instances removed by the health sweep.",
-            c.instances_timed_out,
+            s.fleet.timed_out,
         ),
         (
             "batches_applied_total",
@@ -112,7 +132,7 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         (
             "eviction_no_instance_total",
             "Eviction cycles with victims but no instance.",
-            c.eviction_no_instance,
+            loops.eviction_no_instance.load(Ordering::Relaxed),
         ),
         (
             "eviction_keys_planned_total",
@@ -218,7 +238,7 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         "gauge",
         "instances",
         "Registered MP servers.",
-        s.instances as f64,
+        s.fleet.instances as f64,
     );
     series(
         &mut out,

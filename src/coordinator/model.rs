@@ -1,18 +1,20 @@
-//! The coordinator's whole state as one plain struct with plain methods: fleet, event gate,
-//! tracked keys, quotas and the counters behind the metrics.
+//! The coordinator's key state as one plain struct with plain methods: event gate, tracked
+//! keys, quotas, pins and the counters behind the metrics. Fleet membership is not here: it
+//! is the [`Fleet`](super::fleet::Fleet), owned by its own small task so that heartbeats
+//! never wait behind this model's work.
 //!
-//! No I/O and no clock: `now` (monotonic) and the wall-clock time are passed in, random
-//! choices arrive as numbers, and the eviction decision is returned as a list of
-//! [`Dispatch`]es for the driver to perform. One task owns a [`Model`]; nothing else touches
-//! it.
+//! No I/O and no clock: the eviction decision is returned as a list of victim keys, which
+//! the driver sends to an instance the fleet picks ([`dispatches`]). One task owns a
+//! [`Model`]; nothing else touches it. Event batches are admitted whole and applied in
+//! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
+//! owner answers other requests between the slices of a large request.
 
 use super::events::{Admit, Batch, Gate, Op, Tier};
-use super::fleet::{Fleet, FleetError, Instance, Registration};
+use super::fleet::Instance;
 use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
 use super::pins::Pins;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 /// Bytes in one GiB (quota limits are given in GiB).
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -21,11 +23,13 @@ pub const MAX_KEYS_PER_DISPATCH: usize = 10_000;
 /// Most victims planned in one cycle over all salts (the rest wait for the next cycle), so a
 /// cycle's memory and outbound work are bounded whatever the number of tracked keys.
 pub const MAX_VICTIMS_PER_CYCLE: usize = 10 * MAX_KEYS_PER_DISPATCH;
+/// Most events applied in one step of the owner ([`Model::apply_slice`]).
+pub const SLICE_OPS: usize = 4_096;
 
 /// Limits and eviction settings of the model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// Most registered instances (and event cursors).
+    /// Most event cursors (one per registered instance).
     pub max_instances: usize,
     /// Most tracked keys over all salts.
     pub max_tracked_keys: usize,
@@ -40,10 +44,6 @@ pub struct ModelConfig {
 /// Counters the driver exports as metrics. Monotonic unless said otherwise.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
-    /// Registrations refused at the instance limit.
-    pub instances_refused: u64,
-    /// Instances removed by the timeout sweep.
-    pub instances_timed_out: u64,
     /// Batches applied.
     pub batches_applied: u64,
     /// Batches dropped as duplicates.
@@ -62,8 +62,6 @@ pub struct Counters {
     pub keys_rejected: u64,
     /// New keys dropped at the tracked-key limit.
     pub keys_refused: u64,
-    /// Eviction cycles with victims but no registered instance.
-    pub eviction_no_instance: u64,
     /// Keys planned for eviction.
     pub eviction_keys_planned: u64,
     /// Cycles that hit [`MAX_VICTIMS_PER_CYCLE`] (more victims wait for the next cycle).
@@ -137,7 +135,6 @@ pub struct Dispatch {
 /// The coordinator state.
 pub struct Model {
     config: ModelConfig,
-    fleet: Fleet,
     gate: Gate,
     keys: KeyStore,
     /// Explicit quotas in bytes.
@@ -155,7 +152,6 @@ impl Model {
     /// An empty model.
     pub fn new(config: ModelConfig) -> Self {
         Model {
-            fleet: Fleet::new(config.max_instances),
             gate: Gate::new(config.max_instances),
             keys: KeyStore::new(),
             quotas: BTreeMap::new(),
@@ -171,11 +167,6 @@ impl Model {
         &self.config
     }
 
-    /// The fleet, read-only.
-    pub fn fleet(&self) -> &Fleet {
-        &self.fleet
-    }
-
     /// Keys tracked.
     pub fn tracked_keys(&self) -> usize {
         self.keys.len()
@@ -186,43 +177,9 @@ impl Model {
         self.keys.memory_bytes()
     }
 
-    /// `POST /instances`.
-    ///
-    /// # Errors
-    /// [`FleetError::Full`] at the instance limit (counted).
-    pub fn register(
-        &mut self,
-        req: Registration,
-        generated_id: impl FnOnce() -> String,
-        now: Instant,
-        wall_now: f64,
-    ) -> Result<(String, bool), FleetError> {
-        let r = self.fleet.register(req, generated_id, now, wall_now);
-        if r.is_err() {
-            self.counters.instances_refused += 1;
-        }
-        r
-    }
-
-    /// `PUT /instances/{id}/heartbeat`: false for an unknown id.
-    pub fn heartbeat(&mut self, id: &str, now: Instant) -> bool {
-        self.fleet.heartbeat(id, now)
-    }
-
-    /// `DELETE /instances/{id}`: idempotent; forgets the event cursor too.
-    pub fn deregister(&mut self, id: &str) -> bool {
+    /// An instance left (`DELETE /instances/{id}` or the sweep): forgets its event cursor.
+    pub fn forget_instance(&mut self, id: &str) {
         self.gate.forget(id);
-        self.fleet.remove(id)
-    }
-
-    /// The health sweep: removes instances silent for more than `timeout`.
-    pub fn sweep(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
-        let gone = self.fleet.sweep(now, timeout);
-        for id in &gone {
-            self.gate.forget(id);
-        }
-        self.counters.instances_timed_out += gone.len() as u64;
-        gone
     }
 
     /// `PUT /quota/config`: the limit of salts without a quota, in GiB (`None`: exempt).
@@ -287,9 +244,23 @@ impl Model {
         )
     }
 
-    /// Applies batches in order through the sequence gate.
+    /// Admits and applies batches in order (what [`Model::admit`] then
+    /// [`Model::apply_slice`] on each slice do).
     pub fn ingest(&mut self, batches: impl IntoIterator<Item = Batch>) -> Ingested {
+        let (out, slices) = self.admit(batches);
+        for b in slices {
+            self.apply_slice(b);
+        }
+        out
+    }
+
+    /// Passes batches through the sequence gate (the cursors move now) and returns the
+    /// admitted ones cut into slices of at most [`SLICE_OPS`] events, in the order they must
+    /// be applied. Applying nothing of them is like a lost request: the sender's next
+    /// batch is a gap.
+    pub fn admit(&mut self, batches: impl IntoIterator<Item = Batch>) -> (Ingested, Vec<Batch>) {
         let mut out = Ingested::default();
+        let mut slices = Vec::new();
         for b in batches {
             match self.gate.admit(&b.instance_id, b.incarnation, b.seq) {
                 Admit::Duplicate => {
@@ -313,26 +284,18 @@ impl Model {
             out.applied += 1;
             out.recorded += b.ops.len() as u64;
             self.counters.batches_applied += 1;
-            self.apply(b);
+            slice_in_apply_order(b, &mut slices);
         }
-        out
+        (out, slices)
     }
 
-    fn apply(&mut self, b: Batch) {
+    /// Applies one slice from [`Model::admit`], its events in the order given.
+    pub fn apply_slice(&mut self, b: Batch) {
         if b.tier == Tier::L1 {
             self.counters.events_l1_ignored += b.ops.len() as u64;
             return;
         }
-        // A batch of stores holds a sequence's chunks prefix first; recording them in
-        // reverse makes the prefix the most recently used, so eviction takes the tail of a
-        // sequence first (a suffix without its prefix is unreachable; LMCache quirk Q2).
-        let all_stores = b.ops.iter().all(|op| matches!(op, Op::Store(..)));
-        let ops: Box<dyn Iterator<Item = Op>> = if all_stores {
-            Box::new(b.ops.into_iter().rev())
-        } else {
-            Box::new(b.ops.into_iter())
-        };
-        for op in ops {
+        for op in b.ops {
             match self.apply_op(op) {
                 Ok(()) => self.counters.events_applied += 1,
                 Err(_) => self.counters.keys_rejected += 1,
@@ -400,10 +363,11 @@ impl Model {
     /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
     /// quota (no quota: the default limit, 0 bytes unless `PUT /quota/config` changed it;
     /// exempt when that is `None`) gives up its least recently used keys (`eviction_ratio` of
-    /// them, all of them at a 0 quota, at least one); all victims go to the one instance
-    /// `pick` selects (modulo the fleet), in calls of at most [`MAX_KEYS_PER_DISPATCH`] keys.
-    /// Nothing changes here: usage drops when the servers' delete events come back.
-    pub fn plan_evictions(&mut self, pick: u64) -> Vec<Dispatch> {
+    /// them, all of them at a 0 quota, at least one), at most [`MAX_VICTIMS_PER_CYCLE`]; all
+    /// victims go to the one instance
+    /// the driver has the fleet pick ([`dispatches`]). Nothing changes here: usage drops
+    /// when the servers' delete events come back.
+    pub fn plan_evictions(&mut self) -> Vec<EncodedKey> {
         let mut victims = Vec::new();
         let over: Vec<(String, u64)> = self
             .keys
@@ -446,30 +410,54 @@ impl Model {
                 }
             }
         }
-        if victims.is_empty() {
-            return Vec::new();
-        }
-        let Some(target) = self.fleet.pick(pick) else {
-            self.counters.eviction_no_instance += 1;
-            return Vec::new();
-        };
         self.counters.eviction_keys_planned += victims.len() as u64;
-        let Instance {
-            instance_id,
-            ip,
-            http_port,
-            ..
-        } = target;
         victims
-            .chunks(MAX_KEYS_PER_DISPATCH)
-            .map(|keys| Dispatch {
-                instance_id: instance_id.clone(),
-                ip: ip.clone(),
-                http_port: *http_port,
-                keys: keys.to_vec(),
-            })
-            .collect()
     }
+}
+
+/// Cuts an admitted batch into slices of at most [`SLICE_OPS`] events, appended to `out` in
+/// application order. A batch of stores holds a sequence's chunks prefix first; recording
+/// them in reverse makes the prefix the most recently used, so eviction takes the tail of a
+/// sequence first (a suffix without its prefix is unreachable; LMCache quirk Q2).
+fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
+    let Batch {
+        instance_id,
+        incarnation,
+        seq,
+        tier,
+        mut ops,
+    } = b;
+    if ops.iter().all(|op| matches!(op, Op::Store(..))) {
+        ops.reverse();
+    }
+    let slice = |ops: Vec<Op>| Batch {
+        instance_id: instance_id.clone(),
+        incarnation,
+        seq,
+        tier,
+        ops,
+    };
+    if ops.len() <= SLICE_OPS {
+        out.push(slice(ops));
+        return;
+    }
+    let mut rest = ops.into_iter().peekable();
+    while rest.peek().is_some() {
+        out.push(slice(rest.by_ref().take(SLICE_OPS).collect()));
+    }
+}
+
+/// The eviction calls for `victims` to `target`, at most [`MAX_KEYS_PER_DISPATCH`] keys each.
+pub fn dispatches(victims: &[EncodedKey], target: &Instance) -> Vec<Dispatch> {
+    victims
+        .chunks(MAX_KEYS_PER_DISPATCH)
+        .map(|keys| Dispatch {
+            instance_id: target.instance_id.clone(),
+            ip: target.ip.clone(),
+            http_port: target.http_port,
+            keys: keys.to_vec(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
