@@ -113,6 +113,8 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(super::dashboard::routes(&state))
         .route("/instances", post(register).get(list_instances))
+        .route("/instances/usage", get(fleet_usage))
+        .route("/instances/{id}/usage", get(instance_usage))
         .route("/instances/{id}/heartbeat", put(heartbeat))
         .route("/instances/{id}", delete(deregister))
         .route(
@@ -307,6 +309,35 @@ async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordErr
         .fleet(|f, _, _| f.iter().cloned().collect::<Vec<_>>())
         .await?;
     Ok(Json(json!({ "instances": list })))
+}
+
+/// `GET /instances/usage`: the registered ids from the fleet owner, then the model's view.
+async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+    let ids = s
+        .handle
+        .fleet(|f, _, _| f.iter().map(|i| i.instance_id.clone()).collect::<Vec<_>>())
+        .await?;
+    let view = s.handle.with(move |m, _, _| m.fleet_usage(ids)).await?;
+    Ok(Json(json!(view)))
+}
+
+/// `GET /instances/{id}/usage`: 404 when the id is not registered, holds no bytes and
+/// declared nothing.
+async fn instance_usage(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, CoordError> {
+    let key = id.clone();
+    let registered = s.handle.fleet(move |f, _, _| f.get(&key).is_some()).await?;
+    let key = id.clone();
+    match s
+        .handle
+        .with(move |m, _, _| m.instance_usage(&key, registered))
+        .await?
+    {
+        Some(status) => Ok(Json(json!(status))),
+        None => Err(CoordError::NotFound(format!("unknown instance '{id}'"))),
+    }
 }
 
 #[derive(Deserialize)]

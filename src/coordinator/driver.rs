@@ -367,6 +367,9 @@ mod tests {
             incarnation: 0,
             seq: 1,
             tier: Tier::L2,
+            backend: "fs".into(),
+            shared: false,
+            capacity: None,
             ops: (0..n)
                 .map(|i| {
                     Op::Store(

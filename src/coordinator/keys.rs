@@ -146,8 +146,8 @@ pub(crate) struct KeyStore {
 pub(crate) enum Stored {
     /// A new key.
     New,
-    /// A known key, size updated and moved to most recently used.
-    Updated,
+    /// A known key, size updated (from the size given) and moved to most recently used.
+    Updated(u32),
 }
 
 impl KeyStore {
@@ -298,7 +298,7 @@ impl KeyStore {
             if let Some(s) = self.salts.get_mut(salt) {
                 s.bytes = s.bytes - u64::from(old) + u64::from(size);
             }
-            return Some(Stored::Updated);
+            return Some(Stored::Updated(old));
         }
         if self.len >= limit {
             return None;
@@ -494,7 +494,7 @@ mod tests {
         let k1 = ks.compact(&key(1, "a")).unwrap();
         assert!(ks.touch("a", &k1));
         let k0 = ks.compact(&key(0, "a")).unwrap();
-        assert_eq!(ks.store("a", k0, 50, 10), Some(Stored::Updated));
+        assert_eq!(ks.store("a", k0, 50, 10), Some(Stored::Updated(100)));
         assert_eq!(ks.salt_bytes("a"), 350);
         let order: Vec<_> = ks
             .oldest("a", 10)
@@ -520,7 +520,7 @@ mod tests {
         let b = full.compact(&key(2, "")).unwrap();
         assert_eq!(full.store("", a, 1, 1), Some(Stored::New));
         assert_eq!(full.store("", b, 1, 1), None);
-        assert_eq!(full.store("", a, 2, 1), Some(Stored::Updated));
+        assert_eq!(full.store("", a, 2, 1), Some(Stored::Updated(1)));
     }
 
     #[test]
@@ -624,7 +624,7 @@ mod tests {
         // Updates find the key in its shard (no duplicate); removes shrink the salt.
         assert_eq!(
             ks.store("big", keys[0], 3, usize::MAX),
-            Some(Stored::Updated)
+            Some(Stored::Updated(2))
         );
         for k in &keys[1..1_001] {
             assert_eq!(ks.remove("big", k), Some(2));

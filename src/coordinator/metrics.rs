@@ -36,6 +36,8 @@ pub struct Snapshot {
     fleet: FleetNumbers,
     tracked_keys: usize,
     tracked_key_bytes: usize,
+    usage_untracked: u64,
+    l1_placements: usize,
     usage_bytes: Vec<(String, f64)>,
 }
 
@@ -48,6 +50,8 @@ impl Snapshot {
             fleet,
             tracked_keys: m.tracked_keys(),
             tracked_key_bytes: m.tracked_key_memory(),
+            usage_untracked: m.usage.untracked,
+            l1_placements: m.usage.l1_placements(),
             usage_bytes: rows
                 .into_iter()
                 .map(|r| (r.cache_salt, r.usage_gb * super::model::GIB))
@@ -73,7 +77,7 @@ fn escape(label: &str) -> String {
 pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
     let mut out = String::new();
     let c = &s.counters;
-    let counters: [(&str, &str, u64); 14] = [
+    let counters: [(&str, &str, u64); 16] = [
         (
             "instances_refused_total",
             "Registrations refused at the instance limit.",
@@ -138,6 +142,16 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
             "eviction_keys_planned_total",
             "Keys planned for eviction.",
             c.eviction_keys_planned,
+        ),
+        (
+            "capacity_declarations_total",
+            "Capacity declarations (config batches) applied.",
+            c.capacity_declarations,
+        ),
+        (
+            "usage_untracked_total",
+            "Placements or declarations not counted per instance (a usage limit was reached).",
+            s.usage_untracked,
         ),
         (
             "eviction_cycles_capped_total",
@@ -239,6 +253,13 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         "instances",
         "Registered MP servers.",
         s.fleet.instances as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "l1_placements",
+        "L1 placements tracked for per-instance usage.",
+        s.l1_placements as f64,
     );
     series(
         &mut out,

@@ -7,7 +7,8 @@
 //! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
 //! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
 //!   `POST /events`) and the per-instance sequence gate.
-//! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
+//! - [`usage`] — bytes per instance and compartment against declared capacities.
+//! - [`model`] — the key state as one struct; the eviction decision as a pure function.
 //!
 //! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
 //!
@@ -42,6 +43,7 @@ pub mod openapi;
 pub mod outbound;
 pub mod pins;
 pub mod resync;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -13,6 +13,7 @@ use super::events::{Admit, Batch, Gate, Op, Tier};
 use super::fleet::Instance;
 use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
 use super::pins::Pins;
+use super::usage::{FleetStatus, InstanceStatus, Module, Usage};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -56,8 +57,10 @@ pub struct Counters {
     pub seq_gaps: u64,
     /// Events applied (store, access, delete on the L2 tier).
     pub events_applied: u64,
-    /// Events of the L1 tier (accepted, not tracked).
+    /// Events of the L1 tier (counted per instance for `/instances/usage`, not for quotas).
     pub events_l1_ignored: u64,
+    /// `config` batches (capacity declarations) applied.
+    pub capacity_declarations: u64,
     /// Events with a key that cannot be tracked.
     pub keys_rejected: u64,
     /// New keys dropped at the tracked-key limit.
@@ -144,6 +147,8 @@ pub struct Model {
     default_limit: Option<u64>,
     /// Keys pinned against eviction (`/cache/pins`).
     pub pins: Pins,
+    /// Bytes per instance and compartment, and declared capacities.
+    pub usage: Usage,
     /// Counters for the metrics.
     pub counters: Counters,
 }
@@ -157,6 +162,10 @@ impl Model {
             quotas: BTreeMap::new(),
             default_limit: Some(0),
             pins: Pins::default(),
+            usage: Usage::new(
+                config.max_instances.saturating_mul(2).saturating_add(1),
+                config.max_tracked_keys / 4,
+            ),
             counters: Counters::default(),
             config,
         }
@@ -177,9 +186,21 @@ impl Model {
         self.keys.memory_bytes()
     }
 
-    /// An instance left (`DELETE /instances/{id}` or the sweep): forgets its event cursor.
+    /// An instance left (`DELETE /instances/{id}` or the sweep): forgets its event cursor,
+    /// its declared capacities and its L1 bytes (its L2 bytes stay).
     pub fn forget_instance(&mut self, id: &str) {
         self.gate.forget(id);
+        self.usage.forget(id);
+    }
+
+    /// `GET /instances/{id}/usage` (`None`: unknown).
+    pub fn instance_usage(&self, id: &str, registered: bool) -> Option<InstanceStatus> {
+        self.usage.instance(id, registered)
+    }
+
+    /// `GET /instances/usage` for the currently registered ids.
+    pub fn fleet_usage(&self, registered: Vec<String>) -> FleetStatus {
+        self.usage.fleet(registered)
     }
 
     /// `PUT /quota/config`: the limit of salts without a quota, in GiB (`None`: exempt).
@@ -262,6 +283,7 @@ impl Model {
         let mut out = Ingested::default();
         let mut slices = Vec::new();
         for b in batches {
+            let before = self.gate.incarnation(&b.instance_id);
             match self.gate.admit(&b.instance_id, b.incarnation, b.seq) {
                 Admit::Duplicate => {
                     out.duplicates += 1;
@@ -281,6 +303,10 @@ impl Model {
                 Admit::Gap { missing } => self.counters.seq_gaps += missing,
                 Admit::InOrder => {}
             }
+            if before.is_some_and(|inc| inc < b.incarnation) {
+                // A restarted server: what it held in memory is gone.
+                self.usage.fence_l1(&b.instance_id);
+            }
             out.applied += 1;
             out.recorded += b.ops.len() as u64;
             self.counters.batches_applied += 1;
@@ -291,30 +317,58 @@ impl Model {
 
     /// Applies one slice from [`Model::admit`], its events in the order given.
     pub fn apply_slice(&mut self, b: Batch) {
+        let owner = if b.shared { "" } else { b.instance_id.as_str() };
+        if let Some((capacity_bytes, revision)) = b.capacity {
+            self.counters.capacity_declarations += 1;
+            let module = Module {
+                tier: b.tier,
+                backend: b.backend.clone(),
+                capacity_bytes,
+                shared: b.shared,
+            };
+            self.usage
+                .declare(&b.instance_id, (b.incarnation, revision), module);
+            return;
+        }
         if b.tier == Tier::L1 {
             self.counters.events_l1_ignored += b.ops.len() as u64;
+            for op in &b.ops {
+                match op {
+                    Op::Store(key, size) => self.usage.l1_store(owner, &b.backend, key, *size),
+                    Op::Delete(key) => self.usage.l1_delete(owner, &b.backend, key),
+                    Op::Access(_) => {}
+                }
+            }
             return;
         }
         for op in b.ops {
-            match self.apply_op(op) {
+            match self.apply_op(op, owner, &b.backend) {
                 Ok(()) => self.counters.events_applied += 1,
                 Err(_) => self.counters.keys_rejected += 1,
             }
         }
     }
 
-    fn apply_op(&mut self, op: Op) -> Result<(), KeyError> {
+    /// One L2 event; the bytes it moves are also counted for `owner`'s `backend`.
+    fn apply_op(&mut self, op: Op, owner: &str, backend: &str) -> Result<(), KeyError> {
         match op {
             Op::Store(key, size) => {
                 let size = u32::try_from(size).map_err(|_| KeyError::OutOfRange("size_bytes"))?;
                 let k = self.keys.compact(&key)?;
-                match self
-                    .keys
-                    .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
-                {
-                    Some(Stored::New | Stored::Updated) => {}
-                    None => self.counters.keys_refused += 1,
-                }
+                let old =
+                    match self
+                        .keys
+                        .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
+                    {
+                        Some(Stored::New) => 0,
+                        Some(Stored::Updated(old)) => old,
+                        None => {
+                            self.counters.keys_refused += 1;
+                            return Ok(());
+                        }
+                    };
+                let delta = i64::from(size) - i64::from(old);
+                self.usage.adjust(owner, Tier::L2, backend, delta);
             }
             Op::Access(key) => {
                 if let Some(k) = self.keys.find_compact(&key)? {
@@ -323,7 +377,10 @@ impl Model {
             }
             Op::Delete(key) => {
                 if let Some(k) = self.keys.find_compact(&key)? {
-                    self.keys.remove(&key.cache_salt, &k);
+                    if let Some(size) = self.keys.remove(&key.cache_salt, &k) {
+                        self.usage
+                            .adjust(owner, Tier::L2, backend, -i64::from(size));
+                    }
                 }
             }
         }
@@ -425,6 +482,9 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
         incarnation,
         seq,
         tier,
+        backend,
+        shared,
+        capacity,
         mut ops,
     } = b;
     if ops.iter().all(|op| matches!(op, Op::Store(..))) {
@@ -435,6 +495,9 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
         incarnation,
         seq,
         tier,
+        backend: backend.clone(),
+        shared,
+        capacity,
         ops,
     };
     if ops.len() <= SLICE_OPS {

@@ -34,6 +34,9 @@ fn batch(id: &str, inc: u64, seq: u64, tier: Tier, ops: Vec<Op>) -> Batch {
         incarnation: inc,
         seq,
         tier,
+        backend: "fs".into(),
+        shared: false,
+        capacity: None,
         ops,
     }
 }
@@ -272,4 +275,37 @@ fn large_batches_are_admitted_whole_and_applied_in_slices() {
         oldest.last().map(|k| k.chunk_hash_hex.clone()),
         Some("0000".into())
     );
+}
+
+#[test]
+fn usage_is_counted_per_instance_and_a_restart_fences_its_l1_bytes() {
+    let mut m = Model::new(config());
+    let mut declare = batch("a", 1, 1, Tier::L1, vec![]);
+    declare.capacity = Some((1000, 1));
+    declare.backend = "dram".into();
+    let mut l1 = batch("a", 1, 2, Tier::L1, stores("s", 0..2, 100));
+    l1.backend = "dram".into();
+    m.ingest([
+        declare,
+        l1,
+        batch("a", 1, 3, Tier::L2, stores("s", 0..3, 10)),
+        batch("b", 1, 1, Tier::L2, vec![Op::Delete(key(0, "s"))]),
+    ]);
+    assert_eq!(m.counters.capacity_declarations, 1);
+    let used = |m: &Model, id: &str| -> Vec<(Tier, u64)> {
+        m.instance_usage(id, true)
+            .unwrap()
+            .modules
+            .iter()
+            .map(|s| (s.tier, s.used_bytes))
+            .collect()
+    };
+    // The L2 delete came from "b": LMCache counts placements per reporter, kvplane one
+    // placement per key, so the bytes leave "b"'s compartment (clamped at 0), not "a"'s.
+    assert_eq!(used(&m, "a"), [(Tier::L1, 200), (Tier::L2, 30)]);
+    assert_eq!(m.tracked_keys(), 2);
+    // A new incarnation: the L1 bytes are void, the declaration and L2 bytes stay.
+    m.ingest([batch("a", 2, 1, Tier::L2, vec![])]);
+    assert_eq!(used(&m, "a"), [(Tier::L1, 0), (Tier::L2, 30)]);
+    assert_eq!(m.usage.l1_placements(), 0);
 }
