@@ -41,6 +41,8 @@ pub struct ApiState {
     pub max_events_per_request: usize,
     /// Requests refused by a limit, by limit name.
     pub refused: Refused,
+    /// Saves quotas and pins after each change (`--metadata-path`).
+    pub metadata: super::metadata::Persister,
 }
 
 /// Every error a route returns.
@@ -438,6 +440,7 @@ async fn set_quota_config(
         .with(move |m, _, _| m.set_default_limit(limit))
         .await?
         .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(json!({ "default_limit_gb": limit })))
 }
 
@@ -465,9 +468,12 @@ async fn set_quota(
         .with(move |m, _, _| m.set_quota(&salt, limit))
         .await?;
     match r {
-        Ok(()) => Ok(Json(
-            json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
-        )),
+        Ok(()) => {
+            s.metadata.save(&s.handle).await;
+            Ok(Json(
+                json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
+            ))
+        }
         Err(e @ (QuotaError::InvalidLimit | QuotaError::InvalidSalt)) => {
             Err(CoordError::BadRequest(e.to_string()))
         }
@@ -495,6 +501,9 @@ async fn remove_quota(
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
     let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
+    if existed {
+        s.metadata.save(&s.handle).await;
+    }
     let status = if existed { "removed" } else { "not_found" };
     Ok(Json(
         json!({"cache_salt": reply_salt, "limit_gb": 0.0, "status": status}),
@@ -684,6 +693,6 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
         .handle
         .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
         .await?;
-    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused);
+    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -70,6 +70,7 @@ pub(crate) async fn pin(
         .with(move |m, _, _| m.pins.pin(&keys, MAX_PINNED_KEYS))
         .await?
         .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "pinned"}),
     ))
@@ -84,6 +85,7 @@ pub(crate) async fn unpin(
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
     s.handle.with(move |m, _, _| m.pins.unpin(&keys)).await?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
     ))
@@ -205,6 +207,7 @@ pub(crate) async fn delete(
         s.handle
             .with(move |m, _, _| m.pins.drop_pins(&send))
             .await?;
+        s.metadata.save(&s.handle).await;
     }
     Ok(Json(json!({
         "instance_id": b.instance_id, "requested": chunks, "affected": deleted,

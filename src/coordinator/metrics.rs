@@ -74,7 +74,12 @@ fn escape(label: &str) -> String {
 }
 
 /// The text exposition.
-pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
+pub fn render(
+    s: &Snapshot,
+    loops: &LoopStats,
+    refused: &Refused,
+    metadata: &super::metadata::Persister,
+) -> String {
     let mut out = String::new();
     let c = &s.counters;
     let counters: [(&str, &str, u64); 16] = [
@@ -190,6 +195,20 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         "dispatches_failed_total",
         "Eviction dispatches that failed.",
         ld(&loops.dispatches_failed),
+    );
+    series(
+        &mut out,
+        "counter",
+        "metadata_saves_total",
+        "Metadata files written (--metadata-path).",
+        ld(&metadata.saved),
+    );
+    series(
+        &mut out,
+        "counter",
+        "metadata_save_failures_total",
+        "Metadata writes that failed (logged; the change stays in memory).",
+        ld(&metadata.failed),
     );
     series(
         &mut out,

@@ -21,6 +21,7 @@
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
+//! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at start.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
@@ -37,6 +38,7 @@ pub mod events;
 pub mod fleet;
 pub mod keys;
 pub mod limits;
+pub mod metadata;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
@@ -81,6 +83,8 @@ pub struct CoordinatorConfig {
     pub model: model::ModelConfig,
     /// Startup resync (`None`: off).
     pub resync: Option<resync::ResyncConfig>,
+    /// Where quotas and pins are kept across restarts (`None`: not kept).
+    pub metadata_path: Option<std::path::PathBuf>,
 }
 
 impl CoordinatorConfig {
@@ -115,6 +119,7 @@ impl CoordinatorConfig {
                 max_wait: Duration::from_secs_f64(d::RESYNC_MAX_WAIT_S),
                 page_size: d::RESYNC_PAGE_SIZE,
             }),
+            metadata_path: None,
         }
     }
 }
@@ -165,6 +170,7 @@ pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api:
         http: config.http,
         max_events_per_request: config.max_events_per_request,
         refused: limits::Refused::default(),
+        metadata: metadata::Persister::new(config.metadata_path.clone()),
     })
 }
 
@@ -190,8 +196,20 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         health_check_interval: config.health_check_interval,
         eviction_check_interval: config.eviction_check_interval,
     };
+    let mut model = model::Model::new(config.model.clone());
+    if let Some(path) = &config.metadata_path {
+        match metadata::load(path) {
+            Ok(None) => tracing::info!("no metadata at {}; starting empty", path.display()),
+            Ok(Some(doc)) => {
+                let (quotas, pins) = model
+                    .restore_metadata(doc, crate::config::defaults::coordinator::MAX_PINNED_KEYS);
+                tracing::info!(quotas, pins, "restored metadata from {}", path.display());
+            }
+            Err(e) => tracing::warn!("ignoring the metadata file {}: {e}", path.display()),
+        }
+    }
     let handle = driver::spawn(
-        model::Model::new(config.model.clone()),
+        model,
         timing,
         driver::http_dispatcher(config.outbound_timeout),
         shutdown.clone(),

@@ -236,6 +236,47 @@ impl Model {
         Ok(())
     }
 
+    /// The operator-set state for `--metadata-path`: quotas, default quota, pins.
+    pub fn capture_metadata(&self, wall_now: f64) -> super::metadata::Metadata {
+        super::metadata::Metadata {
+            version: super::metadata::VERSION,
+            saved_at: wall_now,
+            quotas: self.quotas.clone(),
+            default_limit_bytes: self.default_limit,
+            pins: self
+                .pins
+                .rows()
+                .into_iter()
+                .map(|(key, pin_count)| super::metadata::PinRow { key, pin_count })
+                .collect(),
+        }
+    }
+
+    /// Loads a saved document at startup: quotas (within the limits; a bad salt or one over
+    /// the quota limit is skipped), the default quota and pins (at most `max_pins` keys).
+    /// Returns how many quotas and pinned keys were restored.
+    pub fn restore_metadata(
+        &mut self,
+        doc: super::metadata::Metadata,
+        max_pins: usize,
+    ) -> (usize, usize) {
+        let mut quotas = 0;
+        for (salt, bytes) in doc.quotas {
+            let ok_salt = salt.len() <= 128 && !salt.contains(['@', '/', '\\', '\0']);
+            if ok_salt && bytes < (1u64 << 63) && self.quotas.len() < self.config.max_quotas {
+                self.quotas.insert(salt, bytes);
+                quotas += 1;
+            }
+        }
+        self.default_limit = doc.default_limit_bytes.filter(|&b| b < (1u64 << 63));
+        let pins = doc
+            .pins
+            .iter()
+            .filter(|row| self.pins.restore(&row.key, row.pin_count, max_pins))
+            .count();
+        (quotas, pins)
+    }
+
     /// `DELETE /quota/{cache_salt}`: true if a quota existed.
     pub fn remove_quota(&mut self, salt: &str) -> bool {
         self.quotas.remove(salt).is_some()
