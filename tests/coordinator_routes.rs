@@ -683,3 +683,49 @@ async fn instance_usage_joins_event_bytes_to_declared_capacity() {
         )
     );
 }
+
+/// `POST /cache/delete` also sends the chunks' tracked copies in other object groups (0.5.6's
+/// key-directory expansion), each right after its group-0 key; `requested` stays the chunks.
+#[tokio::test]
+async fn cache_delete_reaches_tracked_copies_in_other_object_groups() {
+    let (app, _) = app_chunk16();
+    let (addr, seen) = fake_mp(200).await;
+    register(&app, "mp-a", addr.port()).await;
+    let copy = |group: i64| {
+        json!({"key": {"chunk_hash_hex": BENCH_KEY0, "model_name": "test-model",
+                       "kv_rank": 16_777_472, "object_group_id": group, "cache_salt": ""},
+               "size_bytes": 10})
+    };
+    let body = json!({"batches": [{"instance_id": "mp-a", "incarnation": 1, "seq": 1,
+        "event_type": "store", "tier": "l2", "backend": "fs", "entries": [copy(5), copy(2)]}]});
+    let (code, _) = call(&app, "POST", "/events", Some(&body.to_string())).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, got) = call(
+        &app,
+        "POST",
+        "/cache/delete",
+        Some(&delete_body("mp-a", &bench_tokens(), "l1", false)),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (got["requested"].clone(), got["affected"].clone()),
+        (json!(4), json!(6))
+    );
+    let seen = seen.lock().unwrap();
+    let sent: Vec<_> = seen[0]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["chunk_hash_hex"].clone(), k["object_group_id"].clone()))
+        .collect();
+    assert_eq!(sent.len(), 6);
+    assert_eq!(
+        sent[..3],
+        [
+            (json!(BENCH_KEY0), json!(0)),
+            (json!(BENCH_KEY0), json!(2)),
+            (json!(BENCH_KEY0), json!(5))
+        ]
+    );
+}

@@ -13,6 +13,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+/// Most keys one `POST /cache/delete` sends after adding the other object groups' copies (the
+/// resolved keys themselves always go).
+pub const MAX_DELETE_KEYS: usize = 1_000_000;
+
 #[derive(Deserialize)]
 struct PinBody {
     model_name: String,
@@ -165,17 +169,20 @@ pub(crate) async fn delete(
         })));
     }
     let touches_l2 = tier != "l1";
-    let (send, held_back) = if touches_l2 && !b.force {
-        s.handle
-            .with(move |m, _, _| {
-                let (send, held): (Vec<_>, Vec<_>) =
-                    keys.into_iter().partition(|k| !m.pins.contains(k));
-                (send, held.len())
-            })
-            .await?
-    } else {
-        (keys, 0)
-    };
+    let hold_pinned = touches_l2 && !b.force;
+    let (send, held_back) = s
+        .handle
+        .with(move |m, _, _| {
+            // The chunks' tracked copies in other object groups go too (0.5.6).
+            let keys = m.expand_object_groups(keys, MAX_DELETE_KEYS);
+            if !hold_pinned {
+                return (keys, 0);
+            }
+            let (send, held): (Vec<_>, Vec<_>) =
+                keys.into_iter().partition(|k| !m.pins.contains(k));
+            (send, held.len())
+        })
+        .await?;
     let (mut deleted, mut skipped) = (0u64, 0u64);
     if !send.is_empty() {
         let payload = json!({"keys": send, "tier": tier, "force": b.force});

@@ -94,6 +94,9 @@ struct SaltKeys {
     tables: Vec<HashTable<u32>>,
     len: usize,
     bytes: u64,
+    /// Object groups a key of this salt was ever stored in (bit per group; never cleared,
+    /// so it may list a group with no key left: lookups then find nothing).
+    groups: [u64; 4],
 }
 
 impl Default for SaltKeys {
@@ -102,6 +105,7 @@ impl Default for SaltKeys {
             tables: vec![HashTable::new()],
             len: 0,
             bytes: 0,
+            groups: [0; 4],
         }
     }
 }
@@ -344,6 +348,7 @@ impl KeyStore {
             }
         }
         s.table_mut(h).insert_unique(h, i, rehash);
+        s.groups[usize::from(key.group / 64)] |= 1 << (key.group % 64);
         s.len += 1;
         s.bytes += u64::from(size);
         Some(Stored::New)
@@ -383,6 +388,30 @@ impl KeyStore {
         self.free.push(i);
         self.len -= 1;
         Some(size)
+    }
+
+    /// The tracked keys that differ from `key` only in object group, by ascending group
+    /// (`POST /cache/delete` reaches a chunk's copies in every group). Probes only the groups
+    /// the salt has held, so a fleet using group 0 alone pays one bitmask read.
+    pub(crate) fn in_other_groups(&self, key: &EncodedKey) -> Vec<EncodedKey> {
+        let Some(s) = self.salts.get(key.cache_salt.as_str()) else {
+            return Vec::new();
+        };
+        let Ok(Some(mut k)) = self.find_compact(key) else {
+            return Vec::new();
+        };
+        let own = k.group;
+        let mut out = Vec::new();
+        for g in 0..=u8::MAX {
+            if g == own || s.groups[usize::from(g / 64)] & (1 << (g % 64)) == 0 {
+                continue;
+            }
+            k.group = g;
+            if self.find(&key.cache_salt, &k).is_some() {
+                out.push(self.encode(&key.cache_salt, &k));
+            }
+        }
+        out
     }
 
     /// Up to `n` least recently used keys of `salt`, oldest first.
@@ -603,6 +632,27 @@ mod tests {
             mutate(&mut k);
             assert_eq!(ks.compact(&k), Err(want));
         }
+    }
+
+    #[test]
+    fn copies_in_other_object_groups_are_found() {
+        let mut ks = KeyStore::new();
+        let mut g3 = key(1, "s");
+        g3.object_group_id = 3;
+        let mut g200 = key(1, "s");
+        g200.object_group_id = 200;
+        for k in [&g200, &g3, &key(2, "s")] {
+            let c = ks.compact(k).unwrap();
+            ks.store("s", c, 1, 100);
+        }
+        // Key 1 in group 0 is not tracked itself; its copies are, by ascending group.
+        assert_eq!(
+            ks.in_other_groups(&key(1, "s")),
+            vec![g3.clone(), g200.clone()]
+        );
+        assert_eq!(ks.in_other_groups(&g3), vec![g200]);
+        assert!(ks.in_other_groups(&key(2, "s")).is_empty());
+        assert!(ks.in_other_groups(&key(1, "other")).is_empty());
     }
 
     /// A salt past [`SPLIT_AT`] keys is split into [`SHARDS`] tables: every key stays

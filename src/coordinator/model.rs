@@ -277,6 +277,27 @@ impl Model {
         (quotas, pins)
     }
 
+    /// `POST /cache/delete`: each key followed by its tracked copies in other object groups
+    /// (ascending group), as 0.5.6 expands a token-addressed delete; at most `max` keys in all
+    /// (the requested keys always stay).
+    pub fn expand_object_groups(&self, keys: Vec<EncodedKey>, max: usize) -> Vec<EncodedKey> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut room = max.saturating_sub(keys.len());
+        for key in keys {
+            let others = if room > 0 {
+                self.keys.in_other_groups(&key)
+            } else {
+                Vec::new()
+            };
+            let mut all: Vec<EncodedKey> = others.into_iter().take(room).collect();
+            room -= all.len();
+            all.push(key);
+            all.sort_by_key(|k| k.object_group_id);
+            out.extend(all);
+        }
+        out
+    }
+
     /// `DELETE /quota/{cache_salt}`: true if a quota existed.
     pub fn remove_quota(&mut self, salt: &str) -> bool {
         self.quotas.remove(salt).is_some()
