@@ -61,6 +61,16 @@ pub struct LoopStats {
     pub resync_keys: AtomicU64,
     /// Startup resyncs that ended early (no server, an error).
     pub resync_failed: AtomicU64,
+    /// Longest single job (or eviction plan) run by the key owner, in microseconds.
+    pub key_owner_longest_job_us: AtomicU64,
+    /// Longest single job run by the fleet owner, in microseconds.
+    pub fleet_owner_longest_job_us: AtomicU64,
+}
+
+/// Records how long an owner's step took (real time, also under a paused test clock).
+fn record_longest(slot: &AtomicU64, started: std::time::Instant) {
+    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    slot.fetch_max(us, Ordering::Relaxed);
 }
 
 /// The owner has stopped (shutdown).
@@ -213,7 +223,9 @@ async fn key_owner(
             () = shutdown.cancelled() => break,
             job = rx.recv() => match job {
                 Some(job) => {
+                    let started = std::time::Instant::now();
                     job(&mut model, Instant::now().into_std(), wall_now());
+                    record_longest(&stats.key_owner_longest_job_us, started);
                     // Let the task the reply woke (and anything else queued on this worker)
                     // run before the next job.
                     tokio::task::yield_now().await;
@@ -226,7 +238,9 @@ async fn key_owner(
                     continue;
                 }
                 stats.eviction_cycles.fetch_add(1, Ordering::Relaxed);
+                let started = std::time::Instant::now();
                 let victims = model.plan_evictions();
+                record_longest(&stats.key_owner_longest_job_us, started);
                 if victims.is_empty() {
                     continue;
                 }
@@ -286,7 +300,11 @@ async fn fleet_owner(
         tokio::select! {
             () = shutdown.cancelled() => break,
             job = rx.recv() => match job {
-                Some(job) => job(&mut fleet, Instant::now().into_std(), wall_now()),
+                Some(job) => {
+                    let started = std::time::Instant::now();
+                    job(&mut fleet, Instant::now().into_std(), wall_now());
+                    record_longest(&handle.stats.fleet_owner_longest_job_us, started);
+                }
                 None => break,
             },
             () = tick_or_never(&mut sweep) => {

@@ -198,6 +198,20 @@ pub fn render(
     );
     series(
         &mut out,
+        "gauge",
+        "key_owner_longest_job_seconds",
+        "Longest single step of the key owner task since start (events, quotas, eviction plan).",
+        ld(&loops.key_owner_longest_job_us) / 1e6,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "fleet_owner_longest_job_seconds",
+        "Longest single step of the fleet owner task since start (registrations, heartbeats).",
+        ld(&loops.fleet_owner_longest_job_us) / 1e6,
+    );
+    series(
+        &mut out,
         "counter",
         "metadata_saves_total",
         "Metadata files written (--metadata-path).",
