@@ -10,7 +10,7 @@ use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
 use super::limits::{self, JsonBody, Refused};
 use super::metrics;
-use super::model::{Ingested, QuotaError};
+use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
 use crate::web::limits::{LimitHit, WebLimit};
 use crate::web::HttpLimits;
@@ -569,12 +569,31 @@ async fn events(
     Ok(Json(json!(got)))
 }
 
-/// Admits the batches in one job, then applies them one slice per job (the owner answers
-/// other callers in between). The reply waits for the last slice, so usage read after a
-/// reply includes the request.
+/// Admits the batches and applies the first [`SLICE_OPS`] events in one job (a typical
+/// request is one job), then the rest one slice per job (the owner answers other callers in
+/// between). The reply waits for the last slice, so usage read after a reply includes the
+/// request.
 async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, CoordError> {
-    let (got, slices) = s.handle.with(move |m, _, _| m.admit(batches)).await?;
-    for b in slices {
+    let (got, rest) = s
+        .handle
+        .with(move |m, _, _| {
+            let (got, slices) = m.admit(batches);
+            let mut slices = slices.into_iter();
+            let mut budget = SLICE_OPS;
+            let mut rest = Vec::new();
+            for b in slices.by_ref() {
+                if b.ops.len() > budget {
+                    rest.push(b);
+                    break;
+                }
+                budget -= b.ops.len();
+                m.apply_slice(b);
+            }
+            rest.extend(slices);
+            (got, rest)
+        })
+        .await?;
+    for b in rest {
         s.handle.with(move |m, _, _| m.apply_slice(b)).await?;
     }
     Ok(got)

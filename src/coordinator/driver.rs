@@ -4,7 +4,7 @@
 //! **fleet owner** owns the [`Fleet`] (registrations, heartbeats) and runs the health sweep
 //! every `--health-check-interval`. A heartbeat therefore never waits behind event ingest:
 //! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
-//! owner also yields to the runtime after every job, and large event requests reach it as
+//! owner also yields to the runtime after every long job (and every few jobs), and large event requests reach it as
 //! several jobs ([`super::model::SLICE_OPS`] events each), so its other callers wait for a
 //! slice, not a whole request.
 //!
@@ -31,6 +31,10 @@ use tokio_util::task::TaskTracker;
 
 /// Requests queued for an owner before handlers wait.
 pub const QUEUE: usize = 1024;
+/// The key owner yields to the runtime after this many jobs in a row…
+const YIELD_EVERY: u32 = 16;
+/// …or after any job that ran this long.
+const YIELD_AFTER: Duration = Duration::from_micros(200);
 
 type Job<S> = Box<dyn FnOnce(&mut S, std::time::Instant, f64) + Send>;
 
@@ -218,6 +222,7 @@ async fn key_owner(
 ) {
     let stats = Arc::clone(&handle.stats);
     let mut evict = interval(timing.eviction_check_interval);
+    let mut since_yield = 0u32;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -226,9 +231,13 @@ async fn key_owner(
                     let started = std::time::Instant::now();
                     job(&mut model, Instant::now().into_std(), wall_now());
                     record_longest(&stats.key_owner_longest_job_us, started);
-                    // Let the task the reply woke (and anything else queued on this worker)
-                    // run before the next job.
-                    tokio::task::yield_now().await;
+                    // Let the tasks the replies woke (and anything else queued on this
+                    // worker) run: after a long job, and at least every YIELD_EVERY jobs.
+                    since_yield += 1;
+                    if since_yield >= YIELD_EVERY || started.elapsed() >= YIELD_AFTER {
+                        since_yield = 0;
+                        tokio::task::yield_now().await;
+                    }
                 }
                 None => break,
             },
