@@ -4,9 +4,10 @@
 //! **fleet owner** owns the [`Fleet`] (registrations, heartbeats) and runs the health sweep
 //! every `--health-check-interval`. A heartbeat therefore never waits behind event ingest:
 //! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
-//! owner also yields to the runtime after every long job (and every few jobs), and large event requests reach it as
-//! several jobs ([`super::model::SLICE_OPS`] events each), so its other callers wait for a
-//! slice, not a whole request.
+//! owner also yields to the runtime every [`YIELD_EVERY`] jobs and after any job of
+//! [`YIELD_AFTER`] or more, and a large event request reaches it as several jobs
+//! ([`super::model::SLICE_OPS`] events each), so its other callers wait for a slice, not a
+//! whole request.
 //!
 //! The owners talk through jobs too: the sweep's departed instances are sent to the key
 //! owner to forget their event cursors, and an eviction cycle's victims are sent to the
