@@ -4,8 +4,8 @@
 //! **fleet owner** owns the [`Fleet`] (registrations, heartbeats) and runs the health sweep
 //! every `--health-check-interval`. A heartbeat therefore never waits behind event ingest:
 //! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
-//! owner also yields to the runtime every [`YIELD_EVERY`] jobs and after any job of
-//! [`YIELD_AFTER`] or more, and a large event request reaches it as several jobs
+//! owner also yields to the runtime every `YIELD_EVERY` (16) jobs and after any job of
+//! `YIELD_AFTER` (200 µs) or more, and a large event request reaches it as several jobs
 //! ([`super::model::SLICE_OPS`] events each), so its other callers wait for a slice, not a
 //! whole request.
 //!
