@@ -615,7 +615,7 @@ async fn startup_resync_pages_the_first_registered_server() {
     .await
     .unwrap();
     let port = mp.port();
-    h.with(move |m, now, wall| {
+    h.fleet(move |f, now, wall| {
         let reg = kvplane::coordinator::fleet::Registration {
             instance_id: Some("s1".into()),
             ip: "127.0.0.1".into(),
@@ -624,7 +624,7 @@ async fn startup_resync_pages_the_first_registered_server() {
             p2p_advertised_url: String::new(),
             mq_port: 0,
         };
-        m.register(reg, String::new, now, wall).unwrap();
+        f.register(reg, String::new, now, wall).unwrap();
     })
     .await
     .unwrap();
@@ -683,4 +683,117 @@ async fn bodies_over_the_limit_get_413_and_are_counted() {
         .as_str()
         .unwrap()
         .contains("kvplane_coordinator_refused_body_bytes_total 1"));
+}
+
+/// `--metadata-path`: quotas, the default quota and pins written after each change survive a
+/// restart of the real server; a malformed file is ignored (the server still starts).
+#[tokio::test]
+async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
+    let dir = std::env::temp_dir().join(format!("kvplane-coord-meta-{}", rand::random::<u64>()));
+    let path = dir.join("meta.json");
+    let mut c = config();
+    c.metadata_path = Some(path.clone());
+    let req = |addr: SocketAddr, method: &'static str, uri: String, body: Option<Value>| async move {
+        let body = body.map(|b| b.to_string());
+        let r = within(
+            "request",
+            coordinator::outbound::call(
+                "127.0.0.1",
+                addr.port(),
+                method,
+                &uri,
+                body.as_deref().map(str::as_bytes),
+                Duration::from_secs(5),
+            ),
+        )
+        .await
+        .unwrap();
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        (r.status, v)
+    };
+    let pin = json!({"model_name": "m", "world_size": 1, "token_ids": [1, 2, 3, 4, 5, 6, 7, 8]});
+    let first = within("start", coordinator::start(c.clone()))
+        .await
+        .unwrap();
+    let a = first.addr;
+    assert_eq!(
+        req(
+            a,
+            "PUT",
+            "/quota/user-a".into(),
+            Some(json!({"limit_gb": 2.0}))
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        req(
+            a,
+            "PUT",
+            "/quota/gone".into(),
+            Some(json!({"limit_gb": 1.0}))
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(req(a, "DELETE", "/quota/gone".into(), None).await.0, 200);
+    let body = Some(json!({"default_limit_gb": null}));
+    assert_eq!(req(a, "PUT", "/quota/config".into(), body).await.0, 200);
+    assert_eq!(
+        req(a, "POST", "/cache/pins".into(), Some(pin.clone()))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        req(a, "POST", "/cache/pins".into(), Some(pin.clone()))
+            .await
+            .0,
+        200
+    );
+    let (_, pins_before) = req(a, "GET", "/cache/pins".into(), None).await;
+    assert_eq!(pins_before["total"], 2);
+    first.stop().await;
+
+    let second = within("restart", coordinator::start(c.clone()))
+        .await
+        .unwrap();
+    let b = second.addr;
+    let (code, q) = req(b, "GET", "/quota".into(), None).await;
+    assert_eq!(code, 200);
+    let salts: Vec<_> = q["by_cache_salt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["cache_salt"].clone(), r["quota_limit_gb"].clone()))
+        .collect();
+    assert_eq!(salts, [(json!("user-a"), json!(2.0))]);
+    assert_eq!(
+        req(b, "GET", "/quota/config".into(), None).await.1,
+        json!({"default_limit_gb": null})
+    );
+    assert_eq!(
+        req(b, "GET", "/cache/pins".into(), None).await.1,
+        pins_before
+    );
+    // One unpin: each key keeps one pin after the next restart.
+    assert_eq!(
+        req(b, "DELETE", "/cache/pins".into(), Some(pin)).await.0,
+        200
+    );
+    second.stop().await;
+    let doc = coordinator::metadata::load(&path).unwrap().unwrap();
+    assert_eq!(doc.pins.len(), 2);
+    assert!(doc.pins.iter().all(|p| p.pin_count == 1));
+
+    std::fs::write(&path, b"not json").unwrap();
+    let third = within("start on a bad file", coordinator::start(c))
+        .await
+        .unwrap();
+    let (_, q) = req(third.addr, "GET", "/quota".into(), None).await;
+    assert_eq!(q["by_cache_salt"], json!([]));
+    third.stop().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -46,6 +46,8 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
         "replayed batch is a duplicate",
         "delete event cleared usage",
         "reporter stores moved usage",
+        "reporter capacity declaration and bytes in /instances/{id}/usage",
+        "fleet usage lists the reporter",
         "reporter delete lowered usage",
         "deregistered on shutdown",
     ] {
@@ -56,7 +58,7 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
     }
     let instances = server
         .handle
-        .with(|m, _, _| m.fleet().len())
+        .fleet(|f, _, _| f.len())
         .await
         .expect("running");
     assert_eq!(instances, 0);

@@ -603,3 +603,129 @@ async fn a_missing_field_is_named_in_loc() {
         json!(["body", "batches", 0, "entries", 0, "key"])
     );
 }
+
+/// `GET /instances/usage` and `GET /instances/{id}/usage` (0.5.6): bytes per compartment from
+/// the events, joined to the capacities of `config` batches; 404 for an unknown id.
+#[tokio::test]
+async fn instance_usage_joins_event_bytes_to_declared_capacity() {
+    let (app, _) = app();
+    let (code, _) = call(
+        &app,
+        "POST",
+        "/instances",
+        Some(r#"{"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9}"#),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    let key =
+        |h: &str| json!({"chunk_hash_hex": h, "model_name": "m", "kv_rank": 0, "cache_salt": ""});
+    let batch = |seq: u64, kind: &str, tier: &str, backend: &str, shared: bool, entries: Value| {
+        json!({"instance_id": "mp-a", "incarnation": 7, "seq": seq, "event_type": kind,
+               "tier": tier, "backend": backend, "shared": shared, "entries": entries})
+    };
+    let mut l1_config = batch(1, "config", "l1", "dram", false, json!([]));
+    l1_config["capacity_bytes"] = json!(1000);
+    l1_config["capacity_revision"] = json!(1);
+    let mut nfs_config = batch(2, "config", "l2", "nfs", true, json!([]));
+    nfs_config["capacity_bytes"] = json!(4000);
+    nfs_config["capacity_revision"] = json!(1);
+    let body = json!({"batches": [
+        l1_config,
+        nfs_config,
+        batch(3, "store", "l1", "dram", false, json!([
+            {"key": key("01"), "size_bytes": 100}, {"key": key("02"), "size_bytes": 150}])),
+        batch(4, "delete", "l1", "dram", false, json!([{"key": key("02")}])),
+        batch(5, "store", "l2", "nfs", true, json!([{"key": key("03"), "size_bytes": 1000}])),
+        batch(6, "store", "l2", "fs", false, json!([{"key": key("04"), "size_bytes": 30}])),
+    ]});
+    let (code, v) = call(&app, "POST", "/events", Some(&body.to_string())).await;
+    assert_eq!((code, v["applied"].clone()), (StatusCode::OK, json!(6)));
+    let dram = json!({"tier": "l1", "backend": "dram", "shared": false, "used_bytes": 100,
+                      "capacity_bytes": 1000, "usage_ratio": 0.1});
+    let fs = json!({"tier": "l2", "backend": "fs", "shared": false, "used_bytes": 30,
+                    "capacity_bytes": 0, "usage_ratio": null});
+    let mp_a = json!({"instance_id": "mp-a", "registered": true, "declared_capacity": true,
+                      "modules": [dram, fs]});
+    assert_eq!(
+        call(&app, "GET", "/instances/mp-a/usage", None).await,
+        (StatusCode::OK, mp_a.clone())
+    );
+    let shared = json!([{"tier": "l2", "backend": "nfs", "shared": true, "used_bytes": 1000,
+                         "capacity_bytes": 4000, "usage_ratio": 0.25}]);
+    assert_eq!(
+        call(&app, "GET", "/instances/usage", None).await,
+        (
+            StatusCode::OK,
+            json!({"instances": [mp_a], "shared_modules": shared.clone()})
+        )
+    );
+    let (code, v) = call(&app, "GET", "/instances/nobody/usage", None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(v["detail"], "unknown instance 'nobody'");
+    // Deregistered: L1 bytes and the declaration go, the L2 bytes stay (registered: false).
+    let (code, _) = call(&app, "DELETE", "/instances/mp-a", None).await;
+    assert_eq!(code, StatusCode::NO_CONTENT);
+    let left = json!({"instance_id": "mp-a", "registered": false, "declared_capacity": false,
+                      "modules": [{"tier": "l2", "backend": "fs", "shared": false,
+                                   "used_bytes": 30, "capacity_bytes": 0, "usage_ratio": null}]});
+    assert_eq!(
+        call(&app, "GET", "/instances/mp-a/usage", None).await,
+        (StatusCode::OK, left.clone())
+    );
+    // The shared pool's capacity was declared by the server that left: now undeclared.
+    let shared_now = json!([{"tier": "l2", "backend": "nfs", "shared": true, "used_bytes": 1000,
+                             "capacity_bytes": 0, "usage_ratio": null}]);
+    assert_eq!(
+        call(&app, "GET", "/instances/usage", None).await,
+        (
+            StatusCode::OK,
+            json!({"instances": [left], "shared_modules": shared_now})
+        )
+    );
+}
+
+/// `POST /cache/delete` also sends the chunks' tracked copies in other object groups (0.5.6's
+/// key-directory expansion), each right after its group-0 key; `requested` stays the chunks.
+#[tokio::test]
+async fn cache_delete_reaches_tracked_copies_in_other_object_groups() {
+    let (app, _) = app_chunk16();
+    let (addr, seen) = fake_mp(200).await;
+    register(&app, "mp-a", addr.port()).await;
+    let copy = |group: i64| {
+        json!({"key": {"chunk_hash_hex": BENCH_KEY0, "model_name": "test-model",
+                       "kv_rank": 16_777_472, "object_group_id": group, "cache_salt": ""},
+               "size_bytes": 10})
+    };
+    let body = json!({"batches": [{"instance_id": "mp-a", "incarnation": 1, "seq": 1,
+        "event_type": "store", "tier": "l2", "backend": "fs", "entries": [copy(5), copy(2)]}]});
+    let (code, _) = call(&app, "POST", "/events", Some(&body.to_string())).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, got) = call(
+        &app,
+        "POST",
+        "/cache/delete",
+        Some(&delete_body("mp-a", &bench_tokens(), "l1", false)),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (got["requested"].clone(), got["affected"].clone()),
+        (json!(4), json!(6))
+    );
+    let seen = seen.lock().unwrap();
+    let sent: Vec<_> = seen[0]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["chunk_hash_hex"].clone(), k["object_group_id"].clone()))
+        .collect();
+    assert_eq!(sent.len(), 6);
+    assert_eq!(
+        sent[..3],
+        [
+            (json!(BENCH_KEY0), json!(0)),
+            (json!(BENCH_KEY0), json!(2)),
+            (json!(BENCH_KEY0), json!(5))
+        ]
+    );
+}

@@ -63,7 +63,7 @@ async fn resync_then(eviction: Option<Duration>) {
         .expect("coordinator starts");
     let h = server.handle.clone();
     let port = http.port();
-    h.with(move |m, now, wall| {
+    h.fleet(move |f, now, wall| {
         let reg = kvplane::coordinator::fleet::Registration {
             instance_id: Some("node1".into()),
             ip: "127.0.0.1".into(),
@@ -72,7 +72,7 @@ async fn resync_then(eviction: Option<Duration>) {
             p2p_advertised_url: String::new(),
             mq_port: 0,
         };
-        m.register(reg, String::new, now, wall).expect("registers");
+        f.register(reg, String::new, now, wall).expect("registers");
     })
     .await
     .expect("driver answers");

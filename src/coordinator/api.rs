@@ -10,7 +10,7 @@ use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
 use super::limits::{self, JsonBody, Refused};
 use super::metrics;
-use super::model::{Model, QuotaError};
+use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
 use crate::web::limits::{LimitHit, WebLimit};
 use crate::web::HttpLimits;
@@ -41,6 +41,8 @@ pub struct ApiState {
     pub max_events_per_request: usize,
     /// Requests refused by a limit, by limit name.
     pub refused: Refused,
+    /// Saves quotas and pins after each change (`--metadata-path`).
+    pub metadata: super::metadata::Persister,
 }
 
 /// Every error a route returns.
@@ -113,6 +115,8 @@ pub fn router(state: Shared) -> Router {
     Router::new()
         .merge(super::dashboard::routes(&state))
         .route("/instances", post(register).get(list_instances))
+        .route("/instances/usage", get(fleet_usage))
+        .route("/instances/{id}/usage", get(instance_usage))
         .route("/instances/{id}/heartbeat", put(heartbeat))
         .route("/instances/{id}", delete(deregister))
         .route(
@@ -261,7 +265,7 @@ async fn register(
     let gen = || format!("mp-{:032x}", rand::random::<u128>());
     match s
         .handle
-        .with(move |m, now, wall| m.register(req, gen, now, wall))
+        .fleet(move |f, now, wall| f.register(req, gen, now, wall))
         .await?
     {
         Ok((id, again)) => Ok(Json(json!({"instance_id": id, "re_registered": again}))),
@@ -279,7 +283,7 @@ async fn heartbeat(
     let known = {
         let id = id.clone();
         s.handle
-            .with(move |m, now, _| m.heartbeat(&id, now))
+            .fleet(move |f, now, _| f.heartbeat(&id, now))
             .await?
     };
     if known {
@@ -295,16 +299,47 @@ async fn deregister(
     State(s): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, CoordError> {
-    s.handle.with(move |m, _, _| m.deregister(&id)).await?;
+    let gone = id.clone();
+    s.handle.fleet(move |f, _, _| f.remove(&gone)).await?;
+    s.handle.forget_instances(vec![id]).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
     let list = s
         .handle
-        .with(|m, _, _| m.fleet().iter().cloned().collect::<Vec<_>>())
+        .fleet(|f, _, _| f.iter().cloned().collect::<Vec<_>>())
         .await?;
     Ok(Json(json!({ "instances": list })))
+}
+
+/// `GET /instances/usage`: the registered ids from the fleet owner, then the model's view.
+async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+    let ids = s
+        .handle
+        .fleet(|f, _, _| f.iter().map(|i| i.instance_id.clone()).collect::<Vec<_>>())
+        .await?;
+    let view = s.handle.with(move |m, _, _| m.fleet_usage(ids)).await?;
+    Ok(Json(json!(view)))
+}
+
+/// `GET /instances/{id}/usage`: 404 when the id is not registered, holds no bytes and
+/// declared nothing.
+async fn instance_usage(
+    State(s): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, CoordError> {
+    let key = id.clone();
+    let registered = s.handle.fleet(move |f, _, _| f.get(&key).is_some()).await?;
+    let key = id.clone();
+    match s
+        .handle
+        .with(move |m, _, _| m.instance_usage(&key, registered))
+        .await?
+    {
+        Some(status) => Ok(Json(json!(status))),
+        None => Err(CoordError::NotFound(format!("unknown instance '{id}'"))),
+    }
 }
 
 #[derive(Deserialize)]
@@ -405,6 +440,7 @@ async fn set_quota_config(
         .with(move |m, _, _| m.set_default_limit(limit))
         .await?
         .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(json!({ "default_limit_gb": limit })))
 }
 
@@ -432,9 +468,12 @@ async fn set_quota(
         .with(move |m, _, _| m.set_quota(&salt, limit))
         .await?;
     match r {
-        Ok(()) => Ok(Json(
-            json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
-        )),
+        Ok(()) => {
+            s.metadata.save(&s.handle).await;
+            Ok(Json(
+                json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
+            ))
+        }
         Err(e @ (QuotaError::InvalidLimit | QuotaError::InvalidSalt)) => {
             Err(CoordError::BadRequest(e.to_string()))
         }
@@ -462,6 +501,9 @@ async fn remove_quota(
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
     let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
+    if existed {
+        s.metadata.save(&s.handle).await;
+    }
     let status = if existed { "removed" } else { "not_found" };
     Ok(Json(
         json!({"cache_salt": reply_salt, "limit_gb": 0.0, "status": status}),
@@ -501,8 +543,7 @@ async fn legacy_events(
         return Err(invalid(&s, "seq", "seq must be >= 1"));
     }
     check_events(&s, b.events.len(), "events")?;
-    let batch = Batch::from(b);
-    let got = s.handle.with(move |m, _, _| m.ingest([batch])).await?;
+    let got = ingest(&s, vec![Batch::from(b)]).await?;
     Ok(Json(json!({ "recorded": got.recorded })))
 }
 
@@ -524,8 +565,38 @@ async fn events(
         ));
     }
     let batches: Vec<Batch> = b.batches.into_iter().map(Batch::from).collect();
-    let got = s.handle.with(move |m, _, _| m.ingest(batches)).await?;
+    let got = ingest(&s, batches).await?;
     Ok(Json(json!(got)))
+}
+
+/// Admits the batches and applies the first [`SLICE_OPS`] events in one job (a typical
+/// request is one job), then the rest one slice per job (the owner answers other callers in
+/// between). The reply waits for the last slice, so usage read after a reply includes the
+/// request.
+async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, CoordError> {
+    let (got, rest) = s
+        .handle
+        .with(move |m, _, _| {
+            let (got, slices) = m.admit(batches);
+            let mut slices = slices.into_iter();
+            let mut budget = SLICE_OPS;
+            let mut rest = Vec::new();
+            for b in slices.by_ref() {
+                if b.ops.len() > budget {
+                    rest.push(b);
+                    break;
+                }
+                budget -= b.ops.len();
+                m.apply_slice(b);
+            }
+            rest.extend(slices);
+            (got, rest)
+        })
+        .await?;
+    for b in rest {
+        s.handle.with(move |m, _, _| m.apply_slice(b)).await?;
+    }
+    Ok(got)
 }
 
 #[derive(Deserialize)]
@@ -543,7 +614,7 @@ struct PrefetchBody {
 pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
     let key = id.to_owned();
     s.handle
-        .with(move |m: &mut Model, _, _| m.fleet().get(&key).map(|i| (i.ip.clone(), i.http_port)))
+        .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
         .await?
         .ok_or_else(|| {
             CoordError::NotFound(format!("no MP server registered with instance_id='{id}'"))
@@ -633,7 +704,14 @@ async fn prefetch_status(
 }
 
 async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
-    let snapshot = s.handle.with(|m, _, _| metrics::Snapshot::of(m)).await?;
-    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused);
+    let fleet = s
+        .handle
+        .fleet(|f, _, _| metrics::FleetNumbers::of(f))
+        .await?;
+    let snapshot = s
+        .handle
+        .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
+        .await?;
+    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -13,6 +13,10 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+/// Most keys one `POST /cache/delete` sends after adding the other object groups' copies (the
+/// resolved keys themselves always go).
+pub const MAX_DELETE_KEYS: usize = 1_000_000;
+
 #[derive(Deserialize)]
 struct PinBody {
     model_name: String,
@@ -70,6 +74,7 @@ pub(crate) async fn pin(
         .with(move |m, _, _| m.pins.pin(&keys, MAX_PINNED_KEYS))
         .await?
         .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "pinned"}),
     ))
@@ -84,6 +89,7 @@ pub(crate) async fn unpin(
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
     s.handle.with(move |m, _, _| m.pins.unpin(&keys)).await?;
+    s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
     ))
@@ -163,17 +169,20 @@ pub(crate) async fn delete(
         })));
     }
     let touches_l2 = tier != "l1";
-    let (send, held_back) = if touches_l2 && !b.force {
-        s.handle
-            .with(move |m, _, _| {
-                let (send, held): (Vec<_>, Vec<_>) =
-                    keys.into_iter().partition(|k| !m.pins.contains(k));
-                (send, held.len())
-            })
-            .await?
-    } else {
-        (keys, 0)
-    };
+    let hold_pinned = touches_l2 && !b.force;
+    let (send, held_back) = s
+        .handle
+        .with(move |m, _, _| {
+            // The chunks' tracked copies in other object groups go too (0.5.6).
+            let keys = m.expand_object_groups(keys, MAX_DELETE_KEYS);
+            if !hold_pinned {
+                return (keys, 0);
+            }
+            let (send, held): (Vec<_>, Vec<_>) =
+                keys.into_iter().partition(|k| !m.pins.contains(k));
+            (send, held.len())
+        })
+        .await?;
     let (mut deleted, mut skipped) = (0u64, 0u64);
     if !send.is_empty() {
         let payload = json!({"keys": send, "tier": tier, "force": b.force});
@@ -205,6 +214,7 @@ pub(crate) async fn delete(
         s.handle
             .with(move |m, _, _| m.pins.drop_pins(&send))
             .await?;
+        s.metadata.save(&s.handle).await;
     }
     Ok(Json(json!({
         "instance_id": b.instance_id, "requested": chunks, "affected": deleted,

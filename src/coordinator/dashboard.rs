@@ -5,11 +5,13 @@
 //! ([`crate::web::history`]: a sample every 2 s for 15 minutes of the counters and of the
 //! usage and quota of the largest tenants), so the charts are full on open.
 //!
-//! Read-only: no route here changes anything; the feed is one job on the model's owner
-//! ([`super::driver::Handle::with`]), like `GET /quota`.
+//! Read-only: no route here changes anything; the feed is one job on the fleet owner (the
+//! servers) and one on the model's owner (everything else), like `GET /instances` and
+//! `GET /quota`.
 
 use super::api::ApiState;
-use super::driver::LoopStats;
+use super::driver::{Handle, LoopStats, Stopped};
+use super::fleet::Fleet;
 use super::model::Model;
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{spawn_sampler, History, HistoryPage, Sample};
@@ -47,8 +49,12 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>(api: &Arc<ApiState>) -> R
         let handle = handle.clone();
         async move {
             let stats = Arc::clone(&handle.stats);
+            let fleet = handle
+                .fleet(|f, now, _| FleetPart::of(f, 0, now))
+                .await
+                .ok()?;
             handle
-                .with(move |m, _, wall| sample(m, &stats, wall))
+                .with(move |m, _, wall| sample(m, &stats, &fleet, wall))
                 .await
                 .ok()
         }
@@ -157,7 +163,37 @@ fn tenants(m: &Model) -> Vec<Tenant> {
     out
 }
 
-fn counters(m: &Model, s: &LoopStats) -> Counters {
+/// What the feed and the history read on the fleet owner.
+struct FleetPart {
+    /// The first `rows` servers, in registration order.
+    servers: Vec<Server>,
+    len: usize,
+    timed_out: u64,
+}
+
+impl FleetPart {
+    fn of(f: &Fleet, rows: usize, now: Instant) -> Self {
+        let servers = f
+            .iter()
+            .take(rows)
+            .map(|i| Server {
+                instance_id: i.instance_id.clone(),
+                ip: i.ip.clone(),
+                http_port: i.http_port,
+                registration_time: i.registration_time,
+                heartbeat_age_s: now.saturating_duration_since(i.last_seen).as_secs_f64(),
+                metadata: i.metadata.clone(),
+            })
+            .collect();
+        FleetPart {
+            servers,
+            len: f.len(),
+            timed_out: f.timed_out,
+        }
+    }
+}
+
+fn counters(m: &Model, f: &FleetPart, s: &LoopStats) -> Counters {
     let c = &m.counters;
     Counters {
         events_applied: c.events_applied,
@@ -166,10 +202,10 @@ fn counters(m: &Model, s: &LoopStats) -> Counters {
         batches_stale: c.batches_stale,
         seq_gaps: c.seq_gaps,
         keys_refused: c.keys_refused,
-        instances_timed_out: c.instances_timed_out,
+        instances_timed_out: f.timed_out,
         eviction_cycles: s.eviction_cycles.load(Ordering::Relaxed),
         eviction_keys_planned: c.eviction_keys_planned,
-        eviction_no_instance: c.eviction_no_instance,
+        eviction_no_instance: s.eviction_no_instance.load(Ordering::Relaxed),
         dispatches_ok: s.dispatches_ok.load(Ordering::Relaxed),
         dispatches_failed: s.dispatches_failed.load(Ordering::Relaxed),
         dispatches_in_flight: s.dispatches_in_flight.load(Ordering::Relaxed) as u64,
@@ -177,10 +213,10 @@ fn counters(m: &Model, s: &LoopStats) -> Counters {
 }
 
 /// One history sample: counters, then usage and quota of the largest tenants.
-fn sample(m: &Model, stats: &LoopStats, wall: f64) -> Sample {
-    let c = counters(m, stats);
+fn sample(m: &Model, stats: &LoopStats, fleet: &FleetPart, wall: f64) -> Sample {
+    let c = counters(m, fleet, stats);
     let mut s = Sample::at(wall)
-        .with("servers", m.fleet().len() as f64)
+        .with("servers", fleet.len as f64)
         .with("tracked_keys", m.tracked_keys() as f64)
         .with("events", c.events_applied as f64)
         .with("keys_planned", c.eviction_keys_planned as f64)
@@ -195,23 +231,10 @@ fn sample(m: &Model, stats: &LoopStats, wall: f64) -> Sample {
     s
 }
 
-fn feed_of(m: &Model, stats: &LoopStats, now: Instant, wall: f64) -> Feed {
-    let servers = m
-        .fleet()
-        .iter()
-        .take(FEED_ROWS)
-        .map(|i| Server {
-            instance_id: i.instance_id.clone(),
-            ip: i.ip.clone(),
-            http_port: i.http_port,
-            registration_time: i.registration_time,
-            heartbeat_age_s: now.saturating_duration_since(i.last_seen).as_secs_f64(),
-            metadata: i.metadata.clone(),
-        })
-        .collect();
+fn feed_of(m: &Model, stats: &LoopStats, fleet: FleetPart, wall: f64) -> Feed {
     let mut all = tenants(m);
     let totals = Totals {
-        servers: m.fleet().len(),
+        servers: fleet.len,
         tenants: all.len(),
         quotas: all.iter().filter(|t| t.quota_bytes.is_some()).count(),
         tracked_keys: m.tracked_keys(),
@@ -228,11 +251,20 @@ fn feed_of(m: &Model, stats: &LoopStats, now: Instant, wall: f64) -> Feed {
             eviction_ratio: m.config().eviction_ratio,
         },
         totals,
-        counters: counters(m, stats),
-        servers,
+        counters: counters(m, &fleet, stats),
+        servers: fleet.servers,
         tenants: all,
         history: None,
     }
+}
+
+async fn read_feed(h: &Handle) -> Result<Feed, Stopped> {
+    let stats = Arc::clone(&h.stats);
+    let fleet = h
+        .fleet(|f, now, _| FleetPart::of(f, FEED_ROWS, now))
+        .await?;
+    h.with(move |m, _, wall| feed_of(m, &stats, fleet, wall))
+        .await
 }
 
 /// `?history=1` adds the server-side history (the page asks for it on its first poll).
@@ -242,13 +274,7 @@ struct FeedQuery {
 }
 
 async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
-    let stats = Arc::clone(&d.api.handle.stats);
-    let Ok(mut body) = d
-        .api
-        .handle
-        .with(move |m, now, wall| feed_of(m, &stats, now, wall))
-        .await
-    else {
+    let Ok(mut body) = read_feed(&d.api.handle).await else {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"detail": "the coordinator is shutting down"})),

@@ -1,13 +1,24 @@
-//! The one task that owns the [`Model`]: it runs requests from the HTTP handlers (closures
-//! sent over a bounded channel) one at a time, the health sweep every
-//! `--health-check-interval` and the eviction cycle every `--eviction-check-interval`.
+//! The two owner tasks. The **key owner** owns the [`Model`] (event gate, tracked keys,
+//! quotas, pins): it runs requests from the HTTP handlers (closures sent over a bounded
+//! channel) one at a time and the eviction cycle every `--eviction-check-interval`. The
+//! **fleet owner** owns the [`Fleet`] (registrations, heartbeats) and runs the health sweep
+//! every `--health-check-interval`. A heartbeat therefore never waits behind event ingest:
+//! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
+//! owner also yields to the runtime every `YIELD_EVERY` (16) jobs and after any job of
+//! `YIELD_AFTER` (200 µs) or more, and a large event request reaches it as several jobs
+//! ([`super::model::SLICE_OPS`] events each), so its other callers wait for a slice, not a
+//! whole request.
 //!
-//! Effects leave the owner: eviction dispatches are spawned through a [`Dispatcher`] (the
-//! outbound HTTP call in production, a recorder in tests), each with its own timeout, so a
-//! slow MP server never blocks the API. While a cycle's dispatches are in flight the next
-//! cycle is skipped (counted), which bounds outbound work to one cycle.
+//! The owners talk through jobs too: the sweep's departed instances are sent to the key
+//! owner to forget their event cursors, and an eviction cycle's victims are sent to the
+//! instance the fleet owner picks. Effects leave the owners: eviction dispatches are spawned
+//! through a [`Dispatcher`] (the outbound HTTP call in production, a recorder in tests), each
+//! with its own timeout, so a slow MP server never blocks the API. While a cycle's
+//! dispatches are in flight the next cycle is skipped (counted), which bounds outbound work
+//! to one cycle.
 
-use super::model::{Dispatch, Model};
+use super::fleet::Fleet;
+use super::model::{dispatches, Dispatch, Model};
 use super::outbound;
 use std::future::Future;
 use std::pin::Pin;
@@ -19,10 +30,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Requests queued for the owner before handlers wait.
+/// Requests queued for an owner before handlers wait.
 pub const QUEUE: usize = 1024;
+/// The key owner yields to the runtime after this many jobs in a row…
+const YIELD_EVERY: u32 = 16;
+/// …or after any job that ran this long.
+const YIELD_AFTER: Duration = Duration::from_micros(200);
 
-type Job = Box<dyn FnOnce(&mut Model, std::time::Instant, f64) + Send>;
+type Job<S> = Box<dyn FnOnce(&mut S, std::time::Instant, f64) + Send>;
 
 /// Performs one eviction dispatch; `Err` carries why it failed.
 pub type Dispatcher =
@@ -35,11 +50,13 @@ pub struct LoopStats {
     pub eviction_cycles: AtomicU64,
     /// Cycles skipped because the previous dispatches were still in flight.
     pub eviction_cycles_skipped: AtomicU64,
+    /// Cycles with victims but no registered instance to send them to.
+    pub eviction_no_instance: AtomicU64,
     /// Dispatches that succeeded.
     pub dispatches_ok: AtomicU64,
     /// Dispatches that failed (transport, timeout or non-2xx).
     pub dispatches_failed: AtomicU64,
-    /// Dispatches in flight now.
+    /// Dispatches in flight now (a cycle's instance pick counts as one).
     pub dispatches_in_flight: AtomicUsize,
     /// Health sweeps run.
     pub sweeps: AtomicU64,
@@ -49,6 +66,16 @@ pub struct LoopStats {
     pub resync_keys: AtomicU64,
     /// Startup resyncs that ended early (no server, an error).
     pub resync_failed: AtomicU64,
+    /// Longest single job (or eviction plan) run by the key owner, in microseconds.
+    pub key_owner_longest_job_us: AtomicU64,
+    /// Longest single job run by the fleet owner, in microseconds.
+    pub fleet_owner_longest_job_us: AtomicU64,
+}
+
+/// Records how long an owner's step took (real time, also under a paused test clock).
+fn record_longest(slot: &AtomicU64, started: std::time::Instant) {
+    let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    slot.fetch_max(us, Ordering::Relaxed);
 }
 
 /// The owner has stopped (shutdown).
@@ -56,16 +83,29 @@ pub struct LoopStats {
 #[error("the coordinator is shutting down")]
 pub struct Stopped;
 
-/// A cheap handle to the owner task.
+/// A cheap handle to both owner tasks.
 #[derive(Clone)]
 pub struct Handle {
-    tx: mpsc::Sender<Job>,
+    keys: mpsc::Sender<Job<Model>>,
+    fleet: mpsc::Sender<Job<Fleet>>,
     /// Background outcomes.
     pub stats: Arc<LoopStats>,
 }
 
+async fn call<S: 'static, R: Send + 'static>(
+    tx: &mpsc::Sender<Job<S>>,
+    f: impl FnOnce(&mut S, std::time::Instant, f64) -> R + Send + 'static,
+) -> Result<R, Stopped> {
+    let (reply, rx) = oneshot::channel();
+    let job: Job<S> = Box::new(move |s, now, wall| {
+        let _ = reply.send(f(s, now, wall));
+    });
+    tx.send(job).await.map_err(|_| Stopped)?;
+    rx.await.map_err(|_| Stopped)
+}
+
 impl Handle {
-    /// Runs `f` on the model (with monotonic and wall-clock now) and returns its result.
+    /// Runs `f` on the key model (with monotonic and wall-clock now) and returns its result.
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
@@ -73,12 +113,31 @@ impl Handle {
         &self,
         f: impl FnOnce(&mut Model, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
-        let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |m, now, wall| {
-            let _ = tx.send(f(m, now, wall));
-        });
-        self.tx.send(job).await.map_err(|_| Stopped)?;
-        rx.await.map_err(|_| Stopped)
+        call(&self.keys, f).await
+    }
+
+    /// Runs `f` on the fleet (with monotonic and wall-clock now) and returns its result.
+    ///
+    /// # Errors
+    /// [`Stopped`] after shutdown.
+    pub async fn fleet<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Fleet, std::time::Instant, f64) -> R + Send + 'static,
+    ) -> Result<R, Stopped> {
+        call(&self.fleet, f).await
+    }
+
+    /// An instance left: the key owner forgets its event cursor.
+    ///
+    /// # Errors
+    /// [`Stopped`] after shutdown.
+    pub async fn forget_instances(&self, ids: Vec<String>) -> Result<(), Stopped> {
+        self.with(move |m, _, _| {
+            for id in &ids {
+                m.forget_instance(id);
+            }
+        })
+        .await
     }
 }
 
@@ -93,7 +152,7 @@ pub struct Timing {
     pub eviction_check_interval: Option<Duration>,
 }
 
-/// Spawns the owner task on `tasks`.
+/// Spawns both owner tasks on `tasks`; the fleet holds at most `max_instances`.
 pub fn spawn(
     model: Model,
     timing: Timing,
@@ -101,15 +160,30 @@ pub fn spawn(
     shutdown: CancellationToken,
     tasks: &TaskTracker,
 ) -> Handle {
-    let (tx, rx) = mpsc::channel(QUEUE);
-    let stats = Arc::new(LoopStats::default());
+    let (keys_tx, keys_rx) = mpsc::channel(QUEUE);
+    let (fleet_tx, fleet_rx) = mpsc::channel(QUEUE);
+    let fleet = Fleet::new(model.config().max_instances);
     let handle = Handle {
-        tx,
-        stats: Arc::clone(&stats),
+        keys: keys_tx,
+        fleet: fleet_tx,
+        stats: Arc::new(LoopStats::default()),
     };
-    let spawner = tasks.clone();
-    tasks.spawn(owner(
-        model, rx, timing, dispatcher, stats, shutdown, spawner,
+    tasks.spawn(key_owner(
+        model,
+        keys_rx,
+        timing,
+        dispatcher,
+        handle.clone(),
+        shutdown.clone(),
+        tasks.clone(),
+    ));
+    tasks.spawn(fleet_owner(
+        fleet,
+        fleet_rx,
+        timing,
+        handle.clone(),
+        shutdown,
+        tasks.clone(),
     ));
     handle
 }
@@ -138,52 +212,123 @@ fn interval(period: Option<Duration>) -> Option<tokio::time::Interval> {
     })
 }
 
-async fn owner(
+async fn key_owner(
     mut model: Model,
-    mut rx: mpsc::Receiver<Job>,
+    mut rx: mpsc::Receiver<Job<Model>>,
     timing: Timing,
     dispatcher: Dispatcher,
-    stats: Arc<LoopStats>,
+    handle: Handle,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
-    let mut sweep = interval(timing.health_check_interval);
+    let stats = Arc::clone(&handle.stats);
     let mut evict = interval(timing.eviction_check_interval);
+    let mut since_yield = 0u32;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             job = rx.recv() => match job {
-                Some(job) => job(&mut model, Instant::now().into_std(), wall_now()),
+                Some(job) => {
+                    let started = std::time::Instant::now();
+                    job(&mut model, Instant::now().into_std(), wall_now());
+                    record_longest(&stats.key_owner_longest_job_us, started);
+                    // Let the tasks the replies woke (and anything else queued on this
+                    // worker) run: after a long job, and at least every YIELD_EVERY jobs.
+                    since_yield += 1;
+                    if since_yield >= YIELD_EVERY || started.elapsed() >= YIELD_AFTER {
+                        since_yield = 0;
+                        tokio::task::yield_now().await;
+                    }
+                }
                 None => break,
             },
-            () = tick_or_never(&mut sweep) => {
-                stats.sweeps.fetch_add(1, Ordering::Relaxed);
-                let gone = model.sweep(Instant::now().into_std(), timing.instance_timeout);
-                for id in gone {
-                    tracing::info!(instance_id = %id, "instance timed out; removed");
-                }
-            }
             () = tick_or_never(&mut evict) => {
                 if stats.dispatches_in_flight.load(Ordering::Acquire) > 0 {
                     stats.eviction_cycles_skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 stats.eviction_cycles.fetch_add(1, Ordering::Relaxed);
-                for d in model.plan_evictions(rand::random()) {
-                    stats.dispatches_in_flight.fetch_add(1, Ordering::AcqRel);
-                    let (stats, dispatcher) = (Arc::clone(&stats), Arc::clone(&dispatcher));
-                    tasks.spawn(async move {
-                        let (target, n) = (d.instance_id.clone(), d.keys.len());
-                        match dispatcher(d).await {
-                            Ok(()) => stats.dispatches_ok.fetch_add(1, Ordering::Relaxed),
-                            Err(e) => {
-                                tracing::warn!(instance_id = %target, keys = n, "eviction dispatch failed: {e}");
-                                stats.dispatches_failed.fetch_add(1, Ordering::Relaxed)
-                            }
-                        };
-                        stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
-                    });
+                let started = std::time::Instant::now();
+                let victims = model.plan_evictions();
+                record_longest(&stats.key_owner_longest_job_us, started);
+                if victims.is_empty() {
+                    continue;
                 }
+                stats.dispatches_in_flight.fetch_add(1, Ordering::AcqRel);
+                tasks.spawn(send_victims(victims, handle.clone(), Arc::clone(&dispatcher), tasks.clone()));
+            }
+        }
+    }
+}
+
+/// Sends a cycle's victims to the instance the fleet owner picks, one spawned dispatch per
+/// chunk; holds one in-flight count until the dispatches are spawned.
+async fn send_victims(
+    victims: Vec<super::keys::EncodedKey>,
+    handle: Handle,
+    dispatcher: Dispatcher,
+    tasks: TaskTracker,
+) {
+    let stats = Arc::clone(&handle.stats);
+    let pick: u64 = rand::random();
+    match handle.fleet(move |f, _, _| f.pick(pick).cloned()).await {
+        Ok(Some(target)) => {
+            for d in dispatches(&victims, &target) {
+                stats.dispatches_in_flight.fetch_add(1, Ordering::AcqRel);
+                let (stats, dispatcher) = (Arc::clone(&stats), Arc::clone(&dispatcher));
+                tasks.spawn(async move {
+                    let (target, n) = (d.instance_id.clone(), d.keys.len());
+                    match dispatcher(d).await {
+                        Ok(()) => stats.dispatches_ok.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            tracing::warn!(instance_id = %target, keys = n, "eviction dispatch failed: {e}");
+                            stats.dispatches_failed.fetch_add(1, Ordering::Relaxed)
+                        }
+                    };
+                    stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
+                });
+            }
+        }
+        Ok(None) => {
+            stats.eviction_no_instance.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(Stopped) => {}
+    }
+    stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
+}
+
+async fn fleet_owner(
+    mut fleet: Fleet,
+    mut rx: mpsc::Receiver<Job<Fleet>>,
+    timing: Timing,
+    handle: Handle,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let mut sweep = interval(timing.health_check_interval);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            job = rx.recv() => match job {
+                Some(job) => {
+                    let started = std::time::Instant::now();
+                    job(&mut fleet, Instant::now().into_std(), wall_now());
+                    record_longest(&handle.stats.fleet_owner_longest_job_us, started);
+                }
+                None => break,
+            },
+            () = tick_or_never(&mut sweep) => {
+                handle.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+                let gone = fleet.sweep(Instant::now().into_std(), timing.instance_timeout);
+                if gone.is_empty() {
+                    continue;
+                }
+                for id in &gone {
+                    tracing::info!(instance_id = %id, "instance timed out; removed");
+                }
+                // Not awaited here: the fleet owner never waits for the key owner.
+                let h = handle.clone();
+                tasks.spawn(async move { h.forget_instances(gone).await });
             }
         }
     }
@@ -250,6 +395,9 @@ mod tests {
             incarnation: 0,
             seq: 1,
             tier: Tier::L2,
+            backend: "fs".into(),
+            shared: false,
+            capacity: None,
             ops: (0..n)
                 .map(|i| {
                     Op::Store(
@@ -295,12 +443,11 @@ mod tests {
             eviction_check_interval: Some(Duration::from_secs(5)),
         };
         let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
-        h.with(|m, now, wall| {
-            m.register(reg("s1"), String::new, now, wall).unwrap();
-            m.ingest([stores(4)]);
-        })
-        .await
-        .unwrap();
+        h.fleet(|f, now, wall| f.register(reg("s1"), String::new, now, wall))
+            .await
+            .unwrap()
+            .unwrap();
+        h.with(|m, _, _| m.ingest([stores(4)])).await.unwrap();
         // Nothing before the first period.
         tokio::time::sleep(Duration::from_millis(4_900)).await;
         assert!(seen.try_recv().is_err());
@@ -344,23 +491,88 @@ mod tests {
             eviction_check_interval: None,
         };
         let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
-        let count = |h: Handle| async move { h.with(|m, _, _| m.fleet().len()).await.unwrap() };
-        h.with(|m, now, wall| {
-            m.register(reg("quiet"), String::new, now, wall).unwrap();
-            m.register(reg("chatty"), String::new, now, wall).unwrap();
+        let count = |h: Handle| async move { h.fleet(|f, _, _| f.len()).await.unwrap() };
+        h.fleet(|f, now, wall| {
+            f.register(reg("a"), String::new, now, wall).unwrap();
+            f.register(reg("chatty"), String::new, now, wall).unwrap();
         })
         .await
         .unwrap();
+        // "a" (which will stay quiet) has sent events: its cursor is at seq 1.
+        h.with(|m, _, _| m.ingest([stores(1)])).await.unwrap();
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_secs(10)).await;
-            h.with(|m, now, _| m.heartbeat("chatty", now))
+            h.fleet(|f, now, _| f.heartbeat("chatty", now))
                 .await
                 .unwrap();
         }
-        // 40 s: "quiet" was last seen at 0, removed by the sweep at 40 (> 30 s silent).
+        // 40 s: "a" was last seen at 0, removed by the sweep at 40 (> 30 s silent).
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(count(h.clone()).await, 1);
         assert!(h.stats.sweeps.load(Ordering::Relaxed) >= 4);
+        // Its cursor was forgotten: seq 1 applies again instead of being a duplicate.
+        let again = h.with(|m, _, _| m.ingest([stores(1)])).await.unwrap();
+        assert_eq!(again.applied, 1);
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn victims_without_an_instance_are_counted_not_sent() {
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let (dispatcher, mut seen) = recorder();
+        let timing = Timing {
+            instance_timeout: Duration::from_secs(30),
+            health_check_interval: None,
+            eviction_check_interval: Some(Duration::from_secs(5)),
+        };
+        let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
+        h.with(|m, _, _| m.ingest([stores(3)])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5_100)).await;
+        assert_eq!(h.stats.eviction_no_instance.load(Ordering::Relaxed), 1);
+        assert_eq!(h.stats.dispatches_in_flight.load(Ordering::Relaxed), 0);
+        assert!(seen.try_recv().is_err());
+        shutdown.cancel();
+    }
+
+    /// The fleet owner answers while the key owner is stuck in a job (here: blocked until the
+    /// test releases it, so the heartbeat's answer cannot come from the key owner).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_do_not_wait_for_the_key_owner() {
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let (dispatcher, _seen) = recorder();
+        let timing = Timing {
+            instance_timeout: Duration::from_secs(30),
+            health_check_interval: None,
+            eviction_check_interval: None,
+        };
+        let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
+        h.fleet(|f, now, wall| f.register(reg("s1"), String::new, now, wall))
+            .await
+            .unwrap()
+            .unwrap();
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let (entered, is_in) = oneshot::channel::<()>();
+        let busy = h.clone();
+        let blocked = tokio::spawn(async move {
+            busy.with(move |_, _, _| {
+                let _ = entered.send(());
+                let _ = held.recv_timeout(Duration::from_secs(30));
+            })
+            .await
+        });
+        is_in.await.unwrap();
+        let known = tokio::time::timeout(
+            Duration::from_secs(10),
+            h.fleet(|f, now, _| f.heartbeat("s1", now)),
+        )
+        .await
+        .expect("the heartbeat waited for the key owner")
+        .unwrap();
+        assert!(known);
+        release.send(()).unwrap();
+        blocked.await.unwrap().unwrap();
         shutdown.cancel();
     }
 }

@@ -10,11 +10,13 @@
 //! admitted batches to the key store.
 
 use super::keys::EncodedKey;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// Which cache tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Default)]
+/// Which cache tier (ordered `l1` < `l2`, as LMCache sorts them).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize, Default,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// The local memory tier (not tracked by fleet quotas).
@@ -61,6 +63,18 @@ pub struct WireBatch {
     pub event_type: EventType,
     /// Which tier.
     pub tier: Tier,
+    /// The storage backend within the tier (`dram`, `fs`, …).
+    #[serde(default)]
+    pub backend: String,
+    /// The backend is a pool the fleet shares (its bytes belong to no one instance).
+    #[serde(default)]
+    pub shared: bool,
+    /// `config` only: the compartment's declared capacity (0: no limit declared).
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// `config` only: which declaration this batch belongs to.
+    #[serde(default)]
+    pub capacity_revision: u64,
     /// The entries.
     #[serde(default)]
     pub entries: Vec<Entry>,
@@ -133,12 +147,20 @@ pub struct Batch {
     pub seq: u64,
     /// Which tier.
     pub tier: Tier,
+    /// Storage backend within the tier (`"default"` for the documented form, which has none).
+    pub backend: String,
+    /// A fleet-shared backend.
+    pub shared: bool,
+    /// A `config` batch: `(capacity_bytes, capacity_revision)`; it has no operations.
+    pub capacity: Option<(u64, u64)>,
     /// The operations, in order.
     pub ops: Vec<Op>,
 }
 
 impl From<WireBatch> for Batch {
     fn from(b: WireBatch) -> Self {
+        let capacity =
+            (b.event_type == EventType::Config).then_some((b.capacity_bytes, b.capacity_revision));
         let ops = match b.event_type {
             EventType::Config => Vec::new(),
             EventType::Store => b
@@ -154,6 +176,9 @@ impl From<WireBatch> for Batch {
             incarnation: b.incarnation,
             seq: b.seq,
             tier: b.tier,
+            backend: b.backend,
+            shared: b.shared,
+            capacity,
             ops,
         }
     }
@@ -175,6 +200,9 @@ impl From<LegacyEvents> for Batch {
             incarnation: 0,
             seq: b.seq,
             tier: b.tier,
+            backend: "default".into(),
+            shared: false,
+            capacity: None,
             ops,
         }
     }
@@ -258,6 +286,11 @@ impl Gate {
         }
     }
 
+    /// The incarnation of an instance's cursor, if it has one.
+    pub fn incarnation(&self, instance: &str) -> Option<u64> {
+        self.cursors.get(instance).map(|c| c.incarnation)
+    }
+
     /// Forgets an instance's cursor (deregistered or timed out).
     pub fn forget(&mut self, instance: &str) {
         self.cursors.remove(instance);
@@ -309,6 +342,10 @@ mod tests {
         let batches: Vec<Batch> = body.batches.into_iter().map(Batch::from).collect();
         assert!(batches[0].ops.is_empty());
         assert_eq!(batches[0].tier, Tier::L1);
+        assert_eq!(batches[0].capacity, Some((268_435_456, 1)));
+        assert_eq!(batches[0].backend, "dram");
+        assert_eq!(batches[1].capacity, None);
+        assert_eq!(batches[1].backend, "fs");
         assert_eq!(batches[1].seq, 2);
         assert!(matches!(&batches[1].ops[0], Op::Store(k, 16384) if k.chunk_hash_hex == "9e73"));
 

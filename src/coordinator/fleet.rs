@@ -1,8 +1,10 @@
 //! Fleet membership: the registered MP servers, their heartbeats and the timeout sweep.
 //!
 //! Pure: the caller passes `now` (a monotonic instant) and the wall-clock registration time.
-//! Owns nothing but the instance table; the event cursors of a departed instance are dropped
-//! by the model ([`super::model`]), which calls [`Fleet::sweep`] and [`Fleet::remove`].
+//! Owns nothing but the instance table and its two counters. It has its own small owner task
+//! ([`super::driver`]), apart from the key model's, so a heartbeat never waits behind event
+//! ingest; the driver tells the model ([`super::model`]) to drop the event cursors of the
+//! instances [`Fleet::sweep`] and [`Fleet::remove`] take out.
 
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -61,6 +63,10 @@ pub enum FleetError {
 pub struct Fleet {
     instances: IndexMap<String, Instance>,
     max_instances: usize,
+    /// Registrations refused at the instance limit (monotonic).
+    pub refused: u64,
+    /// Instances removed by the timeout sweep (monotonic).
+    pub timed_out: u64,
 }
 
 impl Fleet {
@@ -69,6 +75,8 @@ impl Fleet {
         Fleet {
             instances: IndexMap::new(),
             max_instances,
+            refused: 0,
+            timed_out: 0,
         }
     }
 
@@ -87,6 +95,7 @@ impl Fleet {
         let id = req.instance_id.unwrap_or_else(generated_id);
         let existed = self.instances.contains_key(&id);
         if !existed && self.instances.len() >= self.max_instances {
+            self.refused += 1;
             return Err(FleetError::Full(self.max_instances));
         }
         let inst = Instance {
@@ -129,6 +138,7 @@ impl Fleet {
             }
             alive
         });
+        self.timed_out += gone.len() as u64;
         gone
     }
 
@@ -204,6 +214,7 @@ mod tests {
             .collect();
         assert_eq!(ports, [("mp-gen", 9), ("a", 2)]);
         assert_eq!(f.get("mp-gen").map(|i| i.registration_time), Some(4.0));
+        assert_eq!(f.refused, 1);
     }
 
     #[test]
@@ -218,6 +229,7 @@ mod tests {
         // Exactly at the timeout is still alive (LMCache's rule is a strict >).
         assert!(f.sweep(t0 + timeout, timeout).is_empty());
         assert_eq!(f.sweep(t0 + Duration::from_secs(31), timeout), ["b"]);
+        assert_eq!(f.timed_out, 1);
         assert_eq!(f.len(), 1);
         assert!(f.remove("a"));
         assert!(!f.remove("a"));

@@ -11,8 +11,14 @@
 //! group and its last-use tick. Recency is a per-store monotonic `u32` tick (renumbered
 //! densely before it would wrap), so the LRU needs no links: the eviction cycle selects the
 //! `n` smallest ticks of a salt (`select_nth_unstable`, O(keys of the salt) every few
-//! seconds). Each salt has a `hashbrown::HashTable<u32>` of slot indices (5 bytes per bucket,
+//! seconds). Each salt has `hashbrown::HashTable<u32>`s of slot indices (5 bytes per bucket,
 //! load ≥ 7/16 after a resize), so a key costs 48 + at most ~11.5 + ~1 (segment slack) bytes.
+//!
+//! No big resize: a salt starts with one table and, when it reaches [`SPLIT_AT`] keys, is
+//! split once into [`SHARDS`] tables by bits of the key's hash. A table doubles on its own, so
+//! the longest single resize moves `max(SPLIT_AT, keys of the salt / SHARDS)` entries (~65k
+//! at the 16 Mi key limit: milliseconds) instead of every key of the salt (hundreds of
+//! milliseconds at millions of keys, on the owner task).
 //! [`KeyStore::memory_bytes`] counts the real allocations; the `memory_per_key` test asserts
 //! the bound.
 
@@ -22,6 +28,10 @@ use std::hash::BuildHasher;
 
 /// Slots per arena segment.
 pub(crate) const SEGMENT: usize = 4 * 1024;
+/// Keys of one salt at which its table is split into [`SHARDS`] tables.
+pub(crate) const SPLIT_AT: usize = 64 * 1024;
+/// Tables of a split salt (a power of two).
+pub(crate) const SHARDS: usize = 256;
 /// Longest chunk hash kept inline (blake3 and sha256 are 32 bytes).
 pub(crate) const MAX_HASH_BYTES: usize = 32;
 
@@ -79,11 +89,46 @@ struct Slot {
     tick: u32,
 }
 
-/// One salt's keys: its hash table and byte total.
-#[derive(Default)]
+/// One salt's keys: its hash tables (one, or [`SHARDS`] once split) and byte total.
 struct SaltKeys {
-    table: HashTable<u32>,
+    tables: Vec<HashTable<u32>>,
+    len: usize,
     bytes: u64,
+    /// Object groups a key of this salt was ever stored in (bit per group; never cleared,
+    /// so it may list a group with no key left: lookups then find nothing).
+    groups: [u64; 4],
+}
+
+impl Default for SaltKeys {
+    fn default() -> Self {
+        SaltKeys {
+            tables: vec![HashTable::new()],
+            len: 0,
+            bytes: 0,
+            groups: [0; 4],
+        }
+    }
+}
+
+impl SaltKeys {
+    /// The table a hash belongs to: bits 40.. of the hash (hashbrown uses the low bits for
+    /// the bucket and the top 7 for its tag, so a shard's table stays well spread).
+    fn shard(&self, h: u64) -> usize {
+        (h >> 40) as usize & (self.tables.len() - 1)
+    }
+
+    fn table(&self, h: u64) -> &HashTable<u32> {
+        &self.tables[self.shard(h)]
+    }
+
+    fn table_mut(&mut self, h: u64) -> &mut HashTable<u32> {
+        let i = self.shard(h);
+        &mut self.tables[i]
+    }
+
+    fn indices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tables.iter().flat_map(|t| t.iter().copied())
+    }
 }
 
 /// Every tracked key of every salt.
@@ -105,8 +150,8 @@ pub(crate) struct KeyStore {
 pub(crate) enum Stored {
     /// A new key.
     New,
-    /// A known key, size updated and moved to most recently used.
-    Updated,
+    /// A known key, size updated (from the size given) and moved to most recently used.
+    Updated(u32),
 }
 
 impl KeyStore {
@@ -135,7 +180,7 @@ impl KeyStore {
 
     /// Keys tracked for `salt`.
     pub(crate) fn salt_len(&self, salt: &str) -> usize {
-        self.salts.get(salt).map_or(0, |s| s.table.len())
+        self.salts.get(salt).map_or(0, |s| s.len)
     }
 
     /// Every salt with tracked keys and its byte total.
@@ -211,7 +256,7 @@ impl KeyStore {
     fn find(&self, salt: &str, key: &CompactKey) -> Option<u32> {
         let s = self.salts.get(salt)?;
         let h = Self::hash_of(&self.hasher, key);
-        s.table.find(h, |&i| self.slot(i).key == *key).copied()
+        s.table(h).find(h, |&i| self.slot(i).key == *key).copied()
     }
 
     /// The next tick, renumbering every slot's tick densely first if the clock is spent.
@@ -228,7 +273,7 @@ impl KeyStore {
     fn renumber(&mut self) {
         let mut live: Vec<(u32, u32)> = Vec::with_capacity(self.len);
         for s in self.salts.values() {
-            for &i in &s.table {
+            for i in s.indices() {
                 live.push((self.slot(i).tick, i));
             }
         }
@@ -257,7 +302,7 @@ impl KeyStore {
             if let Some(s) = self.salts.get_mut(salt) {
                 s.bytes = s.bytes - u64::from(old) + u64::from(size);
             }
-            return Some(Stored::Updated);
+            return Some(Stored::Updated(old));
         }
         if self.len >= limit {
             return None;
@@ -288,11 +333,23 @@ impl KeyStore {
         self.len += 1;
         let h = Self::hash_of(&self.hasher, &key);
         let (segments, hasher) = (&self.segments, &self.hasher);
-        let s = self.salts.entry(salt.to_owned()).or_default();
-        s.table.insert_unique(h, i, |&j| {
+        let rehash = |&j: &u32| {
             let j = j as usize;
             Self::hash_of(hasher, &segments[j / SEGMENT][j % SEGMENT].key)
-        });
+        };
+        let s = self.salts.entry(salt.to_owned()).or_default();
+        if s.len == SPLIT_AT && s.tables.len() == 1 {
+            // One-time split into SHARDS tables (moves SPLIT_AT entries).
+            let one = std::mem::take(&mut s.tables[0]);
+            s.tables = (0..SHARDS).map(|_| HashTable::new()).collect();
+            for j in one {
+                let hj = rehash(&j);
+                s.table_mut(hj).insert_unique(hj, j, rehash);
+            }
+        }
+        s.table_mut(h).insert_unique(h, i, rehash);
+        s.groups[usize::from(key.group / 64)] |= 1 << (key.group % 64);
+        s.len += 1;
         s.bytes += u64::from(size);
         Some(Stored::New)
     }
@@ -320,16 +377,41 @@ impl KeyStore {
         let h = Self::hash_of(&self.hasher, key);
         let size = self.slot(i).size;
         let s = self.salts.get_mut(salt)?;
-        if let Ok(entry) = s.table.find_entry(h, |&j| j == i) {
+        if let Ok(entry) = s.table_mut(h).find_entry(h, |&j| j == i) {
             entry.remove();
+            s.len -= 1;
         }
         s.bytes -= u64::from(size);
-        if s.table.is_empty() {
+        if s.len == 0 {
             self.salts.shift_remove(salt);
         }
         self.free.push(i);
         self.len -= 1;
         Some(size)
+    }
+
+    /// The tracked keys that differ from `key` only in object group, by ascending group
+    /// (`POST /cache/delete` reaches a chunk's copies in every group). Probes only the groups
+    /// the salt has held, so a fleet using group 0 alone pays one bitmask read.
+    pub(crate) fn in_other_groups(&self, key: &EncodedKey) -> Vec<EncodedKey> {
+        let Some(s) = self.salts.get(key.cache_salt.as_str()) else {
+            return Vec::new();
+        };
+        let Ok(Some(mut k)) = self.find_compact(key) else {
+            return Vec::new();
+        };
+        let own = k.group;
+        let mut out = Vec::new();
+        for g in 0..=u8::MAX {
+            if g == own || s.groups[usize::from(g / 64)] & (1 << (g % 64)) == 0 {
+                continue;
+            }
+            k.group = g;
+            if self.find(&key.cache_salt, &k).is_some() {
+                out.push(self.encode(&key.cache_salt, &k));
+            }
+        }
+        out
     }
 
     /// Up to `n` least recently used keys of `salt`, oldest first.
@@ -343,8 +425,8 @@ impl KeyStore {
         // A max-heap of the n oldest seen so far: O(keys · log n) time, 8n bytes of memory
         // (never a copy of the whole salt).
         let mut heap: std::collections::BinaryHeap<(u32, u32)> =
-            std::collections::BinaryHeap::with_capacity(n.min(s.table.len()));
-        for &i in &s.table {
+            std::collections::BinaryHeap::with_capacity(n.min(s.len));
+        for i in s.indices() {
             let t = (self.slot(i).tick, i);
             if heap.len() < n {
                 heap.push(t);
@@ -366,7 +448,12 @@ impl KeyStore {
             .iter()
             .map(|s| s.capacity() * std::mem::size_of::<Slot>())
             .sum();
-        let tables: usize = self.salts.values().map(|s| s.table.allocation_size()).sum();
+        let tables: usize = self
+            .salts
+            .values()
+            .flat_map(|s| &s.tables)
+            .map(|t| t.allocation_size() + std::mem::size_of::<HashTable<u32>>())
+            .sum();
         arena + tables + self.free.capacity() * 4
     }
 }
@@ -436,7 +523,7 @@ mod tests {
         let k1 = ks.compact(&key(1, "a")).unwrap();
         assert!(ks.touch("a", &k1));
         let k0 = ks.compact(&key(0, "a")).unwrap();
-        assert_eq!(ks.store("a", k0, 50, 10), Some(Stored::Updated));
+        assert_eq!(ks.store("a", k0, 50, 10), Some(Stored::Updated(100)));
         assert_eq!(ks.salt_bytes("a"), 350);
         let order: Vec<_> = ks
             .oldest("a", 10)
@@ -462,7 +549,7 @@ mod tests {
         let b = full.compact(&key(2, "")).unwrap();
         assert_eq!(full.store("", a, 1, 1), Some(Stored::New));
         assert_eq!(full.store("", b, 1, 1), None);
-        assert_eq!(full.store("", a, 2, 1), Some(Stored::Updated));
+        assert_eq!(full.store("", a, 2, 1), Some(Stored::Updated(1)));
     }
 
     #[test]
@@ -545,6 +632,60 @@ mod tests {
             mutate(&mut k);
             assert_eq!(ks.compact(&k), Err(want));
         }
+    }
+
+    #[test]
+    fn copies_in_other_object_groups_are_found() {
+        let mut ks = KeyStore::new();
+        let mut g3 = key(1, "s");
+        g3.object_group_id = 3;
+        let mut g200 = key(1, "s");
+        g200.object_group_id = 200;
+        for k in [&g200, &g3, &key(2, "s")] {
+            let c = ks.compact(k).unwrap();
+            ks.store("s", c, 1, 100);
+        }
+        // Key 1 in group 0 is not tracked itself; its copies are, by ascending group.
+        assert_eq!(
+            ks.in_other_groups(&key(1, "s")),
+            vec![g3.clone(), g200.clone()]
+        );
+        assert_eq!(ks.in_other_groups(&g3), vec![g200]);
+        assert!(ks.in_other_groups(&key(2, "s")).is_empty());
+        assert!(ks.in_other_groups(&key(1, "other")).is_empty());
+    }
+
+    /// A salt past [`SPLIT_AT`] keys is split into [`SHARDS`] tables: every key stays
+    /// findable, removable and in LRU order across the split.
+    #[test]
+    fn a_large_salt_is_split_and_keeps_its_keys_and_order() {
+        let mut ks = KeyStore::new();
+        let n = (SPLIT_AT + 1_000) as u64;
+        let keys: Vec<_> = (0..n)
+            .map(|i| ks.compact(&key(i, "big")).unwrap())
+            .collect();
+        for k in &keys {
+            assert_eq!(ks.store("big", *k, 2, usize::MAX), Some(Stored::New));
+        }
+        assert_eq!(ks.salts["big"].tables.len(), SHARDS);
+        assert_eq!(ks.salt_len("big"), n as usize);
+        assert!(ks.salts["big"].tables.iter().all(|t| !t.is_empty()));
+        assert!(keys.iter().all(|k| ks.contains("big", k)));
+        // Updates find the key in its shard (no duplicate); removes shrink the salt.
+        assert_eq!(
+            ks.store("big", keys[0], 3, usize::MAX),
+            Some(Stored::Updated(2))
+        );
+        for k in &keys[1..1_001] {
+            assert_eq!(ks.remove("big", k), Some(2));
+        }
+        assert_eq!(ks.salt_len("big"), n as usize - 1_000);
+        assert_eq!(ks.salt_bytes("big"), 2 * (n - 1_001) + 3);
+        // Oldest: 1_001, 1_002, … (0 was stored again last).
+        assert_eq!(ks.oldest("big", 2), vec![keys[1_001], keys[1_002]]);
+        assert_eq!(ks.oldest("big", n as usize).last(), Some(&keys[0]));
+        ks.renumber();
+        assert_eq!(ks.oldest("big", 1), vec![keys[1_001]]);
     }
 
     /// The ≤ 64 bytes per tracked key bound, measured from the real allocations (arena

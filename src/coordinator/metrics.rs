@@ -4,30 +4,54 @@
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
 use super::driver::LoopStats;
+use super::fleet::Fleet;
 use super::limits::Refused;
 use super::model::{Counters, Model};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
+/// The fleet's numbers at one instant (read on the fleet owner).
+#[derive(Clone, Copy, Debug)]
+pub struct FleetNumbers {
+    instances: usize,
+    refused: u64,
+    timed_out: u64,
+}
+
+impl FleetNumbers {
+    /// Reads the fleet.
+    pub fn of(f: &Fleet) -> Self {
+        FleetNumbers {
+            instances: f.len(),
+            refused: f.refused,
+            timed_out: f.timed_out,
+        }
+    }
+}
+
 /// The model's numbers at one instant.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     counters: Counters,
-    instances: usize,
+    fleet: FleetNumbers,
     tracked_keys: usize,
     tracked_key_bytes: usize,
+    usage_untracked: u64,
+    l1_placements: usize,
     usage_bytes: Vec<(String, f64)>,
 }
 
 impl Snapshot {
-    /// Reads the model.
-    pub fn of(m: &Model) -> Self {
+    /// Reads the model; `fleet` was read just before.
+    pub fn of(m: &Model, fleet: FleetNumbers) -> Self {
         let (_, rows) = m.quota_list();
         Snapshot {
             counters: m.counters.clone(),
-            instances: m.fleet().len(),
+            fleet,
             tracked_keys: m.tracked_keys(),
             tracked_key_bytes: m.tracked_key_memory(),
+            usage_untracked: m.usage.untracked,
+            l1_placements: m.usage.l1_placements(),
             usage_bytes: rows
                 .into_iter()
                 .map(|r| (r.cache_salt, r.usage_gb * super::model::GIB))
@@ -50,19 +74,24 @@ fn escape(label: &str) -> String {
 }
 
 /// The text exposition.
-pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
+pub fn render(
+    s: &Snapshot,
+    loops: &LoopStats,
+    refused: &Refused,
+    metadata: &super::metadata::Persister,
+) -> String {
     let mut out = String::new();
     let c = &s.counters;
-    let counters: [(&str, &str, u64); 14] = [
+    let counters: [(&str, &str, u64); 16] = [
         (
             "instances_refused_total",
             "Registrations refused at the instance limit.",
-            c.instances_refused,
+            s.fleet.refused,
         ),
         (
             "instances_timed_out_total",
             "Instances removed by the health sweep.",
-            c.instances_timed_out,
+            s.fleet.timed_out,
         ),
         (
             "batches_applied_total",
@@ -112,12 +141,22 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         (
             "eviction_no_instance_total",
             "Eviction cycles with victims but no instance.",
-            c.eviction_no_instance,
+            loops.eviction_no_instance.load(Ordering::Relaxed),
         ),
         (
             "eviction_keys_planned_total",
             "Keys planned for eviction.",
             c.eviction_keys_planned,
+        ),
+        (
+            "capacity_declarations_total",
+            "Capacity declarations (config batches) applied.",
+            c.capacity_declarations,
+        ),
+        (
+            "usage_untracked_total",
+            "Placements or declarations not counted per instance (a usage limit was reached).",
+            s.usage_untracked,
         ),
         (
             "eviction_cycles_capped_total",
@@ -156,6 +195,34 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         "dispatches_failed_total",
         "Eviction dispatches that failed.",
         ld(&loops.dispatches_failed),
+    );
+    series(
+        &mut out,
+        "gauge",
+        "key_owner_longest_job_seconds",
+        "Longest single step of the key owner task since start (events, quotas, eviction plan).",
+        ld(&loops.key_owner_longest_job_us) / 1e6,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "fleet_owner_longest_job_seconds",
+        "Longest single step of the fleet owner task since start (registrations, heartbeats).",
+        ld(&loops.fleet_owner_longest_job_us) / 1e6,
+    );
+    series(
+        &mut out,
+        "counter",
+        "metadata_saves_total",
+        "Metadata files written (--metadata-path).",
+        ld(&metadata.saved),
+    );
+    series(
+        &mut out,
+        "counter",
+        "metadata_save_failures_total",
+        "Metadata writes that failed (logged; the change stays in memory).",
+        ld(&metadata.failed),
     );
     series(
         &mut out,
@@ -218,7 +285,14 @@ pub fn render(s: &Snapshot, loops: &LoopStats, refused: &Refused) -> String {
         "gauge",
         "instances",
         "Registered MP servers.",
-        s.instances as f64,
+        s.fleet.instances as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "l1_placements",
+        "L1 placements tracked for per-instance usage.",
+        s.l1_placements as f64,
     );
     series(
         &mut out,

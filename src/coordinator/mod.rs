@@ -7,7 +7,8 @@
 //! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
 //! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
 //!   `POST /events`) and the per-instance sequence gate.
-//! - [`model`] — the whole state as one struct; the eviction decision as a pure function.
+//! - [`usage`] — bytes per instance and compartment against declared capacities.
+//! - [`model`] — the key state as one struct; the eviction decision as a pure function.
 //!
 //! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
 //!
@@ -20,6 +21,7 @@
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
+//! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at start.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
@@ -36,12 +38,14 @@ pub mod events;
 pub mod fleet;
 pub mod keys;
 pub mod limits;
+pub mod metadata;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
 pub mod outbound;
 pub mod pins;
 pub mod resync;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -79,6 +83,8 @@ pub struct CoordinatorConfig {
     pub model: model::ModelConfig,
     /// Startup resync (`None`: off).
     pub resync: Option<resync::ResyncConfig>,
+    /// Where quotas and pins are kept across restarts (`None`: not kept).
+    pub metadata_path: Option<std::path::PathBuf>,
 }
 
 impl CoordinatorConfig {
@@ -113,6 +119,7 @@ impl CoordinatorConfig {
                 max_wait: Duration::from_secs_f64(d::RESYNC_MAX_WAIT_S),
                 page_size: d::RESYNC_PAGE_SIZE,
             }),
+            metadata_path: None,
         }
     }
 }
@@ -163,6 +170,7 @@ pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api:
         http: config.http,
         max_events_per_request: config.max_events_per_request,
         refused: limits::Refused::default(),
+        metadata: metadata::Persister::new(config.metadata_path.clone()),
     })
 }
 
@@ -188,8 +196,20 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         health_check_interval: config.health_check_interval,
         eviction_check_interval: config.eviction_check_interval,
     };
+    let mut model = model::Model::new(config.model.clone());
+    if let Some(path) = &config.metadata_path {
+        match metadata::load(path) {
+            Ok(None) => tracing::info!("no metadata at {}; starting empty", path.display()),
+            Ok(Some(doc)) => {
+                let (quotas, pins) = model
+                    .restore_metadata(doc, crate::config::defaults::coordinator::MAX_PINNED_KEYS);
+                tracing::info!(quotas, pins, "restored metadata from {}", path.display());
+            }
+            Err(e) => tracing::warn!("ignoring the metadata file {}: {e}", path.display()),
+        }
+    }
     let handle = driver::spawn(
-        model::Model::new(config.model.clone()),
+        model,
         timing,
         driver::http_dispatcher(config.outbound_timeout),
         shutdown.clone(),

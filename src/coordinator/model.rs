@@ -1,18 +1,21 @@
-//! The coordinator's whole state as one plain struct with plain methods: fleet, event gate,
-//! tracked keys, quotas and the counters behind the metrics.
+//! The coordinator's key state as one plain struct with plain methods: event gate, tracked
+//! keys, quotas, pins and the counters behind the metrics. Fleet membership is not here: it
+//! is the [`Fleet`](super::fleet::Fleet), owned by its own small task so that heartbeats
+//! never wait behind this model's work.
 //!
-//! No I/O and no clock: `now` (monotonic) and the wall-clock time are passed in, random
-//! choices arrive as numbers, and the eviction decision is returned as a list of
-//! [`Dispatch`]es for the driver to perform. One task owns a [`Model`]; nothing else touches
-//! it.
+//! No I/O and no clock: the eviction decision is returned as a list of victim keys, which
+//! the driver sends to an instance the fleet picks ([`dispatches`]). One task owns a
+//! [`Model`]; nothing else touches it. Event batches are admitted whole and applied in
+//! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
+//! owner answers other requests between the slices of a large request.
 
 use super::events::{Admit, Batch, Gate, Op, Tier};
-use super::fleet::{Fleet, FleetError, Instance, Registration};
+use super::fleet::Instance;
 use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
 use super::pins::Pins;
+use super::usage::{FleetStatus, InstanceStatus, Module, Usage};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 /// Bytes in one GiB (quota limits are given in GiB).
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -21,11 +24,13 @@ pub const MAX_KEYS_PER_DISPATCH: usize = 10_000;
 /// Most victims planned in one cycle over all salts (the rest wait for the next cycle), so a
 /// cycle's memory and outbound work are bounded whatever the number of tracked keys.
 pub const MAX_VICTIMS_PER_CYCLE: usize = 10 * MAX_KEYS_PER_DISPATCH;
+/// Most events applied in one step of the owner ([`Model::apply_slice`]).
+pub const SLICE_OPS: usize = 4_096;
 
 /// Limits and eviction settings of the model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// Most registered instances (and event cursors).
+    /// Most event cursors (one per registered instance).
     pub max_instances: usize,
     /// Most tracked keys over all salts.
     pub max_tracked_keys: usize,
@@ -40,10 +45,6 @@ pub struct ModelConfig {
 /// Counters the driver exports as metrics. Monotonic unless said otherwise.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Counters {
-    /// Registrations refused at the instance limit.
-    pub instances_refused: u64,
-    /// Instances removed by the timeout sweep.
-    pub instances_timed_out: u64,
     /// Batches applied.
     pub batches_applied: u64,
     /// Batches dropped as duplicates.
@@ -56,14 +57,14 @@ pub struct Counters {
     pub seq_gaps: u64,
     /// Events applied (store, access, delete on the L2 tier).
     pub events_applied: u64,
-    /// Events of the L1 tier (accepted, not tracked).
+    /// Events of the L1 tier (counted per instance for `/instances/usage`, not for quotas).
     pub events_l1_ignored: u64,
+    /// `config` batches (capacity declarations) applied.
+    pub capacity_declarations: u64,
     /// Events with a key that cannot be tracked.
     pub keys_rejected: u64,
     /// New keys dropped at the tracked-key limit.
     pub keys_refused: u64,
-    /// Eviction cycles with victims but no registered instance.
-    pub eviction_no_instance: u64,
     /// Keys planned for eviction.
     pub eviction_keys_planned: u64,
     /// Cycles that hit [`MAX_VICTIMS_PER_CYCLE`] (more victims wait for the next cycle).
@@ -137,7 +138,6 @@ pub struct Dispatch {
 /// The coordinator state.
 pub struct Model {
     config: ModelConfig,
-    fleet: Fleet,
     gate: Gate,
     keys: KeyStore,
     /// Explicit quotas in bytes.
@@ -147,6 +147,8 @@ pub struct Model {
     default_limit: Option<u64>,
     /// Keys pinned against eviction (`/cache/pins`).
     pub pins: Pins,
+    /// Bytes per instance and compartment, and declared capacities.
+    pub usage: Usage,
     /// Counters for the metrics.
     pub counters: Counters,
 }
@@ -155,12 +157,15 @@ impl Model {
     /// An empty model.
     pub fn new(config: ModelConfig) -> Self {
         Model {
-            fleet: Fleet::new(config.max_instances),
             gate: Gate::new(config.max_instances),
             keys: KeyStore::new(),
             quotas: BTreeMap::new(),
             default_limit: Some(0),
             pins: Pins::default(),
+            usage: Usage::new(
+                config.max_instances.saturating_mul(2).saturating_add(1),
+                config.max_tracked_keys / 4,
+            ),
             counters: Counters::default(),
             config,
         }
@@ -169,11 +174,6 @@ impl Model {
     /// The limits and eviction settings, read-only.
     pub fn config(&self) -> &ModelConfig {
         &self.config
-    }
-
-    /// The fleet, read-only.
-    pub fn fleet(&self) -> &Fleet {
-        &self.fleet
     }
 
     /// Keys tracked.
@@ -186,43 +186,21 @@ impl Model {
         self.keys.memory_bytes()
     }
 
-    /// `POST /instances`.
-    ///
-    /// # Errors
-    /// [`FleetError::Full`] at the instance limit (counted).
-    pub fn register(
-        &mut self,
-        req: Registration,
-        generated_id: impl FnOnce() -> String,
-        now: Instant,
-        wall_now: f64,
-    ) -> Result<(String, bool), FleetError> {
-        let r = self.fleet.register(req, generated_id, now, wall_now);
-        if r.is_err() {
-            self.counters.instances_refused += 1;
-        }
-        r
-    }
-
-    /// `PUT /instances/{id}/heartbeat`: false for an unknown id.
-    pub fn heartbeat(&mut self, id: &str, now: Instant) -> bool {
-        self.fleet.heartbeat(id, now)
-    }
-
-    /// `DELETE /instances/{id}`: idempotent; forgets the event cursor too.
-    pub fn deregister(&mut self, id: &str) -> bool {
+    /// An instance left (`DELETE /instances/{id}` or the sweep): forgets its event cursor,
+    /// its declared capacities and its L1 bytes (its L2 bytes stay).
+    pub fn forget_instance(&mut self, id: &str) {
         self.gate.forget(id);
-        self.fleet.remove(id)
+        self.usage.forget(id);
     }
 
-    /// The health sweep: removes instances silent for more than `timeout`.
-    pub fn sweep(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
-        let gone = self.fleet.sweep(now, timeout);
-        for id in &gone {
-            self.gate.forget(id);
-        }
-        self.counters.instances_timed_out += gone.len() as u64;
-        gone
+    /// `GET /instances/{id}/usage` (`None`: unknown).
+    pub fn instance_usage(&self, id: &str, registered: bool) -> Option<InstanceStatus> {
+        self.usage.instance(id, registered)
+    }
+
+    /// `GET /instances/usage` for the currently registered ids.
+    pub fn fleet_usage(&self, registered: Vec<String>) -> FleetStatus {
+        self.usage.fleet(registered)
     }
 
     /// `PUT /quota/config`: the limit of salts without a quota, in GiB (`None`: exempt).
@@ -258,6 +236,68 @@ impl Model {
         Ok(())
     }
 
+    /// The operator-set state for `--metadata-path`: quotas, default quota, pins.
+    pub fn capture_metadata(&self, wall_now: f64) -> super::metadata::Metadata {
+        super::metadata::Metadata {
+            version: super::metadata::VERSION,
+            saved_at: wall_now,
+            quotas: self.quotas.clone(),
+            default_limit_bytes: self.default_limit,
+            pins: self
+                .pins
+                .rows()
+                .into_iter()
+                .map(|(key, pin_count)| super::metadata::PinRow { key, pin_count })
+                .collect(),
+        }
+    }
+
+    /// Loads a saved document at startup: quotas (within the limits; a bad salt or one over
+    /// the quota limit is skipped), the default quota and pins (at most `max_pins` keys).
+    /// Returns how many quotas and pinned keys were restored.
+    pub fn restore_metadata(
+        &mut self,
+        doc: super::metadata::Metadata,
+        max_pins: usize,
+    ) -> (usize, usize) {
+        let mut quotas = 0;
+        for (salt, bytes) in doc.quotas {
+            let ok_salt = salt.len() <= 128 && !salt.contains(['@', '/', '\\', '\0']);
+            if ok_salt && bytes < (1u64 << 63) && self.quotas.len() < self.config.max_quotas {
+                self.quotas.insert(salt, bytes);
+                quotas += 1;
+            }
+        }
+        self.default_limit = doc.default_limit_bytes.filter(|&b| b < (1u64 << 63));
+        let pins = doc
+            .pins
+            .iter()
+            .filter(|row| self.pins.restore(&row.key, row.pin_count, max_pins))
+            .count();
+        (quotas, pins)
+    }
+
+    /// `POST /cache/delete`: each key followed by its tracked copies in other object groups
+    /// (ascending group), as 0.5.6 expands a token-addressed delete; at most `max` keys in all
+    /// (the requested keys always stay).
+    pub fn expand_object_groups(&self, keys: Vec<EncodedKey>, max: usize) -> Vec<EncodedKey> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut room = max.saturating_sub(keys.len());
+        for key in keys {
+            let others = if room > 0 {
+                self.keys.in_other_groups(&key)
+            } else {
+                Vec::new()
+            };
+            let mut all: Vec<EncodedKey> = others.into_iter().take(room).collect();
+            room -= all.len();
+            all.push(key);
+            all.sort_by_key(|k| k.object_group_id);
+            out.extend(all);
+        }
+        out
+    }
+
     /// `DELETE /quota/{cache_salt}`: true if a quota existed.
     pub fn remove_quota(&mut self, salt: &str) -> bool {
         self.quotas.remove(salt).is_some()
@@ -287,10 +327,25 @@ impl Model {
         )
     }
 
-    /// Applies batches in order through the sequence gate.
+    /// Admits and applies batches in order (what [`Model::admit`] then
+    /// [`Model::apply_slice`] on each slice do).
     pub fn ingest(&mut self, batches: impl IntoIterator<Item = Batch>) -> Ingested {
+        let (out, slices) = self.admit(batches);
+        for b in slices {
+            self.apply_slice(b);
+        }
+        out
+    }
+
+    /// Passes batches through the sequence gate (the cursors move now) and returns the
+    /// admitted ones cut into slices of at most [`SLICE_OPS`] events, in the order they must
+    /// be applied. Applying nothing of them is like a lost request: the sender's next
+    /// batch is a gap.
+    pub fn admit(&mut self, batches: impl IntoIterator<Item = Batch>) -> (Ingested, Vec<Batch>) {
         let mut out = Ingested::default();
+        let mut slices = Vec::new();
         for b in batches {
+            let before = self.gate.incarnation(&b.instance_id);
             match self.gate.admit(&b.instance_id, b.incarnation, b.seq) {
                 Admit::Duplicate => {
                     out.duplicates += 1;
@@ -310,48 +365,72 @@ impl Model {
                 Admit::Gap { missing } => self.counters.seq_gaps += missing,
                 Admit::InOrder => {}
             }
+            if before.is_some_and(|inc| inc < b.incarnation) {
+                // A restarted server: what it held in memory is gone.
+                self.usage.fence_l1(&b.instance_id);
+            }
             out.applied += 1;
             out.recorded += b.ops.len() as u64;
             self.counters.batches_applied += 1;
-            self.apply(b);
+            slice_in_apply_order(b, &mut slices);
         }
-        out
+        (out, slices)
     }
 
-    fn apply(&mut self, b: Batch) {
-        if b.tier == Tier::L1 {
-            self.counters.events_l1_ignored += b.ops.len() as u64;
+    /// Applies one slice from [`Model::admit`], its events in the order given.
+    pub fn apply_slice(&mut self, b: Batch) {
+        let owner = if b.shared { "" } else { b.instance_id.as_str() };
+        if let Some((capacity_bytes, revision)) = b.capacity {
+            self.counters.capacity_declarations += 1;
+            let module = Module {
+                tier: b.tier,
+                backend: b.backend.clone(),
+                capacity_bytes,
+                shared: b.shared,
+            };
+            self.usage
+                .declare(&b.instance_id, (b.incarnation, revision), module);
             return;
         }
-        // A batch of stores holds a sequence's chunks prefix first; recording them in
-        // reverse makes the prefix the most recently used, so eviction takes the tail of a
-        // sequence first (a suffix without its prefix is unreachable; LMCache quirk Q2).
-        let all_stores = b.ops.iter().all(|op| matches!(op, Op::Store(..)));
-        let ops: Box<dyn Iterator<Item = Op>> = if all_stores {
-            Box::new(b.ops.into_iter().rev())
-        } else {
-            Box::new(b.ops.into_iter())
-        };
-        for op in ops {
-            match self.apply_op(op) {
+        if b.tier == Tier::L1 {
+            self.counters.events_l1_ignored += b.ops.len() as u64;
+            for op in &b.ops {
+                match op {
+                    Op::Store(key, size) => self.usage.l1_store(owner, &b.backend, key, *size),
+                    Op::Delete(key) => self.usage.l1_delete(owner, &b.backend, key),
+                    Op::Access(_) => {}
+                }
+            }
+            return;
+        }
+        for op in b.ops {
+            match self.apply_op(op, owner, &b.backend) {
                 Ok(()) => self.counters.events_applied += 1,
                 Err(_) => self.counters.keys_rejected += 1,
             }
         }
     }
 
-    fn apply_op(&mut self, op: Op) -> Result<(), KeyError> {
+    /// One L2 event; the bytes it moves are also counted for `owner`'s `backend`.
+    fn apply_op(&mut self, op: Op, owner: &str, backend: &str) -> Result<(), KeyError> {
         match op {
             Op::Store(key, size) => {
                 let size = u32::try_from(size).map_err(|_| KeyError::OutOfRange("size_bytes"))?;
                 let k = self.keys.compact(&key)?;
-                match self
-                    .keys
-                    .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
-                {
-                    Some(Stored::New | Stored::Updated) => {}
-                    None => self.counters.keys_refused += 1,
-                }
+                let old =
+                    match self
+                        .keys
+                        .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
+                    {
+                        Some(Stored::New) => 0,
+                        Some(Stored::Updated(old)) => old,
+                        None => {
+                            self.counters.keys_refused += 1;
+                            return Ok(());
+                        }
+                    };
+                let delta = i64::from(size) - i64::from(old);
+                self.usage.adjust(owner, Tier::L2, backend, delta);
             }
             Op::Access(key) => {
                 if let Some(k) = self.keys.find_compact(&key)? {
@@ -360,7 +439,10 @@ impl Model {
             }
             Op::Delete(key) => {
                 if let Some(k) = self.keys.find_compact(&key)? {
-                    self.keys.remove(&key.cache_salt, &k);
+                    if let Some(size) = self.keys.remove(&key.cache_salt, &k) {
+                        self.usage
+                            .adjust(owner, Tier::L2, backend, -i64::from(size));
+                    }
                 }
             }
         }
@@ -400,10 +482,11 @@ impl Model {
     /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
     /// quota (no quota: the default limit, 0 bytes unless `PUT /quota/config` changed it;
     /// exempt when that is `None`) gives up its least recently used keys (`eviction_ratio` of
-    /// them, all of them at a 0 quota, at least one); all victims go to the one instance
-    /// `pick` selects (modulo the fleet), in calls of at most [`MAX_KEYS_PER_DISPATCH`] keys.
-    /// Nothing changes here: usage drops when the servers' delete events come back.
-    pub fn plan_evictions(&mut self, pick: u64) -> Vec<Dispatch> {
+    /// them, all of them at a 0 quota, at least one), at most [`MAX_VICTIMS_PER_CYCLE`]; all
+    /// victims go to the one instance
+    /// the driver has the fleet pick ([`dispatches`]). Nothing changes here: usage drops
+    /// when the servers' delete events come back.
+    pub fn plan_evictions(&mut self) -> Vec<EncodedKey> {
         let mut victims = Vec::new();
         let over: Vec<(String, u64)> = self
             .keys
@@ -446,30 +529,60 @@ impl Model {
                 }
             }
         }
-        if victims.is_empty() {
-            return Vec::new();
-        }
-        let Some(target) = self.fleet.pick(pick) else {
-            self.counters.eviction_no_instance += 1;
-            return Vec::new();
-        };
         self.counters.eviction_keys_planned += victims.len() as u64;
-        let Instance {
-            instance_id,
-            ip,
-            http_port,
-            ..
-        } = target;
         victims
-            .chunks(MAX_KEYS_PER_DISPATCH)
-            .map(|keys| Dispatch {
-                instance_id: instance_id.clone(),
-                ip: ip.clone(),
-                http_port: *http_port,
-                keys: keys.to_vec(),
-            })
-            .collect()
     }
+}
+
+/// Cuts an admitted batch into slices of at most [`SLICE_OPS`] events, appended to `out` in
+/// application order. A batch of stores holds a sequence's chunks prefix first; recording
+/// them in reverse makes the prefix the most recently used, so eviction takes the tail of a
+/// sequence first (a suffix without its prefix is unreachable; LMCache quirk Q2).
+fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
+    let Batch {
+        instance_id,
+        incarnation,
+        seq,
+        tier,
+        backend,
+        shared,
+        capacity,
+        mut ops,
+    } = b;
+    if ops.iter().all(|op| matches!(op, Op::Store(..))) {
+        ops.reverse();
+    }
+    let slice = |ops: Vec<Op>| Batch {
+        instance_id: instance_id.clone(),
+        incarnation,
+        seq,
+        tier,
+        backend: backend.clone(),
+        shared,
+        capacity,
+        ops,
+    };
+    if ops.len() <= SLICE_OPS {
+        out.push(slice(ops));
+        return;
+    }
+    let mut rest = ops.into_iter().peekable();
+    while rest.peek().is_some() {
+        out.push(slice(rest.by_ref().take(SLICE_OPS).collect()));
+    }
+}
+
+/// The eviction calls for `victims` to `target`, at most [`MAX_KEYS_PER_DISPATCH`] keys each.
+pub fn dispatches(victims: &[EncodedKey], target: &Instance) -> Vec<Dispatch> {
+    victims
+        .chunks(MAX_KEYS_PER_DISPATCH)
+        .map(|keys| Dispatch {
+            instance_id: target.instance_id.clone(),
+            ip: target.ip.clone(),
+            http_port: target.http_port,
+            keys: keys.to_vec(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

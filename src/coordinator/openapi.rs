@@ -14,6 +14,18 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
     ),
     ("/instances", "get", "List registered MP servers", &[200]),
     (
+        "/instances/usage",
+        "get",
+        "Memory usage of every MP server and shared pool",
+        &[200],
+    ),
+    (
+        "/instances/{instance_id}/usage",
+        "get",
+        "Memory usage of one MP server",
+        &[200, 404],
+    ),
+    (
         "/instances/{instance_id}/heartbeat",
         "put",
         "Heartbeat",

@@ -183,6 +183,27 @@ impl Pins {
         }
     }
 
+    /// Every pinned key with its count, in first-pinned order (for `--metadata-path`).
+    pub fn rows(&self) -> Vec<(EncodedKey, u64)> {
+        self.order
+            .values()
+            .filter_map(|k| self.counts.get(k).map(|&(n, _)| (k.clone(), n)))
+            .collect()
+    }
+
+    /// Restores one key with `count` pins (after those already pinned); false if it was
+    /// already pinned, `count` is 0 or `max` keys are pinned.
+    pub fn restore(&mut self, key: &EncodedKey, count: u64, max: usize) -> bool {
+        let key = chunk_key(key);
+        if count == 0 || self.counts.len() >= max || self.counts.contains_key(&key) {
+            return false;
+        }
+        self.next += 1;
+        self.order.insert(self.next, key.clone());
+        self.counts.insert(key, (count, self.next));
+        true
+    }
+
     /// Removes every pin of each key (a force delete).
     pub fn drop_pins(&mut self, keys: &[EncodedKey]) {
         for key in keys {

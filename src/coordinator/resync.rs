@@ -67,9 +67,8 @@ pub async fn run(
     let target = loop {
         let pick = rand::random::<u64>();
         match handle
-            .with(move |m, _, _| {
-                m.fleet()
-                    .pick(pick)
+            .fleet(move |f, _, _| {
+                f.pick(pick)
                     .map(|i| (i.instance_id.clone(), i.ip.clone(), i.http_port))
             })
             .await

@@ -100,7 +100,11 @@ from lmcache.v1.mp_coordinator.api import (  # noqa: E402
     CacheEventEntry,
     CacheEventType,
 )
-from lmcache.v1.mp_coordinator.schemas import CacheEventsRequest  # noqa: E402
+from lmcache.v1.mp_coordinator.schemas import (  # noqa: E402
+    CacheEventsRequest,
+    FleetMemoryResponse,
+    InstanceMemoryStatus,
+)
 from lmcache.v1.mp_coordinator.registrar import keep_registered  # noqa: E402
 from lmcache.v1.distributed.api import (  # noqa: E402
     CapacitySnapshot,
@@ -223,6 +227,16 @@ async def main(base):
         await asyncio.to_thread(drive_reporter, base)
         q = (await client.get(f"{base}/quota/reporter")).json()
         check(q["usage_gb"] == 3 * 4096 / 2**30, "reporter stores moved usage")
+        # Its capacity declaration (a config batch) joined to its L2 bytes, in LMCache's own
+        # response models (an unknown or missing field would fail their validation).
+        body = (await client.get(f"{base}/instances/mp-reporter/usage")).json()
+        st = InstanceMemoryStatus.model_validate(body)
+        fs = [m for m in st.modules if m.tier == Tier.L2 and m.backend == "fs"]
+        check(st.declared_capacity and not st.registered and len(fs) == 1
+              and fs[0].used_bytes == 3 * 4096 and fs[0].capacity_bytes == 1 << 30,
+              "reporter capacity declaration and bytes in /instances/{id}/usage")
+        fleet = FleetMemoryResponse.model_validate((await client.get(f"{base}/instances/usage")).json())
+        check("mp-reporter" in [i.instance_id for i in fleet.instances], "fleet usage lists the reporter")
         await asyncio.to_thread(drive_reporter_delete, base)
         q = (await client.get(f"{base}/quota/reporter")).json()
         check(q["usage_gb"] == 4096 / 2**30, "reporter delete lowered usage")

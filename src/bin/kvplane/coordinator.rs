@@ -65,6 +65,10 @@ pub(crate) struct CoordinatorArgs {
     /// [env …_HTTP_READ_TIMEOUT; 30].
     #[arg(long, allow_hyphen_values = true)]
     http_read_timeout: Option<String>,
+    /// File where quotas and pins are kept across restarts (empty: not kept)
+    /// [env …_METADATA_PATH; ""].
+    #[arg(long)]
+    metadata_path: Option<String>,
 }
 
 /// Startup-resync settings as given (the validated form is `CoordinatorConfig::resync`).
@@ -267,6 +271,11 @@ impl CoordinatorArgs {
             max_wait: std::time::Duration::from_secs_f64(resync.max_wait),
             page_size: resync.page_size,
         });
+        c.metadata_path = s
+            .text(&self.metadata_path, "METADATA_PATH")
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .map(std::path::PathBuf::from);
         Ok((c, resync))
     }
 }
@@ -372,6 +381,12 @@ mod tests {
         assert!(!r.enabled);
         assert!(c.resync.is_none());
         assert_eq!(r.page_size, 50);
+        assert_eq!(c.metadata_path, None);
+        let env = [("LMCACHE_MP_COORDINATOR_METADATA_PATH", "/var/lib/meta.json")];
+        let (c, _) = validate(&[], &env).unwrap();
+        assert_eq!(c.metadata_path, Some("/var/lib/meta.json".into()));
+        let (c, _) = validate(&["--metadata-path", ""], &env).unwrap();
+        assert_eq!(c.metadata_path, None);
     }
 
     #[test]

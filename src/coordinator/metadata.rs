@@ -1,0 +1,200 @@
+//! `--metadata-path`: the operator-set state (quotas, the default quota, pins) kept in one
+//! JSON file, as LMCache 0.5.6 keeps its pins and quotas, so they survive a restart.
+//!
+//! Loaded once at startup, before the owner starts (a missing file starts empty; an
+//! unreadable, oversized or malformed one is logged and ignored, as 0.5.6 does, so an
+//! operator can re-apply their intent rather than face a coordinator that will not boot).
+//! Saved after every change a route makes, before its reply: a 200 means the change is on
+//! disk. A save captures the state on the owner and writes a temporary file beside the target
+//! (fsynced, then renamed over it), off the runtime's threads; saves are serialised, each
+//! capturing after the previous one wrote, so the file never goes back to an older state.
+//! A failed write is logged and counted, never an error to the caller (0.5.6's rule).
+
+use super::driver::Handle;
+use super::keys::EncodedKey;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The document's format version.
+pub const VERSION: u32 = 1;
+/// Largest metadata file read at startup (100,000 quotas and pins fit many times over).
+pub const MAX_FILE_BYTES: u64 = 256 << 20;
+
+/// One pinned key and its count.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinRow {
+    /// The key (object group 0).
+    pub key: EncodedKey,
+    /// Active pins (≥ 1).
+    pub pin_count: u64,
+}
+
+/// The file's content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// [`VERSION`].
+    pub version: u32,
+    /// Wall-clock time of the save, epoch seconds.
+    pub saved_at: f64,
+    /// Explicit quotas in bytes, by salt.
+    pub quotas: BTreeMap<String, u64>,
+    /// The limit of salts without a quota in bytes; `null`: exempt.
+    pub default_limit_bytes: Option<u64>,
+    /// Pinned keys in first-pinned order.
+    pub pins: Vec<PinRow>,
+}
+
+/// Why the file was not loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Reading failed (other than "not found").
+    #[error("cannot read: {0}")]
+    Io(#[from] std::io::Error),
+    /// Over [`MAX_FILE_BYTES`].
+    #[error("larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge,
+    /// Not a document of this format.
+    #[error("not a kvplane coordinator metadata document: {0}")]
+    Format(String),
+}
+
+/// Reads the document; `Ok(None)` when the file does not exist.
+///
+/// # Errors
+/// [`LoadError`] for an unreadable, oversized or malformed file.
+pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if file.metadata()?.len() > MAX_FILE_BYTES {
+        return Err(LoadError::TooLarge);
+    }
+    let doc: Metadata = serde_json::from_reader(std::io::BufReader::new(file))
+        .map_err(|e| LoadError::Format(e.to_string()))?;
+    if doc.version != VERSION {
+        return Err(LoadError::Format(format!(
+            "version {} (this build reads {VERSION})",
+            doc.version
+        )));
+    }
+    Ok(Some(doc))
+}
+
+/// Writes `doc` to `path` atomically (temporary file, fsync, rename).
+///
+/// # Errors
+/// The I/O error.
+pub fn write(path: &Path, doc: &Metadata) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Saves the metadata after each change (nothing without a path).
+#[derive(Debug, Default)]
+pub struct Persister {
+    path: Option<PathBuf>,
+    lock: tokio::sync::Mutex<()>,
+    /// Saves written.
+    pub saved: AtomicU64,
+    /// Saves that failed (logged).
+    pub failed: AtomicU64,
+}
+
+impl Persister {
+    /// A persister writing to `path` (`None`: off).
+    pub fn new(path: Option<PathBuf>) -> Self {
+        Persister {
+            path,
+            ..Persister::default()
+        }
+    }
+
+    /// Captures the state on the owner and writes it; failures are logged and counted.
+    pub async fn save(&self, handle: &Handle) {
+        let Some(path) = self.path.clone() else {
+            return;
+        };
+        let _serial = self.lock.lock().await;
+        let Ok(doc) = handle.with(|m, _, wall| m.capture_metadata(wall)).await else {
+            return; // shutting down
+        };
+        let written = tokio::task::spawn_blocking(move || {
+            let r = write(&path, &doc);
+            (path, r)
+        })
+        .await;
+        match written {
+            Ok((_, Ok(()))) => {
+                self.saved.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok((path, Err(e))) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("cannot write the metadata file {}: {e}", path.display());
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("metadata save failed: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc() -> Metadata {
+        Metadata {
+            version: VERSION,
+            saved_at: 1.5,
+            quotas: BTreeMap::from([("a".to_owned(), 1024), (String::new(), 0)]),
+            default_limit_bytes: None,
+            pins: vec![PinRow {
+                key: EncodedKey {
+                    chunk_hash_hex: "ab".into(),
+                    model_name: "m".into(),
+                    kv_rank: 1,
+                    object_group_id: 0,
+                    cache_salt: "a".into(),
+                },
+                pin_count: 2,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_written_document_loads_back_and_bad_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("kvplane-meta-{}", rand::random::<u64>()));
+        let path = dir.join("sub").join("meta.json");
+        assert!(load(&path).unwrap().is_none());
+        write(&path, &doc()).unwrap();
+        assert_eq!(load(&path).unwrap(), Some(doc()));
+        assert!(!dir.join("sub").join("meta.json.tmp").exists());
+        std::fs::write(&path, b"{\"version\": 9}").unwrap();
+        assert!(matches!(load(&path), Err(LoadError::Format(_))));
+        let mut v9 = serde_json::to_value(doc()).unwrap();
+        v9["version"] = 9.into();
+        std::fs::write(&path, v9.to_string()).unwrap();
+        assert!(matches!(load(&path), Err(LoadError::Format(m)) if m.contains("version 9")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
