@@ -1111,37 +1111,41 @@ async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
         110_000.0,
         "every admit applied"
     );
-    // RSS may keep a little allocator slack; 16 MiB is far below what 10,000 leaked workers
-    // (downlink task, registry entry, 10 keys each) would cost. Polled, not asserted once: the
-    // server closes the churned connections (and our own /metrics connection) asynchronously.
+    // The first round only has to give back every connection and task: glibc keeps per-thread
+    // arena slack after the first big burst (CI saw +33 MiB after 10,000 cycles behind a
+    // 1,000-cycle warm-up, locally +2 MiB), so RSS is reported here and judged below, round
+    // against round, where the allocator has reached its working size. Polled, not asserted
+    // once: the server closes the churned connections (and our own /metrics connection)
+    // asynchronously.
     let settle = Instant::now();
     let (rss1, fds, tasks) = loop {
         let now = (kv.rss_kib(), kv.fds(), kv.tasks().await);
         let (rss, fds, tasks) = now;
-        if rss <= rss0 + 16 * 1024 && fds <= fds0 && tasks <= tasks0 {
+        if fds <= fds0 && tasks <= tasks0 {
             break now;
         }
         assert!(
             settle.elapsed() < Duration::from_secs(30),
-            "not back to baseline within 30 s: RSS {rss0} → {rss} KiB (margin 16 MiB), \
-             fds {fds0} → {fds}, tasks {tasks0} → {tasks}"
+            "not back to baseline within 30 s: fds {fds0} → {fds}, tasks {tasks0} → {tasks} \
+             (RSS {rss0} → {rss} KiB)"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     eprintln!(
         "10,000 cycles in {took:?}: RSS {rss0} KiB → {rss1} KiB, fds {fds0} → {fds}, tasks {tasks0} → {tasks}"
     );
-    // Three more rounds of 10,000: what the first round kept (map capacity, tombstones below
+    // Five more rounds of 10,000: what the first round kept (map capacity, tombstones below
     // the compaction threshold, allocator pools) is reused, so a per-cycle leak would show as
     // growth from round to round.
     //
     // Within a round, tombstoned memberships pile up to the compaction threshold and allocator
     // slack moves with the machine's load, so RSS wobbles by a few MiB from round to round. A
     // real leak of ~2 KB per cycle (a registry entry and a downlink task) would add ~20 MiB per
-    // round: comparing round 4 with round 2 under an 8 MiB margin catches any leak of
-    // ~400 bytes per cycle or more without flaking on the wobble.
-    let mut rss_round2 = rss1;
-    for round in 2..=4 {
+    // round: comparing round 6 with round 3 (30,000 cycles apart; locally rounds 2-4 read
+    // 48.7, 51.7, 52.7 MiB, settling) under a 12 MiB margin catches any leak of ~420 bytes
+    // per cycle or more without flaking on the wobble.
+    let mut rss_round3 = rss1;
+    for round in 2..=6 {
         churn(ports, 8, 10_000, &format!("round{round}")).await;
         until("round drained", SLOW, idle).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -1149,10 +1153,10 @@ async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
         eprintln!("round {round} of 10,000: RSS {rss} KiB, fds {fds}, tasks {tasks}");
         assert!(fds <= fds0 && tasks <= tasks0, "fds {fds}, tasks {tasks}");
         match round {
-            2 => rss_round2 = rss,
-            4 => assert!(
-                rss <= rss_round2 + 8 * 1024,
-                "RSS grew over two rounds of 10,000 cycles: {rss_round2} KiB → {rss} KiB"
+            3 => rss_round3 = rss,
+            6 => assert!(
+                rss <= rss_round3 + 12 * 1024,
+                "RSS grew over three rounds of 10,000 cycles: {rss_round3} KiB → {rss} KiB"
             ),
             _ => {}
         }
