@@ -121,3 +121,133 @@ async fn node_l2_objects(http: std::net::SocketAddr) -> usize {
     let (_, page) = common::http::http(http, "GET", "/cache/objects?tier=l2", None, &[]).await;
     page["entries"].as_array().map_or(0, Vec::len)
 }
+
+/// A node with `--coordinator-url` against an in-process coordinator: it registers (and
+/// shows in `GET /instances`), its L2 stores and deletes move `GET /quota` usage through
+/// `POST /events`, a forgotten node registers again on its heartbeat's 404, and it
+/// deregisters when it stops.
+#[tokio::test]
+async fn node_registers_heartbeats_and_reports_usage() {
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let coord = server.addr;
+    let dir = tempdir("link");
+    let node = node_with(|n| {
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::Default,
+        ));
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-c");
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let node_http = node.addrs.http.expect("http");
+
+    let instances = || async {
+        let (_, v) = common::http::http(coord, "GET", "/instances", None, &[]).await;
+        v["instances"].as_array().cloned().unwrap_or_default()
+    };
+    let mut listed = Vec::new();
+    for _ in 0..300 {
+        listed = instances().await;
+        if !listed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["instance_id"], "node-c");
+    assert_eq!(listed[0]["ip"], "127.0.0.1");
+    assert_eq!(listed[0]["http_port"], node_http.port());
+
+    let usage = || async {
+        let (_, v) = common::http::http(coord, "GET", "/quota/_default", None, &[]).await;
+        v["usage_gb"].as_f64().unwrap_or(-1.0)
+    };
+    let mut client = Client::connect(&node).await;
+    for i in 0..4u64 {
+        client
+            .put(&format!("m@1@0@{:04x}@bfloat16", 0xc0 + i), &body(i, 4096))
+            .await;
+    }
+    node.flush().await;
+    let gib = f64::from(1u32 << 30);
+    // File bytes: body + 56-byte header + the 19-byte key.
+    let want = 4.0 * (4096.0 + 56.0 + 19.0) / gib;
+    let mut seen = 0.0;
+    for _ in 0..300 {
+        seen = usage().await;
+        if (seen - want).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        (seen - want).abs() < 1e-12,
+        "usage {seen} GiB, want {want} (4 files)"
+    );
+
+    // A delete on the node is a delete event: usage drops by one file.
+    let (status, _) = common::http::http(
+        node_http,
+        "DELETE",
+        "/cache/objects",
+        Some(r#"{"keys":["m@1@0@00c0@bfloat16"]}"#),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    for _ in 0..300 {
+        seen = usage().await;
+        if (seen - want * 0.75).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        (seen - want * 0.75).abs() < 1e-12,
+        "usage after delete {seen}"
+    );
+
+    // Forgotten by the coordinator (as after its restart): the next heartbeat gets 404 and
+    // the node registers again.
+    let (status, _) = common::http::http(coord, "DELETE", "/instances/node-c", None, &[]).await;
+    assert_eq!(status, 204);
+    let mut back = false;
+    for _ in 0..300 {
+        if instances().await.len() == 1 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back, "the node registered again after a heartbeat 404");
+    let metrics = scrape(&node).await;
+    assert!(
+        metrics.contains(
+            r#"kvplane_node_coordinator_calls_total{call="heartbeat",outcome="not_found"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"call="events",outcome="error""#),
+        "{metrics}"
+    );
+
+    // Stopping deregisters.
+    drop(client);
+    common::within("node stop", node.stop()).await;
+    assert!(instances().await.is_empty(), "deregistered on stop");
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
