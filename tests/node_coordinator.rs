@@ -180,6 +180,7 @@ async fn node_registers_heartbeats_and_reports_usage() {
             .put(&format!("m@1@0@{:04x}@bfloat16", 0xc0 + i), &body(i, 4096))
             .await;
     }
+    client.health().await;
     node.flush().await;
     let gib = f64::from(1u32 << 30);
     // File bytes: body + 56-byte header + the 19-byte key.
@@ -248,6 +249,149 @@ async fn node_registers_heartbeats_and_reports_usage() {
     drop(client);
     common::within("node stop", node.stop()).await;
     assert!(instances().await.is_empty(), "deregistered on stop");
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Warm prefetch through a real coordinator: `POST /cache/prefetches` on the coordinator
+/// reaches the node (registered by `--coordinator-url`), which hashes the tokens as the
+/// coordinator does, loads the chunks it holds from L2 into L1, and reports `found_keys` of
+/// `total_keys` on the relayed poll.
+#[tokio::test]
+async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
+    const CHUNK: usize = 16;
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    c.chunk_size = CHUNK;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let coord = server.addr;
+    let dir = tempdir("prefetch");
+    let node = node_with(|n| {
+        // skip_l1: once written, objects live on L2 only; a GET would not promote them.
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::SkipL1,
+        ));
+        n.chunk_size = CHUNK;
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-p");
+        link.heartbeat_interval = Duration::from_millis(50);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let tokens: Vec<u32> = (0..(3 * CHUNK as u32)).map(|t| t * 7 + 1).collect();
+    let (keys, chunks) = coordinator::pins::resolve("m", 1, &tokens, "", CHUNK).expect("resolves");
+    assert_eq!(chunks, 3);
+    let node_keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("m@1@0@{}@bfloat16", k.chunk_hash_hex))
+        .collect();
+    // The node holds the first two chunks, not the third.
+    let mut client = Client::connect(&node).await;
+    for (i, k) in node_keys[..2].iter().enumerate() {
+        client.put(k, &body(i as u64, 2048)).await;
+    }
+    // PUT has no reply: a HEALTH after it on the same connection means both were read.
+    client.health().await;
+    node.flush().await;
+    assert!(node_keys[..2].iter().all(|k| !node.in_l1(k)), "on L2 only");
+
+    let post = |body: serde_json::Value| async move {
+        common::http::http(
+            coord,
+            "POST",
+            "/cache/prefetches",
+            Some(&body.to_string()),
+            &[("content-type", "application/json")],
+        )
+        .await
+    };
+    // Registration is asynchronous: retry while the coordinator does not know the node yet.
+    let submit = serde_json::json!({
+        "instance_id": "node-p", "model_name": "m", "world_size": 1, "token_ids": tokens,
+    });
+    let (mut status, mut reply) = (0, serde_json::Value::Null);
+    for _ in 0..300 {
+        (status, reply) = post(submit.clone()).await;
+        if status != 404 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["status"], "submitted");
+    assert_eq!(reply["chunks"], 3);
+    let rid = reply["request_id"].as_str().expect("request id").to_owned();
+    let path = format!("/cache/prefetches/node-p/{rid}");
+    let mut done = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (status, v) = common::http::http(coord, "GET", &path, None, &[]).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "completed" {
+            done = v;
+            break;
+        }
+        assert_eq!(v["status"], "pending");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done["found_keys"], 2, "{done}");
+    assert_eq!(done["total_keys"], 3, "{done}");
+    assert!(
+        node_keys[..2].iter().all(|k| node.in_l1(k)),
+        "warmed into L1"
+    );
+    // Still pollable (0.5.6 forgets a job at its first completed poll).
+    let (status, again) = common::http::http(coord, "GET", &path, None, &[]).await;
+    assert_eq!((status, &again["found_keys"]), (200, &serde_json::json!(2)));
+
+    // Under one chunk is a noop at the coordinator; an unknown request is the node's 404,
+    // relayed; a bad body is the node's 422.
+    let (status, noop) = post(serde_json::json!({
+        "instance_id": "node-p", "model_name": "m", "world_size": 1, "token_ids": [1, 2],
+    }))
+    .await;
+    assert_eq!((status, &noop["status"]), (200, &serde_json::json!("noop")));
+    let (status, _) =
+        common::http::http(coord, "GET", "/cache/prefetches/node-p/abc123", None, &[]).await;
+    assert_eq!(status, 404);
+    let node_http = node.addrs.http.expect("http");
+    for bad in [
+        r#"{"model_name":"m","world_size":0,"token_ids":[]}"#,
+        r#"{"model_name":"m","token_ids":[]}"#,
+        r#"{"model_name":"m","world_size":1,"token_ids":[-1]}"#,
+    ] {
+        let (status, _) = common::http::http(
+            node_http,
+            "POST",
+            "/cache/prefetches",
+            Some(bad),
+            &[("content-type", "application/json")],
+        )
+        .await;
+        assert_eq!(status, 422, "{bad}");
+    }
+    let (status, _) = common::http::http(
+        node_http,
+        "POST",
+        "/cache/prefetches",
+        Some(r#"{"model_name":"m@x","world_size":1,"token_ids":[]}"#),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 400);
+    let metrics = scrape(&node).await;
+    assert!(
+        metrics.contains(r#"kvplane_node_prefetched_keys_total{where="l2"} 2"#),
+        "{metrics}"
+    );
+    drop(client);
+    common::within("node stop", node.stop()).await;
     common::within("stop", server.stop()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -79,6 +79,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     for h in [0xa1, 0xa2, 0xa3] {
         client.put(&key(h), &body(h, 1000)).await;
     }
+    client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
     eventually("L1 and L2 reported", STEP, || {
@@ -108,6 +109,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     // A fourth object pushes L1 over its watermark: the least recently used leaves L1 (and
     // the controller's LocalCPUBackend) but stays on disk.
     client.put(&key(0xa4), &body(4, 1000)).await;
+    client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
     eventually("L1 eviction reported", STEP, || {
@@ -174,6 +176,7 @@ async fn reports_are_batched_under_load() {
     for h in 1..=n {
         client.put(&key(h), &body(h, 64)).await;
     }
+    client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
     let all: HashSet<u64> = (1..=n).collect();

@@ -21,6 +21,7 @@ mod http;
 mod lru;
 pub mod metrics;
 mod objects;
+mod prefetch;
 mod report;
 mod server;
 mod tiers;
@@ -249,7 +250,11 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
                 .await
                 .map_err(bind_err("http", &addr))?;
             let bound = l.local_addr().map_err(bind_err("http", &addr))?;
-            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics));
+            let prefetches = Arc::new(prefetch::Prefetches::new(
+                config.max_prefetch_jobs,
+                config.chunk_size,
+            ));
+            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics), prefetches);
             let stop = shutdown.clone();
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(l, app)

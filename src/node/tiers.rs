@@ -87,6 +87,17 @@ struct L2 {
     generation: std::sync::atomic::AtomicU64,
 }
 
+/// What a warm prefetch of one key did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Warmed {
+    /// Already in L1.
+    InL1,
+    /// Read from L2 into L1.
+    Loaded,
+    /// In neither tier (or L1 refused it).
+    Missing,
+}
+
 /// Which tier an object entered or left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum TierId {
@@ -478,9 +489,62 @@ impl Tiers {
                 return obj.map(|o| (o, Some(pin)));
             }
         }
+        let obj = self.read_l2(key).await?;
+        if self
+            .l2
+            .as_ref()
+            .is_some_and(|l2| l2.prefetch_policy == PrefetchPolicy::Retain)
+            && self.put_l1(key, obj.clone())
+        {
+            self.metrics.l2_promotions.inc();
+        }
+        Some((obj, None))
+    }
+
+    /// Loads `key` into L1 from L2 (a warm prefetch): whatever the prefetch policy, the
+    /// object is kept in L1 (subject to L1's eviction like any other).
+    pub(crate) async fn warm(self: &Arc<Self>, key: &str) -> Warmed {
+        if self.l1.lock().touch(key).is_some() {
+            return Warmed::InL1;
+        }
+        let Some(obj) = self.read_l2(key).await else {
+            return Warmed::Missing;
+        };
+        if self.put_l1(key, obj) {
+            self.metrics.l2_promotions.inc();
+            Warmed::Loaded
+        } else {
+            Warmed::Missing
+        }
+    }
+
+    /// The keys of either tier for which `matches` holds (an O(objects) scan).
+    pub(crate) fn keys_where(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
+        // L1, then L2's index: the order `list` takes them in.
+        let l1 = self.l1.lock();
+        let mut out: Vec<String> = l1
+            .keys()
+            .filter(|k| matches(k))
+            .map(str::to_owned)
+            .collect();
+        if let Some(l2) = &self.l2 {
+            let index = l2.index.lock();
+            out.extend(
+                index
+                    .keys()
+                    .filter(|k| !l1.contains(k) && matches(k))
+                    .map(str::to_owned),
+            );
+        }
+        out
+    }
+
+    /// Reads `key` from L2: from memory while its write is in flight, else from its file
+    /// (verified, off the async threads). A file that fails to read is dropped from L2.
+    async fn read_l2(self: &Arc<Self>, key: &str) -> Option<Object> {
         let l2 = self.l2.as_ref()?;
         if let Some((_, obj)) = l2.pending.lock().get(key) {
-            return Some((obj.clone(), None));
+            return Some(obj.clone());
         }
         let generation = {
             let mut index = l2.index.lock();
@@ -514,11 +578,7 @@ impl Tiers {
         match read {
             Ok((meta, data)) => {
                 self.metrics.l2_reads.with_label_values(&["ok"]).inc();
-                let obj = Object { meta, data };
-                if l2.prefetch_policy == PrefetchPolicy::Retain && self.put_l1(key, obj.clone()) {
-                    self.metrics.l2_promotions.inc();
-                }
-                Some((obj, None))
+                Some(Object { meta, data })
             }
             Err(e) => {
                 tracing::warn!(key, "L2 object discarded: {e}");
@@ -601,6 +661,11 @@ impl Tiers {
             l2_bytes,
             l2_objects,
         }
+    }
+
+    /// Runs `work` on the node's background tracker (waited for by `flush` and `stop`).
+    pub(crate) fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(work);
     }
 
     /// Whether `key` is in L1 (tests and tools).
