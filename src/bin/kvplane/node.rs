@@ -231,16 +231,28 @@ impl NodeArgs {
             Some(id) => id.trim().to_owned(),
             None => default_instance_id(self.port),
         };
+        // Checked whether or not a peer is set, so a bad value never waits to bite.
+        let controller_heartbeat = config::positive_seconds(
+            "controller-heartbeat-interval",
+            self.controller_heartbeat_interval,
+        )?;
+        let coordinator_heartbeat = config::positive_seconds(
+            "coordinator-heartbeat-interval",
+            self.coordinator_heartbeat_interval,
+        )?;
+        let coordinator_flush = config::positive_seconds(
+            "coordinator-event-flush-interval",
+            self.coordinator_event_flush_interval,
+        )?;
+        let coordinator_timeout =
+            config::positive_seconds("coordinator-timeout", self.coordinator_timeout)?;
         let controller = match (&self.controller_pull, &self.controller_reply) {
             (None, None) => None,
             (Some(pull), Some(reply)) => {
                 let mut w = WorkerConfig::new(instance_id.clone(), 0, pull, reply);
                 w.command_host.clone_from(&self.host);
                 w.command_port = self.controller_command_port;
-                w.heartbeat_interval = Some(config::positive_seconds(
-                    "controller-heartbeat-interval",
-                    self.controller_heartbeat_interval,
-                )?);
+                w.heartbeat_interval = Some(controller_heartbeat);
                 Some(w)
             }
             _ => {
@@ -261,16 +273,9 @@ impl NodeArgs {
                 })?;
                 let mut c = CoordinatorLinkConfig::new(host, port, instance_id.clone());
                 c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
-                c.heartbeat_interval = config::positive_seconds(
-                    "coordinator-heartbeat-interval",
-                    self.coordinator_heartbeat_interval,
-                )?;
-                c.event_flush_interval = config::positive_seconds(
-                    "coordinator-event-flush-interval",
-                    self.coordinator_event_flush_interval,
-                )?;
-                c.timeout =
-                    config::positive_seconds("coordinator-timeout", self.coordinator_timeout)?;
+                c.heartbeat_interval = coordinator_heartbeat;
+                c.event_flush_interval = coordinator_flush;
+                c.timeout = coordinator_timeout;
                 if self.no_http {
                     return Err(ConfigError::Value {
                         flag: "coordinator-url",
