@@ -7,7 +7,10 @@
 //! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
 //! - `server` — the accept loop and the per-connection request loop.
 //! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
-//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port.
+//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port;
+//!   `objects` and `prefetch` — the coordinator's object and warm-prefetch routes there.
+//! - `report` — admits and evicts per tier to a controller, through `crate::worker`.
+//! - `coordinator_link` — registration, heartbeats and L2 usage events to a coordinator.
 //!
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
