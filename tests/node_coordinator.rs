@@ -395,3 +395,111 @@ async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     common::within("stop", server.stop()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A node restarted with `--coordinator-url` posts what it recovered from L2 as stores, so a
+/// coordinator that never saw those objects stored counts them.
+#[tokio::test]
+async fn recovered_l2_objects_are_posted_as_stores() {
+    let dir = tempdir("link-recover");
+    let l2cfg = || l2(&dir, 1 << 30, PrefetchPolicy::Default, StorePolicy::Default);
+    // First run: no coordinator.
+    let node = node_with(|n| n.l2 = Some(l2cfg())).await;
+    let mut client = Client::connect(&node).await;
+    for i in 0..3u64 {
+        client
+            .put(&format!("m@1@0@{:04x}@bfloat16", 0xd0 + i), &body(i, 1000))
+            .await;
+    }
+    client.health().await;
+    node.flush().await;
+    drop(client);
+    node.stop().await;
+
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let node = node_with(|n| {
+        n.l2 = Some(l2cfg());
+        let mut link = kvplane::node::config::CoordinatorLinkConfig::new(
+            "127.0.0.1",
+            server.addr.port(),
+            "node-r",
+        );
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    assert_eq!(node.recovery.recovered, 3);
+    let want = 3.0 * (1000.0 + 56.0 + 19.0) / f64::from(1u32 << 30);
+    let mut seen = 0.0;
+    for _ in 0..300 {
+        let (_, v) = common::http::http(server.addr, "GET", "/quota/_default", None, &[]).await;
+        seen = v["usage_gb"].as_f64().unwrap_or(-1.0);
+        if (seen - want).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!((seen - want).abs() < 1e-12, "usage {seen}, want {want}");
+    common::within("node stop", node.stop()).await;
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A coordinator that accepts connections but never answers: the node serves PUT and GET
+/// as usual (calls time out on their own task, counted), and stops within its bounds.
+#[tokio::test]
+async fn a_silent_coordinator_never_blocks_the_data_path() {
+    // Bound and listening, never accepted: connects succeed, replies never come.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let dir = tempdir("link-silent");
+    let node = node_with(|n| {
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::Default,
+        ));
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", port, "node-s");
+        link.timeout = Duration::from_millis(100);
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let mut client = Client::connect(&node).await;
+    for i in 0..20u64 {
+        let key = format!("m@1@0@{:04x}@bfloat16", 0xe0 + i);
+        let data = body(i, 4096);
+        client.put(&key, &data).await;
+        let (_, got) = client.get(&key).await.expect("hit");
+        assert_eq!(got, data);
+    }
+    let mut failed = 0.0;
+    for _ in 0..300 {
+        failed = common::sample(
+            &scrape(&node).await,
+            r#"kvplane_node_coordinator_calls_total{call="register",outcome="error"}"#,
+        );
+        if failed >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        failed >= 1.0,
+        "registration attempts time out and are counted"
+    );
+    drop(client);
+    common::within("node stop", node.stop()).await;
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

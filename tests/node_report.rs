@@ -202,3 +202,27 @@ async fn reports_are_batched_under_load() {
     node.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// No controller listening: the worker keeps retrying its registration in the background,
+/// the node serves as usual, and it stops within its bounds.
+#[tokio::test]
+async fn an_absent_controller_never_blocks_the_data_path() {
+    let (_pull_hold, pull) = common::hold_port();
+    let (_reply_hold, reply) = common::hold_port();
+    let node = node_with(|c| {
+        c.controller = Some(worker_config(pull, reply, "node-x", 0));
+    })
+    .await;
+    let mut client = Client::connect(&node).await;
+    for h in 1..=20u64 {
+        let data = body(h, 2048);
+        client.put(&key(h), &data).await;
+        let (_, got) = client.get(&key(h)).await.expect("hit");
+        assert_eq!(got, data);
+    }
+    let status = node.controller_status().expect("reporting");
+    assert_eq!(status.state, kvplane::worker::WorkerState::Registering);
+    assert_eq!(status.ops_rejected, 0);
+    drop(client);
+    common::within("node stop", node.stop()).await;
+}
