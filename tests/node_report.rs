@@ -226,3 +226,62 @@ async fn an_absent_controller_never_blocks_the_data_path() {
     drop(client);
     common::within("node stop", node.stop()).await;
 }
+
+/// L2's own LRU eviction is reported: the controller's `LocalDiskBackend` set always ends
+/// equal to what the node lists on L2, after more objects than L2 holds.
+#[tokio::test]
+async fn l2_evictions_are_reported() {
+    let server = server().await;
+    let dir = tempdir("report-l2");
+    let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
+    let w = worker_config(
+        port(server.addrs.pull),
+        port(server.addrs.reply),
+        "node-e",
+        0,
+    );
+    let node = node_with(|c| {
+        // About four 1000-byte files fit L2 (file = body + 56-byte header + key).
+        let mut l2c = l2(&dir, 4400, PrefetchPolicy::Default, StorePolicy::Default);
+        l2c.eviction.trigger_watermark = 0.9;
+        c.l2 = Some(l2c);
+        c.controller = Some(w);
+    })
+    .await;
+    node.controller_ready(STEP).await.expect("registers");
+    let mut client = Client::connect(&node).await;
+    for h in 1..=8u64 {
+        client.put(&key(h), &body(h, 1000)).await;
+        client.health().await;
+        node.flush().await;
+    }
+    node.flush_reports(STEP).await;
+    let http_addr = node.addrs.http.expect("http");
+    let (_, page) = http(
+        http_addr,
+        "GET",
+        "/cache/objects?tier=l2&page_size=100",
+        None,
+        &[],
+    )
+    .await;
+    let on_l2: HashSet<u64> = page["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            u64::from_str_radix(e["key"]["chunk_hash_hex"].as_str().expect("hex"), 16).expect("hex")
+        })
+        .collect();
+    assert!(
+        !on_l2.is_empty() && on_l2.len() < 8,
+        "L2 evicted some: {on_l2:?}"
+    );
+    eventually("L2 evictions reported", STEP, || {
+        held(&server, "node-e", DISK) == on_l2
+    })
+    .await;
+    drop(client);
+    node.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
