@@ -10,15 +10,14 @@
 mod common;
 
 use bytes::Bytes;
+use common::browser;
 use common::*;
 use kvplane::protocol::*;
 use kvplane::transport::{DealerClient, RepServer};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 const CPU: &str = "LocalCPUBackend";
@@ -39,10 +38,6 @@ struct Sim {
     workers: Vec<TestWorker>,
     reps: Vec<(String, i64, RepServer)>,
     ports: Vec<u16>,
-}
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn heartbeat(instance: &str, worker_id: i64, port: u16, peer: Option<String>) -> Msg {
@@ -263,29 +258,9 @@ fn feed(
     })
 }
 
-/// Whether the browser prerequisites are there; panics with instructions unless skipping.
-fn browser_ready() -> bool {
-    let chromium = Path::new("/usr/bin/chromium").exists();
-    let modules = repo()
-        .join("tests/browser/node_modules/playwright-core")
-        .exists();
-    if chromium && modules {
-        return true;
-    }
-    if std::env::var_os("KVPLANE_SKIP_BROWSER").is_some_and(|v| v == "1") {
-        eprintln!("dashboard browser test skipped (KVPLANE_SKIP_BROWSER=1)");
-        return false;
-    }
-    panic!(
-        "the dashboard browser test needs /usr/bin/chromium (present: {chromium}) and \
-         tests/browser/node_modules (present: {modules}): run `bash scripts/setup-browser.sh`, \
-         or set KVPLANE_SKIP_BROWSER=1 to skip it"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
-    if !browser_ready() {
+    if !browser::ready() {
         return;
     }
     // The status rule the feed serves: active while the last contact is younger than the
@@ -357,7 +332,7 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
 
     let base = format!("http://127.0.0.1:{}", server.addrs.http.port());
     let shot = std::env::var_os("KVPLANE_DASHBOARD_SCREENSHOT")
-        .map_or_else(|| repo().join("docs/dashboard.png"), PathBuf::from);
+        .map_or_else(|| browser::repo().join("docs/dashboard.png"), PathBuf::from);
     if let Some(dir) = shot.parent() {
         std::fs::create_dir_all(dir).expect("screenshot folder");
     }
@@ -372,54 +347,22 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
         "silent_active": ["llama-8b-1", 1],
         "min_history_points": 5,
     });
-    let mut child = tokio::process::Command::new("node")
-        .arg(repo().join("tests/browser/dashboard.mjs"))
-        .arg(&base)
-        .arg(&shot)
-        .arg(expect.to_string())
-        .current_dir(repo().join("tests/browser"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts (Node 20 needed)");
-    let mut stdout = child.stdout.take().expect("stdout piped");
-    let mut stderr = child.stderr.take().expect("stderr piped");
-    let (mut out, mut err) = (String::new(), String::new());
-    let run = async {
-        let (a, b, status) = tokio::join!(
-            stdout.read_to_string(&mut out),
-            stderr.read_to_string(&mut err),
-            child.wait()
-        );
-        let _ = (a, b);
-        status
-    };
-    let status = tokio::time::timeout(BROWSER_DEADLINE, run).await;
+    // Panics unless the script's report says ok.
+    browser::run(
+        "dashboard.mjs",
+        &[
+            base.clone().into(),
+            shot.clone().into(),
+            expect.to_string().into(),
+        ],
+        BROWSER_DEADLINE,
+    )
+    .await;
     cancel.cancel();
-    let status = match status {
-        Ok(status) => status.expect("node ran"),
-        Err(_) => {
-            let _ = child.kill().await;
-            panic!("the browser check did not finish within {BROWSER_DEADLINE:?}");
-        }
-    };
-    println!("{out}");
-    eprintln!("{err}");
-    assert!(
-        status.success(),
-        "the browser check failed ({status}):\n{out}\n{err}"
-    );
     assert!(
         probes.load(Ordering::Relaxed) >= 2,
         "the /health action reached both workers of the instance"
     );
-    let report: serde_json::Value = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("the script prints a JSON report last");
-    assert_eq!(report["ok"], true, "{report}");
     assert!(shot.exists(), "screenshot saved at {}", shot.display());
 
     for task in servers {

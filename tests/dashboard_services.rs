@@ -20,10 +20,7 @@ use common::{http, within};
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 use zeromq::prelude::*;
 use zeromq::{PubSocket, ZmqMessage};
@@ -34,30 +31,6 @@ const BROWSER_DEADLINE: Duration = Duration::from_secs(150);
 const FEED_LIMIT: Duration = Duration::from_secs(200);
 /// Server history samples to wait for before opening a page (one every 2 s).
 const HISTORY_SAMPLES: usize = 5;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Whether the browser prerequisites are there; panics with instructions unless skipping.
-fn browser_ready() -> bool {
-    let chromium = Path::new("/usr/bin/chromium").exists();
-    let modules = repo()
-        .join("tests/browser/node_modules/playwright-core")
-        .exists();
-    if chromium && modules {
-        return true;
-    }
-    if std::env::var_os("KVPLANE_SKIP_BROWSER").is_some_and(|v| v == "1") {
-        eprintln!("dashboard browser test skipped (KVPLANE_SKIP_BROWSER=1)");
-        return false;
-    }
-    panic!(
-        "the dashboard browser tests need /usr/bin/chromium (present: {chromium}) and \
-         tests/browser/node_modules (present: {modules}): run `bash scripts/setup-browser.sh`, \
-         or set KVPLANE_SKIP_BROWSER=1 to skip them"
-    );
-}
 
 /// Polls `GET /api/dashboard?history=1` until the server kept [`HISTORY_SAMPLES`] samples;
 /// returns the last feed.
@@ -107,50 +80,18 @@ async fn cross_origin_is_refused(addr: SocketAddr, method: &str, path: &str, bod
 
 /// Runs `services.mjs` on `page` of `base`; panics with its output unless it passes.
 async fn browser(base: &str, page: &str, expect: Value) -> Value {
-    let dir = std::env::var_os("KVPLANE_DASHBOARD_SCREENSHOT_DIR")
-        .map_or_else(|| repo().join("docs"), PathBuf::from);
-    std::fs::create_dir_all(&dir).expect("screenshot folder");
-    let shot = dir.join(format!("dashboard-{page}.png"));
-    let mut child = tokio::process::Command::new("node")
-        .arg(repo().join("tests/browser/services.mjs"))
-        .arg(base)
-        .arg(page)
-        .arg(&shot)
-        .arg(expect.to_string())
-        .current_dir(repo().join("tests/browser"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts (Node 20 needed)");
-    let mut stdout = child.stdout.take().expect("stdout piped");
-    let mut stderr = child.stderr.take().expect("stderr piped");
-    let (mut out, mut err) = (String::new(), String::new());
-    let run = async {
-        let (a, b, status) = tokio::join!(
-            stdout.read_to_string(&mut out),
-            stderr.read_to_string(&mut err),
-            child.wait()
-        );
-        let _ = (a, b);
-        status
-    };
-    let status = match tokio::time::timeout(BROWSER_DEADLINE, run).await {
-        Ok(status) => status.expect("node ran"),
-        Err(_) => panic!("the {page} browser check did not finish within {BROWSER_DEADLINE:?}"),
-    };
-    println!("{out}");
-    eprintln!("{err}");
-    assert!(
-        status.success(),
-        "the {page} browser check failed ({status}):\n{out}\n{err}"
-    );
-    let report: Value = out
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("the script prints a JSON report last");
-    assert_eq!(report["ok"], true, "{report}");
+    let shot = common::browser::screenshot(&format!("dashboard-{page}.png"));
+    let report = common::browser::run(
+        "services.mjs",
+        &[
+            base.into(),
+            page.into(),
+            shot.clone().into(),
+            expect.to_string().into(),
+        ],
+        BROWSER_DEADLINE,
+    )
+    .await;
     assert!(shot.exists(), "screenshot saved at {}", shot.display());
     report
 }
@@ -279,7 +220,7 @@ fn feed_indexer(
             let hs: Vec<u64> = (0..u64::from(blocks))
                 .map(|i| u64::from(n) * 100 + i)
                 .collect();
-            let medium = if n % 3 == 0 { "CPU" } else { "GPU" };
+            let medium = if n.is_multiple_of(3) { "CPU" } else { "GPU" };
             let mut events = vec![
                 vllm::stored(&hs, &tokens, BLOCK, medium),
                 // The main prompt again (idempotent), so the query always finds it.
@@ -288,7 +229,7 @@ fn feed_indexer(
             if n > 2 {
                 let old = n - 2;
                 let old_blocks = 1 + (old % 4);
-                let old_medium = if old % 3 == 0 { "CPU" } else { "GPU" };
+                let old_medium = if old.is_multiple_of(3) { "CPU" } else { "GPU" };
                 let old_hs: Vec<u64> = (0..u64::from(old_blocks))
                     .map(|i| u64::from(old) * 100 + i)
                     .collect();
@@ -324,20 +265,26 @@ async fn indexer_page_shows_publishers_history_and_answers_the_query_box() {
     let mut publisher = Publisher { socket, next: 0 };
     let query = json!({"model": MODEL, "block_size": BLOCK, "token_ids": prompt()});
     let mut found = false;
+    let mut last = Value::Null;
     for _ in 0..100 {
         publisher
             .publish(&[vllm::stored(&[1, 2, 3, 4], &prompt(), BLOCK, "GPU")])
             .await;
         let (status, v) = http(addr, "POST", "/query", Some(&query.to_string()), &[]).await;
         assert_eq!(status, 200, "{v}");
-        if v["default"]["vllm-0"]["longest_matched"] == 4 {
-            assert_eq!(v["default"]["vllm-0"]["GPU"], 4, "{v}");
+        last = v.clone();
+        // Counts are tokens (whole blocks only): 4 blocks of 4.
+        if v["default"]["vllm-0"]["longest_matched"] == 16 {
+            assert_eq!(v["default"]["vllm-0"]["GPU"], 16, "{v}");
             found = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(found, "the prompt was never indexed");
+    if !found {
+        let (_, services) = http(addr, "GET", "/services", None, &[]).await;
+        panic!("the prompt was never indexed; last /query: {last}; GET /services: {services}");
+    }
     cross_origin_is_refused(addr, "POST", "/query", &query).await;
 
     let cancel = CancellationToken::new();
@@ -350,7 +297,7 @@ async fn indexer_page_shows_publishers_history_and_answers_the_query_box() {
     assert_eq!(p["services"][0]["instance_id"], "vllm-0", "{feed}");
     assert_eq!(feed["totals"]["publishers"], 1, "{feed}");
 
-    if browser_ready() {
+    if common::browser::ready() {
         let partial: Vec<u32> = (1..=4).chain(900..912).collect();
         browser(
             &format!("http://{addr}"),
@@ -418,7 +365,7 @@ fn feed_coordinator(
                 _ = tick.tick() => {}
             }
             seq += 1;
-            if seq % 4 == 0 {
+            if seq.is_multiple_of(4) {
                 let path = format!("/instances/{instance}/heartbeat");
                 let _ = http(addr, "PUT", &path, None, &[]).await;
             }
@@ -479,7 +426,7 @@ async fn fleet_page_shows_servers_and_tenants_against_their_quota_over_time() {
         "{columns}"
     );
 
-    if browser_ready() {
+    if common::browser::ready() {
         browser(
             &format!("http://{addr}"),
             "fleet",
@@ -523,7 +470,7 @@ fn feed_node(lm: SocketAddr, cancel: CancellationToken) -> tokio::task::JoinHand
             n += 1;
             client.put(&format!("dash-{n}"), &body).await;
             let _ = client.get(&format!("dash-{}", n.saturating_sub(1))).await;
-            if n % 3 == 0 {
+            if n.is_multiple_of(3) {
                 let _ = client.get(&format!("missing-{n}")).await;
             }
         }
@@ -553,7 +500,7 @@ async fn node_page_shows_tier_usage_over_time() {
     let (status, _) = http(http_addr, "GET", "/metrics", None, &[]).await;
     assert_eq!(status, 200);
 
-    if browser_ready() {
+    if common::browser::ready() {
         browser(
             &format!("http://{http_addr}"),
             "node",

@@ -246,11 +246,11 @@ function renderAnswer(a) {
       parts.push(h("p", { class: "none", text: "No instance holds the first block of these tokens (in this model, block size, tenant and LoRA)." }));
     } else {
       parts.push(h("table", { class: "tbl", id: "answer-table" },
-        h("thead", null, h("tr", null, ...["Tenant", "Instance", "Longest match", "GPU", "CPU", "DISK", "DP ranks"].map((c, i) => h("th", { class: i >= 2 && i <= 5 ? "num" : "", text: c })))),
+        h("thead", null, h("tr", null, ...["Tenant", "Instance", "Longest match (tokens)", "GPU", "CPU", "DISK", "DP ranks"].map((c, i) => h("th", { class: i >= 2 && i <= 5 ? "num" : "", text: c })))),
         h("tbody", null, rows.map((r) => h("tr", null,
           h("td", { text: r.tenant }),
           h("td", null, h("code", { text: r.inst })),
-          h("td", { class: "num", text: `${fmtInt(r.longest_matched)} / ${fmtInt(blocks)}` }),
+          h("td", { class: "num", text: `${fmtInt(r.longest_matched)} / ${fmtInt(blocks * bs)}` }),
           h("td", { class: "num", text: fmtInt(r.GPU) }),
           h("td", { class: "num", text: fmtInt(r.CPU) }),
           h("td", { class: "num", text: fmtInt(r.DISK) }),

@@ -56,10 +56,13 @@ impl Sample {
     }
 }
 
+/// One kept sample: its time and its values, each under an interned name id.
+type Stored = (f64, Box<[(u32, f64)]>);
+
 /// The ring: samples with interned names.
 #[derive(Debug, Default)]
 struct Ring {
-    samples: VecDeque<(f64, Box<[(u32, f64)]>)>,
+    samples: VecDeque<Stored>,
     names: Vec<Arc<str>>,
     ids: HashMap<Arc<str>, u32>,
 }

@@ -79,15 +79,17 @@ async function indexerPage(page) {
   const cells = await page.$$eval("#answer-table tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent.trim())));
   report.answer = cells;
   const mine = cells.find((c) => c[1] === expect.instance);
-  check(mine && mine[2] === `${expect.blocks} / ${expect.blocks}` && mine[3] === String(expect.blocks) && mine[6].includes(`rank 0: ${expect.blocks}`),
-    `the answer shows ${expect.instance}: ${expect.blocks} blocks matched, on GPU, rank 0 (${JSON.stringify(mine)})`);
+  // The answer counts tokens (the Conductor API's unit), whole blocks only.
+  const matched = expect.blocks * expect.block_size;
+  check(mine && mine[2] === `${matched} / ${matched}` && mine[3] === String(matched) && mine[6].includes(`rank 0: ${matched}`),
+    `the answer shows ${expect.instance}: ${matched} tokens (${expect.blocks} blocks) matched, on GPU, rank 0 (${JSON.stringify(mine)})`);
   const post = posts.find((p) => p.url.endsWith("/query"));
   check(post && post.type.startsWith("application/json") && (!post.origin || post.origin === origin), `the query went out as same-origin JSON (${JSON.stringify(post)})`);
 
   // A prefix the index has only partly: the first block of the chain, then unknown tokens.
   await page.fill("#token-ids", expect.partial_tokens);
   await page.click("#query-send");
-  await page.waitForFunction((n) => [...document.querySelectorAll("#answer-table tbody tr td:nth-child(3)")].some((td) => td.textContent.startsWith(`${n} /`)), expect.partial_blocks);
+  await page.waitForFunction((n) => [...document.querySelectorAll("#answer-table tbody tr td:nth-child(3)")].some((td) => td.textContent.startsWith(`${n} /`)), expect.partial_blocks * expect.block_size);
   check(true, `a partial prefix shows ${expect.partial_blocks} matched block(s)`);
   // Bad input is refused in the page, before any request.
   const before = posts.length;

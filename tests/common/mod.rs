@@ -8,6 +8,7 @@
 // Each test binary includes this module privately: `pub` here means "for the test files".
 #![allow(unreachable_pub)]
 
+pub mod browser;
 pub mod http;
 pub mod lmcache;
 pub mod node;
