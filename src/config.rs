@@ -143,6 +143,24 @@ pub mod defaults {
         pub const READ_TIMEOUT_S: f64 = 30.0;
         /// Largest LIST reply body, bytes.
         pub const MAX_LIST_BYTES: usize = 4 << 20;
+        /// Seconds between heartbeats to a coordinator (LMCache's
+        /// `--coordinator-heartbeat-interval`).
+        pub const COORDINATOR_HEARTBEAT_INTERVAL_S: f64 = 5.0;
+        /// Seconds between event flushes to a coordinator (LMCache's
+        /// `--coordinator-event-flush-interval`).
+        pub const COORDINATOR_EVENT_FLUSH_INTERVAL_S: f64 = 1.0;
+        /// Seconds any call to a coordinator may take.
+        pub const COORDINATOR_TIMEOUT_S: f64 = 5.0;
+        /// Events waiting for the coordinator at most.
+        pub const COORDINATOR_MAX_QUEUED_EVENTS: usize = 100_000;
+        /// Entries per posted event batch at most.
+        pub const COORDINATOR_MAX_BATCH_ENTRIES: usize = 1000;
+        /// Seconds between heartbeats to a controller.
+        pub const CONTROLLER_HEARTBEAT_INTERVAL_S: f64 = 10.0;
+        /// Tokens per chunk for warm prefetch (LMCache's `chunk_size`).
+        pub const CHUNK_SIZE: usize = 256;
+        /// Warm prefetch jobs remembered at once.
+        pub const MAX_PREFETCH_JOBS: usize = 1024;
     }
 }
 

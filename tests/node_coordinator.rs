@@ -121,3 +121,385 @@ async fn node_l2_objects(http: std::net::SocketAddr) -> usize {
     let (_, page) = common::http::http(http, "GET", "/cache/objects?tier=l2", None, &[]).await;
     page["entries"].as_array().map_or(0, Vec::len)
 }
+
+/// A node with `--coordinator-url` against an in-process coordinator: it registers (and
+/// shows in `GET /instances`), its L2 stores and deletes move `GET /quota` usage through
+/// `POST /events`, a forgotten node registers again on its heartbeat's 404, and it
+/// deregisters when it stops.
+#[tokio::test]
+async fn node_registers_heartbeats_and_reports_usage() {
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let coord = server.addr;
+    let dir = tempdir("link");
+    let node = node_with(|n| {
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::Default,
+        ));
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-c");
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let node_http = node.addrs.http.expect("http");
+
+    let instances = || async {
+        let (_, v) = common::http::http(coord, "GET", "/instances", None, &[]).await;
+        v["instances"].as_array().cloned().unwrap_or_default()
+    };
+    let mut listed = Vec::new();
+    for _ in 0..300 {
+        listed = instances().await;
+        if !listed.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["instance_id"], "node-c");
+    assert_eq!(listed[0]["ip"], "127.0.0.1");
+    assert_eq!(listed[0]["http_port"], node_http.port());
+
+    let usage = || async {
+        let (_, v) = common::http::http(coord, "GET", "/quota/_default", None, &[]).await;
+        v["usage_gb"].as_f64().unwrap_or(-1.0)
+    };
+    let mut client = Client::connect(&node).await;
+    for i in 0..4u64 {
+        client
+            .put(&format!("m@1@0@{:04x}@bfloat16", 0xc0 + i), &body(i, 4096))
+            .await;
+    }
+    client.health().await;
+    node.flush().await;
+    let gib = f64::from(1u32 << 30);
+    // File bytes: body + 56-byte header + the 19-byte key.
+    let want = 4.0 * (4096.0 + 56.0 + 19.0) / gib;
+    let mut seen = 0.0;
+    for _ in 0..300 {
+        seen = usage().await;
+        if (seen - want).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        (seen - want).abs() < 1e-12,
+        "usage {seen} GiB, want {want} (4 files)"
+    );
+
+    // A delete on the node is a delete event: usage drops by one file.
+    let (status, _) = common::http::http(
+        node_http,
+        "DELETE",
+        "/cache/objects",
+        Some(r#"{"keys":["m@1@0@00c0@bfloat16"]}"#),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    for _ in 0..300 {
+        seen = usage().await;
+        if (seen - want * 0.75).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        (seen - want * 0.75).abs() < 1e-12,
+        "usage after delete {seen}"
+    );
+
+    // Forgotten by the coordinator (as after its restart): the next heartbeat gets 404 and
+    // the node registers again.
+    let (status, _) = common::http::http(coord, "DELETE", "/instances/node-c", None, &[]).await;
+    assert_eq!(status, 204);
+    let mut back = false;
+    for _ in 0..300 {
+        if instances().await.len() == 1 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back, "the node registered again after a heartbeat 404");
+    let metrics = scrape(&node).await;
+    assert!(
+        metrics.contains(
+            r#"kvplane_node_coordinator_calls_total{call="heartbeat",outcome="not_found"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"call="events",outcome="error""#),
+        "{metrics}"
+    );
+
+    // Stopping deregisters.
+    drop(client);
+    common::within("node stop", node.stop()).await;
+    assert!(instances().await.is_empty(), "deregistered on stop");
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Warm prefetch through a real coordinator: `POST /cache/prefetches` on the coordinator
+/// reaches the node (registered by `--coordinator-url`), which hashes the tokens as the
+/// coordinator does, loads the chunks it holds from L2 into L1, and reports `found_keys` of
+/// `total_keys` on the relayed poll.
+#[tokio::test]
+async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
+    const CHUNK: usize = 16;
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    c.chunk_size = CHUNK;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let coord = server.addr;
+    let dir = tempdir("prefetch");
+    let node = node_with(|n| {
+        // skip_l1: once written, objects live on L2 only; a GET would not promote them.
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::SkipL1,
+        ));
+        n.chunk_size = CHUNK;
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-p");
+        link.heartbeat_interval = Duration::from_millis(50);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let tokens: Vec<u32> = (0..(3 * CHUNK as u32)).map(|t| t * 7 + 1).collect();
+    let (keys, chunks) = coordinator::pins::resolve("m", 1, &tokens, "", CHUNK).expect("resolves");
+    assert_eq!(chunks, 3);
+    let node_keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("m@1@0@{}@bfloat16", k.chunk_hash_hex))
+        .collect();
+    // The node holds the first two chunks, not the third.
+    let mut client = Client::connect(&node).await;
+    for (i, k) in node_keys[..2].iter().enumerate() {
+        client.put(k, &body(i as u64, 2048)).await;
+    }
+    // PUT has no reply: a HEALTH after it on the same connection means both were read.
+    client.health().await;
+    node.flush().await;
+    assert!(node_keys[..2].iter().all(|k| !node.in_l1(k)), "on L2 only");
+
+    let post = |body: serde_json::Value| async move {
+        common::http::http(
+            coord,
+            "POST",
+            "/cache/prefetches",
+            Some(&body.to_string()),
+            &[("content-type", "application/json")],
+        )
+        .await
+    };
+    // Registration is asynchronous: retry while the coordinator does not know the node yet.
+    let submit = serde_json::json!({
+        "instance_id": "node-p", "model_name": "m", "world_size": 1, "token_ids": tokens,
+    });
+    let (mut status, mut reply) = (0, serde_json::Value::Null);
+    for _ in 0..300 {
+        (status, reply) = post(submit.clone()).await;
+        if status != 404 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["status"], "submitted");
+    assert_eq!(reply["chunks"], 3);
+    let rid = reply["request_id"].as_str().expect("request id").to_owned();
+    let path = format!("/cache/prefetches/node-p/{rid}");
+    let mut done = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (status, v) = common::http::http(coord, "GET", &path, None, &[]).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == "completed" {
+            done = v;
+            break;
+        }
+        assert_eq!(v["status"], "pending");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done["found_keys"], 2, "{done}");
+    assert_eq!(done["total_keys"], 3, "{done}");
+    assert!(
+        node_keys[..2].iter().all(|k| node.in_l1(k)),
+        "warmed into L1"
+    );
+    // Still pollable (0.5.6 forgets a job at its first completed poll).
+    let (status, again) = common::http::http(coord, "GET", &path, None, &[]).await;
+    assert_eq!((status, &again["found_keys"]), (200, &serde_json::json!(2)));
+
+    // Under one chunk is a noop at the coordinator; an unknown request is the node's 404,
+    // relayed; a bad body is the node's 422.
+    let (status, noop) = post(serde_json::json!({
+        "instance_id": "node-p", "model_name": "m", "world_size": 1, "token_ids": [1, 2],
+    }))
+    .await;
+    assert_eq!((status, &noop["status"]), (200, &serde_json::json!("noop")));
+    let (status, _) =
+        common::http::http(coord, "GET", "/cache/prefetches/node-p/abc123", None, &[]).await;
+    assert_eq!(status, 404);
+    let node_http = node.addrs.http.expect("http");
+    for bad in [
+        r#"{"model_name":"m","world_size":0,"token_ids":[]}"#,
+        r#"{"model_name":"m","token_ids":[]}"#,
+        r#"{"model_name":"m","world_size":1,"token_ids":[-1]}"#,
+    ] {
+        let (status, _) = common::http::http(
+            node_http,
+            "POST",
+            "/cache/prefetches",
+            Some(bad),
+            &[("content-type", "application/json")],
+        )
+        .await;
+        assert_eq!(status, 422, "{bad}");
+    }
+    let (status, _) = common::http::http(
+        node_http,
+        "POST",
+        "/cache/prefetches",
+        Some(r#"{"model_name":"m@x","world_size":1,"token_ids":[]}"#),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 400);
+    let metrics = scrape(&node).await;
+    assert!(
+        metrics.contains(r#"kvplane_node_prefetched_keys_total{where="l2"} 2"#),
+        "{metrics}"
+    );
+    drop(client);
+    common::within("node stop", node.stop()).await;
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A node restarted with `--coordinator-url` posts what it recovered from L2 as stores, so a
+/// coordinator that never saw those objects stored counts them.
+#[tokio::test]
+async fn recovered_l2_objects_are_posted_as_stores() {
+    let dir = tempdir("link-recover");
+    let l2cfg = || l2(&dir, 1 << 30, PrefetchPolicy::Default, StorePolicy::Default);
+    // First run: no coordinator.
+    let node = node_with(|n| n.l2 = Some(l2cfg())).await;
+    let mut client = Client::connect(&node).await;
+    for i in 0..3u64 {
+        client
+            .put(&format!("m@1@0@{:04x}@bfloat16", 0xd0 + i), &body(i, 1000))
+            .await;
+    }
+    client.health().await;
+    node.flush().await;
+    drop(client);
+    node.stop().await;
+
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    let server = common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let node = node_with(|n| {
+        n.l2 = Some(l2cfg());
+        let mut link = kvplane::node::config::CoordinatorLinkConfig::new(
+            "127.0.0.1",
+            server.addr.port(),
+            "node-r",
+        );
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    assert_eq!(node.recovery.recovered, 3);
+    let want = 3.0 * (1000.0 + 56.0 + 19.0) / f64::from(1u32 << 30);
+    let mut seen = 0.0;
+    for _ in 0..300 {
+        let (_, v) = common::http::http(server.addr, "GET", "/quota/_default", None, &[]).await;
+        seen = v["usage_gb"].as_f64().unwrap_or(-1.0);
+        if (seen - want).abs() < 1e-12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!((seen - want).abs() < 1e-12, "usage {seen}, want {want}");
+    common::within("node stop", node.stop()).await;
+    common::within("stop", server.stop()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A coordinator that accepts connections but never answers: the node serves PUT and GET
+/// as usual (calls time out on their own task, counted), and stops within its bounds.
+#[tokio::test]
+async fn a_silent_coordinator_never_blocks_the_data_path() {
+    // Bound and listening, never accepted: connects succeed, replies never come.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let dir = tempdir("link-silent");
+    let node = node_with(|n| {
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::Default,
+        ));
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", port, "node-s");
+        link.timeout = Duration::from_millis(100);
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let mut client = Client::connect(&node).await;
+    for i in 0..20u64 {
+        let key = format!("m@1@0@{:04x}@bfloat16", 0xe0 + i);
+        let data = body(i, 4096);
+        client.put(&key, &data).await;
+        let (_, got) = client.get(&key).await.expect("hit");
+        assert_eq!(got, data);
+    }
+    let mut failed = 0.0;
+    for _ in 0..300 {
+        failed = common::sample(
+            &scrape(&node).await,
+            r#"kvplane_node_coordinator_calls_total{call="register",outcome="error"}"#,
+        );
+        if failed >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        failed >= 1.0,
+        "registration attempts time out and are counted"
+    );
+    drop(client);
+    common::within("node stop", node.stop()).await;
+    drop(silent);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -148,3 +148,69 @@ async fn sigkill_mid_writes_leaves_only_intact_objects() {
     node.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The `kvplane` binary configured through the environment twins (`KVPLANE_COORDINATOR_URL`,
+/// `KVPLANE_INSTANCE_ID`, …) registers with a coordinator, and deregisters on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_joins_a_coordinator_and_leaves_on_sigterm() {
+    use kvplane::coordinator::{self, CoordinatorConfig};
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    let server = within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts");
+    let coord = server.addr;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvplane"))
+        .args([
+            "node",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+        ])
+        .env("KVPLANE_COORDINATOR_URL", format!("http://{coord}"))
+        .env("KVPLANE_INSTANCE_ID", "node-bin")
+        .env("KVPLANE_COORDINATOR_HEARTBEAT_INTERVAL", "0.1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kvplane starts");
+    let listed = || async {
+        let (_, v) = common::http::http(coord, "GET", "/instances", None, &[]).await;
+        v["instances"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|i| i["instance_id"].to_string())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let mut ids = Vec::new();
+    for _ in 0..500 {
+        ids = listed().await;
+        if !ids.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(ids, vec!["\"node-bin\"".to_owned()]);
+    let pid = child.id().expect("running").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let exit = within("exit after SIGTERM", child.wait())
+        .await
+        .expect("wait");
+    assert!(exit.success(), "{exit:?}");
+    assert!(listed().await.is_empty(), "deregistered on SIGTERM");
+    within("stop", server.stop()).await;
+}

@@ -2,6 +2,7 @@
 //! in [`crate::config::defaults::node`]).
 
 use crate::config::defaults::node as d;
+use crate::worker::WorkerConfig;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -63,6 +64,60 @@ pub struct NodeConfig {
     pub read_timeout: Duration,
     /// Largest LIST reply body (whole keys only; the rest is left out).
     pub max_list_bytes: usize,
+    /// Report admits and evicts to a controller as this LMCache worker (`--controller-pull`,
+    /// `--controller-reply`); `None`: no controller.
+    pub controller: Option<WorkerConfig>,
+    /// Register with a coordinator and post L2 usage events to it (`--coordinator-url`).
+    pub coordinator: Option<CoordinatorLinkConfig>,
+    /// Tokens per chunk (LMCache's `chunk_size`), for warm prefetch's token → key hashing.
+    pub chunk_size: usize,
+    /// Warm prefetch jobs remembered at once (running and completed, oldest completed
+    /// forgotten first).
+    pub max_prefetch_jobs: usize,
+}
+
+/// How the node joins a coordinator (as an LMCache 0.5.6 MP server does).
+#[derive(Debug, Clone)]
+pub struct CoordinatorLinkConfig {
+    /// The coordinator's host.
+    pub host: String,
+    /// The coordinator's port.
+    pub port: u16,
+    /// The id registered (`POST /instances`) and put in every event batch.
+    pub instance_id: String,
+    /// The ip registered, which the coordinator calls back; `None`: the local address of the
+    /// route to the coordinator.
+    pub advertise_ip: Option<String>,
+    /// Period of `PUT /instances/{id}/heartbeat` (and of registration retries).
+    pub heartbeat_interval: Duration,
+    /// Period of `POST /events` flushes.
+    pub event_flush_interval: Duration,
+    /// Bound on every call to the coordinator.
+    pub timeout: Duration,
+    /// Most events waiting to be posted; past it new events are dropped (counted) and the
+    /// coordinator sees a gap.
+    pub max_queued_events: usize,
+    /// Most entries in one posted batch.
+    pub max_batch_entries: usize,
+}
+
+impl CoordinatorLinkConfig {
+    /// A link to `host:port` as `instance_id` with LMCache's timings (heartbeat 5 s, flush
+    /// 1 s) and kvplane's bounds.
+    #[must_use]
+    pub fn new(host: impl Into<String>, port: u16, instance_id: impl Into<String>) -> Self {
+        CoordinatorLinkConfig {
+            host: host.into(),
+            port,
+            instance_id: instance_id.into(),
+            advertise_ip: None,
+            heartbeat_interval: Duration::from_secs_f64(d::COORDINATOR_HEARTBEAT_INTERVAL_S),
+            event_flush_interval: Duration::from_secs_f64(d::COORDINATOR_EVENT_FLUSH_INTERVAL_S),
+            timeout: Duration::from_secs_f64(d::COORDINATOR_TIMEOUT_S),
+            max_queued_events: d::COORDINATOR_MAX_QUEUED_EVENTS,
+            max_batch_entries: d::COORDINATOR_MAX_BATCH_ENTRIES,
+        }
+    }
 }
 
 impl NodeConfig {
@@ -84,6 +139,10 @@ impl NodeConfig {
             max_connections: d::MAX_CONNECTIONS,
             read_timeout: Duration::from_secs_f64(d::READ_TIMEOUT_S),
             max_list_bytes: d::MAX_LIST_BYTES,
+            controller: None,
+            coordinator: None,
+            chunk_size: d::CHUNK_SIZE,
+            max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
         }
     }
 }

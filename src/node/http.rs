@@ -1,14 +1,16 @@
 //! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
-//! at scrape), `/healthz`, the coordinator's `GET`/`DELETE /cache/objects` (`objects`), and the
+//! at scrape), `/healthz`, the coordinator's `GET`/`DELETE /cache/objects` (`objects`), warm prefetch
+//! (`POST /cache/prefetches`, `GET /cache/prefetches/{request}`: `prefetch`), and the
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 use super::metrics::NodeMetrics;
+use super::prefetch::Prefetches;
 use super::tiers::Tiers;
 use axum::extract::State;
-use axum::extract::{DefaultBodyLimit, Query};
+use axum::extract::{DefaultBodyLimit, Path, Query};
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
 
@@ -16,10 +18,15 @@ use std::sync::Arc;
 struct AppState {
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
+    prefetches: Arc<Prefetches>,
 }
 
 /// The node's HTTP routes.
-pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
+pub(crate) fn router(
+    tiers: Arc<Tiers>,
+    metrics: Arc<NodeMetrics>,
+    prefetches: Arc<Prefetches>,
+) -> Router {
     Router::new()
         .merge(super::dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
@@ -35,11 +42,29 @@ pub(crate) fn router(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>) -> Router {
                 super::objects::delete(s.tiers, s.metrics, body)
             }),
         )
+        .route(
+            "/cache/prefetches",
+            post(|State(s): State<AppState>, body: axum::body::Bytes| {
+                super::prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
+            }),
+        )
+        .route(
+            "/cache/prefetches/{request}",
+            get(
+                |State(s): State<AppState>, Path(request): Path<String>| async move {
+                    super::prefetch::poll(&s.prefetches, &request)
+                },
+            ),
+        )
         .layer(DefaultBodyLimit::max(super::objects::MAX_DELETE_BODY))
         .layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
         ))
-        .with_state(AppState { tiers, metrics })
+        .with_state(AppState {
+            tiers,
+            metrics,
+            prefetches,
+        })
 }
 
 fn clamp(v: u64) -> i64 {

@@ -55,6 +55,18 @@ pub struct NodeMetrics {
     pub coordinator_requests: IntCounterVec,
     /// Objects deleted through `DELETE /cache/objects`.
     pub coordinator_deleted: IntCounter,
+    /// Tier changes handed to a reporter, by `sink` (`controller`, `coordinator`) and
+    /// `outcome` (`queued`, `dropped`: bounded queue full, `closed`, `unreportable_key`).
+    pub reports: IntCounterVec,
+    /// Calls to the coordinator, by `call` (`register`, `heartbeat`, `events`,
+    /// `deregister`) and `outcome` (`ok`, `error`, `not_found`).
+    pub coordinator_calls: IntCounterVec,
+    /// Warm prefetches (`POST /cache/prefetches`), by `outcome` (`submitted`, `refused`,
+    /// `completed`).
+    pub prefetches: IntCounterVec,
+    /// Objects a warm prefetch found, by `where` (`l1`: already there, `l2`: loaded into L1,
+    /// `missing`).
+    pub prefetched_keys: IntCounterVec,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: T) -> T {
@@ -167,6 +179,26 @@ impl NodeMetrics {
             coordinator_deleted: counter(
                 "coordinator_deleted_total",
                 "Objects deleted through DELETE /cache/objects.",
+            ),
+            reports: counter_vec(
+                "reports_total",
+                "Tier changes handed to a reporter, by sink and outcome.",
+                &["sink", "outcome"],
+            ),
+            coordinator_calls: counter_vec(
+                "coordinator_calls_total",
+                "Calls to the coordinator, by call and outcome.",
+                &["call", "outcome"],
+            ),
+            prefetches: counter_vec(
+                "prefetches_total",
+                "Warm prefetches by outcome.",
+                &["outcome"],
+            ),
+            prefetched_keys: counter_vec(
+                "prefetched_keys_total",
+                "Objects a warm prefetch looked for, by where it found them.",
+                &["where"],
             ),
             registry,
         }

@@ -7,23 +7,30 @@
 //! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
 //! - `server` — the accept loop and the per-connection request loop.
 //! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
-//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port.
+//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port;
+//!   `objects` and `prefetch` — the coordinator's object and warm-prefetch routes there.
+//! - `report` — admits and evicts per tier to a controller, through `crate::worker`.
+//! - `coordinator_link` — registration, heartbeats and L2 usage events to a coordinator.
 //!
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
 pub mod codec;
 pub mod config;
+mod coordinator_link;
 mod dashboard;
 mod disk;
 mod http;
 mod lru;
 pub mod metrics;
 mod objects;
+mod prefetch;
+mod report;
 mod server;
 mod tiers;
 
 pub use config::NodeConfig;
+pub use coordinator_link::parse_url as parse_coordinator_url;
 pub use tiers::{Recovery, TierUsage};
 
 use crate::net::host_port;
@@ -51,6 +58,12 @@ pub enum NodeError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// The configuration cannot work.
+    #[error("invalid node configuration: {0}")]
+    Config(String),
+    /// The worker that reports to the controller could not start.
+    #[error("cannot start reporting to the controller: {0}")]
+    Controller(#[from] crate::worker::WorkerError),
     /// The L2 directory could not be prepared or scanned.
     #[error("cannot open L2 at {path}: {source}")]
     L2 {
@@ -84,6 +97,11 @@ pub struct Node {
     tasks: TaskTracker,
     /// L2 writes, reads and deletes.
     background: TaskTracker,
+    /// Reports to the controller, if one is configured.
+    reporter: Option<Arc<report::Reporter>>,
+    /// Stops the coordinator link (after the data path, so its last events are posted).
+    link_stop: CancellationToken,
+    link: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Node {
@@ -111,7 +129,39 @@ impl Node {
         self.background.reopen();
     }
 
-    /// Stops accepting, closes connections, waits for in-flight L2 writes (bounded).
+    /// The controller worker's state and counters, if the node reports to a controller.
+    #[must_use]
+    pub fn controller_status(&self) -> Option<crate::worker::WorkerStatus> {
+        self.reporter
+            .as_ref()
+            .and_then(|r| r.worker())
+            .map(crate::worker::WorkerHandle::status)
+    }
+
+    /// Waits (bounded) until the controller worker is registered with nothing held back.
+    ///
+    /// # Errors
+    /// The worker's error after `timeout`; [`crate::worker::WorkerError::Closed`] without a
+    /// controller.
+    pub async fn controller_ready(
+        &self,
+        timeout: Duration,
+    ) -> Result<(), crate::worker::WorkerError> {
+        match self.reporter.as_ref().and_then(|r| r.worker()) {
+            Some(w) => w.wait_ready(timeout).await,
+            None => Err(crate::worker::WorkerError::Closed),
+        }
+    }
+
+    /// Sends the controller every report queued so far (bounded by `timeout`).
+    pub async fn flush_reports(&self, timeout: Duration) {
+        if let Some(w) = self.reporter.as_ref().and_then(|r| r.worker()) {
+            let _ = tokio::time::timeout(timeout, w.flush()).await;
+        }
+    }
+
+    /// Stops accepting, closes connections, waits for in-flight L2 writes (bounded), then
+    /// posts the last events to the coordinator and deregisters from it and the controller.
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.tasks.close();
@@ -122,6 +172,17 @@ impl Node {
         };
         if tokio::time::timeout(DRAIN_DEADLINE, drained).await.is_err() {
             tracing::warn!("node tasks did not stop within {DRAIN_DEADLINE:?}");
+        }
+        self.link_stop.cancel();
+        if let Some(link) = self.link {
+            if tokio::time::timeout(DRAIN_DEADLINE, link).await.is_err() {
+                tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
+            }
+        }
+        if let Some(w) = self.reporter.as_ref().and_then(|r| r.worker()) {
+            if let Err(e) = w.clone().shutdown().await {
+                tracing::warn!("controller worker shutdown: {e}");
+            }
         }
     }
 }
@@ -135,11 +196,36 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
     let tasks = TaskTracker::new();
     let background = TaskTracker::new();
     let metrics = Arc::new(NodeMetrics::new());
+    if config.coordinator.is_some() && config.http_port.is_none() {
+        return Err(NodeError::Config(
+            "a coordinator calls the node's HTTP port: --coordinator-url needs it".into(),
+        ));
+    }
+    let mut observers: tiers::Observers = Vec::new();
+    let reporter = config.controller.as_ref().map(|_| {
+        Arc::new(report::Reporter::new(
+            Arc::clone(&metrics),
+            config.l2.is_some(),
+        ))
+    });
+    if let Some(r) = &reporter {
+        observers.push(Arc::clone(r) as Arc<dyn tiers::TierObserver>);
+    }
+    let events = config.coordinator.as_ref().map(|c| {
+        Arc::new(coordinator_link::EventQueue::new(
+            c.max_queued_events,
+            Arc::clone(&metrics),
+        ))
+    });
+    if let Some(q) = &events {
+        observers.push(Arc::clone(q) as Arc<dyn tiers::TierObserver>);
+    }
     let (l1, l2) = (config.l1, config.l2.clone());
     let (m, t) = (Arc::clone(&metrics), background.clone());
-    let opened = tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let opened =
+        tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t, observers))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     let (tiers, recovery) = opened.map_err(|source| NodeError::L2 {
         path: config
             .l2
@@ -167,7 +253,11 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
                 .await
                 .map_err(bind_err("http", &addr))?;
             let bound = l.local_addr().map_err(bind_err("http", &addr))?;
-            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics));
+            let prefetches = Arc::new(prefetch::Prefetches::new(
+                config.max_prefetch_jobs,
+                config.chunk_size,
+            ));
+            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics), prefetches);
             let stop = shutdown.clone();
             tasks.spawn(async move {
                 if let Err(e) = axum::serve(l, app)
@@ -194,6 +284,29 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         shutdown.clone(),
         tasks.clone(),
     ));
+    if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
+        let keys = report::ReportedKeys(Arc::clone(r));
+        let worker =
+            crate::worker::Worker::start(wc.clone(), crate::worker::NoCommands, keys).await?;
+        r.attach(worker);
+    }
+    let link_stop = CancellationToken::new();
+    let link = match (&config.coordinator, events, http) {
+        (Some(c), Some(events), Some(http)) => {
+            let ctx = coordinator_link::LinkContext {
+                config: c.clone(),
+                events,
+                metrics: Arc::clone(&metrics),
+                http_port: http.port(),
+                capacity: (
+                    config.l1.budget,
+                    config.l2.as_ref().map(|l| l.eviction.budget),
+                ),
+            };
+            Some(tokio::spawn(coordinator_link::run(ctx, link_stop.clone())))
+        }
+        _ => None,
+    };
     tracing::info!(
         lm = %lm,
         http = ?http,
@@ -209,6 +322,9 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         shutdown,
         tasks,
         background,
+        reporter,
+        link_stop,
+        link,
     })
 }
 

@@ -38,9 +38,29 @@ struct DiskEntry {
     file_bytes: u64,
     /// The file is complete on disk (false while its write is in flight).
     ready: bool,
+    /// Observers were told this key is in L2 (at its first complete write, or at recovery);
+    /// they are told of its removal only then.
+    announced: bool,
     /// Which PUT wrote it: a write finishing after a newer PUT of the same key leaves the
     /// newer entry alone.
     generation: u64,
+}
+
+/// Whether observers were told an entry is in its tier (every L1 entry is).
+trait Announced {
+    fn announced(&self) -> bool;
+}
+
+impl Announced for Object {
+    fn announced(&self) -> bool {
+        true
+    }
+}
+
+impl Announced for DiskEntry {
+    fn announced(&self) -> bool {
+        self.announced
+    }
 }
 
 impl Weighted for DiskEntry {
@@ -66,6 +86,40 @@ struct L2 {
     prefetch_policy: PrefetchPolicy,
     generation: std::sync::atomic::AtomicU64,
 }
+
+/// What a warm prefetch of one key did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Warmed {
+    /// Already in L1.
+    InL1,
+    /// Read from L2 into L1.
+    Loaded,
+    /// In neither tier (or L1 refused it).
+    Missing,
+}
+
+/// Which tier an object entered or left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum TierId {
+    /// Memory.
+    L1,
+    /// Disk.
+    L2,
+}
+
+/// Told of every key entering (`admitted`) or leaving a tier: L1 when an object is stored
+/// under a new key or removed; L2 when a key's first file is complete (or recovered at
+/// start) and when it leaves the index. Called under the tier's lock, so the calls for one
+/// key come in order: implementations must be quick and never block or call back into the
+/// tiers.
+pub(crate) trait TierObserver: Send + Sync {
+    /// `key` entered (`admitted`) or left `tier`; `bytes` is its size there (body bytes in
+    /// L1, file bytes in L2).
+    fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool);
+}
+
+/// The observers of one node (none, the controller reporter, the coordinator reporter).
+pub(crate) type Observers = Vec<Arc<dyn TierObserver>>;
 
 /// What the tiers hold, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +156,7 @@ pub(crate) struct Tiers {
     l2: Option<L2>,
     metrics: Arc<NodeMetrics>,
     tasks: TaskTracker,
+    observers: Observers,
 }
 
 /// Holds a pin on an L1 object until dropped (the GET reply is written).
@@ -124,6 +179,7 @@ impl Tiers {
         l2: Option<&L2Config>,
         metrics: Arc<NodeMetrics>,
         tasks: TaskTracker,
+        observers: Observers,
     ) -> io::Result<(Self, Recovery)> {
         metrics
             .tier_capacity_bytes
@@ -154,6 +210,7 @@ impl Tiers {
                     let entry = DiskEntry {
                         file_bytes: f.file_bytes,
                         ready: true,
+                        announced: true,
                         generation: 0,
                     };
                     match index.insert(&f.key, entry) {
@@ -169,6 +226,12 @@ impl Tiers {
                         .l2_discarded
                         .with_label_values(&["over_budget"])
                         .inc();
+                }
+                for key in index.keys() {
+                    let bytes = index.peek(key).map_or(0, |e| e.file_bytes);
+                    for o in &observers {
+                        o.changed(TierId::L2, key, bytes, true);
+                    }
                 }
                 recovery = Recovery {
                     recovered: index.len(),
@@ -196,6 +259,7 @@ impl Tiers {
                 l2,
                 metrics,
                 tasks,
+                observers,
             },
             recovery,
         ))
@@ -219,8 +283,14 @@ impl Tiers {
     /// Stores into L1 (evicting as the policy says); returns whether it was admitted.
     fn put_l1(&self, key: &str, obj: Object) -> bool {
         let mut l1 = self.l1.lock();
+        let existed = l1.contains(key);
+        let bytes = obj.data.len() as u64;
         let admitted = match l1.insert(key, obj) {
             Insert::Stored { evicted, .. } => {
+                self.left(TierId::L1, &evicted);
+                if !existed {
+                    self.tell(TierId::L1, key, bytes, true);
+                }
                 self.count_evicted("l1", &evicted);
                 true
             }
@@ -230,9 +300,29 @@ impl Tiers {
             }
         };
         let evicted = l1.evict_if_triggered();
+        self.left(TierId::L1, &evicted);
         drop(l1);
         self.count_evicted("l1", &evicted);
         admitted
+    }
+
+    /// Tells every observer (call under the tier's lock).
+    fn tell(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
+        for o in &self.observers {
+            o.changed(tier, key, bytes, admitted);
+        }
+    }
+
+    /// Tells the observers these entries left `tier` (L2: only the announced ones).
+    fn left<V: Weighted + Announced>(&self, tier: TierId, removed: &[(String, V)]) {
+        if self.observers.is_empty() {
+            return;
+        }
+        for (k, v) in removed {
+            if v.announced() {
+                self.tell(tier, k, v.bytes(), false);
+            }
+        }
     }
 
     /// Stores an object per the store policy. The L2 write (if any) runs in the background;
@@ -253,17 +343,21 @@ impl Tiers {
         let generation = l2
             .generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let entry = DiskEntry {
+        let mut entry = DiskEntry {
             file_bytes,
             ready: false,
+            announced: false,
             generation,
         };
         let evicted = {
             let mut index = l2.index.lock();
+            // A replaced key stays announced: it never left L2.
+            entry.announced = index.peek(&key).is_some_and(|e| e.announced);
             match index.insert(&key, entry) {
                 Insert::Stored { evicted, .. } => {
                     // The writer holds a pin until its file is in place.
                     index.pin(&key);
+                    self.left(TierId::L2, &evicted);
                     evicted
                 }
                 Insert::Refused(_) => {
@@ -316,14 +410,23 @@ impl Tiers {
                 Ok(_) if current => {
                     if let Some(e) = index.peek_mut(&key) {
                         e.ready = true;
+                        if !e.announced {
+                            e.announced = true;
+                            let bytes = e.file_bytes;
+                            self.tell(TierId::L2, &key, bytes, true);
+                        }
                     }
                 }
                 Err(_) if current => {
-                    index.remove(&key);
+                    if let Some(e) = index.remove(&key) {
+                        self.left(TierId::L2, &[(key.clone(), e)]);
+                    }
                 }
                 _ => {}
             }
-            index.evict_if_triggered()
+            let evicted = index.evict_if_triggered();
+            self.left(TierId::L2, &evicted);
+            evicted
         };
         match written {
             Ok(_) => {
@@ -334,7 +437,9 @@ impl Tiers {
                         .peek(&key)
                         .is_some_and(|o| o.data.as_ptr() == obj.data.as_ptr());
                     if same && l1.pins(&key) == 0 {
-                        l1.remove(&key);
+                        if let Some(o) = l1.remove(&key) {
+                            self.left(TierId::L1, &[(key.clone(), o)]);
+                        }
                     }
                 }
             }
@@ -384,9 +489,62 @@ impl Tiers {
                 return obj.map(|o| (o, Some(pin)));
             }
         }
+        let obj = self.read_l2(key).await?;
+        if self
+            .l2
+            .as_ref()
+            .is_some_and(|l2| l2.prefetch_policy == PrefetchPolicy::Retain)
+            && self.put_l1(key, obj.clone())
+        {
+            self.metrics.l2_promotions.inc();
+        }
+        Some((obj, None))
+    }
+
+    /// Loads `key` into L1 from L2 (a warm prefetch): whatever the prefetch policy, the
+    /// object is kept in L1 (subject to L1's eviction like any other).
+    pub(crate) async fn warm(self: &Arc<Self>, key: &str) -> Warmed {
+        if self.l1.lock().touch(key).is_some() {
+            return Warmed::InL1;
+        }
+        let Some(obj) = self.read_l2(key).await else {
+            return Warmed::Missing;
+        };
+        if self.put_l1(key, obj) {
+            self.metrics.l2_promotions.inc();
+            Warmed::Loaded
+        } else {
+            Warmed::Missing
+        }
+    }
+
+    /// The keys of either tier for which `matches` holds (an O(objects) scan).
+    pub(crate) fn keys_where(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
+        // L1, then L2's index: the order `list` takes them in.
+        let l1 = self.l1.lock();
+        let mut out: Vec<String> = l1
+            .keys()
+            .filter(|k| matches(k))
+            .map(str::to_owned)
+            .collect();
+        if let Some(l2) = &self.l2 {
+            let index = l2.index.lock();
+            out.extend(
+                index
+                    .keys()
+                    .filter(|k| !l1.contains(k) && matches(k))
+                    .map(str::to_owned),
+            );
+        }
+        out
+    }
+
+    /// Reads `key` from L2: from memory while its write is in flight, else from its file
+    /// (verified, off the async threads). A file that fails to read is dropped from L2.
+    async fn read_l2(self: &Arc<Self>, key: &str) -> Option<Object> {
         let l2 = self.l2.as_ref()?;
         if let Some((_, obj)) = l2.pending.lock().get(key) {
-            return Some((obj.clone(), None));
+            return Some(obj.clone());
         }
         let generation = {
             let mut index = l2.index.lock();
@@ -412,17 +570,15 @@ impl Tiers {
             let mut index = l2.index.lock();
             index.unpin(key);
             if read.is_err() && index.peek(key).map(|e| e.generation) == Some(generation) {
-                index.remove(key);
+                if let Some(e) = index.remove(key) {
+                    self.left(TierId::L2, &[(key.to_owned(), e)]);
+                }
             }
         }
         match read {
             Ok((meta, data)) => {
                 self.metrics.l2_reads.with_label_values(&["ok"]).inc();
-                let obj = Object { meta, data };
-                if l2.prefetch_policy == PrefetchPolicy::Retain && self.put_l1(key, obj.clone()) {
-                    self.metrics.l2_promotions.inc();
-                }
-                Some((obj, None))
+                Some(Object { meta, data })
             }
             Err(e) => {
                 tracing::warn!(key, "L2 object discarded: {e}");
@@ -505,6 +661,11 @@ impl Tiers {
             l2_bytes,
             l2_objects,
         }
+    }
+
+    /// Runs `work` on the node's background tracker (waited for by `flush` and `stop`).
+    pub(crate) fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(work);
     }
 
     /// Whether `key` is in L1 (tests and tools).
@@ -595,7 +756,8 @@ impl Tiers {
                 .map(str::to_owned)
                 .collect();
             for k in victims {
-                if l1.remove(&k).is_some() {
+                if let Some(o) = l1.remove(&k) {
+                    self.left(TierId::L1, &[(k.clone(), o)]);
                     removed.insert(k);
                 }
             }
@@ -613,7 +775,9 @@ impl Tiers {
                 .map(str::to_owned)
                 .collect();
             for k in &victims {
-                index.remove(k);
+                if let Some(e) = index.remove(k) {
+                    self.left(TierId::L2, &[(k.clone(), e)]);
+                }
             }
             victims
         };

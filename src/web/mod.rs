@@ -21,6 +21,7 @@
 
 pub mod assets;
 pub mod auth;
+pub mod client;
 pub mod error;
 pub mod guard;
 pub mod history;

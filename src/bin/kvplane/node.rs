@@ -4,8 +4,10 @@
 use clap::Args;
 use kvplane::config::{self, defaults::node as d, ConfigError};
 use kvplane::node::config::{
-    gib_to_bytes, EvictionPolicy, L2Config, NodeConfig, PrefetchPolicy, StorePolicy,
+    gib_to_bytes, CoordinatorLinkConfig, EvictionPolicy, L2Config, NodeConfig, PrefetchPolicy,
+    StorePolicy,
 };
+use kvplane::worker::WorkerConfig;
 use std::path::PathBuf;
 
 /// Flags of `kvplane node`, as given.
@@ -75,6 +77,53 @@ pub(crate) struct NodeArgs {
     /// Largest LIST reply body in bytes (whole keys only).
     #[arg(long, env = "KVPLANE_MAX_LIST_BYTES", default_value_t = d::MAX_LIST_BYTES)]
     max_list_bytes: usize,
+    /// The id the node registers under with the controller and the coordinator. Default:
+    /// `kvplane-node-<hostname>-<port>`, stable across restarts.
+    #[arg(long, env = "KVPLANE_INSTANCE_ID")]
+    instance_id: Option<String>,
+    /// The controller's PULL socket, HOST:PORT (LMCache's `controller_pull_url`; `kvplane
+    /// serve`'s `pull` monitor port). With --controller-reply, the node reports what it holds.
+    #[arg(long, env = "KVPLANE_CONTROLLER_PULL")]
+    controller_pull: Option<String>,
+    /// The controller's reply socket, HOST:PORT (LMCache's `controller_reply_url`).
+    #[arg(long, env = "KVPLANE_CONTROLLER_REPLY")]
+    controller_reply: Option<String>,
+    /// Port of the node's command socket for the controller (0 picks a free port).
+    #[arg(long, env = "KVPLANE_CONTROLLER_COMMAND_PORT", default_value_t = 0)]
+    controller_command_port: u16,
+    /// Seconds between heartbeats to the controller.
+    #[arg(long, env = "KVPLANE_CONTROLLER_HEARTBEAT_INTERVAL", default_value_t = d::CONTROLLER_HEARTBEAT_INTERVAL_S)]
+    controller_heartbeat_interval: f64,
+    /// A coordinator's base URL (http://HOST:PORT): the node registers, heartbeats, posts
+    /// its L2 usage events and deregisters, as an LMCache MP server does.
+    #[arg(long, env = "KVPLANE_COORDINATOR_URL")]
+    coordinator_url: Option<String>,
+    /// The ip the coordinator calls back (default: the local address of the route to it).
+    #[arg(long, env = "KVPLANE_COORDINATOR_ADVERTISE_IP")]
+    coordinator_advertise_ip: Option<String>,
+    /// Seconds between heartbeats to the coordinator.
+    #[arg(long, env = "KVPLANE_COORDINATOR_HEARTBEAT_INTERVAL", default_value_t = d::COORDINATOR_HEARTBEAT_INTERVAL_S)]
+    coordinator_heartbeat_interval: f64,
+    /// Seconds between usage-event posts to the coordinator.
+    #[arg(long, env = "KVPLANE_COORDINATOR_EVENT_FLUSH_INTERVAL", default_value_t = d::COORDINATOR_EVENT_FLUSH_INTERVAL_S)]
+    coordinator_event_flush_interval: f64,
+    /// Seconds any call to the coordinator may take.
+    #[arg(long, env = "KVPLANE_COORDINATOR_TIMEOUT", default_value_t = d::COORDINATOR_TIMEOUT_S)]
+    coordinator_timeout: f64,
+    /// Tokens per chunk (LMCache's `chunk_size`), for warm prefetch's token hashing.
+    #[arg(long, env = "KVPLANE_CHUNK_SIZE", default_value_t = d::CHUNK_SIZE)]
+    chunk_size: usize,
+}
+
+/// `kvplane-node-<hostname>-<port>` (hostname from `HOSTNAME` or /etc/hostname).
+fn default_instance_id(port: u16) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty() && !h.contains('/'))
+        .unwrap_or_else(|| "localhost".into());
+    format!("kvplane-node-{host}-{port}")
 }
 
 fn size(flag: &'static str, gib: f64) -> Result<u64, ConfigError> {
@@ -172,7 +221,75 @@ impl NodeArgs {
                 detail: "the protocol's length is an int32: at most 2147483647".into(),
             });
         }
+        let instance_id = match &self.instance_id {
+            Some(id) if id.trim().is_empty() || id.contains('/') => {
+                return Err(ConfigError::Value {
+                    flag: "instance-id",
+                    detail: "must be non-empty and hold no '/'".into(),
+                })
+            }
+            Some(id) => id.trim().to_owned(),
+            None => default_instance_id(self.port),
+        };
+        // Checked whether or not a peer is set, so a bad value never waits to bite.
+        let controller_heartbeat = config::positive_seconds(
+            "controller-heartbeat-interval",
+            self.controller_heartbeat_interval,
+        )?;
+        let coordinator_heartbeat = config::positive_seconds(
+            "coordinator-heartbeat-interval",
+            self.coordinator_heartbeat_interval,
+        )?;
+        let coordinator_flush = config::positive_seconds(
+            "coordinator-event-flush-interval",
+            self.coordinator_event_flush_interval,
+        )?;
+        let coordinator_timeout =
+            config::positive_seconds("coordinator-timeout", self.coordinator_timeout)?;
+        let controller = match (&self.controller_pull, &self.controller_reply) {
+            (None, None) => None,
+            (Some(pull), Some(reply)) => {
+                let mut w = WorkerConfig::new(instance_id.clone(), 0, pull, reply);
+                w.command_host.clone_from(&self.host);
+                w.command_port = self.controller_command_port;
+                w.heartbeat_interval = Some(controller_heartbeat);
+                Some(w)
+            }
+            _ => {
+                return Err(ConfigError::Value {
+                    flag: "controller-pull",
+                    detail: "--controller-pull and --controller-reply go together".into(),
+                })
+            }
+        };
+        let coordinator = match &self.coordinator_url {
+            None => None,
+            Some(url) => {
+                let (host, port) = kvplane::node::parse_coordinator_url(url).map_err(|detail| {
+                    ConfigError::Value {
+                        flag: "coordinator-url",
+                        detail,
+                    }
+                })?;
+                let mut c = CoordinatorLinkConfig::new(host, port, instance_id.clone());
+                c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
+                c.heartbeat_interval = coordinator_heartbeat;
+                c.event_flush_interval = coordinator_flush;
+                c.timeout = coordinator_timeout;
+                if self.no_http {
+                    return Err(ConfigError::Value {
+                        flag: "coordinator-url",
+                        detail: "the coordinator calls the node's HTTP port: drop --no-http".into(),
+                    });
+                }
+                Some(c)
+            }
+        };
         Ok(NodeConfig {
+            controller,
+            coordinator,
+            chunk_size: config::at_least_one("chunk-size", self.chunk_size)?,
+            max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
             host: self.host.clone(),
             port: self.port,
             http_port: (!self.no_http).then_some(self.http_port),
@@ -231,6 +348,37 @@ mod tests {
     }
 
     #[test]
+    fn controller_and_coordinator_flags() {
+        let c = parse(&[
+            "--instance-id",
+            "n1",
+            "--controller-pull",
+            "127.0.0.1:8300",
+            "--controller-reply",
+            "127.0.0.1:8400",
+            "--coordinator-url",
+            "http://127.0.0.1:9300",
+            "--coordinator-heartbeat-interval",
+            "0.5",
+        ])
+        .expect("valid");
+        let w = c.controller.expect("controller");
+        assert_eq!(
+            (w.instance_id.as_str(), w.controller_pull.as_str()),
+            ("n1", "127.0.0.1:8300")
+        );
+        let k = c.coordinator.expect("coordinator");
+        assert_eq!(
+            (k.host.as_str(), k.port, k.instance_id.as_str()),
+            ("127.0.0.1", 9300, "n1")
+        );
+        assert_eq!(k.heartbeat_interval, std::time::Duration::from_millis(500));
+        let c = parse(&[]).expect("defaults");
+        assert!(c.controller.is_none() && c.coordinator.is_none());
+        assert!(parse(&["--coordinator-url", "http://c:1", "--no-http"]).is_err());
+    }
+
+    #[test]
     fn bad_values_name_the_flag() {
         for (flag, v) in [
             ("--l1-size-gb", "0"),
@@ -240,6 +388,10 @@ mod tests {
             ("--l2-store-policy", "bogus"),
             ("--max-object-bytes", "4294967296"),
             ("--max-connections", "0"),
+            ("--coordinator-url", "https://x:1"),
+            ("--coordinator-heartbeat-interval", "0"),
+            ("--controller-pull", "127.0.0.1:1"),
+            ("--instance-id", "a/b"),
         ] {
             let e = parse(&["--l2-path", "/tmp/x", flag, v]).expect_err(flag);
             assert!(e.contains(flag), "{flag}: {e}");
