@@ -12,6 +12,7 @@
 use super::stats::mix;
 use bytes::Bytes;
 use rmp::encode::{write_array_len, write_f64, write_nil, write_str, write_uint};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use zeromq::prelude::*;
 use zeromq::{PubSocket, RouterSocket, ZmqMessage};
@@ -93,6 +94,8 @@ pub(super) struct EnginePublisher {
     /// `tcp://127.0.0.1:port` of the replay ROUTER.
     pub(super) replay_endpoint: String,
     messages: Arc<Vec<Bytes>>,
+    /// Messages published so far (the replay serves only those, as a real ring does).
+    published: Arc<AtomicUsize>,
     next: usize,
     replay_task: tokio::task::JoinHandle<()>,
 }
@@ -121,6 +124,8 @@ impl EnginePublisher {
             .to_string();
         let messages = Arc::new(messages);
         let served = Arc::clone(&messages);
+        let published = Arc::new(AtomicUsize::new(0));
+        let upto = Arc::clone(&published);
         let replay_task = tokio::spawn(async move {
             while let Ok(req) = router.recv().await {
                 let f = req.into_vec();
@@ -129,9 +134,8 @@ impl EnginePublisher {
                     continue;
                 };
                 let start = u64::from_be_bytes(start) as usize;
-                // Serves what was published so far and more: the indexer asks only for
-                // sequence numbers it has seen announced.
-                for (s, payload) in served.iter().enumerate().skip(start) {
+                let end = upto.load(Ordering::Acquire);
+                for (s, payload) in served.iter().enumerate().take(end).skip(start) {
                     let Ok(msg) = frames(vec![
                         id.clone(),
                         Bytes::new(),
@@ -162,6 +166,7 @@ impl EnginePublisher {
             endpoint,
             replay_endpoint,
             messages,
+            published,
             next: 0,
             replay_task,
         })
@@ -174,6 +179,8 @@ impl EnginePublisher {
     pub(super) async fn publish(&mut self, n: usize) -> Result<usize, String> {
         let end = (self.next + n).min(self.messages.len());
         for seq in self.next..end {
+            // Counted before the send: a replay asked after the live message arrived serves it.
+            self.published.store(seq + 1, Ordering::Release);
             let msg = frames(vec![
                 Bytes::new(),
                 Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
