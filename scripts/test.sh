@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit + integration tests, and the interop tests
-# against the real LMCache 0.5.6 (its Python environment is set up first, idempotently).
+# against the real LMCache 0.5.6 and vLLM's real KV-event publisher (their Python environments
+# are set up first, idempotently).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== python environment for the LMCache interop tests"
 bash scripts/setup-python.sh
 bash scripts/setup-browser.sh
+echo "== vLLM's real KV-event publisher (0.23.0, 0.33.0) for tests/indexer_vllm.rs"
+KVPLANE_VLLM_PUBLISHERS="$(bash scripts/setup-vllm-publishers.sh)"
+export KVPLANE_VLLM_PUBLISHERS
 
 echo "== cargo fmt --check"
 cargo fmt --check

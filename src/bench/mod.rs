@@ -6,13 +6,16 @@
 //! measured. It reports the **applied** ingest rate (time until key-stats shows every op), P2P
 //! lookup latency percentiles, full-sync time and heartbeat latency, plus the controller's RSS
 //! when given its pid. `kvplane bench coordinator` ([`coordinator`]) and `kvplane bench node`
-//! ([`node`]) measure the other services over their own wire protocols. Depends on `protocol`
+//! ([`node`]) measure the other services over their own wire protocols, `kvplane bench indexer`
+//! ([`indexer`]) the KV indexer over vLLM's KV-event stream and the indexer HTTP API. Depends on `protocol`
 //! and `transport` only.
 
 mod conn;
 pub mod coordinator;
 mod fleet;
 mod http;
+pub mod indexer;
+mod indexer_stream;
 pub mod node;
 mod scenarios;
 mod stats;
@@ -27,6 +30,9 @@ pub enum BenchTarget {
     /// The cache-node scenario over the LMCache server protocol (kvplane node, LMCache's
     /// `lmcache.v1.server`, or the bare-loopback baseline).
     Node(node::NodeBenchArgs),
+    /// The KV-indexer scenario (`kvplane indexer` or Dynamo's `python -m dynamo.indexer`), fed
+    /// a pre-encoded vLLM event stream over ZMQ.
+    Indexer(indexer::IndexerBenchArgs),
 }
 
 use clap::Args;

@@ -620,22 +620,10 @@ impl Index {
         scope: &QueryScope<'_>,
         tokens: &[u32],
     ) -> BTreeMap<String, InstanceMatch> {
-        let bs = scope.block_size as usize;
-        let seed = self.config.seed;
-        let mut parent = None;
-        let blocks = if bs == 0 {
-            [].chunks_exact(1)
-        } else {
-            tokens.chunks_exact(bs)
-        };
-        self.walk(
-            scope,
-            blocks.map(move |b| {
-                let h = hash::next_seq_hash(parent, b, seed);
-                parent = Some(h);
-                h
-            }),
-        )
+        // Every hash first, then the lookups: with no hashing between them, the CPU overlaps
+        // the lookups' cache misses (two a block in a large table).
+        let seqs = hash::seq_hashes(tokens, scope.block_size as usize, self.config.seed);
+        self.walk(scope, seqs.into_iter())
     }
 
     /// Answers `/query_by_hash`: the rolling hashes are given.

@@ -119,6 +119,8 @@ struct Replay<T> {
     max_reply: Option<u64>,
     buffered: BTreeMap<u64, T>,
     buffered_bytes: usize,
+    /// A message was evicted or refused: the publisher has more than was kept.
+    overflowed: bool,
 }
 
 /// The state of one stream.
@@ -175,6 +177,7 @@ impl<T: Weighed> SeqTracker<T> {
             max_reply: None,
             buffered: BTreeMap::new(),
             buffered_bytes: 0,
+            overflowed: false,
         });
         out.push(Step::Replay(from));
     }
@@ -244,18 +247,28 @@ impl<T: Weighed> SeqTracker<T> {
         out
     }
 
-    /// Buffers a message while a replay runs (bounded; one already there is kept).
+    /// Buffers a message while a replay runs (bounded; one already there is kept). When full,
+    /// the lowest numbers are kept (they are the ones the next apply needs): a lower number
+    /// evicts the highest; every message evicted or refused is counted.
     fn buffer(&mut self, seq: u64, item: T) {
         if let Some(r) = &mut self.replay {
             if r.buffered.contains_key(&seq) {
                 return;
             }
             let w = item.weight();
-            if r.buffered.len() >= self.config.max_buffered
+            while r.buffered.len() >= self.config.max_buffered
                 || r.buffered_bytes.saturating_add(w) > self.config.max_buffered_bytes
             {
                 self.counters.buffer_overflows += 1;
-                return;
+                r.overflowed = true;
+                match r.buffered.last_key_value() {
+                    Some((&top, _)) if top > seq => {
+                        if let Some((_, old)) = r.buffered.pop_last() {
+                            r.buffered_bytes -= old.weight();
+                        }
+                    }
+                    _ => return,
+                }
             }
             r.buffered_bytes += w;
             r.buffered.insert(seq, item);
@@ -276,7 +289,11 @@ impl<T: Weighed> SeqTracker<T> {
     }
 
     /// The replay's end marker arrived: apply the replies and the live messages buffered
-    /// meanwhile, in order (after a [`Step::Clear`] if the publisher restarted).
+    /// meanwhile, in order (after a [`Step::Clear`] if the publisher restarted). A hole left in
+    /// them (live messages lost while the replay ran), or a buffer that overflowed, starts the
+    /// next replay from the first missing number, as long as this one applied something; a
+    /// hole the publisher cannot fill (its ring wrapped) is counted as unrepaired and passed
+    /// over.
     pub fn on_replay_end(&mut self) -> Vec<Step<T>> {
         let mut out = Vec::new();
         if let Some(r) = self.replay.take() {
@@ -289,9 +306,45 @@ impl<T: Weighed> SeqTracker<T> {
                 self.last = None;
                 out.push(Step::Clear);
             }
-            self.flush(r.buffered, &mut out);
+            let (progressed, rest) = self.flush_contiguous(r.buffered, &mut out);
+            if rest.is_empty() && !r.overflowed {
+                return out;
+            }
+            if self.config.replay && progressed {
+                self.counters.gaps += 1;
+                self.start_replay(&mut out);
+                for (seq, item) in rest {
+                    self.buffer(seq, item);
+                }
+            } else {
+                self.flush(rest, &mut out);
+            }
         }
         out
+    }
+
+    /// Applies the buffered messages up to the first hole; returns whether any was applied
+    /// and what is left from the hole on.
+    fn flush_contiguous(
+        &mut self,
+        buffered: BTreeMap<u64, T>,
+        out: &mut Vec<Step<T>>,
+    ) -> (bool, BTreeMap<u64, T>) {
+        let mut progressed = false;
+        let mut rest = BTreeMap::new();
+        for (seq, item) in buffered {
+            if !rest.is_empty() {
+                rest.insert(seq, item);
+            } else if self.last.is_some_and(|last| seq <= last) {
+                self.counters.duplicates += 1;
+            } else if seq == self.next_expected() {
+                progressed = true;
+                self.apply(seq, item, out);
+            } else {
+                rest.insert(seq, item);
+            }
+        }
+        (progressed, rest)
     }
 
     fn flush(&mut self, buffered: BTreeMap<u64, T>, out: &mut Vec<Step<T>>) {

@@ -275,3 +275,46 @@ fn lossy_live_channel_with_replay_applies_everything_once_in_order() {
         assert!(applied_seqs.len() as u64 >= total, "seed {seed}");
     }
 }
+
+#[test]
+fn an_overflowing_replay_goes_on_from_the_first_message_it_could_not_keep() {
+    let mut t = SeqTracker::new(SeqConfig {
+        max_buffered: 4,
+        ..SeqConfig::default()
+    });
+    t.on_connect();
+    t.on_replay_end();
+    let mut got = applied(&t.on_live(0, ()));
+    got.extend(applied(&t.on_live(1, ())));
+    // A flood: 2..=4 lost, 5..=8 buffered while the gap's replay runs.
+    assert_eq!(t.on_live(5, ()), vec![Step::Replay(2)]);
+    for s in 6..=8 {
+        t.on_live(s, ());
+    }
+    // The replay brings 2..=8; the buffer keeps the lowest four.
+    for s in 2..=8 {
+        t.on_replay(s, ());
+    }
+    let steps = t.on_replay_end();
+    assert_eq!(steps.last(), Some(&Step::Replay(6)), "{steps:?}");
+    got.extend(applied(&steps));
+    for s in 6..=8 {
+        t.on_replay(s, ());
+    }
+    got.extend(applied(&t.on_replay_end()));
+    assert_eq!(got, (0..=8).collect::<Vec<_>>());
+    assert!(!t.replaying());
+    assert_eq!(t.counters().unrepaired_gaps, 0);
+    // A live message lost while a replay ran leaves a hole after it: replayed as well.
+    assert_eq!(t.on_live(10, ()), vec![Step::Replay(9)]);
+    t.on_live(12, ());
+    t.on_replay(9, ());
+    t.on_replay(10, ());
+    let steps = t.on_replay_end();
+    assert_eq!(applied(&steps), vec![9, 10]);
+    assert_eq!(steps.last(), Some(&Step::Replay(11)));
+    t.on_replay(11, ());
+    t.on_replay(12, ());
+    assert_eq!(applied(&t.on_replay_end()), vec![11, 12]);
+    assert_eq!(t.counters().unrepaired_gaps, 0);
+}

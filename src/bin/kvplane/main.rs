@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
         Command::Bench(args) if args.target.is_some() => {
-            use kvplane::bench::{coordinator, node, BenchTarget};
+            use kvplane::bench::{coordinator, indexer, node, BenchTarget};
             let out = match &args.target {
                 Some(BenchTarget::Coordinator(a)) => {
                     let r = runtime
@@ -112,6 +112,16 @@ fn main() -> anyhow::Result<()> {
                 }
                 Some(BenchTarget::Node(a)) => {
                     let r = runtime.block_on(node::run(a)).map_err(anyhow::Error::msg)?;
+                    if a.json {
+                        serde_json::to_string_pretty(&r)? + "\n"
+                    } else {
+                        r.summary()
+                    }
+                }
+                Some(BenchTarget::Indexer(a)) => {
+                    let r = runtime
+                        .block_on(indexer::run(a))
+                        .map_err(anyhow::Error::msg)?;
                     if a.json {
                         serde_json::to_string_pretty(&r)? + "\n"
                     } else {

@@ -86,9 +86,9 @@ fn answer(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {
 }
 
 async fn query(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let body = api::object(&body)?;
-    let head = api::query_head(&body)?;
-    let tokens = api::token_ids(&body)?;
+    let body = super::query_body::QueryBody::parse(&body)?;
+    let head = api::query_head(&body.fields)?;
+    let tokens = body.token_ids()?;
     let scope = scope(&head);
     let rows = st.core.read().index.query_tokens(&scope, &tokens);
     Ok(Json(answer(&head.tenant, rows)))

@@ -10,6 +10,7 @@ mod http;
 mod metrics;
 mod openapi;
 mod publisher;
+mod query_body;
 
 use openapi::openapi_doc;
 
