@@ -432,17 +432,21 @@ mod tests {
         (d, rx)
     }
 
+    /// Eviction every 5 s, no health sweep.
+    fn evicting() -> Timing {
+        Timing {
+            instance_timeout: Duration::from_secs(30),
+            health_check_interval: None,
+            eviction_check_interval: Some(Duration::from_secs(5)),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn eviction_cycles_dispatch_and_skip_while_in_flight() {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let (dispatcher, mut seen) = recorder();
-        let timing = Timing {
-            instance_timeout: Duration::from_secs(30),
-            health_check_interval: None,
-            eviction_check_interval: Some(Duration::from_secs(5)),
-        };
-        let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
+        let h = spawn(model(), evicting(), dispatcher, shutdown.clone(), &tasks);
         h.fleet(|f, now, wall| f.register(reg("s1"), String::new, now, wall))
             .await
             .unwrap()
@@ -521,12 +525,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
         let (dispatcher, mut seen) = recorder();
-        let timing = Timing {
-            instance_timeout: Duration::from_secs(30),
-            health_check_interval: None,
-            eviction_check_interval: Some(Duration::from_secs(5)),
-        };
-        let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
+        let h = spawn(model(), evicting(), dispatcher, shutdown.clone(), &tasks);
         h.with(|m, _, _| m.ingest([stores(3)])).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5_100)).await;
         assert_eq!(h.stats.eviction_no_instance.load(Ordering::Relaxed), 1);
