@@ -285,3 +285,74 @@ async fn l2_evictions_are_reported() {
     node.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `POST /clear` on the controller for `LocalCPUBackend` / `LocalDiskBackend`.
+async fn clear(server: &Server, instance: &str, location: &str) -> (u16, serde_json::Value) {
+    http(
+        server.addrs.http,
+        "POST",
+        "/clear",
+        Some(&json!({"instance_id": instance, "location": location}).to_string()),
+        &[("content-type", "application/json")],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
+    let server = server().await;
+    let dir = tempdir("clear");
+    let node = reporting_node(&server, "node-c", &dir, 1 << 20, |_| {}).await;
+    let mut client = Client::connect(&node).await;
+    for h in [0xc1, 0xc2, 0xc3] {
+        client.put(&key(h), &body(h, 1000)).await;
+    }
+    client.health().await;
+    node.flush().await;
+    node.flush_reports(STEP).await;
+    eventually("both tiers reported", STEP, || {
+        held(&server, "node-c", CPU) == set(&[0xc1, 0xc2, 0xc3])
+            && held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
+    })
+    .await;
+
+    // L1 only: each object's shape (KV_2LTD, [2, 4, 8, 16]) holds 8 tokens.
+    let (status, reply) = clear(&server, "node-c", CPU).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["num_tokens"], 24, "{reply}");
+    node.flush_reports(STEP).await;
+    eventually("L1 clear reported", STEP, || {
+        held(&server, "node-c", CPU).is_empty()
+            && held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
+    })
+    .await;
+    assert!(client.get(&key(0xc1)).await.is_some(), "still served from L2");
+
+    // A location the node does not have is a failed command, and changes nothing.
+    let (status, reply) = clear(&server, "node-c", "GPU").await;
+    assert_ne!(status, 200, "{reply}");
+    assert!(reply.to_string().contains("unknown location"), "{reply}");
+    assert!(client.exists(&key(0xc2)).await);
+
+    // After a restart the tokens of recovered L2 objects come from their file headers.
+    drop(client);
+    node.stop().await;
+    let node = reporting_node(&server, "node-c", &dir, 1 << 20, |_| {}).await;
+    assert_eq!(node.recovery.recovered, 3);
+    eventually("recovered L2 re-reported", STEP, || {
+        held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
+    })
+    .await;
+    let (status, reply) = clear(&server, "node-c", DISK).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["num_tokens"], 24, "{reply}");
+    node.flush_reports(STEP).await;
+    eventually("L2 clear reported", STEP, || {
+        held(&server, "node-c", DISK).is_empty()
+    })
+    .await;
+    let mut client = Client::connect(&node).await;
+    assert!(client.get(&key(0xc3)).await.is_none(), "gone from both tiers");
+    node.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

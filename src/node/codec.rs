@@ -85,6 +85,20 @@ pub struct ObjectMeta {
     pub shape: [i32; 4],
 }
 
+impl ObjectMeta {
+    /// Tokens the object holds, read from its shape as LMCache 0.5.6's
+    /// `MemoryFormat.token_dim()` does: dim 2 for `KV_2LTD` (1) and `KV_MLA_FMT` (6), dim 1 for
+    /// `KV_T2D` (2), dim 0 for every other format. A negative size counts as 0.
+    pub fn num_tokens(&self) -> u32 {
+        let dim = match self.fmt {
+            1 | 6 => 2,
+            2 => 1,
+            _ => 0,
+        };
+        u32::try_from(self.shape[dim]).unwrap_or(0)
+    }
+}
+
 /// A parsed request header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {

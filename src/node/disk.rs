@@ -255,6 +255,8 @@ pub(crate) fn delete_object(root: &Path, key: &str) -> io::Result<()> {
 pub(crate) struct Found {
     pub(crate) key: String,
     pub(crate) file_bytes: u64,
+    /// Tokens the object holds (its header's shape, [`ObjectMeta::num_tokens`]).
+    pub(crate) tokens: u32,
     pub(crate) modified: std::time::SystemTime,
 }
 
@@ -286,6 +288,7 @@ fn check_file(path: &Path, root: &Path) -> Result<Found, DiskError> {
         return Err(DiskError::Corrupt("truncated"));
     }
     Ok(Found {
+        tokens: header.meta.num_tokens(),
         key: header.key,
         file_bytes: md.len(),
         modified: md.modified()?,

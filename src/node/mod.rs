@@ -16,6 +16,7 @@
 //! `crate::metrics`) and must not touch it.
 
 pub mod codec;
+mod commands;
 pub mod config;
 mod coordinator_link;
 mod dashboard;
@@ -286,8 +287,14 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
     ));
     if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
         let keys = report::ReportedKeys(Arc::clone(r));
-        let worker =
-            crate::worker::Worker::start(wc.clone(), crate::worker::NoCommands, keys).await?;
+        let worker = crate::worker::Worker::start(
+            wc.clone(),
+            commands::NodeCommands {
+                tiers: Arc::clone(&tiers),
+            },
+            keys,
+        )
+        .await?;
         r.attach(worker);
     }
     let link_stop = CancellationToken::new();

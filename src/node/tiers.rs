@@ -33,9 +33,32 @@ impl Weighted for Object {
     }
 }
 
+/// Which tiers an operation reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TierSet {
+    pub(crate) l1: bool,
+    pub(crate) l2: bool,
+}
+
+impl TierSet {
+    /// Both tiers.
+    pub(crate) const ALL: TierSet = TierSet { l1: true, l2: true };
+}
+
+/// What a delete removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Removed {
+    /// Distinct keys.
+    pub(crate) keys: usize,
+    /// Tokens, summed tier by tier.
+    pub(crate) tokens: u64,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct DiskEntry {
     file_bytes: u64,
+    /// Tokens the object holds ([`ObjectMeta::num_tokens`]), for a controller's clear.
+    tokens: u32,
     /// The file is complete on disk (false while its write is in flight).
     ready: bool,
     /// Observers were told this key is in L2 (at its first complete write, or at recovery);
@@ -209,6 +232,7 @@ impl Tiers {
                 for f in report.found {
                     let entry = DiskEntry {
                         file_bytes: f.file_bytes,
+                        tokens: f.tokens,
                         ready: true,
                         announced: true,
                         generation: 0,
@@ -345,6 +369,7 @@ impl Tiers {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut entry = DiskEntry {
             file_bytes,
+            tokens: obj.meta.num_tokens(),
             ready: false,
             announced: false,
             generation,
@@ -747,8 +772,20 @@ impl Tiers {
     /// files still being written are left alone); returns how many distinct keys were removed
     /// (an object in both tiers counts once).
     pub(crate) fn delete_where(self: &Arc<Self>, matches: impl Fn(&str) -> bool) -> usize {
+        self.delete_in(TierSet::ALL, matches).keys
+    }
+
+    /// [`delete_where`](Self::delete_where) in the tiers `which` names; also counts the
+    /// tokens removed, tier by tier (an object removed from both tiers counts in each, as
+    /// LMCache sums its backends' clears).
+    pub(crate) fn delete_in(
+        self: &Arc<Self>,
+        which: TierSet,
+        matches: impl Fn(&str) -> bool,
+    ) -> Removed {
         let mut removed = std::collections::HashSet::new();
-        {
+        let mut tokens = 0u64;
+        if which.l1 {
             let mut l1 = self.l1.lock();
             let victims: Vec<String> = l1
                 .keys()
@@ -757,13 +794,18 @@ impl Tiers {
                 .collect();
             for k in victims {
                 if let Some(o) = l1.remove(&k) {
+                    tokens += u64::from(o.meta.num_tokens());
                     self.left(TierId::L1, &[(k.clone(), o)]);
                     removed.insert(k);
                 }
             }
         }
-        let Some(l2) = &self.l2 else {
-            return removed.len();
+        let done = |removed: std::collections::HashSet<String>, tokens| Removed {
+            keys: removed.len(),
+            tokens,
+        };
+        let Some(l2) = self.l2.as_ref().filter(|_| which.l2) else {
+            return done(removed, tokens);
         };
         let files: Vec<String> = {
             let mut index = l2.index.lock();
@@ -776,6 +818,7 @@ impl Tiers {
                 .collect();
             for k in &victims {
                 if let Some(e) = index.remove(k) {
+                    tokens += u64::from(e.tokens);
                     self.left(TierId::L2, &[(k.clone(), e)]);
                 }
             }
@@ -792,6 +835,6 @@ impl Tiers {
                 }
             });
         }
-        removed.len()
+        done(removed, tokens)
     }
 }
