@@ -9,6 +9,19 @@ use kvplane::coordinator::{self, CoordinatorConfig};
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use std::time::Duration;
 
+/// An in-process coordinator with no health sweep, no eviction loop and no resync; `tweak`
+/// changes the rest.
+async fn quiet_coordinator(tweak: impl FnOnce(&mut CoordinatorConfig)) -> coordinator::Coordinator {
+    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    c.health_check_interval = None;
+    c.eviction_check_interval = None;
+    c.resync = None;
+    tweak(&mut c);
+    common::within("coordinator", coordinator::start(c))
+        .await
+        .expect("coordinator starts")
+}
+
 #[tokio::test]
 async fn coordinator_resync_counts_the_nodes_l2_objects() {
     resync_then(None).await;
@@ -128,13 +141,7 @@ async fn node_l2_objects(http: std::net::SocketAddr) -> usize {
 /// deregisters when it stops.
 #[tokio::test]
 async fn node_registers_heartbeats_and_reports_usage() {
-    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
-    c.health_check_interval = None;
-    c.eviction_check_interval = None;
-    c.resync = None;
-    let server = common::within("coordinator", coordinator::start(c))
-        .await
-        .expect("coordinator starts");
+    let server = quiet_coordinator(|_| {}).await;
     let coord = server.addr;
     let dir = tempdir("link");
     let node = node_with(|n| {
@@ -260,14 +267,7 @@ async fn node_registers_heartbeats_and_reports_usage() {
 #[tokio::test]
 async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     const CHUNK: usize = 16;
-    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
-    c.health_check_interval = None;
-    c.eviction_check_interval = None;
-    c.resync = None;
-    c.chunk_size = CHUNK;
-    let server = common::within("coordinator", coordinator::start(c))
-        .await
-        .expect("coordinator starts");
+    let server = quiet_coordinator(|c| c.chunk_size = CHUNK).await;
     let coord = server.addr;
     let dir = tempdir("prefetch");
     let node = node_with(|n| {
@@ -415,13 +415,7 @@ async fn recovered_l2_objects_are_posted_as_stores() {
     drop(client);
     node.stop().await;
 
-    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
-    c.health_check_interval = None;
-    c.eviction_check_interval = None;
-    c.resync = None;
-    let server = common::within("coordinator", coordinator::start(c))
-        .await
-        .expect("coordinator starts");
+    let server = quiet_coordinator(|_| {}).await;
     let node = node_with(|n| {
         n.l2 = Some(l2cfg());
         let mut link = kvplane::node::config::CoordinatorLinkConfig::new(

@@ -326,7 +326,10 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
             && held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
     })
     .await;
-    assert!(client.get(&key(0xc1)).await.is_some(), "still served from L2");
+    assert!(
+        client.get(&key(0xc1)).await.is_some(),
+        "still served from L2"
+    );
 
     // A location the node does not have is a failed command, and changes nothing.
     let (status, reply) = clear(&server, "node-c", "GPU").await;
@@ -352,7 +355,10 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
     })
     .await;
     let mut client = Client::connect(&node).await;
-    assert!(client.get(&key(0xc3)).await.is_none(), "gone from both tiers");
+    assert!(
+        client.get(&key(0xc3)).await.is_none(),
+        "gone from both tiers"
+    );
     node.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
