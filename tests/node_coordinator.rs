@@ -205,6 +205,26 @@ async fn node_registers_heartbeats_and_reports_usage() {
         "usage {seen} GiB, want {want} (4 files)"
     );
 
+    // L1 stores are events too: the coordinator counts them per instance (0.5.6's
+    // `/instances/{id}/usage`), body bytes in `l1`/`dram`, file bytes in `l2`/`fs`.
+    let used = |tier: &'static str| async move {
+        let (_, v) = common::http::http(coord, "GET", "/instances/node-c/usage", None, &[]).await;
+        v["modules"]
+            .as_array()
+            .and_then(|m| m.iter().find(|r| r["tier"] == tier))
+            .and_then(|r| r["used_bytes"].as_u64())
+    };
+    let mut l1 = None;
+    for _ in 0..300 {
+        l1 = used("l1").await;
+        if l1 == Some(4 * 4096) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(l1, Some(4 * 4096), "L1 bytes of the four objects");
+    assert_eq!(used("l2").await, Some(4 * (4096 + 56 + 19)));
+
     // A delete on the node is a delete event: usage drops by one file.
     let (status, _) = common::http::http(
         node_http,
@@ -226,6 +246,14 @@ async fn node_registers_heartbeats_and_reports_usage() {
         (seen - want * 0.75).abs() < 1e-12,
         "usage after delete {seen}"
     );
+    for _ in 0..300 {
+        l1 = used("l1").await;
+        if l1 == Some(3 * 4096) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(l1, Some(3 * 4096), "the delete left L1 too");
 
     // Forgotten by the coordinator (as after its restart): the next heartbeat gets 404 and
     // the node registers again.

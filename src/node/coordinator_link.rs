@@ -1,7 +1,7 @@
 //! The node as a coordinator's MP server (`--coordinator-url`): it registers
 //! (`POST /instances`, the body LMCache 0.5.6's registrar sends), heartbeats
 //! (`PUT /instances/{id}/heartbeat`; a 404 means the coordinator forgot it, and it registers
-//! again at once), posts its L2 stores and deletes as 0.5.6 cache-event batches
+//! again at once), posts its L1 and L2 stores and deletes as 0.5.6 cache-event batches
 //! (`POST /events`, per-batch sequence numbers under one incarnation), and deregisters
 //! (`DELETE /instances/{id}`) when it stops.
 //!
@@ -25,12 +25,13 @@ use tokio_util::sync::CancellationToken;
 
 /// The L2 backend name in event batches (LMCache's local file-system adapter is `fs`).
 pub(crate) const L2_BACKEND: &str = "fs";
-/// The L1 backend name (LMCache's `dram`), in capacity declarations.
+/// The L1 backend name (LMCache's `dram`), in capacity declarations and L1 events.
 const L1_BACKEND: &str = "dram";
 const USER_AGENT: &str = "kvplane-node";
 
 #[derive(Debug, Clone, PartialEq)]
 struct Event {
+    tier: TierId,
     store: bool,
     key: EncodedKey,
     bytes: u64,
@@ -69,9 +70,6 @@ impl EventQueue {
 
 impl TierObserver for EventQueue {
     fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
-        if tier != TierId::L2 {
-            return;
-        }
         let Some(key) = encode(key) else {
             self.count("unreportable_key");
             return;
@@ -83,6 +81,7 @@ impl TierObserver for EventQueue {
             return;
         }
         q.push_back(Event {
+            tier,
             store: admitted,
             key,
             bytes,
@@ -177,6 +176,15 @@ impl Link {
         })
     }
 
+    /// A `store` or `delete` batch of one tier: L1 as `l1`/`dram`, L2 as `l2`/`fs`.
+    fn run_batch(&mut self, (tier, store): (TierId, bool), entries: Vec<Value>) -> Value {
+        let kind = if store { "store" } else { "delete" };
+        match tier {
+            TierId::L1 => self.batch(kind, "l1", L1_BACKEND, entries),
+            TierId::L2 => self.batch(kind, "l2", L2_BACKEND, entries),
+        }
+    }
+
     async fn register(&mut self) {
         let body = json!({
             "instance_id": self.ctx.config.instance_id,
@@ -241,15 +249,14 @@ impl Link {
             .saturating_sub(self.unsent.len() * max);
         let events = self.ctx.events.take(room);
         let mut run: Vec<Value> = Vec::new();
-        let mut run_store = None;
+        let mut run_of = None;
         for e in events {
-            if run_store != Some(e.store) || run.len() >= max {
-                if let Some(store) = run_store {
-                    let kind = if store { "store" } else { "delete" };
-                    let b = self.batch(kind, "l2", L2_BACKEND, std::mem::take(&mut run));
+            if run_of != Some((e.tier, e.store)) || run.len() >= max {
+                if let Some(of) = run_of {
+                    let b = self.run_batch(of, std::mem::take(&mut run));
                     self.unsent.push(b);
                 }
-                run_store = Some(e.store);
+                run_of = Some((e.tier, e.store));
             }
             run.push(json!({
                 "key": e.key,
@@ -258,9 +265,8 @@ impl Link {
                 "token_offset": -1,
             }));
         }
-        if let Some(store) = run_store {
-            let kind = if store { "store" } else { "delete" };
-            let b = self.batch(kind, "l2", L2_BACKEND, run);
+        if let Some(of) = run_of {
+            let b = self.run_batch(of, run);
             self.unsent.push(b);
         }
         while !self.unsent.is_empty() {
@@ -394,17 +400,20 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_is_bounded_and_takes_l2_only() {
-        let q = EventQueue::new(2, Arc::new(NodeMetrics::new()));
+    fn the_queue_is_bounded_and_keeps_each_events_tier() {
+        let q = EventQueue::new(3, Arc::new(NodeMetrics::new()));
         q.changed(TierId::L1, "m@1@0@aa@bf16", 5, true);
         q.changed(TierId::L2, "m@1@0@aa@bf16", 5, true);
         q.changed(TierId::L2, "not-a-key", 5, true);
         q.changed(TierId::L2, "m@1@0@ab@bf16", 5, false);
         q.changed(TierId::L2, "m@1@0@ac@bf16", 5, true);
         let taken = q.take(10);
-        assert_eq!(taken.len(), 2);
-        assert!(taken[0].store && !taken[1].store);
-        assert_eq!(taken[1].key.chunk_hash_hex, "ab");
+        assert_eq!(taken.len(), 3);
+        assert_eq!(
+            taken.iter().map(|e| (e.tier, e.store)).collect::<Vec<_>>(),
+            [(TierId::L1, true), (TierId::L2, true), (TierId::L2, false)]
+        );
+        assert_eq!(taken[2].key.chunk_hash_hex, "ab");
         let text = q.metrics.render();
         assert!(
             text.contains(r#"kvplane_node_reports_total{outcome="dropped",sink="coordinator"} 1"#),
