@@ -631,18 +631,34 @@ async fn coordinator_routes_page_and_delete_objects() {
     let (status, _) = http(addr, "GET", "/cache/objects?tier=l9", None, &[]).await;
     assert_eq!(status, 422);
 
-    // Delete two by encoded key and one by raw key.
-    let body_json = serde_json::json!({"keys": [
-        {"chunk_hash_hex": format!("{:016x}", 0xa0), "model_name": "m", "kv_rank": (1 << 24) | (1 << 8)},
-        {"chunk_hash_hex": format!("{:016X}", 0xa1), "model_name": "m", "kv_rank": (1 << 24) | (1 << 8)},
-        "not-an-lmcache-key",
-        {"chunk_hash_hex": "ff", "model_name": "other", "kv_rank": 0},
-    ]})
-    .to_string();
-    let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&body_json), &[]).await;
+    // Delete two by encoded key and one by raw key. 0.5.6's default tier is l2, which this
+    // node does not have (503); a tier it does not know is 422.
+    let delete_body = |tier: Option<&str>| {
+        let mut b = serde_json::json!({"keys": [
+            {"chunk_hash_hex": format!("{:016x}", 0xa0), "model_name": "m", "kv_rank": (1 << 24) | (1 << 8)},
+            {"chunk_hash_hex": format!("{:016X}", 0xa1), "model_name": "m", "kv_rank": (1 << 24) | (1 << 8)},
+            "not-an-lmcache-key",
+            {"chunk_hash_hex": "ff", "model_name": "other", "kv_rank": 0},
+        ]});
+        if let Some(t) = tier {
+            b["tier"] = t.into();
+        }
+        b.to_string()
+    };
+    for (tier, want) in [(None, 503), (Some("l9"), 422)] {
+        let body = delete_body(tier);
+        let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&body), &[]).await;
+        assert_eq!(status, want, "{tier:?}: {reply}");
+    }
+    assert!(
+        c.get(&keys[0]).await.is_some(),
+        "refused deletes removed nothing"
+    );
+    let body = delete_body(Some("l1"));
+    let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&body), &[]).await;
     assert_eq!(
-        (status, reply["deleted"].as_u64()),
-        (200, Some(3)),
+        (status, reply["deleted"].as_u64(), reply["skipped"].as_u64()),
+        (200, Some(3), Some(1)),
         "{reply}"
     );
     assert!(c.get(&keys[0]).await.is_none());

@@ -119,7 +119,9 @@ async fn resync_then(eviction: Option<Duration>) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(left, 0, "the coordinator's eviction deleted every object");
-        assert!(client.get("m@1@0@00b0@bfloat16").await.is_none());
+        // The eviction's delete names no tier, so it is 0.5.6's default, L2: quotas count
+        // L2 bytes, and L1's copy stays under the node's own L1 LRU.
+        assert!(client.get("m@1@0@00b0@bfloat16").await.is_some());
         let metrics = scrape(&node).await;
         assert!(
             metrics.contains("kvplane_node_coordinator_deleted_total 3"),
@@ -230,7 +232,7 @@ async fn node_registers_heartbeats_and_reports_usage() {
         node_http,
         "DELETE",
         "/cache/objects",
-        Some(r#"{"keys":["m@1@0@00c0@bfloat16"]}"#),
+        Some(r#"{"keys":["m@1@0@00c0@bfloat16"],"tier":"all"}"#),
         &[("content-type", "application/json")],
     )
     .await;

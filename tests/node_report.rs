@@ -120,13 +120,14 @@ async fn the_controller_sees_what_each_tier_holds() {
     })
     .await;
 
-    // The coordinator's delete route removes an object from both tiers, and from the index.
+    // The coordinator's delete route (`tier: all`) removes an object from both tiers, and
+    // from the index.
     let http_addr = node.addrs.http.expect("http");
     let (status, _) = http(
         http_addr,
         "DELETE",
         "/cache/objects",
-        Some(&json!({"keys": [key(0xa2)]}).to_string()),
+        Some(&json!({"keys": [key(0xa2)], "tier": "all"}).to_string()),
         &[("content-type", "application/json")],
     )
     .await;

@@ -10,7 +10,7 @@
 //! encoded key (a DELETE may also name raw key strings).
 
 use super::metrics::NodeMetrics;
-use super::tiers::Tiers;
+use super::tiers::{TierSet, Tiers};
 use axum::body::Bytes;
 use axum::extract::Query;
 use axum::http::StatusCode;
@@ -170,9 +170,32 @@ enum DeleteKey {
 #[derive(Deserialize)]
 struct DeleteBody {
     keys: Vec<DeleteKey>,
+    /// `l1`, `l2` or `all`; 0.5.6's default is `l2` (what its eviction loop means).
+    #[serde(default)]
+    tier: Option<String>,
+    // 0.5.6's `force` (delete L1 keys even while locked) and `adapter` (which L2) are accepted
+    // and ignored: the node never removes an object mid-read (those count in `skipped`), and
+    // it has one L2.
 }
 
-/// `DELETE /cache/objects {"keys": [encoded key or key string, ...]}` → `{"deleted": n}`.
+/// The tiers a delete's `tier` names (0.5.6's default: `l2`).
+fn delete_tiers(tier: Option<&str>) -> Option<TierSet> {
+    match tier.unwrap_or("l2") {
+        "l1" | "L1" => Some(TierSet {
+            l1: true,
+            l2: false,
+        }),
+        "l2" | "L2" => Some(TierSet {
+            l1: false,
+            l2: true,
+        }),
+        "all" | "ALL" => Some(TierSet::ALL),
+        _ => None,
+    }
+}
+
+/// `DELETE /cache/objects {"keys": [encoded key or key string, ...], "tier": "l1"|"l2"|"all"}`
+/// → `{"deleted": n, "skipped": m, "ok": true}`, as LMCache 0.5.6's MP server answers.
 pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: Bytes) -> Response {
     if body.len() > MAX_DELETE_BODY {
         return bad(
@@ -193,6 +216,22 @@ pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: B
             )
         }
     };
+    let Some(which) = delete_tiers(parsed.tier.as_deref()) else {
+        return bad(
+            &metrics,
+            "delete",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("tier must be l1, l2 or all, not {:?}", parsed.tier),
+        );
+    };
+    if which.l2 && !tiers.has_l2() {
+        return bad(
+            &metrics,
+            "delete",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no L2 configured (tier includes l2)".into(),
+        );
+    }
     if parsed.keys.len() > MAX_DELETE_KEYS {
         return bad(
             &metrics,
@@ -201,6 +240,7 @@ pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: B
             format!("at most {MAX_DELETE_KEYS} keys per request"),
         );
     }
+    let requested = parsed.keys.len();
     let mut encoded = HashSet::new();
     let mut raw = HashSet::new();
     for k in parsed.keys {
@@ -216,15 +256,23 @@ pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: B
             }
         }
     }
-    let deleted = tiers.delete_where(|k| {
-        raw.contains(k) || (!encoded.is_empty() && encode(k).is_some_and(|e| encoded.contains(&e)))
-    });
+    let deleted = tiers
+        .delete_in(which, |k| {
+            raw.contains(k)
+                || (!encoded.is_empty() && encode(k).is_some_and(|e| encoded.contains(&e)))
+        })
+        .keys;
     metrics
         .coordinator_requests
         .with_label_values(&["delete", "ok"])
         .inc();
     metrics.coordinator_deleted.inc_by(deleted as u64);
-    Json(serde_json::json!({ "deleted": deleted })).into_response()
+    Json(serde_json::json!({
+        "deleted": deleted,
+        "skipped": requested.saturating_sub(deleted),
+        "ok": true,
+    }))
+    .into_response()
 }
 
 #[cfg(test)]

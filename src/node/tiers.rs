@@ -670,6 +670,11 @@ impl Tiers {
         out
     }
 
+    /// Whether an L2 is configured.
+    pub(crate) fn has_l2(&self) -> bool {
+        self.l2.is_some()
+    }
+
     /// What each tier holds now.
     pub(crate) fn usage(&self) -> TierUsage {
         let (l1_bytes, l1_objects) = {
@@ -768,16 +773,10 @@ impl Tiers {
         }
     }
 
-    /// Deletes every key for which `matches` holds from both tiers (pinned L1 objects and L2
-    /// files still being written are left alone); returns how many distinct keys were removed
-    /// (an object in both tiers counts once).
-    pub(crate) fn delete_where(self: &Arc<Self>, matches: impl Fn(&str) -> bool) -> usize {
-        self.delete_in(TierSet::ALL, matches).keys
-    }
-
-    /// [`delete_where`](Self::delete_where) in the tiers `which` names; also counts the
-    /// tokens removed, tier by tier (an object removed from both tiers counts in each, as
-    /// LMCache sums its backends' clears).
+    /// Deletes every key for which `matches` holds from the tiers `which` names (pinned L1
+    /// objects and L2 files still being written are left alone); counts the distinct keys
+    /// removed (an object in both tiers once) and the tokens removed, tier by tier (an object
+    /// removed from both tiers counts in each, as LMCache sums its backends' clears).
     pub(crate) fn delete_in(
         self: &Arc<Self>,
         which: TierSet,
