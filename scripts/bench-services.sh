@@ -12,6 +12,9 @@
 # Env:   KVPLANE_BIN      kvplane binary (default target/release/kvplane, built if missing)
 #        SERVERS PHASE_SECONDS SENDERS BATCH          coordinator scenario (1000 10 4 100)
 #        CLIENTS BYTES_PER_SIZE SIZES           node scenario (4, 1 GiB, 262144,2097152)
+#        WARM_GIB         GiB of memory touched and freed once before the first round (8): on a
+#                         VM whose host backs guest memory lazily, the first touch of a guest
+#                         page costs a host fault, so without this the first rounds are slower
 #        OUT              directory for the raw JSON reports (default: a temp dir)
 # Needs: the interop venv (scripts/setup-python.sh); this script adds the few wheels LMCache's
 #        coordinator imports at startup (benches/lmcache/requirements.txt).
@@ -33,6 +36,7 @@ BATCH="${BATCH:-100}"
 CLIENTS="${CLIENTS:-4}"
 BYTES_PER_SIZE="${BYTES_PER_SIZE:-1073741824}"
 SIZES="${SIZES:-262144,2097152}"
+WARM_GIB="${WARM_GIB:-8}"
 
 log() { printf '[bench-services] %s\n' "$*" >&2; }
 
@@ -137,19 +141,30 @@ node_round() {
     start "node-kvplane-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http --l1-size-gb "$l1_gb"
     wait_tcp "$port"
     bench "node-kvplane-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
-        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID"
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
+    bench "node-kvplane-rewrite-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
     stop "node-kvplane-$r"
 
     port=$(free_port)
     start "node-python-$r" "$PY" "$ROOT/benches/lmcache/run_lmcache_server.py" 127.0.0.1 "$port" cpu
     wait_tcp "$port"
     bench "node-python-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
-        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID"
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
+    bench "node-python-rewrite-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
     stop "node-python-$r"
 
     bench "node-baseline-$r" node --baseline --clients "$CLIENTS" \
         --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES"
+    bench "node-baseline-keep-$r" node --baseline-keep --clients "$CLIENTS" \
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES"
 }
+
+if [[ "$WHAT" == node || "$WHAT" == all ]] && [[ "$WARM_GIB" != 0 ]]; then
+    log "touching and freeing $WARM_GIB GiB once (see WARM_GIB above)"
+    "$PY" -c "import mmap; m = mmap.mmap(-1, $WARM_GIB << 30); m.madvise(23); m.close()"
+fi
 
 for r in $(seq 1 "$RUNS"); do
     log "round $r of $RUNS"

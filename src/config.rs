@@ -137,6 +137,12 @@ pub mod defaults {
         pub const L2_MAX_IN_FLIGHT: usize = 8;
         /// Largest PUT body, bytes.
         pub const MAX_OBJECT_BYTES: usize = 256 << 20;
+        /// Most HTTP connections served at once (`--http-port`: metrics, dashboard and the
+        /// coordinator's routes); more wait in the kernel's accept queue.
+        pub const MAX_HTTP_CONNECTIONS: usize = 256;
+        /// Seconds to send an HTTP request's headers (also the keep-alive idle time), then its
+        /// body.
+        pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
         /// Most connections open at once.
         pub const MAX_CONNECTIONS: usize = 4096;
         /// Seconds to wait for the rest of a started request.

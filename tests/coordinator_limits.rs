@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::http::raw_exchange;
 use common::{http, sample, within};
 use kvplane::coordinator::{self, Coordinator, CoordinatorConfig};
 use serde_json::Value;
@@ -34,18 +35,6 @@ fn refused(text: &str, what: &str) -> f64 {
     sample(text, &format!("kvplane_coordinator_refused_{what}_total"))
 }
 
-/// Sends `request` on a fresh connection and reads until the server closes it.
-async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
-    within("raw exchange", async {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        s.write_all(request).await.expect("write");
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out).await;
-        String::from_utf8_lossy(&out).into_owned()
-    })
-    .await
-}
-
 fn events_body(entries: usize) -> String {
     let entry = r#"{"key": {"chunk_hash_hex": "aa", "model_name": "m", "kv_rank": 0, "object_group_id": 0, "cache_salt": ""}, "size_bytes": 1}"#;
     let entries = vec![entry; entries].join(", ");
@@ -73,7 +62,7 @@ async fn oversize_bodies_get_413_and_are_counted_once() {
          {:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len()
     );
-    let answer = exchange(addr, request.as_bytes()).await;
+    let answer = raw_exchange(addr, request.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("--max-body-bytes"), "{answer}");
     // Under the limit: served.
@@ -168,7 +157,7 @@ async fn connections_beyond_the_cap_wait_and_are_counted() {
 async fn a_stalled_body_gets_408_and_is_counted() {
     let c = start(|c| c.http.read_timeout = Duration::from_millis(300)).await;
     let addr = c.addr;
-    let answer = exchange(
+    let answer = raw_exchange(
         addr,
         b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\n\r\n{\"batches\": [",
@@ -177,7 +166,7 @@ async fn a_stalled_body_gets_408_and_is_counted() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("--http-read-timeout"), "{answer}");
     // Headers never finished: the server hangs up, counted too.
-    let answer = exchange(addr, b"POST /events HTTP/1.1\r\nHost: x\r\n").await;
+    let answer = raw_exchange(addr, b"POST /events HTTP/1.1\r\nHost: x\r\n").await;
     assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
     let mut text = String::new();
     for _ in 0..100 {

@@ -80,7 +80,8 @@ def coordinator(out, runs):
 
 def node(out, runs):
     rows = []
-    for who in ("kvplane", "python", "baseline"):
+    for who in ("kvplane", "kvplane-rewrite", "python", "python-rewrite", "baseline",
+                "baseline-keep"):
         reps = runs_of(out, f"node-{who}", runs)
         if not reps:
             continue
@@ -111,12 +112,17 @@ def node(out, runs):
     by = {(r["who"], r["size"]): r for r in rows}
     for size in sorted({r["size"] for r in rows}):
         k, p, b = by.get(("kvplane", size)), by.get(("python", size)), by.get(("baseline", size))
+        kk, kr = by.get(("baseline-keep", size)), by.get(("kvplane-rewrite", size))
         for op in ("put", "get"):
             parts = []
             if k and p and p[op]:
                 parts.append(f"kvplane/python {k[op] / p[op]:.2f}×")
             if k and b and k[op]:
                 parts.append(f"baseline/kvplane {b[op] / k[op]:.2f}×")
+            if k and kk and k[op]:
+                parts.append(f"baseline-keep/kvplane {kk[op] / k[op]:.2f}×")
+            if kr and b and kr[op]:
+                parts.append(f"baseline/kvplane-rewrite {b[op] / kr[op]:.2f}×")
             print(f"{size // 1024} KiB {op.upper()}: " + ", ".join(parts))
     print()
 

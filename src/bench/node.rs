@@ -14,6 +14,11 @@
 //! runtime that speaks the same framing but stores nothing: a PUT body is read into a reused
 //! buffer and dropped, a GET is answered with as many bytes as that connection last PUT. That
 //! is a bare loopback TCP copy each way, the physical limit of this machine.
+//!
+//! `--baseline-keep` is the same server, except that it keeps every PUT body in memory it has
+//! not touched before (one anonymous mapping per body, faulted in at once, as `kvplane node`
+//! does): the physical limit of a server that stores what it receives, since fresh memory
+//! must be faulted in and zeroed by the kernel before it can be written.
 
 use super::stats::{mix, rss_bytes, Latency};
 use clap::Args;
@@ -61,6 +66,14 @@ pub struct NodeBenchArgs {
     /// Measure the bare-loopback baseline (in-process, stores nothing) instead of `--addr`.
     #[arg(long, env = "KVPLANE_BENCH_BASELINE")]
     pub baseline: bool,
+    /// Measure the storing baseline (in-process, keeps every body in fresh memory) instead of
+    /// `--addr`.
+    #[arg(long, env = "KVPLANE_BENCH_BASELINE_KEEP", conflicts_with = "baseline")]
+    pub baseline_keep: bool,
+    /// Seed of the run's keys and bodies (default: random). Two runs with the same seed use
+    /// the same keys, so the second replaces every object the first stored.
+    #[arg(long, env = "KVPLANE_BENCH_SEED")]
+    pub seed: Option<u64>,
     /// Pid of the node, to report RSS per stored GiB.
     #[arg(long, env = "KVPLANE_BENCH_PID")]
     pub pid: Option<u32>,
@@ -134,16 +147,18 @@ pub async fn run(args: &NodeBenchArgs) -> Result<NodeReport, String> {
         return Err("--sizes: the protocol's length field is an int32".into());
     }
     let timeout = Duration::from_secs_f64(args.timeout.max(1.0));
-    let (addr, _server) = if args.baseline {
-        let (addr, server) = spawn_baseline().await?;
+    let (addr, _server) = if args.baseline || args.baseline_keep {
+        let (addr, server) = spawn_baseline(args.baseline_keep).await?;
         (addr, Some(server))
     } else {
         (args.addr.clone(), None)
     };
-    let run: u64 = rand::random::<u64>() >> 16;
+    let run: u64 = args.seed.unwrap_or_else(|| rand::random::<u64>() >> 16);
     let mut report = NodeReport {
         target: if args.baseline {
             "baseline".into()
+        } else if args.baseline_keep {
+            "baseline-keep".into()
         } else {
             args.addr.clone()
         },
@@ -224,7 +239,7 @@ pub async fn run(args: &NodeBenchArgs) -> Result<NodeReport, String> {
         // GET phase.
         let start = Instant::now();
         let mut tasks = Vec::new();
-        let check = !args.baseline;
+        let check = !args.baseline && !args.baseline_keep;
         for (c, mut s) in conns.into_iter().enumerate() {
             let body = bodies[c].clone();
             tasks.push(tokio::spawn(async move {
@@ -342,7 +357,7 @@ async fn exchange(
 }
 
 /// The baseline server: its own thread and two-worker runtime, stopped when the guard drops.
-async fn spawn_baseline() -> Result<(String, BaselineGuard), String> {
+async fn spawn_baseline(keep: bool) -> Result<(String, BaselineGuard), String> {
     let std_listener =
         std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("baseline bind: {e}"))?;
     std_listener
@@ -367,7 +382,7 @@ async fn spawn_baseline() -> Result<(String, BaselineGuard), String> {
             };
             let accept = async {
                 while let Ok((s, _)) = listener.accept().await {
-                    tokio::spawn(baseline_conn(s));
+                    tokio::spawn(baseline_conn(s, keep));
                 }
             };
             tokio::select! {
@@ -402,12 +417,14 @@ impl Drop for BaselineGuard {
     }
 }
 
-/// One baseline connection: the protocol's framing, no storage.
-async fn baseline_conn(mut s: TcpStream) {
+/// One baseline connection: the protocol's framing, no storage (or, with `keep`, every body
+/// kept in a fresh mapping until the connection ends).
+async fn baseline_conn(mut s: TcpStream, keep: bool) {
     let _ = s.set_nodelay(true);
     let mut header = [0u8; REQ_HEADER];
     let mut body: Vec<u8> = Vec::new();
     let mut last_put = 0usize;
+    let mut kept: Vec<memmap2::MmapMut> = Vec::new();
     while s.read_exact(&mut header).await.is_ok() {
         let int = |i: usize| {
             i32::from_le_bytes([
@@ -424,6 +441,27 @@ async fn baseline_conn(mut s: TcpStream) {
         let mut reply = [0u8; REPLY_HEADER];
         reply[..4].copy_from_slice(&SUCCESS.to_le_bytes());
         match command {
+            PUT if keep => {
+                let Ok(mut map) = memmap2::MmapOptions::new()
+                    .len(len.max(1))
+                    .populate()
+                    .map_anon()
+                else {
+                    return;
+                };
+                if s.read_exact(&mut map[..len]).await.is_err() {
+                    return;
+                }
+                kept.push(map);
+                last_put = len;
+            }
+            GET if keep => {
+                let body = kept.last().map_or(&[][..], |m| &m[..last_put]);
+                reply[4..8].copy_from_slice(&(body.len() as i32).to_le_bytes());
+                if s.write_all(&reply).await.is_err() || s.write_all(body).await.is_err() {
+                    return;
+                }
+            }
             PUT => {
                 if body.len() < len {
                     body.resize(len, 0);

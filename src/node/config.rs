@@ -2,6 +2,7 @@
 //! in [`crate::config::defaults::node`]).
 
 use crate::config::defaults::node as d;
+use crate::web::HttpLimits;
 use crate::worker::WorkerConfig;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -64,6 +65,9 @@ pub struct NodeConfig {
     pub read_timeout: Duration,
     /// Largest LIST reply body (whole keys only; the rest is left out).
     pub max_list_bytes: usize,
+    /// Limits of the HTTP listener: connections served at once and the read timeout
+    /// (`max_body_bytes` is the DELETE body limit, `max_body_items` its key count).
+    pub http: HttpLimits,
     /// Report admits and evicts to a controller as this LMCache worker (`--controller-pull`,
     /// `--controller-reply`); `None`: no controller.
     pub controller: Option<WorkerConfig>,
@@ -139,11 +143,27 @@ impl NodeConfig {
             max_connections: d::MAX_CONNECTIONS,
             read_timeout: Duration::from_secs_f64(d::READ_TIMEOUT_S),
             max_list_bytes: d::MAX_LIST_BYTES,
+            http: http_limits(
+                d::MAX_HTTP_CONNECTIONS,
+                Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S),
+            ),
             controller: None,
             coordinator: None,
             chunk_size: d::CHUNK_SIZE,
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
         }
+    }
+}
+
+/// The node's HTTP limits: `max_connections` and `read_timeout` as given, bodies as the
+/// coordinator's routes need (a DELETE of at most `MAX_DELETE_KEYS` keys).
+#[must_use]
+pub fn http_limits(max_connections: usize, read_timeout: Duration) -> HttpLimits {
+    HttpLimits {
+        max_body_bytes: super::objects::MAX_DELETE_BODY,
+        max_body_items: super::objects::MAX_DELETE_KEYS + 16,
+        max_connections,
+        read_timeout,
     }
 }
 

@@ -6,10 +6,13 @@
 use super::metrics::NodeMetrics;
 use super::prefetch::Prefetches;
 use super::tiers::Tiers;
+use crate::web::limits::{LimitHit, LimitHook, WebLimit};
+use axum::extract::Request;
 use axum::extract::State;
 use axum::extract::{DefaultBodyLimit, Path, Query};
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
@@ -26,6 +29,7 @@ pub(crate) fn router(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
+    max_body_bytes: usize,
 ) -> Router {
     Router::new()
         .merge(super::dashboard::routes(&tiers, &metrics))
@@ -38,9 +42,11 @@ pub(crate) fn router(
                     super::objects::list(s.tiers, s.metrics, q)
                 },
             )
-            .delete(|State(s): State<AppState>, body: axum::body::Bytes| {
-                super::objects::delete(s.tiers, s.metrics, body)
-            }),
+            .delete(
+                |State(s): State<AppState>, body: Result<axum::body::Bytes, _>| {
+                    super::objects::delete(s.tiers, s.metrics, body)
+                },
+            ),
         )
         .route(
             "/cache/prefetches",
@@ -56,7 +62,15 @@ pub(crate) fn router(
                 },
             ),
         )
-        .layer(DefaultBodyLimit::max(super::objects::MAX_DELETE_BODY))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body_bytes,
+            crate::web::limits::refuse_announced_oversize,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&metrics),
+            count_refusals,
+        ))
         .layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
         ))
@@ -65,6 +79,43 @@ pub(crate) fn router(
             metrics,
             prefetches,
         })
+}
+
+/// What `web::serve` calls when a client waits for a connection slot or is cut off by the
+/// read timeout: counted, logged at debug (a client can trigger it at will).
+pub(crate) fn limit_hook(metrics: Arc<NodeMetrics>) -> LimitHook {
+    Arc::new(move |hit: LimitHit, detail: &str| {
+        metrics
+            .http_limits_hit
+            .with_label_values(&[hit.limit.label()])
+            .inc();
+        tracing::debug!(
+            limit = hit.limit.label(),
+            value = hit.value,
+            "node HTTP limit {} hit: {detail}",
+            hit.limit.flag()
+        );
+    })
+}
+
+/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
+async fn count_refusals(
+    State(metrics): State<Arc<NodeMetrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let limit = response
+            .extensions()
+            .get::<LimitHit>()
+            .map_or(WebLimit::BodyBytes, |h| h.limit);
+        metrics
+            .http_limits_hit
+            .with_label_values(&[limit.label()])
+            .inc();
+    }
+    response
 }
 
 fn clamp(v: u64) -> i64 {

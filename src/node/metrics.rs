@@ -21,12 +21,17 @@ pub struct NodeMetrics {
     pub bad_requests: IntCounterVec,
     /// Connections open now.
     pub connections_open: IntGauge,
+    /// Bytes of freed body mappings kept for reuse (`node/buffers.rs`).
+    pub body_pool_spare_bytes: IntGauge,
     /// Connections accepted since start.
     pub connections_total: IntCounter,
     /// Connections closed at once because `--max-connections` were open.
     pub connections_refused: IntCounter,
     /// Connections closed for a read timeout or a short read mid-request.
     pub connections_aborted: IntCounterVec,
+    /// HTTP limits hit, by `limit` (`http_connections`: a client waited for a slot,
+    /// `http_read_timeout`: a client was cut off, `http_body_bytes`: a 413).
+    pub http_limits_hit: IntCounterVec,
     /// Bytes held, by `tier` (`l1`, `l2`).
     pub tier_bytes: IntGaugeVec,
     /// Objects held, by `tier`.
@@ -137,6 +142,14 @@ impl NodeMetrics {
                 IntGauge::with_opts(opts("connections_open", "Connections open now."))
                     .unwrap_or_else(|e| unreachable!("static metric: {e}")),
             ),
+            body_pool_spare_bytes: reg(
+                r,
+                IntGauge::with_opts(opts(
+                    "body_pool_spare_bytes",
+                    "Bytes of freed object-body mappings kept for reuse by later PUTs.",
+                ))
+                .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
             connections_total: counter("connections_total", "Connections accepted."),
             connections_refused: counter(
                 "connections_refused_total",
@@ -146,6 +159,11 @@ impl NodeMetrics {
                 "connections_aborted_total",
                 "Connections closed mid-request, by reason (timeout, eof, io).",
                 &["reason"],
+            ),
+            http_limits_hit: counter_vec(
+                "http_limits_hit_total",
+                "HTTP listener limits hit, by limit (http_connections, http_read_timeout, http_body_bytes).",
+                &["limit"],
             ),
             tier_bytes: gauge_vec("tier_bytes", "Bytes held by tier."),
             tier_objects: gauge_vec("tier_objects", "Objects held by tier."),

@@ -15,6 +15,7 @@
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
+mod buffers;
 pub mod codec;
 mod commands;
 pub mod config;
@@ -258,13 +259,21 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
                 config.max_prefetch_jobs,
                 config.chunk_size,
             ));
-            let app = http::router(Arc::clone(&tiers), Arc::clone(&metrics), prefetches);
-            let stop = shutdown.clone();
+            let app = http::router(
+                Arc::clone(&tiers),
+                Arc::clone(&metrics),
+                prefetches,
+                config.http.max_body_bytes,
+            );
+            let served = crate::web::serve(
+                l,
+                app,
+                config.http,
+                http::limit_hook(Arc::clone(&metrics)),
+                shutdown.clone(),
+            );
             tasks.spawn(async move {
-                if let Err(e) = axum::serve(l, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await
-                {
+                if let Err(e) = served.await {
                     tracing::error!("node HTTP server failed: {e}");
                 }
             });
@@ -277,6 +286,7 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         max_object_bytes: config.max_object_bytes,
         read_timeout: config.read_timeout,
         max_list_bytes: config.max_list_bytes,
+        bodies: buffers::BodyPool::new(metrics.body_pool_spare_bytes.clone()),
     });
     tasks.spawn(server::accept_loop(
         listener,

@@ -12,6 +12,7 @@
 use super::metrics::NodeMetrics;
 use super::tiers::{TierSet, Tiers};
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::Query;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -196,7 +197,24 @@ fn delete_tiers(tier: Option<&str>) -> Option<TierSet> {
 
 /// `DELETE /cache/objects {"keys": [encoded key or key string, ...], "tier": "l1"|"l2"|"all"}`
 /// → `{"deleted": n, "skipped": m, "ok": true}`, as LMCache 0.5.6's MP server answers.
-pub(crate) async fn delete(tiers: Arc<Tiers>, metrics: Arc<NodeMetrics>, body: Bytes) -> Response {
+pub(crate) async fn delete(
+    tiers: Arc<Tiers>,
+    metrics: Arc<NodeMetrics>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        // Counted by `web::serve`'s limit hook.
+        Err(e) if crate::web::serve::is_read_timeout(&e) => {
+            return bad(
+                &metrics,
+                "delete",
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body was not received within --http-read-timeout".into(),
+            );
+        }
+        Err(e) => return bad(&metrics, "delete", e.status(), e.body_text()),
+    };
     if body.len() > MAX_DELETE_BODY {
         return bad(
             &metrics,

@@ -3,10 +3,10 @@
 //! one lock per connection and expects replies in request order) and never lets bad input
 //! reach past its own connection.
 
+use super::buffers::BodyPool;
 use super::codec::{self, CodecError, Command, Reply, Request, REQUEST_HEADER_LEN};
 use super::metrics::NodeMetrics;
 use super::tiers::{Object, Tiers};
-use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,6 +22,8 @@ pub(crate) struct ConnContext {
     pub(crate) max_object_bytes: usize,
     pub(crate) read_timeout: Duration,
     pub(crate) max_list_bytes: usize,
+    /// Where PUT bodies are read to.
+    pub(crate) bodies: BodyPool,
 }
 
 /// Accepts until `shutdown`; a connection beyond `max_connections` is closed at once.
@@ -185,13 +187,13 @@ async fn handle(stream: &mut TcpStream, ctx: &ConnContext, req: Request) -> Resu
     match req.command {
         Command::Put => {
             // Straight into the object's final buffer: no intermediate copies.
-            let mut body = BytesMut::with_capacity(req.length);
-            while body.len() < req.length {
-                match tokio::time::timeout(ctx.read_timeout, stream.read_buf(&mut body)).await {
+            let mut body = ctx.bodies.take(req.length);
+            while !body.is_full() {
+                match tokio::time::timeout(ctx.read_timeout, stream.read(body.unfilled())).await {
                     Err(_) => return Err(Stop::Aborted("timeout")),
                     Ok(Err(_)) => return Err(Stop::Aborted("io")),
                     Ok(Ok(0)) => return Err(Stop::Aborted("eof")),
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(n)) => body.advance(n),
                 }
             }
             ctx.metrics.put_bytes.inc_by(req.length as u64);

@@ -186,3 +186,16 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// Sends `request` as raw bytes on a fresh connection and reads until the server closes it.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    within("raw exchange", async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(request).await.expect("write");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        String::from_utf8_lossy(&out).into_owned()
+    })
+    .await
+}

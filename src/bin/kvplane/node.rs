@@ -74,6 +74,13 @@ pub(crate) struct NodeArgs {
     /// Seconds to wait for the rest of a request once its first byte arrived.
     #[arg(long, env = "KVPLANE_READ_TIMEOUT", default_value_t = d::READ_TIMEOUT_S)]
     read_timeout: f64,
+    /// Most HTTP connections served at once on `--http-port`; more wait to be accepted.
+    #[arg(long, env = "KVPLANE_MAX_HTTP_CONNECTIONS", default_value_t = d::MAX_HTTP_CONNECTIONS)]
+    max_http_connections: usize,
+    /// Seconds an HTTP client has to send a request's headers (also the keep-alive idle
+    /// time), then its body.
+    #[arg(long, env = "KVPLANE_HTTP_READ_TIMEOUT", default_value_t = d::HTTP_READ_TIMEOUT_S)]
+    http_read_timeout: f64,
     /// Largest LIST reply body in bytes (whole keys only).
     #[arg(long, env = "KVPLANE_MAX_LIST_BYTES", default_value_t = d::MAX_LIST_BYTES)]
     max_list_bytes: usize,
@@ -299,6 +306,10 @@ impl NodeArgs {
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
             read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
             max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
+            http: kvplane::node::config::http_limits(
+                config::at_least_one("max-http-connections", self.max_http_connections)?,
+                config::positive_seconds("http-read-timeout", self.http_read_timeout)?,
+            ),
         })
     }
 }
