@@ -10,6 +10,7 @@
 
 pub mod browser;
 pub mod http;
+pub mod http_limits;
 pub mod lmcache;
 pub mod node;
 pub mod zmtp;

@@ -36,6 +36,30 @@ impl ApiError {
         }
     }
 
+    /// The request body could not be read: 413 past the body limit, 408 when the client was
+    /// too slow sending it, 400 otherwise.
+    pub fn unreadable_body(e: &axum::extract::rejection::BytesRejection, max: usize) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the body is larger than {max} bytes (--max-body-bytes)"),
+            )
+        } else if crate::web::serve::is_read_timeout(e) {
+            Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                "the request body was not received within --http-read-timeout",
+            )
+        } else {
+            Self::new(
+                StatusCode::BAD_REQUEST,
+                "unreadable_body",
+                format!("cannot read the body: {}", e.body_text()),
+            )
+        }
+    }
+
     /// A 400 about `field`.
     pub fn field(reason: &'static str, field: &'static str, message: impl Into<String>) -> Self {
         Self {

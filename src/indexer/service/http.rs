@@ -7,10 +7,12 @@ use super::api::{self, ApiError};
 use super::metrics::Text;
 use super::IndexerState;
 use crate::indexer::index::{InstanceMatch, QueryScope};
+use crate::web::limits::{LimitHit, LimitHook, WebLimit};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
@@ -43,13 +45,62 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            limit,
+            crate::web::limits::refuse_announced_oversize,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            count_refusals,
+        ))
         .layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
         ))
         .with_state(state)
 }
 
-async fn register(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+/// A request body, or the [`ApiError`] saying why it could not be read (413, 408, 400).
+struct Body(Bytes);
+
+impl FromRequest<Arc<IndexerState>> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<IndexerState>) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(Body)
+            .map_err(|e| ApiError::unreadable_body(&e, state.config.max_body_bytes))
+    }
+}
+
+/// What `web::serve` calls when a client waits for a connection slot or is cut off by the
+/// read timeout: counted, logged at debug (a client can trigger it at will).
+pub(crate) fn limit_hook(state: Arc<IndexerState>) -> LimitHook {
+    Arc::new(move |hit: LimitHit, detail: &str| {
+        state.metrics.http_limit_hit(hit.limit.label());
+        tracing::debug!(
+            limit = hit.limit.label(),
+            value = hit.value,
+            "indexer HTTP limit {} hit: {detail}",
+            hit.limit.flag()
+        );
+    })
+}
+
+/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
+async fn count_refusals(State(st): St, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        let limit = response
+            .extensions()
+            .get::<LimitHit>()
+            .map_or(WebLimit::BodyBytes, |h| h.limit);
+        st.metrics.http_limit_hit(limit.label());
+    }
+    response
+}
+
+async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let reg = api::registration(&api::object(&body)?)?;
     let instance = reg.instance.clone();
     st.register(reg)?;
@@ -58,7 +109,7 @@ async fn register(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
     ))
 }
 
-async fn unregister(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn unregister(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let req = api::unregistration(&api::object(&body)?)?;
     let removed = st.unregister(&req)?;
     Ok(Json(
@@ -85,7 +136,7 @@ fn answer(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {
     json!({ tenant: instances })
 }
 
-async fn query(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn query(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let body = super::query_body::QueryBody::parse(&body)?;
     let head = api::query_head(&body.fields)?;
     let tokens = body.token_ids()?;
@@ -94,7 +145,7 @@ async fn query(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
     Ok(Json(answer(&head.tenant, rows)))
 }
 
-async fn query_by_hash(State(st): St, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
     let body = api::object(&body)?;
     let head = api::query_head(&body)?;
     let hashes = api::seq_hashes(&body)?;

@@ -13,6 +13,7 @@ pub struct IndexerMetrics {
     pub events_applied: AtomicU64,
     frames_dropped: Mutex<BTreeMap<&'static str, u64>>,
     events_rejected: Mutex<BTreeMap<&'static str, u64>>,
+    http_limits_hit: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl IndexerMetrics {
@@ -24,6 +25,11 @@ impl IndexerMetrics {
     /// Counts one event of a batch that did not decode, by reason.
     pub fn event_rejected(&self, reason: &'static str) {
         *self.events_rejected.lock().entry(reason).or_default() += 1;
+    }
+
+    /// Counts one hit of an HTTP limit, by its label (`web::limits::WebLimit::label`).
+    pub fn http_limit_hit(&self, limit: &'static str) {
+        *self.http_limits_hit.lock().entry(limit).or_default() += 1;
     }
 
     /// Frames dropped for `reason` so far.
@@ -95,6 +101,19 @@ impl IndexerMetrics {
             out.sample(
                 "kvplane_indexer_events_rejected_total",
                 &[("reason", reason)],
+                *n,
+            );
+        }
+        out.family(
+            "kvplane_indexer_http_limits_hit_total",
+            "counter",
+            "HTTP limits hit, by limit (http_connections: a client waited for a slot, \
+             http_read_timeout: a client was cut off, http_body_bytes: a 413).",
+        );
+        for (limit, n) in self.http_limits_hit.lock().iter() {
+            out.sample(
+                "kvplane_indexer_http_limits_hit_total",
+                &[("limit", limit)],
                 *n,
             );
         }

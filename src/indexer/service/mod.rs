@@ -65,6 +65,33 @@ pub struct IndexerArgs {
     /// Live messages queued per publisher before new ones are dropped (and counted).
     #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = 4096)]
     pub queue_capacity: usize,
+    /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", default_value_t = 64 << 20)]
+    pub max_queued_bytes: usize,
+    /// Largest ZMQ frame accepted from a publisher; a larger one closes that connection.
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_FRAME_BYTES", default_value_t = 16 << 20)]
+    pub max_frame_bytes: usize,
+    /// Registered services at most; more registrations get 400 `out_of_range`.
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_SERVICES", default_value_t = 4096)]
+    pub max_services: usize,
+    /// Largest HTTP request body, bytes (413 beyond, before it is read when announced).
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_BODY_BYTES", default_value_t = 64 << 20)]
+    pub max_body_bytes: usize,
+    /// HTTP connections served at once; more wait in the kernel's accept queue.
+    #[arg(
+        long,
+        env = "KVPLANE_INDEXER_MAX_HTTP_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_http_connections: usize,
+    /// Seconds an HTTP client has to send a request's headers (also the keep-alive idle
+    /// time), then its body.
+    #[arg(
+        long,
+        env = "KVPLANE_INDEXER_HTTP_READ_TIMEOUT",
+        default_value_t = 30.0
+    )]
+    pub http_read_timeout: f64,
 }
 
 impl IndexerArgs {
@@ -81,7 +108,15 @@ impl IndexerArgs {
             publishers: self.publishers.clone(),
             replay_timeout: Duration::from_millis(self.replay_timeout_ms.max(1)),
             queue_capacity: self.queue_capacity.max(1),
-            ..IndexerConfig::default()
+            max_frame_bytes: self.max_frame_bytes.max(1),
+            max_queued_bytes: self.max_queued_bytes.max(1),
+            max_services: self.max_services.max(1),
+            max_body_bytes: self.max_body_bytes.max(1),
+            max_http_connections: self.max_http_connections.max(1),
+            http_read_timeout: Duration::try_from_secs_f64(self.http_read_timeout)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .unwrap_or(Duration::from_secs(30)),
         }
     }
 }
@@ -109,6 +144,10 @@ pub struct IndexerConfig {
     pub max_services: usize,
     /// Largest HTTP body accepted.
     pub max_body_bytes: usize,
+    /// HTTP connections served at once.
+    pub max_http_connections: usize,
+    /// Time to send a request's headers (and keep-alive idle time), then its body.
+    pub http_read_timeout: Duration,
 }
 
 impl Default for IndexerConfig {
@@ -124,6 +163,8 @@ impl Default for IndexerConfig {
             max_queued_bytes: 64 * 1024 * 1024,
             max_services: 4096,
             max_body_bytes: 64 * 1024 * 1024,
+            max_http_connections: 1024,
+            http_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -521,12 +562,23 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
         });
     }
     let app = http::router(Arc::clone(&state));
-    let http_shutdown = shutdown.clone();
+    let limits = crate::web::HttpLimits {
+        max_body_bytes: state.config.max_body_bytes,
+        // Not enforced by the indexer: its bodies are parsed into typed requests whose
+        // sizes `max_body_bytes` bounds.
+        max_body_items: usize::MAX,
+        max_connections: state.config.max_http_connections,
+        read_timeout: state.config.http_read_timeout,
+    };
+    let served = crate::web::serve(
+        listener,
+        app,
+        limits,
+        http::limit_hook(Arc::clone(&state)),
+        shutdown.clone(),
+    );
     tasks.spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(http_shutdown.cancelled_owned())
-            .await;
-        if let Err(e) = served {
+        if let Err(e) = served.await {
             tracing::error!("indexer HTTP server failed: {e}");
         }
     });

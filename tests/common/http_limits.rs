@@ -1,0 +1,86 @@
+//! Checks of the shared HTTP limits (`web::serve`: connection cap, read timeout; announced
+//! oversize bodies) on any service's HTTP port, over raw sockets on 127.0.0.1, and a bounded
+//! poll of a service's `http_limits_hit_total{limit}` counter.
+
+use super::http::raw_exchange;
+use super::{sample, within};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// `{prefix}_http_limits_hit_total{limit="…"}` in `text`.
+pub fn hits(text: &str, prefix: &str, limit: &str) -> f64 {
+    sample(
+        text,
+        &format!("{prefix}_http_limits_hit_total{{limit=\"{limit}\"}}"),
+    )
+}
+
+/// Scrapes (at most 100 times, 20 ms apart) until `limit` was hit `n` times; the last scrape.
+pub async fn until_hits<F: Future<Output = String>>(
+    mut scrape: impl FnMut() -> F,
+    prefix: &str,
+    limit: &str,
+    n: f64,
+) -> String {
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = scrape().await;
+        if hits(&text, prefix, limit) >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    text
+}
+
+/// A request whose body stalls gets 408 naming `--http-read-timeout`; one whose headers never
+/// finish is hung up on. Both count as `http_read_timeout` (the caller checks the counter).
+/// `head` is a request head announcing a 100-byte body, of which a few bytes are sent.
+pub async fn stalled_requests_are_cut_off(addr: SocketAddr, head: &str) {
+    let request = format!("{head}Content-Length: 100\r\n\r\n{{\"x\": [");
+    let answer = raw_exchange(addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("--http-read-timeout"), "{answer}");
+    let answer = raw_exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await;
+    assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
+}
+
+/// A body announced one byte over `max` gets 413 before it is sent.
+pub async fn announced_oversize_gets_413(addr: SocketAddr, head: &str, max: usize) {
+    let request = format!(
+        "{head}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        max + 1
+    );
+    let answer = raw_exchange(addr, request.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+}
+
+/// With one connection slot held by a kept-alive client, a second client is not served until
+/// the first leaves. `GET path` must answer 200.
+pub async fn a_second_client_waits_for_the_slot(addr: SocketAddr, path: &str) {
+    let get = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut held = within("connect", TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    held.write_all(get.as_bytes()).await.expect("write");
+    let mut head = [0u8; 12];
+    within("first answer", held.read_exact(&mut head))
+        .await
+        .expect("read");
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let mut second = within("connect", TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    second.write_all(get.as_bytes()).await.expect("write");
+    let early =
+        tokio::time::timeout(Duration::from_millis(300), second.read_exact(&mut head)).await;
+    assert!(early.is_err(), "served beyond the cap");
+    drop(held);
+    within("served once the slot is free", second.read_exact(&mut head))
+        .await
+        .expect("read");
+    assert_eq!(&head, b"HTTP/1.1 200");
+}
