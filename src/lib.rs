@@ -52,6 +52,8 @@ pub mod worker;
 #[cfg(feature = "server")]
 pub mod bench;
 #[cfg(feature = "server")]
+pub mod cluster;
+#[cfg(feature = "server")]
 pub mod controller;
 #[cfg(feature = "server")]
 pub mod coordinator;

@@ -16,6 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &["protocol"]),
     ("index", &["protocol"]),
     ("web", &["config"]),
+    ("cluster", &[]),
     // Clients of the services (linked by workers and load generators).
     ("worker", &["net", "protocol", "transport"]),
     ("bench", &["protocol", "transport"]),
@@ -32,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "web",
         ],
     ),
-    ("indexer", &["config", "net", "transport", "web"]),
+    ("indexer", &["cluster", "config", "net", "transport", "web"]),
     ("coordinator", &["config", "net", "web"]),
     // The node reports what it holds as a worker does, through the worker library.
     (

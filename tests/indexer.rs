@@ -642,3 +642,138 @@ async fn registrations_are_bounded() {
     assert_eq!(services["count"], json!(1));
     within("stop", server.stop()).await;
 }
+
+/// Polls `/readyz` until its readiness is `ready`; returns the last body.
+async fn until_ready(addr: SocketAddr, ready: bool, what: &str) -> Value {
+    let start = Instant::now();
+    loop {
+        let (status, body) = http(addr, "GET", "/readyz", None, &[]).await;
+        if (status == 200) == ready && body["ready"] == json!(ready) {
+            return body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: /readyz {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--cluster`: an ingester and two read replicas on a real nats-server. The replicas answer
+/// as the ingester after stores, a removal and an unregister, refuse registrations, say they
+/// are not ready while NATS is down and ready again after, and start over when the ingester
+/// restarts (a new epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_read_replicas_follow_the_ingester_through_nats() {
+    use common::nats::Nats;
+    use kvplane::cluster::ClusterConfig;
+    let Some(mut nats) = Nats::start().await else {
+        return;
+    };
+    let url = nats.url.clone();
+    let config = |replica| IndexerConfig {
+        cluster: Some(ClusterConfig {
+            name: "t1".into(),
+            ..ClusterConfig::new(url.clone())
+        }),
+        replica,
+        ..IndexerConfig::default()
+    };
+    let ingester = within("ingester", start(config(false)))
+        .await
+        .expect("ingester");
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(
+            within("replica", start(config(true)))
+                .await
+                .expect("replica"),
+        );
+    }
+    let mut p = Publisher::start().await;
+    let toks: Vec<u32> = (1..=12).collect();
+    p.publish(&[mp::stored_map(&[101, 102, 103], None, &toks, 4, "GPU")])
+        .await;
+    let (status, _) = post(ingester.addr, "/register", register_body(&p, "vllm-1")).await;
+    assert_eq!(status, 200);
+    let lead = until_query(ingester.addr, 12, "vllm-1", "ingested", |r| {
+        r["GPU"] == json!(12)
+    })
+    .await;
+    for r in &replicas {
+        let row = until_query(r.addr, 12, "vllm-1", "replicated", |row| *row == lead).await;
+        assert_eq!(row, lead);
+        let ready = until_ready(r.addr, true, "caught up").await;
+        assert_eq!(ready["role"], json!("replica"), "{ready}");
+        assert_eq!(ready["pending"], json!(0), "{ready}");
+        let (status, body) = post(r.addr, "/register", register_body(&p, "vllm-2")).await;
+        assert_eq!(status, 409, "{body}");
+    }
+    let (_, ready) = http(ingester.addr, "GET", "/readyz", None, &[]).await;
+    assert_eq!(ready["role"], json!("ingester"), "{ready}");
+
+    p.publish(&[mp::removed_map(&[102], "GPU")]).await;
+    for r in &replicas {
+        until_query(r.addr, 12, "vllm-1", "removal replicated", |row| {
+            row["GPU"] == json!(4)
+        })
+        .await;
+    }
+
+    // NATS down: the replicas say so; back up: they read again and are ready.
+    nats.kill().await;
+    until_ready(replicas[0].addr, false, "NATS down").await;
+    nats.restart().await;
+    for r in &replicas {
+        until_ready(r.addr, true, "NATS back").await;
+    }
+
+    // Unregister on the ingester: the replicas drop the stream too.
+    let (status, _) = post(
+        ingester.addr,
+        "/unregister",
+        json!({"instance_id": "vllm-1", "tenant_id": "default"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    for r in &replicas {
+        let start = Instant::now();
+        loop {
+            let (_, body) = post(r.addr, "/query", query_body(12)).await;
+            if body == json!({}) {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                let (_, lead) = http(ingester.addr, "GET", "/readyz", None, &[]).await;
+                let (_, follow) = http(r.addr, "GET", "/readyz", None, &[]).await;
+                panic!("unregister not replicated: {body}; ingester {lead}; replica {follow}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // A new ingester (empty index, new epoch): the replicas start over from it.
+    within("stop", ingester.stop()).await;
+    let ingester = within("ingester again", start(config(false)))
+        .await
+        .expect("ingester");
+    let mut q = Publisher::start().await;
+    q.publish(&[mp::stored_map(&[7], None, &toks[..4], 4, "CPU")])
+        .await;
+    let (status, _) = post(ingester.addr, "/register", register_body(&q, "vllm-3")).await;
+    assert_eq!(status, 200);
+    let lead = until_query(ingester.addr, 12, "vllm-3", "new epoch", |r| {
+        r["CPU"] == json!(4)
+    })
+    .await;
+    for r in replicas {
+        until_query(r.addr, 12, "vllm-3", "new epoch replicated", |row| {
+            *row == lead
+        })
+        .await;
+        let ready = until_ready(r.addr, true, "new epoch").await;
+        assert_eq!(ready["in_sync"], json!(true), "{ready}");
+        within("stop", r.stop()).await;
+    }
+    within("stop", ingester.stop()).await;
+}

@@ -121,13 +121,14 @@ async fn one_version(dir: &Path) {
     within("stop", server.stop()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_vllm_publishers_feed_the_indexer() {
+/// The publisher environments of `KVPLANE_VLLM_PUBLISHERS`, checked; `None` when
+/// `KVPLANE_SKIP_VLLM=1` says on purpose that the test is skipped.
+fn publisher_dirs() -> Option<Vec<PathBuf>> {
     let list = match std::env::var("KVPLANE_VLLM_PUBLISHERS") {
         Ok(list) => list,
         Err(_) if std::env::var("KVPLANE_SKIP_VLLM").as_deref() == Ok("1") => {
             eprintln!("KVPLANE_SKIP_VLLM=1: the real vLLM publisher test is skipped");
-            return;
+            return None;
         }
         Err(_) => panic!(
             "KVPLANE_VLLM_PUBLISHERS is not set, so vLLM's real publisher cannot run. Build the \
@@ -153,8 +154,87 @@ async fn real_vllm_publishers_feed_the_indexer() {
             dir.display()
         );
     }
+    Some(dirs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_publishers_feed_the_indexer() {
+    let Some(dirs) = publisher_dirs() else {
+        return;
+    };
     for dir in &dirs {
         eprintln!("vLLM publisher in {}", dir.display());
         one_version(dir).await;
     }
+}
+
+/// `--cluster` (issue 13's replica test): vLLM's real publisher (the newest version listed)
+/// feeds one ingester; two read replicas on a real nats-server answer `/query` exactly as the
+/// ingester, through the replayed stores, the removal and the clear, and say they are caught
+/// up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_publisher_feeds_two_read_replicas() {
+    use common::nats::Nats;
+    use kvplane::cluster::ClusterConfig;
+    let Some(dirs) = publisher_dirs() else {
+        return;
+    };
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let dir = dirs.last().expect("a publisher environment");
+    let config = |replica| IndexerConfig {
+        cluster: Some(ClusterConfig {
+            name: "vllm".into(),
+            ..ClusterConfig::new(nats.url.clone())
+        }),
+        replica,
+        ..IndexerConfig::default()
+    };
+    let ingester = within("ingester", start(config(false)))
+        .await
+        .expect("ingester");
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(
+            within("replica", start(config(true)))
+                .await
+                .expect("replica"),
+        );
+    }
+    let (pub_port, replay_port) = (free_port(), free_port());
+    let mut engine = publisher(dir, pub_port, replay_port, "4").await;
+    let reg = json!({"endpoint": format!("tcp://127.0.0.1:{pub_port}"),
+        "replay_endpoint": format!("tcp://127.0.0.1:{replay_port}"), "type": "vLLM",
+        "modelname": "m", "instance_id": "vllm-1", "block_size": 4, "dp_rank": 0});
+    assert_eq!(post(ingester.addr, "/register", reg).await.0, 200);
+    let lead = until_row(
+        ingester.addr,
+        "ingester: replayed stores and removal",
+        |r| r["GPU"] == json!(12),
+    )
+    .await;
+    for r in &replicas {
+        let row = until_row(r.addr, "replica: the ingester's answer", |row| *row == lead).await;
+        assert_eq!(row, lead);
+    }
+    // The publisher clears everything after its linger; the replicas follow.
+    until_row(ingester.addr, "ingester: AllBlocksCleared", |r| {
+        r["GPU"] == json!(0)
+    })
+    .await;
+    for r in &replicas {
+        until_row(r.addr, "replica: AllBlocksCleared", |r| {
+            r["GPU"] == json!(0)
+        })
+        .await;
+        let (status, ready) = http(r.addr, "GET", "/readyz", None, &[]).await;
+        assert_eq!(status, 200, "{ready}");
+        assert_eq!(ready["in_sync"], json!(true), "{ready}");
+    }
+    let _ = within("publisher exits", engine.wait()).await;
+    for r in replicas {
+        within("stop", r.stop()).await;
+    }
+    within("stop", ingester.stop()).await;
 }

@@ -9,10 +9,13 @@
 //! big-endian). Pure: no I/O, never panics.
 
 use super::msgpack::{self, Value};
+use serde::{Deserialize, Serialize};
 
 /// A storage tier. vLLM says `GPU`/`CPU`/`STORAGE`, SGLang `GPU`/`CPU_PINNED`/`DISK`/
 /// `EXTERNAL`, Mooncake `cpu`/`disk`; compared case-insensitively.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 pub enum Medium {
     /// Device memory (the default when an event names none).
     #[default]
@@ -45,7 +48,7 @@ impl Medium {
 }
 
 /// Which LoRA adapter a block belongs to.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Lora {
     /// Not given by the event: the stream's registered default.
     #[default]
@@ -57,7 +60,7 @@ pub enum Lora {
 }
 
 /// A block store.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stored {
     /// The engine's block hashes, one per block (for Mooncake: standard rolling hashes).
     pub hashes: Vec<u64>,
@@ -82,7 +85,7 @@ pub struct Stored {
 }
 
 /// A block removal.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Removed {
     /// The engine's block hashes.
     pub hashes: Vec<u64>,
@@ -93,7 +96,7 @@ pub struct Removed {
 }
 
 /// One KV event.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum KvEvent {
     /// Blocks were stored.
     Stored(Stored),

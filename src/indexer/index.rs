@@ -27,7 +27,7 @@ pub enum LoraNs {
 }
 
 /// What a stream was registered with.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StreamSpec {
     /// The tenant (`"default"` when none was given).
     pub tenant: String,

@@ -3,7 +3,7 @@
 //!
 //! The files at this level are the pure model: hashing ([`hash`]), event decoding
 //! ([`events`]), message frames ([`frames`]), the prefix index ([`index`]) and per-stream
-//! sequence tracking ([`seq`]). No I/O and no clock there: time is passed in. [`service`] is
+//! sequence tracking ([`seq`]), and the change log read replicas follow ([`replica`]). No I/O and no clock there: time is passed in. [`service`] is
 //! the async shell (registrations, publisher tasks, HTTP). Sockets live in
 //! [`crate::transport`]; nothing here touches the `zeromq` crate.
 
@@ -12,6 +12,7 @@ pub mod frames;
 pub mod hash;
 pub mod index;
 mod msgpack;
+pub mod replica;
 pub mod seq;
 pub mod service;
 mod table;

@@ -40,6 +40,7 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .route("/query_by_hash", post(query_by_hash))
         .route("/services", get(services))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
@@ -202,9 +203,23 @@ async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Ready when queries are answered from a complete index: always for a standalone indexer
+/// or an ingester; for a replica, once it has applied every change in the stream (503 with
+/// the reason and the lag until then).
+async fn readyz(State(st): St) -> impl IntoResponse {
+    let (ready, body) = super::cluster::readyz(&st);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(body))
+}
+
 async fn metrics(State(st): St) -> impl IntoResponse {
     let mut out = Text::default();
     st.metrics.render_own(&mut out);
+    super::cluster::render(&st, &mut out);
     {
         let core = st.core.read();
         let ix = &core.index;

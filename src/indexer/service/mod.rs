@@ -5,6 +5,7 @@
 //! the index lock is never held across an `.await`). Sockets are in [`crate::transport`].
 
 pub mod api;
+mod cluster;
 mod dashboard;
 mod http;
 mod metrics;
@@ -16,6 +17,7 @@ use openapi::openapi_doc;
 
 use crate::indexer::events::KvEvent;
 use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec};
+use crate::indexer::replica::Change;
 use crate::indexer::seq::{SeqConfig, SeqCounters};
 use api::{ApiError, EngineType, Registration, Unregistration};
 use parking_lot::{Mutex, RwLock};
@@ -92,6 +94,20 @@ pub struct IndexerArgs {
         default_value_t = 30.0
     )]
     pub http_read_timeout: f64,
+    /// NATS JetStream to replicate through, `nats://HOST:PORT` (docs/CLUSTER.md): an
+    /// ingester publishes every change it applies; a `--replica` follows them.
+    #[arg(long, env = "KVPLANE_CLUSTER")]
+    pub cluster: Option<String>,
+    /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
+    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = "default")]
+    pub cluster_name: String,
+    /// Most bytes the cluster's change stream keeps (oldest dropped first).
+    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = 1 << 30)]
+    pub cluster_max_bytes: i64,
+    /// Run as a read replica of the cluster's ingester (needs `--cluster`): no publishers,
+    /// `/register` answers 409, queries are answered from the followed changes.
+    #[arg(long, env = "KVPLANE_INDEXER_REPLICA", requires = "cluster")]
+    pub replica: bool,
 }
 
 impl IndexerArgs {
@@ -117,6 +133,15 @@ impl IndexerArgs {
                 .ok()
                 .filter(|d| !d.is_zero())
                 .unwrap_or(Duration::from_secs(30)),
+            cluster: self
+                .cluster
+                .as_ref()
+                .map(|url| crate::cluster::ClusterConfig {
+                    name: self.cluster_name.clone(),
+                    max_bytes: self.cluster_max_bytes.max(1 << 20),
+                    ..crate::cluster::ClusterConfig::new(url.clone())
+                }),
+            replica: self.replica,
         }
     }
 }
@@ -148,6 +173,10 @@ pub struct IndexerConfig {
     pub max_http_connections: usize,
     /// Time to send a request's headers (and keep-alive idle time), then its body.
     pub http_read_timeout: Duration,
+    /// `--cluster`: publish changes to (or, with `replica`, follow them from) NATS JetStream.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// A read replica: follows the cluster's ingester, takes no registrations.
+    pub replica: bool,
 }
 
 impl Default for IndexerConfig {
@@ -165,6 +194,8 @@ impl Default for IndexerConfig {
             max_body_bytes: 64 * 1024 * 1024,
             max_http_connections: 1024,
             http_read_timeout: Duration::from_secs(30),
+            cluster: None,
+            replica: false,
         }
     }
 }
@@ -219,6 +250,8 @@ struct Core {
 /// Everything the indexer's tasks and routes share.
 pub struct IndexerState {
     core: RwLock<Core>,
+    /// Standalone, ingester or replica (`--cluster`).
+    role: cluster::Role,
     registry: Mutex<Registry>,
     /// Counters exposed on `/metrics`.
     pub metrics: IndexerMetrics,
@@ -229,12 +262,18 @@ pub struct IndexerState {
 }
 
 impl IndexerState {
-    fn new(config: IndexerConfig, tasks: TaskTracker, shutdown: CancellationToken) -> Self {
+    fn new(
+        config: IndexerConfig,
+        role: cluster::Role,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
             core: RwLock::new(Core {
                 index: Index::new(config.index),
                 routes: HashMap::new(),
             }),
+            role,
             registry: Mutex::new(Registry::default()),
             metrics: IndexerMetrics::default(),
             config,
@@ -261,6 +300,14 @@ impl IndexerState {
                 index.apply(*s, ev, now);
             }
         }
+        if self.role.records() {
+            self.role.record(Change::Apply {
+                streams: streams.iter().map(|s| s.0).collect(),
+                events: events.to_vec(),
+                now,
+            });
+        }
+        drop(core);
         self.metrics
             .events_applied
             .fetch_add(events.len() as u64, Ordering::Relaxed);
@@ -273,8 +320,32 @@ impl IndexerState {
         if let Some(streams) = routes.get(&id) {
             for s in streams {
                 index.clear_stream(*s, None);
+                self.role.record(Change::ClearStream {
+                    stream: s.0,
+                    tier: None,
+                });
             }
         }
+    }
+
+    /// Runs the TTL sweep at the current time.
+    fn expire(&self) {
+        let now = self.now_secs();
+        let mut core = self.core.write();
+        core.index.expire(now);
+        self.role.record(Change::Expire { now });
+    }
+
+    /// 409 on a replica: publishers register on the ingester.
+    fn writable(&self) -> Result<(), ApiError> {
+        if self.role.is_replica() {
+            return Err(ApiError::conflict(
+                "instance_id",
+                "this indexer is a read replica (--replica): register and unregister \
+                 publishers on the cluster's ingester",
+            ));
+        }
+        Ok(())
     }
 
     /// Registers a stream (idempotent; 409 on a conflicting one).
@@ -282,6 +353,7 @@ impl IndexerState {
     /// # Errors
     /// 409 when the key or the endpoint is registered with another configuration.
     pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, ApiError> {
+        self.writable()?;
         let mut registry = self.registry.lock();
         let key = reg.key();
         if let Some(existing) = registry.services.get(&key) {
@@ -335,7 +407,11 @@ impl IndexerState {
         };
         let stream = {
             let mut core = self.core.write();
-            let stream = core.index.add_stream(spec);
+            let stream = core.index.add_stream(spec.clone());
+            self.role.record(Change::AddStream {
+                stream: stream.0,
+                spec,
+            });
             core.routes.entry(pub_id).or_default().push(stream);
             stream
         };
@@ -382,6 +458,7 @@ impl IndexerState {
     /// # Errors
     /// 404 when nothing matches.
     pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, ApiError> {
+        self.writable()?;
         let mut registry = self.registry.lock();
         let keys: Vec<String> = match req.dp_rank {
             Some(rank) => {
@@ -418,6 +495,9 @@ impl IndexerState {
             let last = {
                 let mut core = self.core.write();
                 core.index.remove_stream(service.stream);
+                self.role.record(Change::RemoveStream {
+                    stream: service.stream.0,
+                });
                 let streams = core.routes.entry(pub_id).or_default();
                 streams.retain(|s| *s != service.stream);
                 let last = streams.is_empty();
@@ -471,6 +551,9 @@ pub enum IndexerStartError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// `--cluster` could not be joined.
+    #[error("--cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     /// The publishers file could not be read or is invalid.
     #[error("publishers file {path}: {message}")]
     Publishers {
@@ -537,14 +620,31 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
         .map_err(|source| IndexerStartError::Http { addr, source })?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let state = Arc::new(IndexerState::new(config, tasks.clone(), shutdown.clone()));
-    for reg in initial {
+    let (role, ops) =
+        cluster::Role::join(config.cluster.as_ref(), config.replica, config.index).await?;
+    let state = Arc::new(IndexerState::new(
+        config,
+        role,
+        tasks.clone(),
+        shutdown.clone(),
+    ));
+    cluster::spawn(&state, ops, &shutdown, &tasks);
+    if state.role.is_replica() && !initial.is_empty() {
+        tracing::warn!("--publishers ignored: a replica follows the ingester's registrations");
+    }
+    for reg in initial.into_iter().filter(|_| !state.role.is_replica()) {
         let key = reg.key();
         if let Err(e) = state.register(reg) {
             tracing::warn!(%key, "publisher from the file not registered: {}", e.message);
         }
     }
-    if let Some(ttl) = state.config.index.ttl_secs {
+    // A replica's TTL sweeps come from the ingester, in order with the rest.
+    if let Some(ttl) = state
+        .config
+        .index
+        .ttl_secs
+        .filter(|_| !state.role.is_replica())
+    {
         let st = Arc::clone(&state);
         let cancel = shutdown.clone();
         let every = Duration::from_secs(u64::from(ttl / 4).clamp(1, 60));
@@ -553,10 +653,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    _ = tick.tick() => {
-                        let now = st.now_secs();
-                        st.core.write().index.expire(now);
-                    }
+                    _ = tick.tick() => st.expire(),
                 }
             }
         });

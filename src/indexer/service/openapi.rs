@@ -78,6 +78,8 @@ pub(crate) fn openapi_doc() -> Value {
         "/services": {"get": op("Registered streams with connection and sequence state", None,
             json!({"type": "object"}), &["405"])},
         "/healthz": {"get": op("Liveness", None, json!({"type": "object"}), &["405"])},
+        "/readyz": {"get": op("Ready: answering from a complete index (a replica: caught up)", None,
+            json!({"type": "object"}), &["405", "503"])},
         "/metrics": {"get": op("Prometheus metrics (text)", None, json!({"type": "string"}), &["405"])},
         "/openapi.json": {"get": op("This document", None, json!({"type": "object"}), &["405"])}
       }

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Indexer read replicas (docs/CLUSTER.md): one nats-server, one `kvplane indexer --cluster`
+# ingester and R `--replica`s; `kvplane bench indexer` publishes its vLLM event stream to the
+# ingester and queries it; then the time until every replica's /readyz is 200 (caught up)
+# after the bench returns.
+#
+# Usage: R=2 scripts/bench-replicas.sh        (needs nats-server: scripts/setup-nats.sh)
+# Env:   R (replicas, 2), BLOCKS (1048576), QUERIES (200), KVPLANE_BIN
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+R="${R:-2}"
+BIN="${KVPLANE_BIN:-$ROOT/target/release/kvplane}"
+NATS="$(bash "$ROOT/scripts/setup-nats.sh")"
+fp() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+ready() { [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/readyz")" == 200 ]]; }
+PIDS=()
+SD="$(mktemp -d)"
+trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$SD"' EXIT
+NP=$(fp)
+"$NATS" -js -a 127.0.0.1 -p "$NP" -sd "$SD" >/dev/null 2>&1 & PIDS+=($!)
+until (exec 3<>"/dev/tcp/127.0.0.1/$NP") 2>/dev/null; do sleep 0.05; done
+CL=(--cluster "nats://127.0.0.1:$NP" --cluster-name bench)
+IP=$(fp)
+"$BIN" indexer --host 127.0.0.1 --port "$IP" "${CL[@]}" >/dev/null 2>&1 & IPID=$!; PIDS+=($IPID)
+RP=()
+for _ in $(seq 1 "$R"); do
+    p=$(fp); RP+=("$p")
+    "$BIN" indexer --host 127.0.0.1 --port "$p" "${CL[@]}" --replica >/dev/null 2>&1 & PIDS+=($!)
+done
+until ready "$IP"; do sleep 0.05; done
+for p in "${RP[@]}"; do until ready "$p"; do sleep 0.05; done; done
+"$BIN" bench indexer --url "http://127.0.0.1:$IP" --pid "$IPID" \
+    --blocks "${BLOCKS:-1048576}" --queries "${QUERIES:-200}"
+T0=$(date +%s.%N)
+for p in "${RP[@]}"; do until ready "$p"; do sleep 0.01; done; done
+T1=$(date +%s.%N)
+echo "replicas ($R) caught up $(python3 -c "print(round($T1 - $T0, 3))") s after the bench returned"
+for p in "${RP[@]}"; do curl -s "http://127.0.0.1:$p/readyz"; echo; done

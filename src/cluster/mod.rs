@@ -1,0 +1,358 @@
+//! `--cluster nats://HOST:PORT`: the NATS JetStream plumbing services replicate through
+//! (docs/CLUSTER.md). Shared, below every service: it moves opaque payloads and knows nothing
+//! of what they mean.
+//!
+//! One JetStream stream per (cluster, service) — `KVPLANE_<cluster>_<service>`, subject
+//! `kvplane.<cluster>.<service>` — bounded by bytes (oldest discarded). A [`Publisher`] sends
+//! payloads in order with up to [`ACK_WINDOW`] acknowledgements outstanding; a [`Reader`]
+//! delivers every message from the first one still in the stream, in order, with how many
+//! are still pending behind it.
+
+use async_nats::jetstream::{self, consumer, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::collections::VecDeque;
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Publishes not yet acknowledged by the server at most, per publisher.
+pub const ACK_WINDOW: usize = 256;
+
+/// Where the cluster is and how much it keeps.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// `nats://host:port` (several, comma-separated, for a NATS cluster).
+    pub url: String,
+    /// The cluster's name: several kvplane fleets can share one NATS. `[A-Za-z0-9_-]`, 1–64.
+    pub name: String,
+    /// Most bytes a service's stream keeps (the oldest messages go first).
+    pub max_bytes: i64,
+    /// Time allowed to connect and to set up the stream.
+    pub timeout: Duration,
+}
+
+impl ClusterConfig {
+    /// `url` with the default name and limits.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            name: "default".into(),
+            max_bytes: 1 << 30,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the cluster could not be joined.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The cluster name has characters NATS names cannot hold.
+    #[error("--cluster-name {0:?}: use 1-64 of A-Z a-z 0-9 _ -")]
+    BadName(String),
+    /// NATS did not answer in time or refused.
+    #[error("cannot reach NATS at {url}: {reason}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// JetStream refused the stream (not enabled on the server, or a conflicting config).
+    #[error("JetStream stream {stream}: {reason}")]
+    Stream {
+        /// The stream's name.
+        stream: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A connection to the cluster.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    js: jetstream::Context,
+    client: async_nats::Client,
+    /// Connections lost since connecting (however briefly).
+    disconnects: Arc<AtomicU64>,
+}
+
+impl Cluster {
+    /// Connects (bounded by `config.timeout`).
+    ///
+    /// # Errors
+    /// A bad name, or NATS unreachable within the timeout.
+    pub async fn connect(config: ClusterConfig) -> Result<Self, ClusterError> {
+        let name = &config.name;
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(ClusterError::BadName(name.clone()));
+        }
+        let disconnects = Arc::new(AtomicU64::new(0));
+        let seen = Arc::clone(&disconnects);
+        let connect = async_nats::ConnectOptions::new()
+            .name(format!("kvplane-{name}"))
+            .event_callback(move |event| {
+                if matches!(event, async_nats::Event::Disconnected) {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!("cluster connection: {event}");
+                std::future::ready(())
+            })
+            .connection_timeout(config.timeout)
+            .connect(config.url.as_str());
+        let client = tokio::time::timeout(config.timeout, connect)
+            .await
+            .map_err(|_| ClusterError::Connect {
+                url: config.url.clone(),
+                reason: format!("no answer within {:?}", config.timeout),
+            })?
+            .map_err(|e| ClusterError::Connect {
+                url: config.url.clone(),
+                reason: e.to_string(),
+            })?;
+        let js = jetstream::new(client.clone());
+        Ok(Self {
+            config,
+            js,
+            client,
+            disconnects,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// Whether the connection to NATS is up now.
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// The stream of `service`.
+    pub fn stream_name(&self, service: &str) -> String {
+        format!("KVPLANE_{}_{service}", self.config.name)
+    }
+
+    /// The subject of `service`.
+    pub fn subject(&self, service: &str) -> String {
+        format!("kvplane.{}.{service}", self.config.name)
+    }
+
+    /// Creates `service`'s stream if it is missing.
+    ///
+    /// # Errors
+    /// JetStream disabled, a conflicting stream, or no answer within the timeout.
+    pub async fn ensure_stream(&self, service: &str) -> Result<stream::Stream, ClusterError> {
+        let name = self.stream_name(service);
+        let err = |reason: String| ClusterError::Stream {
+            stream: name.clone(),
+            reason,
+        };
+        let create = self.js.get_or_create_stream(stream::Config {
+            name: name.clone(),
+            subjects: vec![self.subject(service)],
+            max_bytes: self.config.max_bytes,
+            discard: stream::DiscardPolicy::Old,
+            storage: stream::StorageType::File,
+            ..Default::default()
+        });
+        tokio::time::timeout(self.config.timeout, create)
+            .await
+            .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
+            .map_err(|e| err(e.to_string()))
+    }
+}
+
+/// Counters of one publisher.
+#[derive(Debug, Default)]
+pub struct PublishStats {
+    /// Payloads the server acknowledged.
+    pub acked: AtomicU64,
+    /// Payloads that failed (not sent, or not acknowledged); each leaves a gap followers see.
+    pub failed: AtomicU64,
+}
+
+/// Sends `service`'s payloads from `rx`, in order, until `rx` closes or `cancel`.
+pub fn spawn_publisher(
+    cluster: Cluster,
+    service: &str,
+    mut rx: mpsc::Receiver<Bytes>,
+    stats: Arc<PublishStats>,
+    cancel: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) {
+    let subject = cluster.subject(service);
+    tasks.spawn(async move {
+        let mut pending = VecDeque::new();
+        loop {
+            let payload = tokio::select! {
+                () = cancel.cancelled() => break,
+                p = rx.recv() => match p {
+                    Some(p) => p,
+                    None => break,
+                },
+            };
+            match cluster.js.publish(subject.clone(), payload).await {
+                Ok(ack) => pending.push_back(ack.into_future()),
+                Err(e) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("cluster publish to {subject} failed: {e}");
+                }
+            }
+            // Settle acknowledgements: all of them once the queue is empty, else beyond
+            // the window.
+            while pending.len() > ACK_WINDOW || (rx.is_empty() && !pending.is_empty()) {
+                let Some(ack) = pending.pop_front() else {
+                    break;
+                };
+                match ack.await {
+                    Ok(_) => stats.acked.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::warn!("cluster publish to {subject} not acknowledged: {e}");
+                        stats.failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }
+    });
+}
+
+/// One message read from a stream.
+#[derive(Debug)]
+pub struct Delivered {
+    /// Its sequence number in the stream.
+    pub stream_seq: u64,
+    /// Messages still behind it in the stream when it was delivered.
+    pub pending: u64,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// State a reader shares with whoever reports on it.
+#[derive(Debug, Default)]
+pub struct ReaderStatus {
+    /// Reading (the consumer is set up and its stream open).
+    pub reading: AtomicBool,
+    /// Messages behind the last one delivered.
+    pub pending: AtomicU64,
+    /// Messages delivered.
+    pub delivered: AtomicU64,
+    /// Times the reader had to set its consumer up again.
+    pub restarts: AtomicU64,
+}
+
+/// Delivers every message of `service`'s stream, from the first one kept, in order, into
+/// `tx` (bounded: a slow applier slows the reader, never grows memory), until `cancel`. An
+/// error (NATS down, the consumer lost) sets the consumer up again after a pause, from the
+/// message after the last one delivered.
+pub fn spawn_reader(
+    cluster: Cluster,
+    service: &str,
+    tx: mpsc::Sender<Delivered>,
+    status: Arc<ReaderStatus>,
+    cancel: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) {
+    let service = service.to_owned();
+    tasks.spawn(async move {
+        let mut from: u64 = 1;
+        loop {
+            let result = tokio::select! {
+                () = cancel.cancelled() => return,
+                r = read(&cluster, &service, from, &tx, &status) => r,
+            };
+            status.reading.store(false, Ordering::Relaxed);
+            match result {
+                Ok(next) => from = next,
+                Err((next, e)) => {
+                    from = next;
+                    tracing::warn!("cluster reader of {service}: {e}; retrying");
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+            status.restarts.fetch_add(1, Ordering::Relaxed);
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    });
+}
+
+/// Reads from stream sequence `from` on; returns where to go on from, with the error if any.
+async fn read(
+    cluster: &Cluster,
+    service: &str,
+    from: u64,
+    tx: &mpsc::Sender<Delivered>,
+    status: &ReaderStatus,
+) -> Result<u64, (u64, String)> {
+    let mut next = from;
+    let disconnects = cluster.disconnects.load(Ordering::Relaxed);
+    let stream = cluster
+        .ensure_stream(service)
+        .await
+        .map_err(|e| (next, e.to_string()))?;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: if from <= 1 {
+                consumer::DeliverPolicy::All
+            } else {
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                }
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| (next, e.to_string()))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| (next, e.to_string()))?;
+    status.reading.store(true, Ordering::Relaxed);
+    let mut check = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        // A server restart can lose the consumer without ending this stream: once the
+        // connection drops, set a new consumer up from where this one got to.
+        let m = tokio::select! {
+            m = messages.next() => m,
+            _ = check.tick() => {
+                if cluster.disconnects.load(Ordering::Relaxed) == disconnects {
+                    continue;
+                }
+                return Err((next, "the connection to NATS was lost".into()));
+            }
+        };
+        let Some(m) = m else { break };
+        let m = m.map_err(|e| (next, e.to_string()))?;
+        let (stream_seq, pending) = match m.info() {
+            Ok(i) => (i.stream_sequence, i.pending),
+            Err(e) => return Err((next, e.to_string())),
+        };
+        status.pending.store(pending, Ordering::Relaxed);
+        status.delivered.fetch_add(1, Ordering::Relaxed);
+        next = stream_seq + 1;
+        let delivered = Delivered {
+            stream_seq,
+            pending,
+            payload: m.payload.clone(),
+        };
+        if tx.send(delivered).await.is_err() {
+            return Ok(next);
+        }
+    }
+    Err((next, "the message stream ended".into()))
+}

@@ -1,0 +1,196 @@
+//! The follower against an ingester's index fed the same changes: equal answers, a new epoch
+//! starts over, a gap is seen and reported, duplicates are ignored, ops survive the codec.
+
+use super::*;
+use crate::indexer::events::{Removed, Stored};
+use crate::indexer::index::{LoraNs, QueryScope};
+
+const BS: u32 = 4;
+
+fn spec(instance: &str) -> StreamSpec {
+    StreamSpec {
+        tenant: "default".into(),
+        instance: instance.into(),
+        dp_rank: 0,
+        model: "m".into(),
+        lora: String::new(),
+        block_size: BS,
+        salt: String::new(),
+        shared: false,
+    }
+}
+
+fn stored(blocks: u32, base: u64, medium: Medium) -> KvEvent {
+    KvEvent::Stored(Stored {
+        hashes: (0..blocks).map(|i| base + u64::from(i)).collect(),
+        tokens: (1..=blocks * BS).collect(),
+        block_size: BS,
+        medium,
+        ..Stored::default()
+    })
+}
+
+fn scope() -> QueryScope<'static> {
+    QueryScope {
+        tenant: "default",
+        model: "m",
+        lora: LoraNs::Name(String::new()),
+        block_size: BS,
+        salt: "",
+        instance: None,
+    }
+}
+
+/// Applies `change` to `index` as the ingester does, keeping the ingester's ids.
+fn lead(index: &mut Index, ids: &mut Vec<StreamId>, change: &Change) {
+    match change {
+        Change::AddStream { spec, .. } => ids.push(index.add_stream(spec.clone())),
+        Change::RemoveStream { stream } => index.remove_stream(ids[*stream as usize]),
+        Change::Apply {
+            streams,
+            events,
+            now,
+        } => {
+            for ev in events {
+                for s in streams {
+                    index.apply(ids[*s as usize], ev, *now);
+                }
+            }
+        }
+        Change::ClearStream { stream, tier } => index.clear_stream(ids[*stream as usize], *tier),
+        Change::Expire { now } => {
+            index.expire(*now);
+        }
+    }
+}
+
+fn changes() -> Vec<Change> {
+    vec![
+        Change::AddStream {
+            stream: 0,
+            spec: spec("a"),
+        },
+        Change::AddStream {
+            stream: 1,
+            spec: spec("b"),
+        },
+        Change::Apply {
+            streams: vec![0],
+            events: vec![stored(6, 100, Medium::Gpu), stored(3, 100, Medium::Cpu)],
+            now: 1,
+        },
+        Change::Apply {
+            streams: vec![1],
+            events: vec![stored(4, 900, Medium::Gpu)],
+            now: 2,
+        },
+        Change::Apply {
+            streams: vec![0],
+            events: vec![KvEvent::Removed(Removed {
+                hashes: vec![105],
+                medium: Medium::Gpu,
+                group: None,
+            })],
+            now: 3,
+        },
+        Change::ClearStream {
+            stream: 1,
+            tier: Some(Medium::Gpu),
+        },
+        Change::Apply {
+            streams: vec![1],
+            events: vec![stored(2, 700, Medium::Disk)],
+            now: 4,
+        },
+    ]
+}
+
+fn ops(epoch: u64, changes: &[Change]) -> Vec<Op> {
+    changes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Op {
+            epoch,
+            seq: i as u64 + 1,
+            at_ms: 1000 + i as u64,
+            change: c.clone(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_follower_answers_as_the_ingester_after_every_op() {
+    let config = IndexConfig::default();
+    let (mut leader, mut ids) = (Index::new(config), Vec::new());
+    let mut follower = Follower::new(config);
+    let mut replica = Index::new(config);
+    let tokens: Vec<u32> = (1..=6 * BS).collect();
+    for op in ops(7, &changes()) {
+        lead(&mut leader, &mut ids, &op.change);
+        // Through the codec, as over the wire.
+        let wire = Op::decode(&op.encode().expect("encode")).expect("decode");
+        assert_eq!(wire, op);
+        let outcome = follower.apply(&mut replica, &wire);
+        assert!(matches!(outcome, Applied::InOrder | Applied::NewEpoch));
+        assert_eq!(
+            replica.query_tokens(&scope(), &tokens),
+            leader.query_tokens(&scope(), &tokens),
+            "after op {}",
+            op.seq
+        );
+        assert_eq!(replica.memberships(), leader.memberships());
+    }
+    assert!(follower.in_sync());
+    assert_eq!(follower.position(), (Some(7), 7));
+    assert_eq!(follower.last_at_ms(), 1006);
+    let answer = replica.query_tokens(&scope(), &tokens);
+    assert_eq!(answer["a"].gpu, 5 * u64::from(BS), "{answer:?}");
+    assert_eq!(answer["b"].disk, 2 * u64::from(BS), "{answer:?}");
+}
+
+#[test]
+fn duplicates_are_ignored_and_a_gap_is_reported() {
+    let mut follower = Follower::new(IndexConfig::default());
+    let mut replica = Index::new(IndexConfig::default());
+    let all = ops(1, &changes());
+    for op in &all[..3] {
+        follower.apply(&mut replica, op);
+    }
+    let before = replica.memberships();
+    assert_eq!(follower.apply(&mut replica, &all[2]), Applied::Stale);
+    assert_eq!(replica.memberships(), before);
+    assert!(follower.in_sync());
+    assert_eq!(follower.apply(&mut replica, &all[4]), Applied::AfterGap);
+    assert!(!follower.in_sync());
+    assert_eq!(follower.gaps(), 1);
+}
+
+#[test]
+fn a_new_epoch_starts_over_from_an_empty_index() {
+    let mut follower = Follower::new(IndexConfig::default());
+    let mut replica = Index::new(IndexConfig::default());
+    for op in ops(1, &changes()) {
+        follower.apply(&mut replica, &op);
+    }
+    assert!(replica.memberships() > 0);
+    let restarted = ops(2, &changes()[..2]);
+    assert_eq!(
+        follower.apply(&mut replica, &restarted[0]),
+        Applied::NewEpoch
+    );
+    assert_eq!(
+        follower.apply(&mut replica, &restarted[1]),
+        Applied::InOrder
+    );
+    assert_eq!(replica.memberships(), 0);
+    assert!(follower.in_sync());
+    assert_eq!(follower.position(), (Some(2), 2));
+    // Joining an epoch mid-way: applied, but not in sync.
+    let mut late = Follower::new(IndexConfig::default());
+    let mut late_index = Index::new(IndexConfig::default());
+    assert_eq!(
+        late.apply(&mut late_index, &ops(3, &changes())[3]),
+        Applied::NewEpoch
+    );
+    assert!(!late.in_sync());
+}

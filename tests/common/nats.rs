@@ -1,0 +1,106 @@
+//! A real `nats-server` with JetStream on 127.0.0.1 for the cluster tests: an ephemeral port,
+//! its store in a fresh temporary directory, killed when dropped.
+//!
+//! The binary is `$KVPLANE_NATS_SERVER`, else `nats-server` on the PATH or in /usr/sbin
+//! (`scripts/setup-nats.sh` installs Debian's package; `scripts/test.sh` runs it). Without
+//! one the tests FAIL with these instructions, unless `KVPLANE_SKIP_NATS=1` says on purpose
+//! that they are skipped.
+
+use super::{free_port, within};
+use std::path::PathBuf;
+use std::process::Stdio;
+use tokio::process::{Child, Command};
+
+/// A running `nats-server -js`.
+pub struct Nats {
+    /// `nats://127.0.0.1:PORT`.
+    pub url: String,
+    port: u16,
+    store: PathBuf,
+    child: Option<Child>,
+}
+
+fn binary() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("KVPLANE_NATS_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+impl Nats {
+    /// Starts a server, or `None` when `KVPLANE_SKIP_NATS=1` and there is none.
+    pub async fn start() -> Option<Nats> {
+        let Some(bin) = binary() else {
+            if std::env::var("KVPLANE_SKIP_NATS").as_deref() == Ok("1") {
+                eprintln!("KVPLANE_SKIP_NATS=1: no nats-server, the cluster test is skipped");
+                return None;
+            }
+            panic!(
+                "nats-server not found: install it with scripts/setup-nats.sh (Debian's package) \
+                 or point KVPLANE_NATS_SERVER at one; KVPLANE_SKIP_NATS=1 skips this test on \
+                 purpose"
+            );
+        };
+        let port = free_port();
+        let store =
+            std::env::temp_dir().join(format!("kvplane-nats-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&store);
+        std::fs::create_dir_all(&store).expect("nats store dir");
+        let mut nats = Nats {
+            url: format!("nats://127.0.0.1:{port}"),
+            port,
+            store,
+            child: None,
+        };
+        nats.spawn(&bin).await;
+        Some(nats)
+    }
+
+    async fn spawn(&mut self, bin: &PathBuf) {
+        let child = Command::new(bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("-sd")
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server starts");
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.port);
+        within("nats-server listens", async {
+            while tokio::net::TcpStream::connect(&addr).await.is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.start_kill();
+            let _ = within("nats-server exits", c.wait()).await;
+        }
+    }
+
+    /// Starts it again on the same port and store.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        let bin = binary().expect("nats-server");
+        self.spawn(&bin).await;
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
