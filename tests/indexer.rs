@@ -666,26 +666,16 @@ async fn until_ready(addr: SocketAddr, ready: bool, what: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_read_replicas_follow_the_ingester_through_nats() {
     use common::nats::Nats;
-    use kvplane::cluster::ClusterConfig;
     let Some(mut nats) = Nats::start().await else {
         return;
     };
-    let url = nats.url.clone();
-    let config = |replica| IndexerConfig {
-        cluster: Some(ClusterConfig {
-            name: "t1".into(),
-            ..ClusterConfig::new(url.clone())
-        }),
-        replica,
-        ..IndexerConfig::default()
-    };
-    let ingester = within("ingester", start(config(false)))
+    let ingester = within("ingester", start(nats.indexer("t1", false)))
         .await
         .expect("ingester");
     let mut replicas = Vec::new();
     for _ in 0..2 {
         replicas.push(
-            within("replica", start(config(true)))
+            within("replica", start(nats.indexer("t1", true)))
                 .await
                 .expect("replica"),
         );
@@ -754,7 +744,7 @@ async fn two_read_replicas_follow_the_ingester_through_nats() {
 
     // A new ingester (empty index, new epoch): the replicas start over from it.
     within("stop", ingester.stop()).await;
-    let ingester = within("ingester again", start(config(false)))
+    let ingester = within("ingester again", start(nats.indexer("t1", false)))
         .await
         .expect("ingester");
     let mut q = Publisher::start().await;

@@ -175,7 +175,6 @@ async fn real_vllm_publishers_feed_the_indexer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_vllm_publisher_feeds_two_read_replicas() {
     use common::nats::Nats;
-    use kvplane::cluster::ClusterConfig;
     let Some(dirs) = publisher_dirs() else {
         return;
     };
@@ -183,14 +182,7 @@ async fn real_vllm_publisher_feeds_two_read_replicas() {
         return;
     };
     let dir = dirs.last().expect("a publisher environment");
-    let config = |replica| IndexerConfig {
-        cluster: Some(ClusterConfig {
-            name: "vllm".into(),
-            ..ClusterConfig::new(nats.url.clone())
-        }),
-        replica,
-        ..IndexerConfig::default()
-    };
+    let config = |replica| nats.indexer("vllm", replica);
     let ingester = within("ingester", start(config(false)))
         .await
         .expect("ingester");

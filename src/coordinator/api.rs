@@ -14,7 +14,7 @@ use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
 use crate::web::limits::{LimitHit, WebLimit};
 use crate::web::HttpLimits;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
@@ -112,7 +112,7 @@ pub(crate) type Shared = Arc<ApiState>;
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
     let limits = state.http;
-    Router::new()
+    let routes = Router::new()
         .merge(super::dashboard::routes(&state))
         .route("/instances", post(register).get(list_instances))
         .route("/instances/usage", get(fleet_usage))
@@ -150,16 +150,8 @@ pub fn router(state: Shared) -> Router {
         )
         .layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
-        ))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            limits.max_body_bytes,
-            crate::web::limits::refuse_announced_oversize,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            limits::count_refusals,
-        ))
+        ));
+    crate::web::limits::with_body_limits(routes, limits.max_body_bytes, limits::refusals(&state))
         .with_state(state)
 }
 

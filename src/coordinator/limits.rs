@@ -4,18 +4,17 @@
 //! `DefaultBodyLimit` (body bytes) — and by [`JsonBody`] here (JSON values per body, counted
 //! with `web::schema::too_many_values` before anything is parsed).
 //!
-//! Every refusal is counted exactly once, in [`Refused`]: a 413 by [`count_refusals`]
-//! (by the [`LimitHit`] the response carries, else as a body-bytes refusal), a connection
-//! wait or a read timeout by the [`LimitHook`] that `web::serve` calls.
+//! Every refusal is counted exactly once, in [`Refused`], through [`refusals`]: a 413 by
+//! `web::limits::with_body_limits` (by the limit the response names, else as a body-bytes
+//! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
+//! `web::serve` calls.
 
 use super::api::{ApiState, CoordError};
-use crate::web::limits::{LimitHit, LimitHook, WebLimit};
+use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::Response;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -51,36 +50,12 @@ impl Refused {
     }
 }
 
-/// What `web::serve` calls on a connection wait or a read timeout: counted, logged at debug
-/// (a peer can trigger it at will, so it must not flood the log).
-pub fn hook(state: &Arc<ApiState>) -> LimitHook {
+/// Counts a refusal of the coordinator's HTTP server in [`Refused`] (through
+/// `web::limits::counting_hook` for connection waits and read timeouts, and
+/// `web::limits::with_body_limits` for 413s).
+pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {
     let state = Arc::clone(state);
-    Arc::new(move |hit: LimitHit, detail: &str| {
-        state.refused.count(hit.limit);
-        tracing::debug!(
-            limit = hit.limit.label(),
-            value = hit.value,
-            "coordinator HTTP limit {} hit: {detail}",
-            hit.limit.flag()
-        );
-    })
-}
-
-/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
-pub async fn count_refusals(
-    State(s): State<Arc<ApiState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let response = next.run(request).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        let limit = response
-            .extensions()
-            .get::<LimitHit>()
-            .map_or(WebLimit::BodyBytes, |h| h.limit);
-        s.refused.count(limit);
-    }
-    response
+    Arc::new(move |limit: WebLimit| state.refused.count(limit))
 }
 
 /// Extractor: the raw request body, refused with 413 past `--max-body-bytes` or when it holds

@@ -229,7 +229,7 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         listener,
         api::router(Arc::clone(&state)),
         config.http,
-        limits::hook(&state),
+        crate::web::limits::counting_hook("coordinator", limits::refusals(&state)),
         shutdown.clone(),
     );
     tasks.spawn(async move {

@@ -751,4 +751,4 @@ impl Index {
 
 #[cfg(test)]
 #[path = "index_tests.rs"]
-mod tests;
+pub(crate) mod tests;

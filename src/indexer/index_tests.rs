@@ -3,9 +3,11 @@
 
 use super::*;
 
-const BS: u32 = 4;
+/// Tokens per block in these tests (and the replica's).
+pub(crate) const BS: u32 = 4;
 
-fn spec(instance: &str, rank: u32) -> StreamSpec {
+/// A base-model stream of `instance` at `rank`.
+pub(crate) fn spec(instance: &str, rank: u32) -> StreamSpec {
     StreamSpec {
         tenant: "default".into(),
         instance: instance.into(),
@@ -44,7 +46,8 @@ fn removed(hashes: Vec<u64>, medium: Medium) -> KvEvent {
     })
 }
 
-fn scope() -> QueryScope<'static> {
+/// The scope of [`spec`]'s streams.
+pub(crate) fn scope() -> QueryScope<'static> {
     QueryScope {
         tenant: "default",
         model: "m",

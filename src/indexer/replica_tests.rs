@@ -3,22 +3,7 @@
 
 use super::*;
 use crate::indexer::events::{Removed, Stored};
-use crate::indexer::index::{LoraNs, QueryScope};
-
-const BS: u32 = 4;
-
-fn spec(instance: &str) -> StreamSpec {
-    StreamSpec {
-        tenant: "default".into(),
-        instance: instance.into(),
-        dp_rank: 0,
-        model: "m".into(),
-        lora: String::new(),
-        block_size: BS,
-        salt: String::new(),
-        shared: false,
-    }
-}
+use crate::indexer::index::tests::{scope, spec, BS};
 
 fn stored(blocks: u32, base: u64, medium: Medium) -> KvEvent {
     KvEvent::Stored(Stored {
@@ -28,17 +13,6 @@ fn stored(blocks: u32, base: u64, medium: Medium) -> KvEvent {
         medium,
         ..Stored::default()
     })
-}
-
-fn scope() -> QueryScope<'static> {
-    QueryScope {
-        tenant: "default",
-        model: "m",
-        lora: LoraNs::Name(String::new()),
-        block_size: BS,
-        salt: "",
-        instance: None,
-    }
 }
 
 /// Applies `change` to `index` as the ingester does, keeping the ingester's ids.
@@ -68,11 +42,11 @@ fn changes() -> Vec<Change> {
     vec![
         Change::AddStream {
             stream: 0,
-            spec: spec("a"),
+            spec: spec("a", 0),
         },
         Change::AddStream {
             stream: 1,
-            spec: spec("b"),
+            spec: spec("b", 0),
         },
         Change::Apply {
             streams: vec![0],

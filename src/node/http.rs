@@ -6,13 +6,11 @@
 use super::metrics::NodeMetrics;
 use super::prefetch::Prefetches;
 use super::tiers::Tiers;
-use crate::web::limits::{LimitHit, LimitHook, WebLimit};
-use axum::extract::Request;
+use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::extract::State;
-use axum::extract::{DefaultBodyLimit, Path, Query};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Path, Query};
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use std::sync::Arc;
@@ -31,7 +29,8 @@ pub(crate) fn router(
     prefetches: Arc<Prefetches>,
     max_body_bytes: usize,
 ) -> Router {
-    Router::new()
+    let counter = refusals(Arc::clone(&metrics));
+    let routes = Router::new()
         .merge(super::dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
@@ -62,60 +61,24 @@ pub(crate) fn router(
                 },
             ),
         )
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            max_body_bytes,
-            crate::web::limits::refuse_announced_oversize,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&metrics),
-            count_refusals,
-        ))
-        .layer(axum::middleware::from_fn(
-            crate::web::guard::same_origin_only,
-        ))
         .with_state(AppState {
             tiers,
             metrics,
             prefetches,
-        })
+        });
+    crate::web::limits::with_body_limits(routes, max_body_bytes, counter).layer(
+        axum::middleware::from_fn(crate::web::guard::same_origin_only),
+    )
 }
 
-/// What `web::serve` calls when a client waits for a connection slot or is cut off by the
-/// read timeout: counted, logged at debug (a client can trigger it at will).
-pub(crate) fn limit_hook(metrics: Arc<NodeMetrics>) -> LimitHook {
-    Arc::new(move |hit: LimitHit, detail: &str| {
-        metrics
-            .http_limits_hit
-            .with_label_values(&[hit.limit.label()])
-            .inc();
-        tracing::debug!(
-            limit = hit.limit.label(),
-            value = hit.value,
-            "node HTTP limit {} hit: {detail}",
-            hit.limit.flag()
-        );
-    })
-}
-
-/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
-async fn count_refusals(
-    State(metrics): State<Arc<NodeMetrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let response = next.run(request).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        let limit = response
-            .extensions()
-            .get::<LimitHit>()
-            .map_or(WebLimit::BodyBytes, |h| h.limit);
+/// Counts a refusal of the node's HTTP listener in `http_limits_hit_total{limit}`.
+pub(crate) fn refusals(metrics: Arc<NodeMetrics>) -> RefusalCounter {
+    Arc::new(move |limit: WebLimit| {
         metrics
             .http_limits_hit
             .with_label_values(&[limit.label()])
             .inc();
-    }
-    response
+    })
 }
 
 fn clamp(v: u64) -> i64 {

@@ -269,7 +269,7 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
                 l,
                 app,
                 config.http,
-                http::limit_hook(Arc::clone(&metrics)),
+                crate::web::limits::counting_hook("node", http::refusals(Arc::clone(&metrics))),
                 shutdown.clone(),
             );
             tasks.spawn(async move {

@@ -111,3 +111,52 @@ pub async fn refuse_announced_oversize(
         _ => next.run(request).await,
     }
 }
+
+/// Counts one refusal, by the limit it names (a service's own counters).
+pub type RefusalCounter = Arc<dyn Fn(WebLimit) + Send + Sync>;
+
+/// The [`LimitHook`] of a service that counts through `count`: a connection wait or a read
+/// timeout is counted and logged at debug (a peer can trigger it at will, so it must not
+/// flood the log).
+pub fn counting_hook(service: &'static str, count: RefusalCounter) -> LimitHook {
+    Arc::new(move |hit: LimitHit, detail: &str| {
+        count(hit.limit);
+        tracing::debug!(
+            limit = hit.limit.label(),
+            value = hit.value,
+            "{service} HTTP limit {} hit: {detail}",
+            hit.limit.flag()
+        );
+    })
+}
+
+/// The body limits every service puts on its router: bodies cut at `max_body_bytes` while
+/// read (`DefaultBodyLimit`), a 413 before a body announced larger is read
+/// ([`refuse_announced_oversize`]), and each 413 counted once through `count`, by the limit
+/// it names (body bytes when it names none).
+pub fn with_body_limits<S: Clone + Send + Sync + 'static>(
+    router: axum::Router<S>,
+    max_body_bytes: usize,
+    count: RefusalCounter,
+) -> axum::Router<S> {
+    router
+        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            max_body_bytes,
+            refuse_announced_oversize,
+        ))
+        .layer(axum::middleware::from_fn_with_state(count, count_413))
+}
+
+async fn count_413(State(count): State<RefusalCounter>, request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        count(
+            response
+                .extensions()
+                .get::<LimitHit>()
+                .map_or(WebLimit::BodyBytes, |h| h.limit),
+        );
+    }
+    response
+}

@@ -80,6 +80,18 @@ impl Nats {
         .await;
     }
 
+    /// An indexer of cluster `name` on this server: the ingester, or a `--replica`.
+    pub fn indexer(&self, name: &str, replica: bool) -> kvplane::indexer::service::IndexerConfig {
+        kvplane::indexer::service::IndexerConfig {
+            cluster: Some(kvplane::cluster::ClusterConfig {
+                name: name.into(),
+                ..kvplane::cluster::ClusterConfig::new(self.url.clone())
+            }),
+            replica,
+            ..Default::default()
+        }
+    }
+
     /// Kills the server (SIGKILL) and waits for it.
     pub async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -7,12 +7,11 @@ use super::api::{self, ApiError};
 use super::metrics::Text;
 use super::IndexerState;
 use crate::indexer::index::{InstanceMatch, QueryScope};
-use crate::web::limits::{LimitHit, LimitHook, WebLimit};
+use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
@@ -32,7 +31,7 @@ type PublisherFamily = (
 /// The router.
 pub(crate) fn router(state: Arc<IndexerState>) -> Router {
     let limit = state.config.max_body_bytes;
-    Router::new()
+    let routes = Router::new()
         .merge(super::dashboard::routes(&state))
         .route("/register", post(register))
         .route("/unregister", post(unregister))
@@ -44,16 +43,9 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(
-            limit,
-            crate::web::limits::refuse_announced_oversize,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            count_refusals,
-        ))
+        .fallback(|| async { ApiError::not_found("no such route") });
+    let counter = refusals(&state);
+    crate::web::limits::with_body_limits(routes, limit, counter)
         .layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
         ))
@@ -74,31 +66,10 @@ impl FromRequest<Arc<IndexerState>> for Body {
     }
 }
 
-/// What `web::serve` calls when a client waits for a connection slot or is cut off by the
-/// read timeout: counted, logged at debug (a client can trigger it at will).
-pub(crate) fn limit_hook(state: Arc<IndexerState>) -> LimitHook {
-    Arc::new(move |hit: LimitHit, detail: &str| {
-        state.metrics.http_limit_hit(hit.limit.label());
-        tracing::debug!(
-            limit = hit.limit.label(),
-            value = hit.value,
-            "indexer HTTP limit {} hit: {detail}",
-            hit.limit.flag()
-        );
-    })
-}
-
-/// Middleware: counts each 413 once, by the limit it names (body bytes when it names none).
-async fn count_refusals(State(st): St, request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        let limit = response
-            .extensions()
-            .get::<LimitHit>()
-            .map_or(WebLimit::BodyBytes, |h| h.limit);
-        st.metrics.http_limit_hit(limit.label());
-    }
-    response
+/// Counts a refusal of the indexer's HTTP server in `http_limits_hit_total{limit}`.
+pub(crate) fn refusals(state: &Arc<IndexerState>) -> RefusalCounter {
+    let state = Arc::clone(state);
+    Arc::new(move |limit: WebLimit| state.metrics.http_limit_hit(limit.label()))
 }
 
 async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {

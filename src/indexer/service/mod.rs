@@ -671,7 +671,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
         listener,
         app,
         limits,
-        http::limit_hook(Arc::clone(&state)),
+        crate::web::limits::counting_hook("indexer", http::refusals(&state)),
         shutdown.clone(),
     );
     tasks.spawn(async move {
