@@ -322,6 +322,82 @@ async fn indexer_page_shows_publishers_history_and_answers_the_query_box() {
     within("indexer stops", indexer.stop()).await;
 }
 
+/// `--cluster`: a read replica's page says it is a replica, caught up, and its query box
+/// answers from the followed index (docs/CLUSTER.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexer_replica_page_shows_its_role_and_answers_the_query_box() {
+    let Some(nats) = common::nats::Nats::start().await else {
+        return;
+    };
+    let start = kvplane::indexer::service::start;
+    let ingester = within("ingester", start(nats.indexer("dash", false)))
+        .await
+        .expect("ingester");
+    let replica = within("replica", start(nats.indexer("dash", true)))
+        .await
+        .expect("replica");
+    let mut socket = PubSocket::new();
+    let ep = within("bind pub", socket.bind("tcp://127.0.0.1:0"))
+        .await
+        .expect("bind pub");
+    let register = json!({"endpoint": ep.to_string(), "type": "vLLM", "modelname": MODEL,
+        "tenant_id": "default", "instance_id": "vllm-0", "block_size": BLOCK, "dp_rank": 0});
+    let (status, v) = http(
+        ingester.addr,
+        "POST",
+        "/register",
+        Some(&register.to_string()),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut publisher = Publisher { socket, next: 0 };
+    let query = json!({"model": MODEL, "block_size": BLOCK, "token_ids": prompt()});
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        publisher
+            .publish(&[vllm::stored(&[1, 2, 3, 4], &prompt(), BLOCK, "GPU")])
+            .await;
+        let (_, v) = http(
+            replica.addr,
+            "POST",
+            "/query",
+            Some(&query.to_string()),
+            &[],
+        )
+        .await;
+        last = v.clone();
+        if v["default"]["vllm-0"]["GPU"] == 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        last["default"]["vllm-0"]["GPU"], 16,
+        "never replicated: {last}"
+    );
+    let (status, feed) = http(replica.addr, "GET", "/api/dashboard", None, &[]).await;
+    assert_eq!(status, 200, "{feed}");
+    assert_eq!(feed["cluster"]["role"], "replica", "{feed}");
+    if common::browser::ready() {
+        browser(
+            &format!("http://{}", replica.addr),
+            "indexer-replica",
+            json!({
+                "title": "KV indexer",
+                "instance": "vllm-0",
+                "model": MODEL,
+                "block_size": BLOCK,
+                "tokens": csv(&prompt()),
+                "blocks": 4,
+            }),
+        )
+        .await;
+    }
+    within("replica stops", replica.stop()).await;
+    within("ingester stops", ingester.stop()).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Coordinator (Fleet page)
 // ---------------------------------------------------------------------------------------------

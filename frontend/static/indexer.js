@@ -70,10 +70,18 @@ function renderKpis() {
   const f = state.feed;
   const t = f.totals;
   const c = f.counters;
-  setText(kpi("publishers"), fmtInt(t.publishers));
-  setText(kpi("publishers-sub"), t.publishers
-    ? `${fmtInt(t.connected)} connected${t.replaying ? ` · ${fmtInt(t.replaying)} replaying` : ""} · ${fmtInt(t.services)} services`
-    : "none registered (POST /register)");
+  const cl = f.cluster || {};
+  if (cl.role === "replica") {
+    // A read replica follows its cluster's ingester: no publishers of its own (docs/CLUSTER.md).
+    setText(kpi("publishers"), "replica");
+    setText(kpi("publishers-sub"), `${cl.reason} · ${fmtInt(cl.pending)} pending · lag ${fmtInt(cl.lag_ms)} ms · cluster ${cl.cluster}`);
+  } else {
+    setText(kpi("publishers"), fmtInt(t.publishers));
+    const role = cl.role === "ingester" ? ` · ingester of cluster ${cl.cluster}, ${fmtCompact(cl.ops)} ops` : "";
+    setText(kpi("publishers-sub"), (t.publishers
+      ? `${fmtInt(t.connected)} connected${t.replaying ? ` · ${fmtInt(t.replaying)} replaying` : ""} · ${fmtInt(t.services)} services`
+      : "none registered (POST /register)") + role);
+  }
   setText(kpi("memberships"), fmtCompact(t.memberships));
   const used = t.max_memberships ? t.memberships / t.max_memberships : 0;
   kpi("memberships-bar").querySelector(".bar-fill").style.width = `${Math.min(1, used) * 100}%`;
@@ -108,7 +116,11 @@ function renderPublishers() {
   if (body.dataset.sig === sig) return;
   body.dataset.sig = sig;
   if (!f.publishers.length) {
-    body.replaceChildren(h("tr", { class: "empty" }, h("td", { colspan: "11", text: "No publisher yet. Register one with POST /register (an engine's KV-event PUB endpoint), or start the indexer with --publishers." })));
+    const replica = (state.feed.cluster || {}).role === "replica";
+    const text = replica
+      ? "A read replica has no publishers: they register on its cluster's ingester, whose changes it follows (docs/CLUSTER.md)."
+      : "No publisher yet. Register one with POST /register (an engine's KV-event PUB endpoint), or start the indexer with --publishers.";
+    body.replaceChildren(h("tr", { class: "empty" }, h("td", { colspan: "11", text })));
     return;
   }
   body.replaceChildren(...f.publishers.map((p) => {

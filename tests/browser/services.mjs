@@ -18,7 +18,7 @@ import { join } from "node:path";
 
 const [base, kind, shot, expectJson] = process.argv.slice(2);
 if (!base || !kind || !shot || !expectJson) {
-  console.error("usage: node services.mjs <base-url> <indexer|fleet|node> <screenshot.png> '<expectations JSON>'");
+  console.error("usage: node services.mjs <base-url> <indexer|indexer-replica|fleet|node> <screenshot.png> '<expectations JSON>'");
   process.exit(2);
 }
 const expect = JSON.parse(expectJson);
@@ -102,6 +102,28 @@ async function indexerPage(page) {
   await page.waitForFunction(() => document.querySelector("#query-answer")?.dataset.status === "200" && !!document.getElementById("answer-table"));
 }
 
+// A read replica (docs/CLUSTER.md): no publishers of its own; its role and lag show where the
+// publishers would, and the query box answers from the index it follows.
+async function replicaPage(page) {
+  await page.waitForFunction(() => document.querySelector('[data-k="publishers"]')?.textContent === "replica");
+  const sub = await page.textContent('[data-k="publishers-sub"]');
+  check(sub.includes("caught up") && sub.includes("pending"), `the replica's state shows (${sub})`);
+  const empty = await page.textContent("#publishers tbody tr");
+  check(empty.includes("read replica"), `the publisher table says why it is empty (${empty})`);
+  await page.fill('#query-form input[name="model"]', expect.model);
+  await page.fill('#query-form input[name="block_size"]', String(expect.block_size));
+  await page.fill("#token-ids", expect.tokens);
+  await page.click("#query-send");
+  await page.waitForSelector("#query-answer:not([hidden])");
+  const status = await page.getAttribute("#query-answer", "data-status");
+  check(status === "200", `POST /query to the replica answered 200 (${status})`);
+  await page.waitForSelector("#answer-table");
+  const cells = await page.$$eval("#answer-table tbody tr", (rows) => rows.map((r) => [...r.cells].map((c) => c.textContent.trim())));
+  const matched = expect.blocks * expect.block_size;
+  const mine = cells.find((c) => c[1] === expect.instance);
+  check(mine && mine[3] === String(matched), `the replica's answer shows ${expect.instance} with ${matched} tokens on GPU (${JSON.stringify(mine)})`);
+}
+
 async function fleetPage(page) {
   await fromHistory(page, ["chart-tenants", "chart-quota", "chart-evictions"]);
   const server = page.locator("#servers tbody tr", { hasText: expect.instance });
@@ -178,12 +200,13 @@ try {
   check(title.includes(expect.title), `the page is the ${kind} page (${title})`);
 
   if (kind === "indexer") await indexerPage(page);
+  else if (kind === "indexer-replica") await replicaPage(page);
   else if (kind === "fleet") await fleetPage(page);
   else if (kind === "node") await nodePage(page);
   else throw new Error(`unknown page ${kind}`);
 
   const mutating = posts.filter((p) => !p.url.endsWith("/query"));
-  check(mutating.length === 0, `the page sent no other request than GETs${kind === "indexer" ? " and /query" : ""} (${JSON.stringify(mutating)})`);
+  check(mutating.length === 0, `the page sent no other request than GETs${kind.startsWith("indexer") ? " and /query" : ""} (${JSON.stringify(mutating)})`);
   await page.waitForTimeout(300);
   await page.screenshot({ path: shot, fullPage: !!expect.full_page });
   check(true, `screenshot saved to ${shot}`);

@@ -203,6 +203,15 @@ impl IndexerState {
             let mut core = self.core.write();
             r.follower.lock().apply(&mut core.index, &op)
         };
+        if let (
+            Change::Apply { events, .. },
+            Applied::InOrder | Applied::NewEpoch | Applied::AfterGap,
+        ) = (&op.change, outcome)
+        {
+            self.metrics
+                .events_applied
+                .fetch_add(events.len() as u64, Ordering::Relaxed);
+        }
         match outcome {
             Applied::Stale => {}
             Applied::AfterGap => {

@@ -133,6 +133,8 @@ struct Feed {
     counters: Counters,
     /// By endpoint, the first [`FEED_ROWS`].
     publishers: Vec<Publisher>,
+    /// The role in its cluster and, for a replica, its lag (`/readyz`'s body).
+    cluster: serde_json::Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<HistoryPage>,
 }
@@ -261,6 +263,7 @@ async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
         totals,
         counters,
         publishers,
+        cluster: super::cluster::readyz(&d.state).1,
         history: (q.history.as_deref() == Some("1")).then(|| d.history.page()),
     };
     (
