@@ -643,6 +643,17 @@ async fn registrations_are_bounded() {
     within("stop", server.stop()).await;
 }
 
+/// `GET /metrics` as text.
+async fn raw_metrics(addr: SocketAddr) -> (u16, String) {
+    let text = common::http::raw_exchange(addr, b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    let status = if text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200") {
+        200
+    } else {
+        0
+    };
+    (status, text)
+}
+
 /// Polls `/readyz` until its readiness is `ready`; returns the last body.
 async fn until_ready(addr: SocketAddr, ready: bool, what: &str) -> Value {
     let start = Instant::now();
@@ -701,6 +712,39 @@ async fn two_read_replicas_follow_the_ingester_through_nats() {
     }
     let (_, ready) = http(ingester.addr, "GET", "/readyz", None, &[]).await;
     assert_eq!(ready["role"], json!("ingester"), "{ready}");
+
+    // One publisher message whose change is larger than NATS takes (1 MiB): split into
+    // several ops, in order, with no gap.
+    let big: Vec<Vec<u8>> = (0..1500u32)
+        .map(|e| {
+            let toks: Vec<u32> = (0..256).map(|t| 1_000_000 + e * 256 + t).collect();
+            let hs: Vec<u64> = (0..64)
+                .map(|b| 10_000_000 + u64::from(e) * 64 + b)
+                .collect();
+            mp::stored_map(&hs, None, &toks, 4, "CPU")
+        })
+        .collect();
+    p.publish(&big).await;
+    let memberships = |addr| async move {
+        let (_, text) = raw_metrics(addr).await;
+        common::sample(&text, "kvplane_indexer_memberships")
+    };
+    let want = 3.0 + 1500.0 * 64.0;
+    for addr in std::iter::once(ingester.addr).chain(replicas.iter().map(|r| r.addr)) {
+        let start = Instant::now();
+        while memberships(addr).await != want {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{}",
+                memberships(addr).await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for r in &replicas {
+        let ready = until_ready(r.addr, true, "after the split change").await;
+        assert_eq!(ready["in_sync"], json!(true), "{ready}");
+    }
 
     p.publish(&[mp::removed_map(&[102], "GPU")]).await;
     for r in &replicas {

@@ -54,7 +54,7 @@ pub enum ClusterError {
     #[error("--cluster-name {0:?}: use 1-64 of A-Z a-z 0-9 _ -")]
     BadName(String),
     /// NATS did not answer in time or refused.
-    #[error("cannot reach NATS at {url}: {reason}")]
+    #[error("--cluster: cannot reach NATS at {url}: {reason}")]
     Connect {
         /// The URL.
         url: String,
@@ -62,7 +62,9 @@ pub enum ClusterError {
         reason: String,
     },
     /// JetStream refused the stream (not enabled on the server, or a conflicting config).
-    #[error("JetStream stream {stream}: {reason}")]
+    #[error(
+        "--cluster: JetStream stream {stream}: {reason} (is JetStream enabled: nats-server -js?)"
+    )]
     Stream {
         /// The stream's name.
         stream: String,
@@ -131,6 +133,13 @@ impl Cluster {
     /// The configuration.
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// Largest message the server takes (its `max_payload`; 1 MiB by default), less room for
+    /// headers.
+    pub fn max_message_bytes(&self) -> usize {
+        let max = self.client.server_info().max_payload;
+        if max == 0 { 1 << 20 } else { max }.saturating_sub(4096)
     }
 
     /// Whether the connection to NATS is up now.

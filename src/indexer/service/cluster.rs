@@ -121,19 +121,52 @@ impl Role {
         matches!(self, Role::Ingester(_))
     }
 
-    /// Records a change just applied. Call with the index's write lock held.
+    /// Records a change just applied. Call with the index's write lock held (so ops are
+    /// numbered in apply order by one writer at a time). An `Apply` whose op would be larger
+    /// than NATS takes is split into several, in order.
     pub(crate) fn record(&self, change: Change) {
         let Role::Ingester(l) = self else { return };
+        let seq = l.seq.load(Ordering::Relaxed) + 1;
         let op = Op {
             epoch: l.epoch,
-            seq: l.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            seq,
             at_ms: now_ms(),
             change,
         };
-        let sent = op
-            .encode()
-            .ok()
-            .is_some_and(|b| l.tx.try_send(Bytes::from(b)).is_ok());
+        let bytes = match op.encode() {
+            Ok(b) if b.len() <= l.cluster.max_message_bytes() => Some(b),
+            Ok(b) => {
+                if let Change::Apply {
+                    streams,
+                    events,
+                    now,
+                } = op.change
+                {
+                    if events.len() > 1 {
+                        // Not numbered: the halves take this number and the next.
+                        let mut first = events;
+                        let second = first.split_off(first.len() / 2);
+                        for events in [first, second] {
+                            self.record(Change::Apply {
+                                streams: streams.clone(),
+                                events,
+                                now,
+                            });
+                        }
+                        return;
+                    }
+                }
+                tracing::warn!(
+                    bytes = b.len(),
+                    "an index change too large for NATS was not published"
+                );
+                None
+            }
+            Err(_) => None,
+        };
+        // Numbered even when lost, so replicas see the gap.
+        l.seq.store(seq, Ordering::Relaxed);
+        let sent = bytes.is_some_and(|b| l.tx.try_send(Bytes::from(b)).is_ok());
         if !sent {
             l.dropped.fetch_add(1, Ordering::Relaxed);
         }

@@ -552,7 +552,7 @@ pub enum IndexerStartError {
         source: std::io::Error,
     },
     /// `--cluster` could not be joined.
-    #[error("--cluster: {0}")]
+    #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
     /// The publishers file could not be read or is invalid.
     #[error("publishers file {path}: {message}")]
