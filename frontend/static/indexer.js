@@ -94,10 +94,10 @@ function renderKpis() {
   setText(kpi("events-sub"), `${fmtCompact(c.events_applied)} applied · ${fmtCompact(c.stored)} stores · ${fmtCompact(c.removed)} removals`);
   setText(kpi("gaps"), `${fmtCompact(c.gaps)} · ${fmtCompact(c.replays)}`);
   setText(kpi("gaps-sub"), `${fmtCompact(c.replay_failures)} replays failed · ${fmtCompact(c.restarts)} restarts`);
-  const dropped = c.orphans + c.unknown_hashes + c.shape_mismatch + c.capacity_refused + c.queue_drops;
+  const dropped = c.orphans + c.unknown_hashes + c.shape_mismatch + c.capacity_refused + (c.evicted || 0) + c.queue_drops;
   setText(kpi("dropped"), fmtCompact(dropped));
   setText(kpi("dropped-sub"), dropped
-    ? `orphans ${fmtCompact(c.orphans)} · unknown ${fmtCompact(c.unknown_hashes)} · queue ${fmtCompact(c.queue_drops)} · capacity ${fmtCompact(c.capacity_refused)}`
+    ? `orphans ${fmtCompact(c.orphans)} · unknown ${fmtCompact(c.unknown_hashes)} · queue ${fmtCompact(c.queue_drops)} · capacity ${fmtCompact(c.capacity_refused)} refused, ${fmtCompact(c.evicted || 0)} evicted`
     : "nothing dropped");
 }
 

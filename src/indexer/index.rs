@@ -53,8 +53,12 @@ pub struct StreamSpec {
 pub struct IndexConfig {
     /// The XXH3 seed of the standard hashes.
     pub seed: u64,
-    /// At most this many `(holder, block)` memberships; new ones beyond are refused.
+    /// At most this many `(holder, block)` memberships. At the limit the least recently
+    /// stored are evicted (`evict_at_capacity`), or new ones are refused.
     pub max_memberships: usize,
+    /// At the limit, evict about 1/16 of the memberships, those not stored again for the
+    /// longest time, instead of refusing new ones.
+    pub evict_at_capacity: bool,
     /// Blocks not stored again within this many seconds are dropped (`None`: never).
     pub ttl_secs: Option<u32>,
 }
@@ -64,6 +68,7 @@ impl Default for IndexConfig {
         Self {
             seed: hash::DEFAULT_SEED,
             max_memberships: 50_000_000,
+            evict_at_capacity: true,
             ttl_secs: None,
         }
     }
@@ -90,6 +95,8 @@ pub struct Counters {
     pub capacity_refused: u64,
     /// Memberships dropped by the TTL.
     pub expired: u64,
+    /// Memberships evicted at the capacity limit (least recently stored first).
+    pub evicted: u64,
     /// Clear events and stream resets applied.
     pub clears: u64,
 }
@@ -318,7 +325,11 @@ impl Index {
     }
 
     fn link(&mut self, id: StreamId, ns: u32, seq: u64, tier: Medium) -> bool {
-        if self.table.memberships() >= self.config.max_memberships {
+        if self.table.memberships() >= self.config.max_memberships
+            && !(self.config.evict_at_capacity
+                && self.evict_oldest()
+                && self.table.memberships() < self.config.max_memberships)
+        {
             self.counters.capacity_refused += 1;
             return false;
         }
@@ -590,12 +601,23 @@ impl Index {
         let Some(ttl) = self.config.ttl_secs else {
             return 0;
         };
-        let cutoff = now.saturating_sub(ttl);
+        if now < ttl {
+            return 0;
+        }
+        let cutoff = now - ttl;
+        let n = self.drop_touched(|touched| touched < cutoff);
+        self.counters.expired += n as u64;
+        n
+    }
+
+    /// Drops every engine entry whose last store time `old` says is too old, with its
+    /// memberships; returns how many memberships went.
+    fn drop_touched(&mut self, old: impl Fn(u32) -> bool) -> usize {
         let mut dropped = Vec::new();
         for (i, slot) in self.streams.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
             s.engine.retain(|e| {
-                if e.touched >= cutoff || now < ttl {
+                if !old(e.touched) {
                     return true;
                 }
                 for t in Medium::ALL {
@@ -610,8 +632,35 @@ impl Index {
         for (id, ns, seq, t) in dropped {
             self.unlink(id, ns, seq, t);
         }
-        self.counters.expired += n as u64;
         n
+    }
+
+    /// Frees room at the capacity limit: drops the memberships stored longest ago — about
+    /// 1/16 of them, by the store times of up to 4,096 sampled entries. Entries stored in the
+    /// same second as the cutoff go too, unless that second holds most of the sample (a burst
+    /// filling the index at once): then only older ones go. Returns whether any went.
+    ///
+    /// Deterministic (the tables' order depends only on what was applied), so a replica
+    /// applying the same changes evicts the same blocks.
+    fn evict_oldest(&mut self) -> bool {
+        let total: usize = self.streams.iter().flatten().map(|s| s.engine.len()).sum();
+        if total == 0 {
+            return false;
+        }
+        let step = total.div_ceil(4096);
+        let mut sample: Vec<u32> = self
+            .streams
+            .iter()
+            .flatten()
+            .flat_map(|s| s.engine.iter().map(|e| e.touched))
+            .step_by(step)
+            .collect();
+        sample.sort_unstable();
+        let cutoff = sample[sample.len() / 16];
+        let inclusive = sample.partition_point(|&t| t <= cutoff) * 2 <= sample.len();
+        let n = self.drop_touched(|t| t < cutoff || (inclusive && t == cutoff));
+        self.counters.evicted += n as u64;
+        n > 0
     }
 
     /// Answers `/query`: the standard hashes of every complete block of `tokens`.

@@ -281,6 +281,7 @@ fn shared_pools_serve_every_rank_of_their_instance() {
 fn capacity_refuses_new_memberships_and_counts_them() {
     let mut index = Index::new(IndexConfig {
         max_memberships: 3,
+        evict_at_capacity: false,
         ..IndexConfig::default()
     });
     let s = index.add_stream(spec("a", 0));
@@ -289,6 +290,46 @@ fn capacity_refuses_new_memberships_and_counts_them() {
     assert_eq!(index.counters().capacity_refused, 1);
     assert_eq!(index.stream_stats(s).map(|x| x.engine_hashes), Some(3));
     assert_eq!(index.query_tokens(&scope(), &tokens(5))["a"].gpu, 12);
+}
+
+#[test]
+fn capacity_evicts_the_least_recently_stored_first() {
+    let mut index = Index::new(IndexConfig {
+        max_memberships: 32,
+        ..IndexConfig::default()
+    });
+    let (a, b) = (
+        index.add_stream(spec("a", 0)),
+        index.add_stream(spec("b", 0)),
+    );
+    // 16 blocks of "a" at t=10, then "b" refreshes nothing and stores 16 at t=20: full.
+    index.apply(a, &stored(0, 16, 100, Medium::Gpu), 10);
+    index.apply(b, &stored(0, 16, 900, Medium::Gpu), 20);
+    assert_eq!(index.memberships(), 32);
+    // One more at t=30: the oldest second (all of "a", half the sample) is not most of it,
+    // so it goes; "b" stays, the new block is stored, nothing is refused.
+    index.apply(b, &stored(16, 17, 900, Medium::Gpu), 30);
+    let c = index.counters();
+    assert_eq!((c.evicted, c.capacity_refused), (16, 0), "{c:?}");
+    assert_eq!(index.memberships(), 17);
+    let got = index.query_tokens(&scope(), &tokens(17));
+    assert_eq!(got["a"].longest_matched, 0, "{got:?}");
+    assert_eq!(got["b"].gpu, 17 * u64::from(BS));
+    assert_eq!(index.stream_stats(a).map(|x| x.engine_hashes), Some(0));
+}
+
+#[test]
+fn a_burst_filling_the_index_in_one_second_is_refused_not_wiped() {
+    let mut index = Index::new(IndexConfig {
+        max_memberships: 8,
+        ..IndexConfig::default()
+    });
+    let s = index.add_stream(spec("a", 0));
+    index.apply(s, &stored(0, 12, 100, Medium::Gpu), 5);
+    let c = index.counters();
+    // The chain stops at the first refused block (its children would have no parent).
+    assert_eq!((c.evicted, c.capacity_refused), (0, 1), "{c:?}");
+    assert_eq!(index.memberships(), 8);
 }
 
 #[test]

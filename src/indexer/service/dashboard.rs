@@ -115,6 +115,7 @@ struct Counters {
     shape_mismatch: u64,
     capacity_refused: u64,
     expired: u64,
+    evicted: u64,
     clears: u64,
     gaps: u64,
     replays: u64,
@@ -154,6 +155,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
         shape_mismatch: c.shape_mismatch,
         capacity_refused: c.capacity_refused,
         expired: c.expired,
+        evicted: c.evicted,
         clears: c.clears,
         ..Counters::default()
     };

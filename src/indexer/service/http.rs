@@ -248,6 +248,11 @@ async fn metrics(State(st): St) -> impl IntoResponse {
             ),
             ("expired", "Memberships dropped by the TTL.", c.expired),
             (
+                "evicted",
+                "Memberships evicted at the capacity limit, least recently stored first.",
+                c.evicted,
+            ),
+            (
                 "clears",
                 "Stream clears (events, restarts, unregistrations).",
                 c.clears,

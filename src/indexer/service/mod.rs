@@ -43,13 +43,19 @@ pub struct IndexerArgs {
     /// XXH3 seed of the standard block hashes (Dynamo uses 1337).
     #[arg(long, env = "KVPLANE_INDEXER_HASH_SEED", default_value_t = crate::indexer::hash::DEFAULT_SEED)]
     pub hash_seed: u64,
-    /// At most this many (holder, block) memberships; new ones beyond are refused and counted.
+    /// At most this many (holder, block) memberships; at the limit the least recently stored
+    /// are evicted (about 1/16 at a time), or with `--capacity-policy refuse` new ones are
+    /// refused. Both counted.
     #[arg(
         long,
         env = "KVPLANE_INDEXER_MAX_MEMBERSHIPS",
         default_value_t = 50_000_000
     )]
     pub max_memberships: usize,
+    /// What happens at `--max-memberships`: `evict` the least recently stored, or `refuse`
+    /// new memberships.
+    #[arg(long, env = "KVPLANE_INDEXER_CAPACITY_POLICY", default_value = "evict", value_parser = ["evict", "refuse"])]
+    pub capacity_policy: String,
     /// Drop blocks not stored again within this many seconds (0: never).
     #[arg(long, env = "KVPLANE_INDEXER_TTL_SECS", default_value_t = 0)]
     pub ttl_secs: u32,
@@ -119,6 +125,7 @@ impl IndexerArgs {
             index: IndexConfig {
                 seed: self.hash_seed,
                 max_memberships: self.max_memberships,
+                evict_at_capacity: self.capacity_policy != "refuse",
                 ttl_secs: (self.ttl_secs > 0).then_some(self.ttl_secs),
             },
             publishers: self.publishers.clone(),
