@@ -524,12 +524,19 @@ impl Index {
             Some(e) => e.refs,
             None => [0; 3],
         };
+        let evicted = self.counters.evicted;
         if refs[tier.index()] == 0 && !self.link(id, ns, seq, tier) {
             if refs == [0; 3] {
                 self.remove_entry(id, hash, engine);
             }
             return false;
         }
+        // Linking may have evicted this entry's other tiers at the capacity limit.
+        let refs = if self.counters.evicted == evicted {
+            refs
+        } else {
+            self.lookup(id, engine).map_or([0; 3], |e| e.refs)
+        };
         let mut new_refs = refs;
         new_refs[tier.index()] = match tier {
             Medium::Gpu => 1,
