@@ -501,7 +501,11 @@ impl Index {
             refs: [0; 3],
         };
         let hash = engine_hash(&fresh);
+        // One probe of the engine map on the common path (a new block): this lookup, then an
+        // insert into the slot it found empty.
         let existing = self.lookup(id, engine);
+        let mut present = existing.is_some();
+        let mut refs = existing.map_or([0; 3], |e| e.refs);
         if let Some(old) = existing {
             if old.ns != ns || old.seq != seq {
                 // The engine reused a hash for other content: forget the old block first.
@@ -510,46 +514,37 @@ impl Index {
                         self.unlink(id, old.ns, old.seq, t);
                     }
                 }
-                self.set_entry(
-                    id,
-                    hash,
-                    EngineEntry {
-                        refs: [0; 3],
-                        ..fresh
-                    },
-                );
+                refs = [0; 3];
+                self.set_entry(id, hash, EngineEntry { refs, ..fresh });
             }
         }
-        let refs = match self.lookup(id, engine) {
-            Some(e) => e.refs,
-            None => [0; 3],
-        };
         let evicted = self.counters.evicted;
         if refs[tier.index()] == 0 && !self.link(id, ns, seq, tier) {
-            if refs == [0; 3] {
+            if present && refs == [0; 3] {
                 self.remove_entry(id, hash, engine);
             }
             return false;
         }
-        // Linking may have evicted this entry's other tiers at the capacity limit.
-        let refs = if self.counters.evicted == evicted {
-            refs
-        } else {
-            self.lookup(id, engine).map_or([0; 3], |e| e.refs)
-        };
+        if self.counters.evicted != evicted {
+            // The eviction may have dropped this entry or some of its tiers.
+            let now_there = self.lookup(id, engine);
+            present = now_there.is_some();
+            refs = now_there.map_or([0; 3], |e| e.refs);
+        }
         let mut new_refs = refs;
         new_refs[tier.index()] = match tier {
             Medium::Gpu => 1,
             _ => refs[tier.index()].saturating_add(1),
         };
-        self.set_entry(
-            id,
-            hash,
-            EngineEntry {
-                refs: new_refs,
-                ..fresh
-            },
-        );
+        let entry = EngineEntry {
+            refs: new_refs,
+            ..fresh
+        };
+        if present {
+            self.set_entry(id, hash, entry);
+        } else if let Some(s) = self.stream_mut(id) {
+            s.engine.insert_unique(hash, entry, engine_hash);
+        }
         self.counters.stored += 1;
         true
     }
