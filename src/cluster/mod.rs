@@ -3,9 +3,9 @@
 //! of what they mean.
 //!
 //! One JetStream stream per (cluster, service) — `KVPLANE_<cluster>_<service>`, subject
-//! `kvplane.<cluster>.<service>` — bounded by bytes (oldest discarded). A [`Publisher`] sends
-//! payloads in order with up to [`ACK_WINDOW`] acknowledgements outstanding; a [`Reader`]
-//! delivers every message from the first one still in the stream, in order, with how many
+//! `kvplane.<cluster>.<service>` — bounded by bytes (oldest discarded). A publisher sends
+//! payloads in order with up to [`ACK_WINDOW`] acknowledgements outstanding; a reader
+//! delivers the payload of every message from the first one still in the stream, in order, with how many
 //! are still pending behind it.
 
 use async_nats::jetstream::{self, consumer, stream};
@@ -236,17 +236,6 @@ pub fn spawn_publisher(
     });
 }
 
-/// One message read from a stream.
-#[derive(Debug)]
-pub struct Delivered {
-    /// Its sequence number in the stream.
-    pub stream_seq: u64,
-    /// Messages still behind it in the stream when it was delivered.
-    pub pending: u64,
-    /// The payload.
-    pub payload: Bytes,
-}
-
 /// State a reader shares with whoever reports on it.
 #[derive(Debug, Default)]
 pub struct ReaderStatus {
@@ -256,18 +245,16 @@ pub struct ReaderStatus {
     pub pending: AtomicU64,
     /// Messages delivered.
     pub delivered: AtomicU64,
-    /// Times the reader had to set its consumer up again.
-    pub restarts: AtomicU64,
 }
 
-/// Delivers every message of `service`'s stream, from the first one kept, in order, into
-/// `tx` (bounded: a slow applier slows the reader, never grows memory), until `cancel`. An
+/// Delivers the payload of every message of `service`'s stream, from the first one kept, in
+/// order, into `tx` (bounded: a slow applier slows the reader, never grows memory), until `cancel`. An
 /// error (NATS down, the consumer lost) sets the consumer up again after a pause, from the
 /// message after the last one delivered.
 pub fn spawn_reader(
     cluster: Cluster,
     service: &str,
-    tx: mpsc::Sender<Delivered>,
+    tx: mpsc::Sender<Bytes>,
     status: Arc<ReaderStatus>,
     cancel: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
@@ -291,7 +278,6 @@ pub fn spawn_reader(
             if tx.is_closed() {
                 return;
             }
-            status.restarts.fetch_add(1, Ordering::Relaxed);
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -305,7 +291,7 @@ async fn read(
     cluster: &Cluster,
     service: &str,
     from: u64,
-    tx: &mpsc::Sender<Delivered>,
+    tx: &mpsc::Sender<Bytes>,
     status: &ReaderStatus,
 ) -> Result<u64, (u64, String)> {
     let mut next = from;
@@ -354,12 +340,7 @@ async fn read(
         status.pending.store(pending, Ordering::Relaxed);
         status.delivered.fetch_add(1, Ordering::Relaxed);
         next = stream_seq + 1;
-        let delivered = Delivered {
-            stream_seq,
-            pending,
-            payload: m.payload.clone(),
-        };
-        if tx.send(delivered).await.is_err() {
+        if tx.send(m.payload.clone()).await.is_err() {
             return Ok(next);
         }
     }

@@ -43,6 +43,8 @@ pub(crate) struct Leader {
     /// The last op's number; only changed under the index's write lock, so ops are numbered
     /// in apply order.
     seq: AtomicU64,
+    /// Largest op published whole (the server's `max_payload` when it was joined).
+    max_op_bytes: usize,
     tx: mpsc::Sender<Bytes>,
     dropped: AtomicU64,
     stats: Arc<PublishStats>,
@@ -58,8 +60,47 @@ pub(crate) struct Replica {
     /// Every delivered message handled (applied, stale or bad): with the reader's delivered
     /// count, whether the applier has caught up with the reader.
     processed: AtomicU64,
-    gaps: AtomicU64,
     bad_ops: AtomicU64,
+}
+
+/// Where a replica stands, as `/readyz` and `/metrics` report it.
+struct Progress {
+    reading: bool,
+    /// Ops in the stream or delivered, not yet applied.
+    pending: u64,
+    lag_ms: u64,
+    in_sync: bool,
+    epoch: Option<u64>,
+    applied_seq: u64,
+    gaps: u64,
+}
+
+impl Replica {
+    fn progress(&self) -> Progress {
+        let (in_sync, (epoch, applied_seq), at_ms, gaps) = {
+            let f = self.follower.lock();
+            (f.in_sync(), f.position(), f.last_at_ms(), f.gaps())
+        };
+        let unapplied = self
+            .status
+            .delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.processed.load(Ordering::Relaxed));
+        let pending = self.status.pending.load(Ordering::Relaxed) + unapplied;
+        Progress {
+            reading: self.status.reading.load(Ordering::Relaxed) && self.cluster.connected(),
+            pending,
+            lag_ms: if pending == 0 || at_ms == 0 {
+                0
+            } else {
+                now_ms().saturating_sub(at_ms)
+            },
+            in_sync,
+            epoch,
+            applied_seq,
+            gaps,
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -91,18 +132,19 @@ impl Role {
                     status: Arc::default(),
                     applied: AtomicU64::new(0),
                     processed: AtomicU64::new(0),
-                    gaps: AtomicU64::new(0),
                     bad_ops: AtomicU64::new(0),
                 }),
                 None,
             ));
         }
         let (tx, rx) = mpsc::channel(OP_QUEUE);
+        let max_op_bytes = cluster.max_message_bytes();
         Ok((
             Role::Ingester(Leader {
                 cluster,
                 epoch: rand::random::<u64>() >> 1,
                 seq: AtomicU64::new(0),
+                max_op_bytes,
                 tx,
                 dropped: AtomicU64::new(0),
                 stats: Arc::default(),
@@ -134,7 +176,7 @@ impl Role {
             change,
         };
         let bytes = match op.encode() {
-            Ok(b) if b.len() <= l.cluster.max_message_bytes() => Some(b),
+            Ok(b) if b.len() <= l.max_op_bytes => Some(b),
             Ok(b) => {
                 if let Change::Apply {
                     streams,
@@ -209,14 +251,14 @@ pub(crate) fn spawn(
             let cancel = cancel.clone();
             tasks.spawn(async move {
                 loop {
-                    let delivered = tokio::select! {
+                    let payload = tokio::select! {
                         () = cancel.cancelled() => return,
                         d = rx.recv() => match d {
                             Some(d) => d,
                             None => return,
                         },
                     };
-                    st.follow(&delivered.payload);
+                    st.follow(&payload);
                 }
             });
         }
@@ -236,23 +278,12 @@ impl IndexerState {
             let mut core = self.core.write();
             r.follower.lock().apply(&mut core.index, &op)
         };
-        if let (
-            Change::Apply { events, .. },
-            Applied::InOrder | Applied::NewEpoch | Applied::AfterGap,
-        ) = (&op.change, outcome)
-        {
-            self.metrics
-                .events_applied
-                .fetch_add(events.len() as u64, Ordering::Relaxed);
-        }
-        match outcome {
-            Applied::Stale => {}
-            Applied::AfterGap => {
-                r.gaps.fetch_add(1, Ordering::Relaxed);
-                r.applied.fetch_add(1, Ordering::Relaxed);
-            }
-            Applied::InOrder | Applied::NewEpoch => {
-                r.applied.fetch_add(1, Ordering::Relaxed);
+        if outcome != Applied::Stale {
+            r.applied.fetch_add(1, Ordering::Relaxed);
+            if let Change::Apply { events, .. } = &op.change {
+                self.metrics
+                    .events_applied
+                    .fetch_add(events.len() as u64, Ordering::Relaxed);
             }
         }
         r.processed.fetch_add(1, Ordering::Relaxed);
@@ -280,29 +311,13 @@ pub(crate) fn readyz(state: &IndexerState) -> (bool, Value) {
             )
         }
         Role::Replica(r) => {
-            let (in_sync, (epoch, seq), at_ms) = {
-                let f = r.follower.lock();
-                (f.in_sync(), f.position(), f.last_at_ms())
-            };
-            let reading = r.status.reading.load(Ordering::Relaxed) && r.cluster.connected();
-            // Delivered but not yet applied count as pending too.
-            let unapplied = r
-                .status
-                .delivered
-                .load(Ordering::Relaxed)
-                .saturating_sub(r.processed.load(Ordering::Relaxed));
-            let pending = r.status.pending.load(Ordering::Relaxed) + unapplied;
-            let lag_ms = if pending == 0 || at_ms == 0 {
-                0
-            } else {
-                now_ms().saturating_sub(at_ms)
-            };
-            let ready = reading && pending == 0 && (epoch.is_none() || in_sync);
-            let reason = if !reading {
+            let p = r.progress();
+            let ready = p.reading && p.pending == 0 && (p.epoch.is_none() || p.in_sync);
+            let reason = if !p.reading {
                 "not reading the change stream (NATS unreachable?)"
-            } else if pending > 0 {
+            } else if p.pending > 0 {
                 "catching up"
-            } else if epoch.is_some() && !in_sync {
+            } else if p.epoch.is_some() && !p.in_sync {
                 "ops of this epoch are missing (a gap); waiting for the next ingester epoch"
             } else {
                 "caught up"
@@ -314,11 +329,11 @@ pub(crate) fn readyz(state: &IndexerState) -> (bool, Value) {
                     "role": "replica",
                     "cluster": r.cluster.config().name,
                     "reason": reason,
-                    "epoch": epoch,
-                    "applied_seq": seq,
-                    "pending": pending,
-                    "lag_ms": lag_ms,
-                    "in_sync": in_sync,
+                    "epoch": p.epoch,
+                    "applied_seq": p.applied_seq,
+                    "pending": p.pending,
+                    "lag_ms": p.lag_ms,
+                    "in_sync": p.in_sync,
                 }),
             )
         }
@@ -338,42 +353,31 @@ pub(crate) fn render(state: &IndexerState, out: &mut Text) {
         "1 for this indexer's role (standalone, ingester, replica).",
     );
     out.sample("kvplane_indexer_cluster_role", &[("role", role)], 1);
-    match &state.role {
-        Role::Standalone => {}
-        Role::Ingester(l) => {
-            let families: [(&str, &str, u64); 3] = [
-                (
-                    "kvplane_indexer_cluster_ops_published_total",
-                    "Changes published to the cluster and acknowledged.",
-                    l.stats.acked.load(Ordering::Relaxed),
-                ),
-                (
-                    "kvplane_indexer_cluster_ops_failed_total",
-                    "Changes NATS did not take (replicas see a gap).",
-                    l.stats.failed.load(Ordering::Relaxed),
-                ),
-                (
-                    "kvplane_indexer_cluster_ops_dropped_total",
-                    "Changes dropped with the publish queue full (replicas see a gap).",
-                    l.dropped.load(Ordering::Relaxed),
-                ),
-            ];
-            for (name, help, v) in families {
-                out.one(name, "counter", help, v);
-            }
-        }
+    let families: Vec<(&str, &str, &str, u64)> = match &state.role {
+        Role::Standalone => Vec::new(),
+        Role::Ingester(l) => vec![
+            (
+                "kvplane_indexer_cluster_ops_published_total",
+                "counter",
+                "Changes published to the cluster and acknowledged.",
+                l.stats.acked.load(Ordering::Relaxed),
+            ),
+            (
+                "kvplane_indexer_cluster_ops_failed_total",
+                "counter",
+                "Changes NATS did not take (replicas see a gap).",
+                l.stats.failed.load(Ordering::Relaxed),
+            ),
+            (
+                "kvplane_indexer_cluster_ops_dropped_total",
+                "counter",
+                "Changes dropped with the publish queue full (replicas see a gap).",
+                l.dropped.load(Ordering::Relaxed),
+            ),
+        ],
         Role::Replica(r) => {
-            let (in_sync, at_ms) = {
-                let f = r.follower.lock();
-                (f.in_sync(), f.last_at_ms())
-            };
-            let pending = r.status.pending.load(Ordering::Relaxed);
-            let lag = if pending == 0 || at_ms == 0 {
-                0
-            } else {
-                now_ms().saturating_sub(at_ms)
-            };
-            let families: [(&str, &str, &str, u64); 6] = [
+            let p = r.progress();
+            vec![
                 (
                     "kvplane_indexer_cluster_ops_applied_total",
                     "counter",
@@ -383,20 +387,20 @@ pub(crate) fn render(state: &IndexerState, out: &mut Text) {
                 (
                     "kvplane_indexer_cluster_pending_ops",
                     "gauge",
-                    "Changes in the stream not yet applied.",
-                    pending,
+                    "Changes in the stream or delivered, not yet applied.",
+                    p.pending,
                 ),
                 (
                     "kvplane_indexer_cluster_lag_ms",
                     "gauge",
                     "Age of the last applied change while others are pending (0 when caught up).",
-                    lag,
+                    p.lag_ms,
                 ),
                 (
                     "kvplane_indexer_cluster_gaps_total",
                     "counter",
-                    "Changes found missing in the stream.",
-                    r.gaps.load(Ordering::Relaxed),
+                    "Changes found missing in the stream (also on joining an epoch mid-way).",
+                    p.gaps,
                 ),
                 (
                     "kvplane_indexer_cluster_bad_ops_total",
@@ -408,12 +412,12 @@ pub(crate) fn render(state: &IndexerState, out: &mut Text) {
                     "kvplane_indexer_cluster_in_sync",
                     "gauge",
                     "1 when every change of the current epoch was applied.",
-                    u64::from(in_sync),
+                    u64::from(p.in_sync),
                 ),
-            ];
-            for (name, kind, help, v) in families {
-                out.one(name, kind, help, v);
-            }
+            ]
         }
+    };
+    for (name, kind, help, v) in families {
+        out.one(name, kind, help, v);
     }
 }
