@@ -113,6 +113,32 @@ pub mod defaults {
         pub const RESYNC_PAGE_SIZE: usize = 1000;
     }
 
+    /// Defaults of `kvplane indexer` (the bounds it shares with nothing else).
+    pub mod indexer {
+        /// Payload bytes queued per publisher (live queue and replay buffer each).
+        pub const MAX_QUEUED_BYTES: usize = 64 << 20;
+        /// Largest ZMQ frame from a publisher.
+        pub const MAX_FRAME_BYTES: usize = 16 << 20;
+        /// Registered services at most.
+        pub const MAX_SERVICES: usize = 4096;
+        /// Largest HTTP request body.
+        pub const MAX_BODY_BYTES: usize = 64 << 20;
+        /// HTTP connections served at once.
+        pub const MAX_HTTP_CONNECTIONS: usize = 1024;
+        /// Seconds to send a request's headers (also the keep-alive idle time), then its body.
+        pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
+    }
+
+    /// Defaults of `--cluster` (docs/CLUSTER.md).
+    pub mod cluster {
+        /// The cluster's name.
+        pub const NAME: &str = "default";
+        /// Bytes a service's change stream keeps on the NATS server.
+        pub const MAX_BYTES: i64 = 1 << 30;
+        /// Seconds to connect and to set the stream up.
+        pub const TIMEOUT_S: f64 = 10.0;
+    }
+
     /// Defaults of `kvplane node`.
     pub mod node {
         /// LMCache protocol port (the port LMCache's docs use for `lm://`).

@@ -16,7 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &["protocol"]),
     ("index", &["protocol"]),
     ("web", &["config"]),
-    ("cluster", &[]),
+    ("cluster", &["config"]),
     // Clients of the services (linked by workers and load generators).
     ("worker", &["net", "protocol", "transport"]),
     ("bench", &["protocol", "transport"]),

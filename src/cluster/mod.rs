@@ -8,6 +8,7 @@
 //! delivers the payload of every message from the first one still in the stream, in order, with how many
 //! are still pending behind it.
 
+use crate::config::defaults::cluster as d;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -40,9 +41,9 @@ impl ClusterConfig {
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            name: "default".into(),
-            max_bytes: 1 << 30,
-            timeout: Duration::from_secs(10),
+            name: d::NAME.into(),
+            max_bytes: d::MAX_BYTES,
+            timeout: Duration::from_secs_f64(d::TIMEOUT_S),
         }
     }
 }

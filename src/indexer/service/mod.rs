@@ -15,6 +15,7 @@ mod query_body;
 
 use openapi::openapi_doc;
 
+use crate::config::defaults::indexer as d;
 use crate::indexer::events::KvEvent;
 use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec};
 use crate::indexer::replica::Change;
@@ -74,22 +75,22 @@ pub struct IndexerArgs {
     #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = 4096)]
     pub queue_capacity: usize,
     /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", default_value_t = 64 << 20)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", default_value_t = d::MAX_QUEUED_BYTES)]
     pub max_queued_bytes: usize,
     /// Largest ZMQ frame accepted from a publisher; a larger one closes that connection.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_FRAME_BYTES", default_value_t = 16 << 20)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_FRAME_BYTES", default_value_t = d::MAX_FRAME_BYTES)]
     pub max_frame_bytes: usize,
     /// Registered services at most; more registrations get 400 `out_of_range`.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_SERVICES", default_value_t = 4096)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_SERVICES", default_value_t = d::MAX_SERVICES)]
     pub max_services: usize,
     /// Largest HTTP request body, bytes (413 beyond, before it is read when announced).
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_BODY_BYTES", default_value_t = 64 << 20)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_BODY_BYTES", default_value_t = d::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// HTTP connections served at once; more wait in the kernel's accept queue.
     #[arg(
         long,
         env = "KVPLANE_INDEXER_MAX_HTTP_CONNECTIONS",
-        default_value_t = 1024
+        default_value_t = d::MAX_HTTP_CONNECTIONS
     )]
     pub max_http_connections: usize,
     /// Seconds an HTTP client has to send a request's headers (also the keep-alive idle
@@ -97,7 +98,7 @@ pub struct IndexerArgs {
     #[arg(
         long,
         env = "KVPLANE_INDEXER_HTTP_READ_TIMEOUT",
-        default_value_t = 30.0
+        default_value_t = d::HTTP_READ_TIMEOUT_S
     )]
     pub http_read_timeout: f64,
     /// NATS JetStream to replicate through, `nats://HOST:PORT` (docs/CLUSTER.md): an
@@ -105,10 +106,10 @@ pub struct IndexerArgs {
     #[arg(long, env = "KVPLANE_CLUSTER")]
     pub cluster: Option<String>,
     /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
-    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = "default")]
+    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = crate::config::defaults::cluster::NAME)]
     pub cluster_name: String,
     /// Most bytes the cluster's change stream keeps (oldest dropped first).
-    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = 1 << 30)]
+    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = crate::config::defaults::cluster::MAX_BYTES)]
     pub cluster_max_bytes: i64,
     /// Run as a read replica of the cluster's ingester (needs `--cluster`): no publishers,
     /// `/register` answers 409, queries are answered from the followed changes.
@@ -139,7 +140,7 @@ impl IndexerArgs {
             http_read_timeout: Duration::try_from_secs_f64(self.http_read_timeout)
                 .ok()
                 .filter(|d| !d.is_zero())
-                .unwrap_or(Duration::from_secs(30)),
+                .unwrap_or(Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S)),
             cluster: self
                 .cluster
                 .as_ref()
@@ -195,12 +196,12 @@ impl Default for IndexerConfig {
             publishers: None,
             replay_timeout: Duration::from_secs(5),
             queue_capacity: 4096,
-            max_frame_bytes: 16 * 1024 * 1024,
-            max_queued_bytes: 64 * 1024 * 1024,
-            max_services: 4096,
-            max_body_bytes: 64 * 1024 * 1024,
-            max_http_connections: 1024,
-            http_read_timeout: Duration::from_secs(30),
+            max_frame_bytes: d::MAX_FRAME_BYTES,
+            max_queued_bytes: d::MAX_QUEUED_BYTES,
+            max_services: d::MAX_SERVICES,
+            max_body_bytes: d::MAX_BODY_BYTES,
+            max_http_connections: d::MAX_HTTP_CONNECTIONS,
+            http_read_timeout: Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S),
             cluster: None,
             replica: false,
         }
