@@ -137,6 +137,9 @@ pub mod defaults {
         pub const MAX_BYTES: i64 = 1 << 30;
         /// Seconds to connect and to set the stream up.
         pub const TIMEOUT_S: f64 = 10.0;
+        /// Seconds a leader's lease lasts without renewal (renewed every quarter of it): a
+        /// standby takes over at most this long after the leader dies.
+        pub const LEASE_TTL_S: f64 = 1.5;
     }
 
     /// Defaults of `kvplane node`.

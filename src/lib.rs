@@ -103,6 +103,9 @@ pub enum StartError {
         /// The transport error.
         source: transport::TransportError,
     },
+    /// `--cluster`: NATS unreachable, the takeover failed, or the lease was lost.
+    #[error("{0}")]
+    Cluster(String),
     /// The HTTP port could not be bound.
     #[error("cannot bind the HTTP server on {addr}: {source}")]
     Http {
@@ -156,9 +159,20 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
 /// # Errors
 /// [`StartError`] if a socket cannot be bound.
 pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
+    serve_shared(Arc::new(Shared::with_clock(config, None, clock))).await
+}
+
+#[cfg(feature = "server")]
+/// Binds every socket of `shared`'s configuration and starts serving its state (a standby
+/// taking over serves the state it followed).
+///
+/// # Errors
+/// [`StartError`] if a socket cannot be bound.
+pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
+    let config = &shared.config;
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
-    let peer_drops = controller::peer_drops::PeerDrops::new();
+    let peer_drops = &shared.peer_drops;
     let limits = |stats: &Arc<transport::TransportStats>| transport::TransportLimits {
         max_connections: Some(config.max_zmq_connections),
         idle_timeout: config.zmq_idle_timeout,
@@ -226,9 +240,9 @@ pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Serve
         heartbeat: addr_of(RouterKind::Heartbeat),
     };
     let health_interval = config.health_check_interval;
-    let mut shared = Shared::with_clock(config, addrs.heartbeat.map(|a| a.port()), clock);
-    shared.peer_drops = peer_drops;
-    let shared = Arc::new(shared);
+    if let Some(a) = addrs.heartbeat {
+        shared.set_heartbeat_port(a.port());
+    }
     let shutdown = shared.shutdown_token().clone();
     let tasks = shared.tasks().clone();
 
@@ -304,4 +318,97 @@ pub async fn run(config: ServeConfig, shutdown: CancellationToken) -> Result<(),
     tracing::info!("shutting down");
     server.stop().await;
     Ok(())
+}
+
+#[cfg(feature = "server")]
+/// A controller that took the cluster's lease (`--cluster`), not yet serving: see
+/// [`standby`] and [`run_leader`].
+pub struct Leadership {
+    shared: Arc<Shared>,
+    standby: controller::cluster::Standby,
+    lease: cluster::Lease,
+}
+
+#[cfg(feature = "server")]
+/// Runs a controller as a hot standby of its cluster (docs/CLUSTER.md): follows the leader's
+/// change log without binding any port, and returns once it holds the lease and the state
+/// the old leader published. `None` if `shutdown` comes first.
+///
+/// # Errors
+/// [`StartError::Cluster`] when NATS cannot be reached or the takeover fails.
+pub async fn standby(
+    config: ServeConfig,
+    cluster: cluster::ClusterConfig,
+    shutdown: &CancellationToken,
+) -> Result<Option<Leadership>, StartError> {
+    let shared = Arc::new(Shared::new(config, None));
+    let stop = shared.shutdown_token().clone();
+    // Any error below stops the tasks started so far.
+    let stop_on_error = stop.clone().drop_guard();
+    let standby = controller::cluster::Standby::join(cluster, &shared)
+        .await
+        .map_err(|e| StartError::Cluster(e.to_string()))?;
+    let lease = standby
+        .take_over(&shared, shutdown)
+        .await
+        .map_err(StartError::Cluster)?;
+    let Some(lease) = lease else {
+        stop.cancel();
+        shared.tasks().close();
+        let _ = tokio::time::timeout(DRAIN_DEADLINE, shared.tasks().wait()).await;
+        return Ok(None);
+    };
+    stop_on_error.disarm();
+    Ok(Some(Leadership {
+        shared,
+        standby,
+        lease,
+    }))
+}
+
+#[cfg(feature = "server")]
+/// Serves as the cluster's leader until `shutdown` (the lease is released) or until the lease
+/// is lost (an error: the process must stop; restarted, it is a standby). Binding is retried
+/// while the lease holds, for a deposed leader that still holds the ports.
+///
+/// # Errors
+/// [`StartError::Cluster`] when the lease is lost.
+pub async fn run_leader(
+    leadership: Leadership,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let Leadership {
+        shared,
+        standby,
+        lease,
+    } = leadership;
+    let hold = standby.hold(lease, &shutdown);
+    tokio::pin!(hold);
+    let bind = async {
+        loop {
+            match serve_shared(Arc::clone(&shared)).await {
+                Ok(server) => return server,
+                Err(e) => {
+                    tracing::warn!("leader cannot bind yet ({e}); retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    };
+    let server = tokio::select! {
+        server = bind => server,
+        held = &mut hold => {
+            shared.shutdown_token().cancel();
+            return held.map_err(StartError::Cluster);
+        }
+    };
+    let held = hold.await;
+    if held.is_err() {
+        tracing::error!("the controller lease was lost: stopping at once");
+        shutdown.cancel();
+    } else {
+        tracing::info!("shutting down");
+    }
+    server.stop().await;
+    held.map_err(StartError::Cluster)
 }

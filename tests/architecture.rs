@@ -24,6 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "controller",
         &[
+            "cluster",
             "config",
             "index",
             "metrics",

@@ -8,6 +8,10 @@
 //! delivers the payload of every message from the first one still in the stream, in order, with how many
 //! are still pending behind it.
 
+mod lease;
+
+pub use lease::{Lease, LeaseBucket, RenewError};
+
 use crate::config::defaults::cluster as d;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
@@ -34,6 +38,8 @@ pub struct ClusterConfig {
     pub max_bytes: i64,
     /// Time allowed to connect and to set up the stream.
     pub timeout: Duration,
+    /// How long a lease lasts without renewal (the holder renews it every quarter of that).
+    pub lease_ttl: Duration,
 }
 
 impl ClusterConfig {
@@ -44,6 +50,7 @@ impl ClusterConfig {
             name: d::NAME.into(),
             max_bytes: d::MAX_BYTES,
             timeout: Duration::from_secs_f64(d::TIMEOUT_S),
+            lease_ttl: Duration::from_secs_f64(d::LEASE_TTL_S),
         }
     }
 }
@@ -180,6 +187,46 @@ impl Cluster {
             .await
             .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
             .map_err(|e| err(e.to_string()))
+    }
+}
+
+impl Cluster {
+    /// Whether `service`'s stream holds no message.
+    ///
+    /// # Errors
+    /// NATS did not answer in time.
+    pub async fn stream_is_empty(&self, service: &str) -> Result<bool, ClusterError> {
+        let mut stream = self.ensure_stream(service).await?;
+        let info = tokio::time::timeout(self.config.timeout, stream.info())
+            .await
+            .map_err(|_| ClusterError::Stream {
+                stream: self.stream_name(service),
+                reason: "no answer".into(),
+            })?
+            .map_err(|e| ClusterError::Stream {
+                stream: self.stream_name(service),
+                reason: e.to_string(),
+            })?;
+        Ok(info.state.messages == 0)
+    }
+
+    /// Publishes one payload to `service`'s stream and waits for the server to store it.
+    ///
+    /// # Errors
+    /// Not sent, not acknowledged, or no answer within the timeout.
+    pub async fn publish_acked(&self, service: &str, payload: Bytes) -> Result<(), String> {
+        let send = async {
+            self.js
+                .publish(self.subject(service), payload)
+                .await
+                .map_err(|e| e.to_string())?
+                .await
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(self.config.timeout, send)
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.config.timeout))?
+            .map(|_| ())
     }
 }
 

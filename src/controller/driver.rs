@@ -11,7 +11,9 @@
 //! Must not: decode frames (the socket loops do), decide what a message means (the model
 //! does), read the system clock (time comes from the [`Clock`] it was given).
 
+use super::changes::{Applied, Change, Record};
 use super::clock::Clock;
+use super::cluster::{ChangeLog, ClusterStatus};
 use super::command_log::{CommandLog, CommandRecord};
 use super::downlink::Downlink;
 use super::limits::{LimitLog, LogThrottle};
@@ -24,12 +26,14 @@ use crate::config::ServeConfig;
 use crate::index::{BatchOutcome, Index, IndexConfig};
 use crate::metrics::Metrics;
 use crate::net::{host_port, route_source};
-use crate::protocol::{KVOpEvent, Msg};
+use crate::protocol::{encode, KVOpEvent, Msg};
 use parking_lot::{
     MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
+use serde_bytes::ByteBuf;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -73,7 +77,12 @@ pub struct Shared {
     /// Validated configuration.
     pub config: ServeConfig,
     /// Heartbeat ROUTER port, once bound (for `heartbeat_url`).
-    pub heartbeat_port: Option<u16>,
+    heartbeat_port: std::sync::OnceLock<u16>,
+    /// The change log this controller publishes as the cluster's leader (`--cluster`; set
+    /// at takeover).
+    changes: std::sync::OnceLock<ChangeLog>,
+    /// Its place in the cluster (`--cluster`).
+    cluster: std::sync::OnceLock<Arc<ClusterStatus>>,
     /// Live state of each socket loop (serving, messages in hand, backlog).
     pub sockets: SocketStats,
     /// Log throttle of the resource limits.
@@ -129,7 +138,11 @@ impl Shared {
             drop_log: LogThrottle::default(),
             peer_drops: PeerDrops::new(),
             config,
-            heartbeat_port,
+            heartbeat_port: heartbeat_port
+                .map(std::sync::OnceLock::from)
+                .unwrap_or_default(),
+            changes: std::sync::OnceLock::new(),
+            cluster: std::sync::OnceLock::new(),
             clock,
             tasks: TaskTracker::new(),
             shutdown: CancellationToken::new(),
@@ -232,8 +245,15 @@ impl Shared {
                 now: self.now(),
                 heartbeat_url,
             };
+            let frame = self.recording().then(|| ByteBuf::from(encode(&msg)));
             let mut world = self.world.write();
             let (reply, fx) = world.fleet.on_request(kind, msg, &ctx);
+            if let Some(frame) = frame {
+                self.record(ctx.now, || Change::Request {
+                    heartbeat: kind == RouterKind::Heartbeat,
+                    frame,
+                });
+            }
             let events = self.perform(&mut world, fx);
             drop(world);
             (reply, events)
@@ -253,8 +273,14 @@ impl Shared {
     /// The [`DropReason`] of a message that changed nothing.
     pub fn handle_push(&self, msg: Msg) -> Result<(), DropReason> {
         let now = self.now();
+        let frame = self.recording().then(|| ByteBuf::from(encode(&msg)));
         let mut world = self.world.write();
         let (result, fx) = world.fleet.on_push(msg, now);
+        if let Some(frame) = frame {
+            self.record(now, || Change::Pull {
+                frames: vec![frame],
+            });
+        }
         let events = self.perform(&mut world, fx);
         drop(world);
         self.report_all(events);
@@ -267,6 +293,8 @@ impl Shared {
         BatchWriter {
             world: self.world.write(),
             now: self.now(),
+            log: self.changes.get(),
+            frames: Vec::new(),
         }
     }
 
@@ -277,6 +305,11 @@ impl Shared {
         let sync_timeout = self.config.full_sync_timeout.as_secs_f64();
         let mut world = self.world.write();
         let fx = world.fleet.expire_syncs(now, sync_timeout);
+        if !fx.is_empty() {
+            self.record(now, || Change::ExpireSyncs {
+                timeout_s: sync_timeout,
+            });
+        }
         let stale = world.fleet.stale_workers(now, timeout);
         let events = self.perform(&mut world, fx);
         drop(world);
@@ -287,7 +320,12 @@ impl Shared {
     /// A probe was answered: the worker counts as seen now.
     pub fn probe_answered(&self, target: &ProbeTarget) {
         let now = self.now();
-        self.world.write().fleet.probe_answered(target, now);
+        let mut world = self.world.write();
+        world.fleet.probe_answered(target, now);
+        self.record(now, || Change::ProbeAnswered {
+            key: target.key.clone(),
+            generation: target.generation,
+        });
     }
 
     /// A probe failed: removes the worker if it is still the registration probed and still
@@ -297,6 +335,13 @@ impl Shared {
         let timeout = self.config.worker_timeout.as_secs_f64();
         let mut world = self.world.write();
         let (removed, fx) = world.fleet.probe_failed(target, now, timeout);
+        if removed {
+            self.record(now, || Change::ProbeFailed {
+                key: target.key.clone(),
+                generation: target.generation,
+                timeout_s: timeout,
+            });
+        }
         let events = self.perform(&mut world, fx);
         drop(world);
         self.report_all(events);
@@ -362,11 +407,59 @@ impl Shared {
         }
     }
 
+    /// Joins a cluster (`--cluster`): `status` is reported on `/metrics` and
+    /// `/controller/cluster` from now on. The first one set stays.
+    pub fn set_cluster(&self, status: Arc<ClusterStatus>) {
+        let _ = self.cluster.set(status);
+    }
+
+    /// Its place in the cluster, if it is in one.
+    pub fn cluster(&self) -> Option<&Arc<ClusterStatus>> {
+        self.cluster.get()
+    }
+
+    /// A standby applies one record of the leader's log to its fleet (no downlink task is
+    /// started: they start at takeover). `None` when not in a cluster.
+    pub fn apply_record(&self, record: &Record) -> Option<Applied> {
+        let status = self.cluster.get()?;
+        let mut world = self.world.write();
+        Some(status.apply(&mut world.fleet, record))
+    }
+
+    /// Becomes the leader: every change is logged in `log` from now on, and the downlinks
+    /// the followed fleet records are opened.
+    pub fn lead(&self, log: ChangeLog) {
+        let mut world = self.world.write();
+        let _ = self.changes.set(log);
+        let fx = world.fleet.reopen_downlinks();
+        let events = self.perform(&mut world, fx);
+        drop(world);
+        self.report_all(events);
+        self.refresh_gauges();
+    }
+
+    /// Logs a change the caller applied under the write lock it still holds.
+    fn record(&self, now: f64, change: impl FnOnce() -> Change) {
+        if let Some(log) = self.changes.get() {
+            log.record(now, change());
+        }
+    }
+
+    /// Whether changes are being logged (so inputs must be kept for the log).
+    fn recording(&self) -> bool {
+        self.changes.get().is_some()
+    }
+
+    /// Records the heartbeat ROUTER port once bound (the first one set stays).
+    pub fn set_heartbeat_port(&self, port: u16) {
+        let _ = self.heartbeat_port.set(port);
+    }
+
     /// The `heartbeat_url` a worker at `worker_ip` can reach: `--advertise-host`, else the
     /// bind host, else (bind host is a wildcard) the local address of the route to the
     /// worker — `127.0.0.1` for a worker on loopback. Computing the route sends no packet.
     pub fn heartbeat_url(&self, worker_ip: &str) -> Option<String> {
-        let port = self.heartbeat_port?;
+        let port = *self.heartbeat_port.get()?;
         let cfg = &self.config;
         let host = match &cfg.advertise_host {
             Some(h) => h.clone(),
@@ -483,17 +576,40 @@ impl Shared {
 pub struct BatchWriter<'a> {
     world: RwLockWriteGuard<'a, World>,
     now: f64,
+    log: Option<&'a ChangeLog>,
+    /// The frames applied, for the change log (only when logging).
+    frames: Vec<ByteBuf>,
+}
+
+impl Drop for BatchWriter<'_> {
+    fn drop(&mut self) {
+        // Logged before the lock is released (the guard drops after this body).
+        if let Some(log) = self.log {
+            if !self.frames.is_empty() {
+                log.record(
+                    self.now,
+                    Change::Pull {
+                        frames: std::mem::take(&mut self.frames),
+                    },
+                );
+            }
+        }
+    }
 }
 
 impl BatchWriter<'_> {
-    /// Applies one admit/evict batch; the caller counts the outcome.
+    /// Applies one admit/evict batch, `frame` as received; the caller counts the outcome.
     pub fn apply_batch(
         &mut self,
+        frame: &[u8],
         instance_id: &str,
         worker_id: i64,
         location: &str,
         ops: &[KVOpEvent],
     ) -> BatchOutcome {
+        if self.log.is_some() {
+            self.frames.push(ByteBuf::from(frame.to_vec()));
+        }
         self.world
             .fleet
             .apply_batch(instance_id, worker_id, location, ops, self.now)

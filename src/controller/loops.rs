@@ -73,8 +73,13 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
         ops.clear();
         if let Some(batch) = decode_batch(frame, ops) {
             let guard = writer.get_or_insert_with(|| shared.batch_writer());
-            let outcome =
-                guard.apply_batch(batch.instance_id, batch.worker_id, batch.location, ops);
+            let outcome = guard.apply_batch(
+                frame,
+                batch.instance_id,
+                batch.worker_id,
+                batch.location,
+                ops,
+            );
             record_batch(
                 shared,
                 outcome,

@@ -15,7 +15,9 @@
 //! Decides nothing about the wire format (that is `protocol`) or the bookkeeping (that is
 //! `index`), and touches sockets only through `transport`.
 
+pub mod changes;
 pub mod clock;
+pub mod cluster;
 pub mod command_log;
 pub mod downlink;
 pub mod driver;

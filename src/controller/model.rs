@@ -322,6 +322,24 @@ impl Fleet {
         (true, fx)
     }
 
+    /// Marks every worker seen at `now` (see [`Index::touch_all`]).
+    pub fn touch_all(&mut self, now: f64) {
+        self.index.touch_all(now);
+    }
+
+    /// Every downlink as an effect to open: a standby taking over starts the tasks of the
+    /// downlinks its fleet records.
+    pub fn reopen_downlinks(&self) -> Vec<Effect> {
+        self.downlinks
+            .iter()
+            .map(|(key, d)| Effect::OpenDownlink {
+                key: key.clone(),
+                generation: d.generation,
+                endpoint: d.endpoint.clone(),
+            })
+            .collect()
+    }
+
     fn open_downlink(&mut self, key: WorkerKey, ip: &str, port: u16, fx: &mut Vec<Effect>) {
         self.next_generation += 1;
         let generation = self.next_generation;

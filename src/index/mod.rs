@@ -351,6 +351,17 @@ impl Index {
         }
     }
 
+    /// Marks every worker seen at `now` (a controller taking over: the failover's silence
+    /// is not the workers').
+    pub fn touch_all(&mut self, now: f64) {
+        let slots: Vec<u32> = self.reg.workers().map(|(ws, _, _)| ws).collect();
+        for ws in slots {
+            if let Some(w) = self.reg.worker_mut(ws) {
+                w.touch(now);
+            }
+        }
+    }
+
     /// Handles `BatchedKVOperationMsg` — the hot path; allocation-free once the location
     /// exists. Each op is applied in order (admit = set insert, evict of an absent key is a
     /// no-op), then checked against the location's sequence tracker: if a previous `seq_num`

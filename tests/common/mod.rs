@@ -85,11 +85,21 @@ pub struct TestWorker {
 
 impl TestWorker {
     pub fn new(server: &Server, instance_id: &str, worker_id: i64) -> Self {
+        Self::at(
+            &ep(server.addrs.reply),
+            &ep(server.addrs.pull),
+            instance_id,
+            worker_id,
+        )
+    }
+
+    /// A worker of a controller at `reply` / `pull` (`host:port`).
+    pub fn at(reply: &str, pull: &str, instance_id: &str, worker_id: i64) -> Self {
         TestWorker {
             instance_id: instance_id.to_owned(),
             worker_id,
-            dealer: DealerClient::new(ep(server.addrs.reply), Duration::from_secs(5)),
-            push: PushSender::new(ep(server.addrs.pull)),
+            dealer: DealerClient::new(reply.to_owned(), Duration::from_secs(5)),
+            push: PushSender::new(pull.to_owned()),
             seq: 0,
         }
     }

@@ -152,6 +152,46 @@ pub(crate) struct ServeArgs {
     /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
     #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
     pub(crate) indexer_port: Option<u16>,
+    /// NATS JetStream for hot standby, `nats://HOST:PORT` (docs/CLUSTER.md): the process
+    /// follows the leader's change log without binding any port, and serves (controller and
+    /// hosted services) once it holds the cluster's controller lease.
+    #[arg(long, env = "KVPLANE_CLUSTER")]
+    pub(crate) cluster: Option<String>,
+    /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
+    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = kvplane::config::defaults::cluster::NAME)]
+    pub(crate) cluster_name: String,
+    /// Most bytes the cluster's change stream keeps (oldest dropped first).
+    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = kvplane::config::defaults::cluster::MAX_BYTES)]
+    pub(crate) cluster_max_bytes: i64,
+    /// Seconds the controller lease lasts without renewal (renewed every quarter of it): a
+    /// standby takes over at most this long after the leader dies.
+    #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
+    pub(crate) cluster_lease_ttl: f64,
+}
+
+impl ServeArgs {
+    /// The `--cluster` settings, if any.
+    pub(crate) fn cluster(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
+        let Some(url) = &self.cluster else {
+            return Ok(None);
+        };
+        if !(self.cluster_lease_ttl.is_finite() && (0.1..=600.0).contains(&self.cluster_lease_ttl))
+        {
+            return Err(ConfigError::Value {
+                flag: "cluster-lease-ttl",
+                detail: format!(
+                    "{} is not between 0.1 and 600 seconds",
+                    self.cluster_lease_ttl
+                ),
+            });
+        }
+        Ok(Some(kvplane::cluster::ClusterConfig {
+            name: self.cluster_name.clone(),
+            max_bytes: self.cluster_max_bytes.max(1 << 20),
+            lease_ttl: std::time::Duration::from_secs_f64(self.cluster_lease_ttl),
+            ..kvplane::cluster::ClusterConfig::new(url.clone())
+        }))
+    }
 }
 
 fn parse_token(s: &str) -> Result<ApiToken, std::convert::Infallible> {

@@ -29,6 +29,7 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
+            let cluster = args.cluster()?;
             let indexer = args
                 .indexer_port
                 .map(|port| kvplane::indexer::service::IndexerConfig {
@@ -43,6 +44,14 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
+                // With --cluster, nothing binds until this process holds the lease.
+                let leadership = match cluster {
+                    Some(c) => match kvplane::standby(config.clone(), c, &shutdown).await? {
+                        Some(l) => Some(l),
+                        None => return Ok(()),
+                    },
+                    None => None,
+                };
                 // Every service runs until the shutdown; one failing (to start or later)
                 // stops the others, and the first error is the exit status.
                 let stop_on_error = |r: anyhow::Result<()>| {
@@ -52,11 +61,11 @@ fn main() -> anyhow::Result<()> {
                     r
                 };
                 let controller = async {
-                    stop_on_error(
-                        kvplane::run(config, shutdown.clone())
-                            .await
-                            .map_err(anyhow::Error::from),
-                    )
+                    let served = match leadership {
+                        Some(l) => kvplane::run_leader(l, shutdown.clone()).await,
+                        None => kvplane::run(config, shutdown.clone()).await,
+                    };
+                    stop_on_error(served.map_err(anyhow::Error::from))
                 };
                 let indexer = async {
                     match indexer {

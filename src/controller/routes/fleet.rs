@@ -1,4 +1,5 @@
-//! The GET routes: `/controller/key-stats`, `/controller/workers`, `/healthz`, `/readyz`,
+//! The GET routes: `/controller/key-stats`, `/controller/workers`, `/controller/cluster`,
+//! `/healthz`, `/readyz`,
 //! `/metrics`. Each takes one read lock on the index at most and never holds it across an
 //! `.await`.
 
@@ -186,11 +187,25 @@ pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoRespon
 pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     shared.refresh_lmcache_gauges();
     shared.peer_drops.export(&shared.metrics);
+    let mut text = shared.metrics.render();
+    if let Some(cluster) = shared.cluster() {
+        text.push_str(&cluster.metrics_text());
+    }
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        shared.metrics.render(),
+        text,
+    )
+}
+
+/// `GET /controller/cluster`: this controller's place in its cluster (`--cluster`), or
+/// `{"role": "standalone"}`.
+pub(crate) async fn cluster(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(
+        shared
+            .cluster()
+            .map_or_else(|| json!({"role": "standalone"}), |c| c.json()),
     )
 }

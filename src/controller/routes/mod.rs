@@ -125,6 +125,7 @@ pub fn api_routes() -> Vec<ApiRoute> {
         ),
         route(M::GET, "/controller/key-stats", Open, get(fleet::key_stats)),
         route(M::GET, "/controller/workers", Open, get(fleet::workers)),
+        route(M::GET, "/controller/cluster", Open, get(fleet::cluster)),
         route(M::GET, "/healthz", Open, get(fleet::healthz)),
         route(M::GET, "/readyz", Open, get(fleet::readyz)),
         route(M::GET, "/metrics", Open, get(fleet::metrics)),

@@ -207,6 +207,16 @@ fn operation(method: &Method, path: &str) -> Option<Op> {
                 ("422", "worker_id is not an integer.", "HTTPValidationError"),
             ],
         },
+        ("GET", "/controller/cluster") => Op {
+            summary: "Place in the cluster (--cluster)",
+            description: "role (standalone, leader), this process's lease name, the lease \
+                holder and epoch, the change log followed before taking over (epoch, seq, \
+                in_sync, gaps, fenced) and published since, and the last failover \
+                (docs/CLUSTER.md).",
+            body: None,
+            ok: "ClusterStatus",
+            errors: &[],
+        },
         ("GET", "/healthz") => Op {
             summary: "Liveness",
             description: "The process answers HTTP; with fleet totals.",
@@ -513,6 +523,16 @@ fn schemas() -> Map<String, Value> {
             "type": "object", "required": ["status", "workers", "instances", "keys"],
             "properties": { "status": { "type": "string" }, "workers": int,
                 "instances": int, "keys": int }
+        },
+        "ClusterStatus": {
+            "type": "object", "required": ["role"],
+            "properties": {
+                "role": { "type": "string", "enum": ["standalone", "leader", "standby"] },
+                "cluster": { "type": "string" }, "me": { "type": "string" },
+                "lease_holder": { "type": "string", "nullable": true }, "epoch": int,
+                "followed": { "type": "object" }, "published": { "type": "object" },
+                "last_failover": { "type": "object", "nullable": true }
+            }
         },
         "Readyz": {
             "type": "object", "required": ["status", "http", "sockets"],

@@ -1,0 +1,215 @@
+//! Leases: one holder at a time per key, in the cluster's JetStream key-value bucket
+//! `kvplane-<cluster>-leases`, whose entries expire `lease_ttl` after their last write.
+//!
+//! Taking a lease is a `create` (succeeds only when the key holds nothing: never taken, or
+//! expired); renewing is an `update` that names the revision the holder last wrote, so it
+//! fails once anyone else has written the key or it expired — the holder has lost it and must
+//! stop. The revision is the fencing token: it only ever grows, so whatever a holder stamps
+//! with it is ordered after everything an earlier holder stamped. A holder also counts the
+//! lease lost by its own clock once a full TTL passed since the last renewal it sent that
+//! succeeded, whether or not it can reach NATS to hear so.
+
+use super::{Cluster, ClusterError};
+use async_nats::jetstream::{kv, stream};
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// The cluster's lease bucket.
+#[derive(Clone, Debug)]
+pub struct LeaseBucket {
+    store: kv::Store,
+    ttl: Duration,
+    timeout: Duration,
+}
+
+/// A lease held.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    /// The key leased (one per service: `controller`, `coordinator`).
+    pub key: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The revision of the last write: the fencing token ([`Lease::epoch`] is the first).
+    pub revision: u64,
+    /// The revision it was taken at.
+    pub epoch: u64,
+    /// When the last successful renewal (or the take) was sent.
+    pub renewed: Instant,
+}
+
+/// Why a renewal failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RenewError {
+    /// Someone else wrote the key, or it expired: the lease is gone.
+    #[error("lease {0:?} lost: it expired or another holder took it")]
+    Lost(String),
+    /// NATS did not answer; the lease may still be held until its TTL runs out.
+    #[error("lease {key:?} not renewed: {reason}")]
+    Unreachable {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Cluster {
+    /// The lease bucket, created if missing (entries live `lease_ttl` without a write).
+    ///
+    /// # Errors
+    /// JetStream disabled, or no answer within the timeout.
+    pub async fn lease_bucket(&self) -> Result<LeaseBucket, ClusterError> {
+        let bucket = format!("kvplane-{}-leases", self.config.name);
+        let err = |reason: String| ClusterError::Stream {
+            stream: format!("KV_{bucket}"),
+            reason,
+        };
+        let open = async {
+            match self.js.get_key_value(bucket.clone()).await {
+                Ok(store) => Ok(store),
+                Err(_) => {
+                    // The bucket's stream, made as JetStream's key-value convention says
+                    // (async-nats' own create_key_value first reads account fields that
+                    // servers before 2.10, Debian's 2.9 among them, do not send).
+                    self.js
+                        .get_or_create_stream(stream::Config {
+                            name: format!("KV_{bucket}"),
+                            subjects: vec![format!("$KV.{bucket}.>")],
+                            max_messages_per_subject: 1,
+                            max_age: self.config.lease_ttl,
+                            storage: stream::StorageType::File,
+                            allow_rollup: true,
+                            deny_delete: true,
+                            allow_direct: true,
+                            discard: stream::DiscardPolicy::New,
+                            ..Default::default()
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    self.js.get_key_value(bucket.clone()).await
+                }
+            }
+            .map_err(|e| e.to_string())
+        };
+        let store = tokio::time::timeout(self.config.timeout, open)
+            .await
+            .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
+            .map_err(err)?;
+        Ok(LeaseBucket {
+            store,
+            ttl: self.config.lease_ttl,
+            timeout: self.config.timeout,
+        })
+    }
+}
+
+impl LeaseBucket {
+    /// How long a lease lasts without renewal.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Who holds `key` now, and at which revision (`None`: nobody, or NATS did not answer).
+    pub async fn holder(&self, key: &str) -> Option<(String, u64)> {
+        let entry = tokio::time::timeout(self.timeout, self.store.entry(key))
+            .await
+            .ok()?
+            .ok()??;
+        if entry.operation != kv::Operation::Put {
+            return None;
+        }
+        Some((
+            String::from_utf8_lossy(&entry.value).into_owned(),
+            entry.revision,
+        ))
+    }
+
+    /// Takes `key` once it is free, trying every eighth of the TTL; `None` once `cancel`.
+    /// `on_wait` is told the current holder each time the key is taken.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        cancel: &CancellationToken,
+        mut on_wait: impl FnMut(Option<(String, u64)>),
+    ) -> Option<Lease> {
+        let poll = (self.ttl / 8).max(Duration::from_millis(20));
+        loop {
+            let sent = Instant::now();
+            let create = self.store.create(key, Bytes::from(holder.to_owned()));
+            match tokio::time::timeout(self.timeout, create).await {
+                Ok(Ok(revision)) => {
+                    return Some(Lease {
+                        key: key.to_owned(),
+                        holder: holder.to_owned(),
+                        revision,
+                        epoch: revision,
+                        renewed: sent,
+                    })
+                }
+                Ok(Err(e)) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                    on_wait(self.holder(key).await);
+                }
+                Ok(Err(e)) => tracing::warn!("lease {key:?}: cannot take it: {e}"),
+                Err(_) => tracing::warn!("lease {key:?}: NATS did not answer in time"),
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return None,
+                () = tokio::time::sleep(poll) => {}
+            }
+        }
+    }
+
+    /// Renews `lease` (see the module docs).
+    ///
+    /// # Errors
+    /// [`RenewError::Lost`] when it is gone; [`RenewError::Unreachable`] when NATS did not
+    /// answer, including when the lease's TTL ran out by this process's clock meanwhile.
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), RenewError> {
+        let sent = Instant::now();
+        let update = self.store.update(
+            &lease.key,
+            Bytes::from(lease.holder.clone()),
+            lease.revision,
+        );
+        let unreachable = |reason: String| RenewError::Unreachable {
+            key: lease.key.clone(),
+            reason,
+        };
+        // Never wait past the lease's own end for an answer.
+        let wait = self
+            .ttl
+            .saturating_sub(lease.renewed.elapsed())
+            .min(self.timeout);
+        match tokio::time::timeout(wait, update).await {
+            Ok(Ok(revision)) => {
+                lease.revision = revision;
+                lease.renewed = sent;
+                Ok(())
+            }
+            Ok(Err(e)) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                Err(RenewError::Lost(lease.key.clone()))
+            }
+            Ok(Err(e)) => Err(unreachable(e.to_string())),
+            Err(_) => Err(unreachable(format!("no answer within {wait:?}"))),
+        }
+    }
+
+    /// Whether `lease` has certainly lapsed by this process's clock (a full TTL since the
+    /// last renewal that succeeded was sent).
+    pub fn lapsed(&self, lease: &Lease) -> bool {
+        lease.renewed.elapsed() >= self.ttl
+    }
+
+    /// Gives `lease` up at once (a clean shutdown: the next holder need not wait for the
+    /// TTL). Best effort.
+    pub async fn release(&self, lease: &Lease) {
+        let delete = self
+            .store
+            .delete_expect_revision(&lease.key, Some(lease.revision));
+        if let Ok(Err(e)) = tokio::time::timeout(self.timeout, delete).await {
+            tracing::debug!("lease {:?}: release failed: {e}", lease.key);
+        }
+    }
+}

@@ -1,0 +1,498 @@
+//! `--cluster` for the controller: hot standby (docs/CLUSTER.md).
+//!
+//! Every `kvplane serve --cluster` process starts as a standby: it reads the cluster's
+//! `controller` stream from the start and applies each [`Record`] to its own fleet through a
+//! [`Follower`], binding no port. One of them holds the `controller` lease; it publishes every
+//! change it applies (recorded under the fleet's write lock, so in apply order) through the
+//! [`ChangeLog`]. When the lease lapses, a standby takes it ([`take_over`]): it publishes a
+//! [`Change::Takeover`] stamped with the lease's revision, reads the stream up to that record
+//! (so it holds everything the old leader published), opens the downlinks its fleet records,
+//! and then binds the controller's sockets. The leader renews the lease ([`hold`]) and stops
+//! the moment it is lost.
+
+use super::changes::{Applied, Change, Follower, Record};
+use super::driver::Shared;
+use crate::cluster::{self, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The service's name in the cluster's stream and subject names.
+pub const SERVICE: &str = "controller";
+/// The key of the controller's lease.
+pub const LEASE_KEY: &str = "controller";
+/// Records queued for publishing at most; beyond, one is dropped (counted) and standbys see
+/// the gap.
+const RECORD_QUEUE: usize = 65_536;
+/// Records read but not yet applied by a standby at most.
+const APPLY_QUEUE: usize = 1024;
+
+/// The leader's side of the log: numbers and queues every change it applies.
+#[derive(Debug)]
+pub struct ChangeLog {
+    epoch: u64,
+    /// The last record's number; only changed under the fleet's write lock.
+    seq: AtomicU64,
+    max_record_bytes: usize,
+    tx: mpsc::Sender<Bytes>,
+    status: Arc<ClusterStatus>,
+}
+
+impl ChangeLog {
+    /// Logs `change`, applied at `now`. Call it under the fleet's write lock, right after
+    /// applying the change, so records are numbered in apply order. Never blocks: a full
+    /// queue or a record larger than NATS takes drops it (counted; standbys see the gap).
+    pub(crate) fn record(&self, now: f64, change: Change) {
+        match change {
+            Change::Pull { frames } if total(&frames) > self.max_record_bytes => {
+                // Several records, each under the server's limit, in order.
+                let mut part = Vec::new();
+                let mut bytes = 0;
+                for f in frames {
+                    if !part.is_empty() && bytes + f.len() > self.max_record_bytes {
+                        self.push(
+                            now,
+                            Change::Pull {
+                                frames: std::mem::take(&mut part),
+                            },
+                        );
+                        bytes = 0;
+                    }
+                    bytes += f.len() + 8;
+                    part.push(f);
+                }
+                self.push(now, Change::Pull { frames: part });
+            }
+            change => self.push(now, change),
+        }
+    }
+
+    fn push(&self, now: f64, change: Change) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let record = Record {
+            epoch: self.epoch,
+            seq,
+            at_ms: now_ms(),
+            now,
+            change,
+        };
+        let bytes = record.encode();
+        if bytes.len() > self.max_record_bytes + RECORD_OVERHEAD {
+            self.status.oversize.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                bytes = bytes.len(),
+                "a change is larger than NATS takes: not replicated (standbys see a gap)"
+            );
+            return;
+        }
+        if self.tx.try_send(Bytes::from(bytes)).is_err() {
+            self.status.dropped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.status.queued.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Room for a record's fields besides its frames.
+const RECORD_OVERHEAD: usize = 1024;
+
+fn total(frames: &[serde_bytes::ByteBuf]) -> usize {
+    frames.iter().map(|f| f.len() + 8).sum()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Where this controller stands in its cluster, for `/metrics`, `/controller/cluster` and
+/// the dashboard.
+#[derive(Debug)]
+pub struct ClusterStatus {
+    /// This process's name in the lease (`host:pid:random`).
+    pub me: String,
+    /// The cluster's name.
+    pub name: String,
+    leader: AtomicBool,
+    epoch: AtomicU64,
+    lease_holder: Mutex<Option<String>>,
+    follower: Mutex<Follower>,
+    reader: Arc<ReaderStatus>,
+    published: Arc<PublishStats>,
+    applied: AtomicU64,
+    processed: AtomicU64,
+    bad_records: AtomicU64,
+    /// Records handed to the publisher.
+    queued: AtomicU64,
+    dropped: AtomicU64,
+    oversize: AtomicU64,
+    /// Unix seconds of the last takeover, and how long it took from lease to serving (ms).
+    failover: Mutex<Option<(f64, u64)>>,
+}
+
+impl ClusterStatus {
+    fn new(name: &str) -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "host".into());
+        Self {
+            me: format!(
+                "{host}:{}:{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            name: name.to_owned(),
+            leader: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
+            lease_holder: Mutex::new(None),
+            follower: Mutex::new(Follower::new()),
+            reader: Arc::default(),
+            published: Arc::default(),
+            applied: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
+            bad_records: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            oversize: AtomicU64::new(0),
+            failover: Mutex::new(None),
+        }
+    }
+
+    /// Whether this controller holds the lease and serves.
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Relaxed)
+    }
+
+    /// Applies `r` to `fleet` (the caller holds the fleet's write lock).
+    pub(crate) fn apply(&self, fleet: &mut super::Fleet, r: &Record) -> Applied {
+        self.follower.lock().apply(fleet, r)
+    }
+
+    /// The JSON of `/controller/cluster`.
+    pub fn json(&self) -> serde_json::Value {
+        let (in_sync, (epoch, seq), gaps, fenced) = {
+            let f = self.follower.lock();
+            (f.in_sync(), f.position(), f.gaps(), f.fenced())
+        };
+        let failover = *self.failover.lock();
+        serde_json::json!({
+            "cluster": self.name,
+            "role": if self.is_leader() { "leader" } else { "standby" },
+            "me": self.me,
+            "lease_holder": *self.lease_holder.lock(),
+            "epoch": self.epoch.load(Ordering::Relaxed),
+            "followed": {
+                "epoch": epoch,
+                "seq": seq,
+                "in_sync": in_sync,
+                "gaps": gaps,
+                "fenced": fenced,
+                "applied": self.applied.load(Ordering::Relaxed),
+                "bad_records": self.bad_records.load(Ordering::Relaxed),
+            },
+            "published": {
+                "queued": self.queued.load(Ordering::Relaxed),
+                "acked": self.published.acked.load(Ordering::Relaxed),
+                "failed": self.published.failed.load(Ordering::Relaxed),
+                "dropped": self.dropped.load(Ordering::Relaxed),
+                "oversize": self.oversize.load(Ordering::Relaxed),
+            },
+            "last_failover": failover.map(|(at, ms)| serde_json::json!({
+                "at": at, "takeover_ms": ms,
+            })),
+        })
+    }
+
+    /// Prometheus text of the cluster's gauges and counters.
+    pub fn metrics_text(&self) -> String {
+        let (in_sync, gaps, fenced) = {
+            let f = self.follower.lock();
+            (f.in_sync(), f.gaps(), f.fenced())
+        };
+        let mut t = String::new();
+        let mut line = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(
+                t,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        let n = |v: &AtomicU64| v.load(Ordering::Relaxed).to_string();
+        let flag = |b: bool| u8::from(b).to_string();
+        line(
+            "kvplane_cluster_leader",
+            "gauge",
+            "1 while this controller holds the lease and serves; 0 as a standby.",
+            flag(self.is_leader()),
+        );
+        line(
+            "kvplane_cluster_epoch",
+            "gauge",
+            "The lease revision this controller leads under (0: not leading).",
+            n(&self.epoch),
+        );
+        line(
+            "kvplane_cluster_in_sync",
+            "gauge",
+            "1 if the followed state holds every change since a fresh start.",
+            flag(in_sync),
+        );
+        line(
+            "kvplane_cluster_gaps_total",
+            "counter",
+            "Gaps seen in the change log while following it.",
+            gaps.to_string(),
+        );
+        line(
+            "kvplane_cluster_fenced_total",
+            "counter",
+            "Records of a deposed leader ignored.",
+            fenced.to_string(),
+        );
+        line(
+            "kvplane_cluster_records_applied_total",
+            "counter",
+            "Change records applied while following.",
+            n(&self.applied),
+        );
+        line(
+            "kvplane_cluster_records_published_total",
+            "counter",
+            "Change records NATS acknowledged.",
+            n(&self.published.acked),
+        );
+        line(
+            "kvplane_cluster_records_lost_total",
+            "counter",
+            "Change records not replicated: publish failed, queue full, or too large.",
+            (self.published.failed.load(Ordering::Relaxed)
+                + self.dropped.load(Ordering::Relaxed)
+                + self.oversize.load(Ordering::Relaxed))
+            .to_string(),
+        );
+        let failover = *self.failover.lock();
+        line(
+            "kvplane_cluster_last_failover_seconds",
+            "gauge",
+            "Unix time this controller last took over (0: never).",
+            failover.map_or(0.0, |(at, _)| at).to_string(),
+        );
+        line(
+            "kvplane_cluster_takeover_seconds",
+            "gauge",
+            "Lease taken to sockets bound, at the last takeover.",
+            failover.map_or(0.0, |(_, ms)| ms as f64 / 1e3).to_string(),
+        );
+        t
+    }
+}
+
+/// A controller following the cluster's log, ready to take over.
+pub struct Standby {
+    cluster: Cluster,
+    bucket: LeaseBucket,
+    status: Arc<ClusterStatus>,
+    reading: CancellationToken,
+}
+
+impl Standby {
+    /// Joins the cluster as a standby of `shared` (which must not serve yet): connects, sets
+    /// up the stream and the lease bucket, and starts following the log into `shared`.
+    ///
+    /// # Errors
+    /// When NATS cannot be reached or JetStream set up.
+    pub async fn join(
+        config: cluster::ClusterConfig,
+        shared: &Arc<Shared>,
+    ) -> Result<Self, ClusterError> {
+        let cluster = Cluster::connect(config).await?;
+        cluster.ensure_stream(SERVICE).await?;
+        let bucket = cluster.lease_bucket().await?;
+        let status = Arc::new(ClusterStatus::new(&cluster.config().name));
+        shared.set_cluster(Arc::clone(&status));
+        let reading = shared.shutdown_token().child_token();
+        let (tx, mut rx) = mpsc::channel::<Bytes>(APPLY_QUEUE);
+        cluster::spawn_reader(
+            cluster.clone(),
+            SERVICE,
+            tx,
+            Arc::clone(&status.reader),
+            reading.clone(),
+            shared.tasks(),
+        );
+        let applier = Arc::clone(shared);
+        let st = Arc::clone(&status);
+        shared.tasks().spawn(async move {
+            while let Some(bytes) = rx.recv().await {
+                match Record::decode(&bytes) {
+                    Ok(r) => {
+                        if applier.apply_record(&r).is_some() {
+                            st.applied.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        st.bad_records.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("cluster: a change record did not decode: {e}");
+                    }
+                }
+                st.processed.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        tracing::info!(
+            cluster = %status.name,
+            me = %status.me,
+            "controller standby: following the cluster's log, waiting for the lease"
+        );
+        Ok(Self {
+            cluster,
+            bucket,
+            status,
+            reading,
+        })
+    }
+
+    /// The standby's status.
+    pub fn status(&self) -> &Arc<ClusterStatus> {
+        &self.status
+    }
+
+    /// The lease bucket.
+    pub fn bucket(&self) -> &LeaseBucket {
+        &self.bucket
+    }
+
+    /// Waits for the lease, then takes over (see the module docs): returns once `shared`
+    /// holds everything the old leader published and records its own changes, ready to bind.
+    /// `None` once `cancel`.
+    ///
+    /// # Errors
+    /// When the takeover record cannot be published or read back in time (the lease is
+    /// released again).
+    pub async fn take_over(
+        &self,
+        shared: &Arc<Shared>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Lease>, String> {
+        let status = &self.status;
+        let Some(lease) = self
+            .bucket
+            .acquire(LEASE_KEY, &status.me, cancel, |h| {
+                *status.lease_holder.lock() = h.map(|(who, _)| who);
+            })
+            .await
+        else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        *status.lease_holder.lock() = Some(status.me.clone());
+        match self.announce(shared, &lease).await {
+            Ok(()) => {}
+            Err(e) => {
+                self.bucket.release(&lease).await;
+                return Err(e);
+            }
+        }
+        // Every record up to the takeover is applied: stop following, start publishing.
+        self.reading.cancel();
+        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+        cluster::spawn_publisher(
+            self.cluster.clone(),
+            SERVICE,
+            rx,
+            Arc::clone(&status.published),
+            shared.shutdown_token().clone(),
+            shared.tasks(),
+        );
+        shared.lead(ChangeLog {
+            epoch: lease.epoch,
+            seq: AtomicU64::new(1),
+            max_record_bytes: self
+                .cluster
+                .max_message_bytes()
+                .saturating_sub(RECORD_OVERHEAD),
+            tx,
+            status: Arc::clone(status),
+        });
+        status.epoch.store(lease.epoch, Ordering::Relaxed);
+        status.leader.store(true, Ordering::Relaxed);
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        *status.failover.lock() = Some((shared.now(), ms));
+        let (epoch, seq) = status.follower.lock().position();
+        tracing::info!(
+            epoch = lease.epoch,
+            followed = ?(epoch, seq),
+            in_sync = status.follower.lock().in_sync(),
+            workers = shared.index().worker_count(),
+            keys = shared.index().key_count(),
+            "controller took the lease: serving the followed state"
+        );
+        Ok(Some(lease))
+    }
+
+    /// Publishes the takeover record and waits until the follower applied it.
+    async fn announce(&self, shared: &Arc<Shared>, lease: &Lease) -> Result<(), String> {
+        let timeout = self.cluster.config().timeout;
+        let fresh = {
+            let empty = self.cluster.stream_is_empty(SERVICE).await;
+            empty.map_err(|e| format!("cannot read the controller stream: {e}"))?
+        };
+        let record = Record {
+            epoch: lease.epoch,
+            seq: 1,
+            at_ms: now_ms(),
+            now: shared.now(),
+            change: Change::Takeover {
+                holder: self.status.me.clone(),
+                fresh,
+            },
+        };
+        self.cluster
+            .publish_acked(SERVICE, Bytes::from(record.encode()))
+            .await
+            .map_err(|e| format!("cannot publish the takeover: {e}"))?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.status.follower.lock().position() >= (Some(lease.epoch), 1) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the takeover record was not read back within {timeout:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Renews `lease` until `shutdown` (then releases it) or until it is lost.
+    ///
+    /// # Errors
+    /// The lease was lost: the caller must stop serving at once.
+    pub async fn hold(&self, mut lease: Lease, shutdown: &CancellationToken) -> Result<(), String> {
+        let every = self.bucket.ttl() / 4;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.bucket.release(&lease).await;
+                    return Ok(());
+                }
+                () = tokio::time::sleep(every) => {}
+            }
+            match self.bucket.renew(&mut lease).await {
+                Ok(()) => {}
+                Err(e @ cluster::RenewError::Lost(_)) => return Err(e.to_string()),
+                Err(e) => {
+                    if self.bucket.lapsed(&lease) {
+                        return Err(format!("{e}; its TTL ran out"));
+                    }
+                    tracing::warn!("{e}");
+                }
+            }
+        }
+    }
+}
