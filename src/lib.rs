@@ -294,7 +294,7 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
         heartbeat = ?addrs.heartbeat,
         "kvplane controller listening"
     );
-    if addrs.heartbeat.is_none() {
+    if addrs.heartbeat.is_none() && !shared.cluster().is_some_and(|c| c.is_replica()) {
         tracing::warn!("no heartbeat port configured: LMCache workers will not heartbeat");
     }
     controller::routes::log_policy(&shared);
@@ -345,7 +345,7 @@ pub async fn standby(
     let stop = shared.shutdown_token().clone();
     // Any error below stops the tasks started so far.
     let stop_on_error = stop.clone().drop_guard();
-    let standby = controller::cluster::Standby::join(cluster, &shared)
+    let standby = controller::cluster::Standby::join(cluster, &shared, false)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
     let lease = standby
@@ -411,4 +411,37 @@ pub async fn run_leader(
     }
     server.stop().await;
     held.map_err(StartError::Cluster)
+}
+
+#[cfg(feature = "server")]
+/// Runs a read replica of the cluster's controller (`serve --cluster --replica`,
+/// docs/CLUSTER.md): follows the leader's change log and serves the read routes
+/// (`/lookup`, `/query_worker_info`, `/controller/*`, the dashboard) on its own HTTP port,
+/// binding no ZMQ socket and never taking the lease. Commands answer 409. Until `shutdown`.
+///
+/// # Errors
+/// [`StartError::Cluster`] when NATS cannot be reached; [`StartError::Http`] when the port
+/// cannot be bound.
+pub async fn run_replica(
+    mut config: ServeConfig,
+    cluster: cluster::ClusterConfig,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    config.monitor_ports = config::MonitorPorts {
+        pull: None,
+        reply: None,
+        heartbeat: None,
+    };
+    config.health_check_interval = None;
+    let shared = Arc::new(Shared::new(config, None));
+    let stop_on_error = shared.shutdown_token().clone().drop_guard();
+    let _standby = controller::cluster::Standby::join(cluster, &shared, true)
+        .await
+        .map_err(|e| StartError::Cluster(e.to_string()))?;
+    let server = serve_shared(shared).await?;
+    stop_on_error.disarm();
+    shutdown.cancelled().await;
+    tracing::info!("shutting down");
+    server.stop().await;
+    Ok(())
 }

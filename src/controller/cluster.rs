@@ -120,6 +120,8 @@ pub struct ClusterStatus {
     /// The cluster's name.
     pub name: String,
     leader: AtomicBool,
+    /// A read replica: follows the log, never takes the lease.
+    replica: bool,
     epoch: AtomicU64,
     lease_holder: Mutex<Option<String>>,
     follower: Mutex<Follower>,
@@ -137,7 +139,7 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
-    fn new(name: &str) -> Self {
+    fn new(name: &str, replica: bool) -> Self {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "host".into());
@@ -149,6 +151,7 @@ impl ClusterStatus {
             ),
             name: name.to_owned(),
             leader: AtomicBool::new(false),
+            replica,
             epoch: AtomicU64::new(0),
             lease_holder: Mutex::new(None),
             follower: Mutex::new(Follower::new()),
@@ -169,6 +172,52 @@ impl ClusterStatus {
         self.leader.load(Ordering::Relaxed)
     }
 
+    /// Whether this controller is a read replica.
+    pub fn is_replica(&self) -> bool {
+        self.replica
+    }
+
+    fn role(&self) -> &'static str {
+        if self.is_leader() {
+            "leader"
+        } else if self.replica {
+            "replica"
+        } else {
+            "standby"
+        }
+    }
+
+    /// Where a follower stands: `(ready, reason, pending records, lag in ms)`. Ready when
+    /// reading, in sync, and every record in the stream applied.
+    pub fn progress(&self) -> (bool, &'static str, u64, u64) {
+        let (in_sync, at_ms) = {
+            let f = self.follower.lock();
+            (f.in_sync(), f.last_at_ms())
+        };
+        let unapplied = self
+            .reader
+            .delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.processed.load(Ordering::Relaxed));
+        let pending = self.reader.pending.load(Ordering::Relaxed) + unapplied;
+        let lag_ms = if pending == 0 || at_ms == 0 {
+            0
+        } else {
+            now_ms().saturating_sub(at_ms)
+        };
+        let reading = self.reader.reading.load(Ordering::Relaxed);
+        let (ready, reason) = if !reading {
+            (false, "not reading the change stream")
+        } else if !in_sync {
+            (false, "not in sync (a gap, or the stream lost its start)")
+        } else if pending > 0 {
+            (false, "catching up")
+        } else {
+            (true, "caught up")
+        };
+        (ready, reason, pending, lag_ms)
+    }
+
     /// Applies `r` to `fleet` (the caller holds the fleet's write lock).
     pub(crate) fn apply(&self, fleet: &mut super::Fleet, r: &Record) -> Applied {
         self.follower.lock().apply(fleet, r)
@@ -181,9 +230,14 @@ impl ClusterStatus {
             (f.in_sync(), f.position(), f.gaps(), f.fenced())
         };
         let failover = *self.failover.lock();
+        let (ready, reason, pending, lag_ms) = self.progress();
+        let following = (!self.is_leader()).then(|| {
+            serde_json::json!({"ready": ready, "reason": reason, "pending": pending, "lag_ms": lag_ms})
+        });
         serde_json::json!({
             "cluster": self.name,
-            "role": if self.is_leader() { "leader" } else { "standby" },
+            "role": self.role(),
+            "following": following,
             "me": self.me,
             "lease_holder": *self.lease_holder.lock(),
             "epoch": self.epoch.load(Ordering::Relaxed),
@@ -235,6 +289,25 @@ impl ClusterStatus {
             "gauge",
             "The lease revision this controller leads under (0: not leading).",
             n(&self.epoch),
+        );
+        let (_, _, pending, lag_ms) = self.progress();
+        line(
+            "kvplane_cluster_replica",
+            "gauge",
+            "1 on a read replica (--replica).",
+            flag(self.replica),
+        );
+        line(
+            "kvplane_cluster_pending_records",
+            "gauge",
+            "Records in the stream or delivered, not yet applied (a follower).",
+            pending.to_string(),
+        );
+        line(
+            "kvplane_cluster_lag_ms",
+            "gauge",
+            "Age of the last applied record while others are pending (a follower).",
+            lag_ms.to_string(),
         );
         line(
             "kvplane_cluster_in_sync",
@@ -309,11 +382,12 @@ impl Standby {
     pub async fn join(
         config: cluster::ClusterConfig,
         shared: &Arc<Shared>,
+        replica: bool,
     ) -> Result<Self, ClusterError> {
         let cluster = Cluster::connect(config).await?;
         cluster.ensure_stream(SERVICE).await?;
         let bucket = cluster.lease_bucket().await?;
-        let status = Arc::new(ClusterStatus::new(&cluster.config().name));
+        let status = Arc::new(ClusterStatus::new(&cluster.config().name, replica));
         shared.set_cluster(Arc::clone(&status));
         let reading = shared.shutdown_token().child_token();
         let (tx, mut rx) = mpsc::channel::<Bytes>(APPLY_QUEUE);
@@ -346,7 +420,9 @@ impl Standby {
         tracing::info!(
             cluster = %status.name,
             me = %status.me,
-            "controller standby: following the cluster's log, waiting for the lease"
+            "controller {}: following the cluster's log{}",
+            status.role(),
+            if replica { "" } else { ", waiting for the lease" }
         );
         Ok(Self {
             cluster,

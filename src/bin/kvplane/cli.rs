@@ -167,6 +167,11 @@ pub(crate) struct ServeArgs {
     /// standby takes over at most this long after the leader dies.
     #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
     pub(crate) cluster_lease_ttl: f64,
+    /// Run as a read replica of the cluster's controller (needs `--cluster`): follow the
+    /// leader's change log and serve the read routes on `--port` (no ZMQ socket, never the
+    /// lease; commands answer 409).
+    #[arg(long, env = "KVPLANE_SERVE_REPLICA", requires = "cluster")]
+    pub(crate) replica: bool,
 }
 
 impl ServeArgs {

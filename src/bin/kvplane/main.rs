@@ -30,6 +30,20 @@ fn main() -> anyhow::Result<()> {
             }
             let config = args.validate()?;
             let cluster = args.cluster()?;
+            if args.replica {
+                anyhow::ensure!(
+                    args.indexer_port.is_none() && args.coordinator_port.is_none(),
+                    "--replica serves the controller's read routes only: drop --indexer-port \
+                     and --coordinator-port"
+                );
+                let cluster = cluster.context("--replica needs --cluster")?;
+                runtime.block_on(async {
+                    let shutdown = CancellationToken::new();
+                    tokio::spawn(cancel_on_signal(shutdown.clone()));
+                    kvplane::run_replica(config, cluster, shutdown).await
+                })?;
+                return Ok(());
+            }
             let indexer = args
                 .indexer_port
                 .map(|port| kvplane::indexer::service::IndexerConfig {

@@ -163,24 +163,25 @@ pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoRespon
         ("reply", &s.reply),
         ("heartbeat", &s.heartbeat),
     ];
-    let ready = loops.iter().all(|(_, l)| !l.configured() || l.serving());
+    let mut ready = loops.iter().all(|(_, l)| !l.configured() || l.serving());
     let sockets: serde_json::Map<String, Value> = loops
         .iter()
         .map(|(name, l)| ((*name).to_owned(), socket_state(l).into()))
         .collect();
+    let mut body = json!({"http": "serving", "sockets": sockets});
+    // A read replica is ready when it answers from the leader's current state.
+    if let Some(c) = shared.cluster().filter(|c| c.is_replica()) {
+        let (caught_up, reason, pending, lag_ms) = c.progress();
+        ready &= caught_up;
+        body["replica"] = json!({"reason": reason, "pending": pending, "lag_ms": lag_ms});
+    }
+    body["status"] = json!(if ready { "ready" } else { "not_ready" });
     let status = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        Json(json!({
-            "status": if ready { "ready" } else { "not_ready" },
-            "http": "serving",
-            "sockets": sockets,
-        })),
-    )
+    (status, Json(body))
 }
 
 /// `GET /metrics`: every metric in the Prometheus text format, LMCache's gauges refreshed.

@@ -133,6 +133,23 @@ pub fn api_routes() -> Vec<ApiRoute> {
     ]
 }
 
+/// Whether the route sends commands to workers (through their downlinks).
+fn commands_workers(path: &str) -> bool {
+    matches!(
+        path,
+        "/clear" | "/pin" | "/compress" | "/decompress" | "/move" | "/health"
+    )
+}
+
+/// 409 on a read replica for a command route.
+async fn replica_refuses() -> crate::web::error::ApiError {
+    crate::web::error::ApiError::Conflict(
+        "this controller is a read replica (serve --replica, docs/CLUSTER.md): send commands \
+         to the leader"
+            .into(),
+    )
+}
+
 /// Builds the router with an empty history (no socket: tests call it with `oneshot`).
 pub fn router(shared: Arc<Shared>) -> Router {
     router_with(shared, Arc::new(History::default()))
@@ -166,10 +183,21 @@ pub fn http_limits(shared: &Shared) -> HttpLimits {
 pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
     let mut open = Router::new();
     let mut guarded = Router::new();
+    let replica = shared.cluster().is_some_and(|c| c.is_replica());
     for r in api_routes() {
+        // A read replica has no downlinks: the commands go to the leader.
+        let handler = if replica && commands_workers(r.path) {
+            axum::routing::on(
+                axum::routing::MethodFilter::try_from(r.method.clone())
+                    .unwrap_or(axum::routing::MethodFilter::POST),
+                replica_refuses,
+            )
+        } else {
+            r.handler
+        };
         match r.access {
-            Access::Open => open = open.route(r.path, r.handler),
-            Access::Token => guarded = guarded.route(r.path, r.handler),
+            Access::Open => open = open.route(r.path, handler),
+            Access::Token => guarded = guarded.route(r.path, handler),
         }
     }
     if let Some(token) = &shared.config.api_token {

@@ -527,7 +527,9 @@ fn schemas() -> Map<String, Value> {
         "ClusterStatus": {
             "type": "object", "required": ["role"],
             "properties": {
-                "role": { "type": "string", "enum": ["standalone", "leader", "standby"] },
+                "role": { "type": "string",
+                    "enum": ["standalone", "leader", "standby", "replica"] },
+                "following": { "type": "object", "nullable": true },
                 "cluster": { "type": "string" }, "me": { "type": "string" },
                 "lease_holder": { "type": "string", "nullable": true }, "epoch": int,
                 "followed": { "type": "object" }, "published": { "type": "object" },
@@ -540,7 +542,8 @@ fn schemas() -> Map<String, Value> {
                 "status": { "type": "string", "enum": ["ready", "not_ready"] },
                 "http": { "type": "string" },
                 "sockets": { "type": "object", "additionalProperties": { "type": "string",
-                    "enum": ["serving", "not_serving", "not_configured"] } }
+                    "enum": ["serving", "not_serving", "not_configured"] } },
+                "replica": { "type": "object" }
             }
         }
     });

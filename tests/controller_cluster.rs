@@ -1,4 +1,6 @@
-//! Controller hot standby (docs/CLUSTER.md): NATS, two `kvplane serve --cluster` processes on
+//! Controller hot standby and read replicas (docs/CLUSTER.md).
+//!
+//! Failover: NATS, two `kvplane serve --cluster` processes on
 //! the same ports (the standby binds nothing until it holds the lease), two real LMCache 0.5.6
 //! workers and a simulated fleet pushing admits. SIGKILL the leader: the standby takes over
 //! with the index the leader published, P2P lookups are answered again, no worker is asked
@@ -40,6 +42,16 @@ struct Controller {
 
 impl Controller {
     fn spawn(nats: &Nats, cluster: &str, ports: &Ports, name: &str) -> Self {
+        Self::spawn_with(nats, cluster, ports, name, &[])
+    }
+
+    fn spawn_with(
+        nats: &Nats,
+        cluster: &str,
+        ports: &Ports,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::env::temp_dir().join(format!(
             "kvplane-failover-{}-{name}.log",
             std::process::id()
@@ -59,6 +71,7 @@ impl Controller {
             .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .kill_on_drop(true)
@@ -97,11 +110,15 @@ async fn get(ports: &Ports, path: &str) -> Value {
 
 /// Polls `path` until `cond` holds on its JSON (connection errors count as not yet).
 async fn until(ports: &Ports, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    until_on(ports.http, path, what, cond).await
+}
+
+/// [`until`] on any HTTP port (a replica's).
+async fn until_on(port: u16, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     let start = Instant::now();
     loop {
         let probe =
-            tokio::time::timeout(STEP, try_http(loopback(ports.http), "GET", path, None, &[]))
-                .await;
+            tokio::time::timeout(STEP, try_http(loopback(port), "GET", path, None, &[])).await;
         if let Ok(Ok((200, v))) = probe {
             if cond(&v) {
                 return v;
@@ -344,4 +361,124 @@ async fn the_standby_takes_over_a_killed_leader_without_full_syncs() {
     a.close().await;
     b.close().await;
     drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let ports = Ports {
+        http: free_port(),
+        pull: free_port(),
+        reply: free_port(),
+        heartbeat: free_port(),
+    };
+    let cluster = "replicas";
+    let _leader = Controller::spawn(&nats, cluster, &ports, "leader");
+    until(&ports, "/controller/cluster", "the leader leads", |v| {
+        v["role"] == "leader"
+    })
+    .await;
+    let replica_ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let _replicas: Vec<Controller> = replica_ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            Controller::spawn_with(
+                &nats,
+                cluster,
+                &ports,
+                &format!("replica-{i}"),
+                &[
+                    ("KVPLANE_PORT", &port.to_string()),
+                    ("KVPLANE_SERVE_REPLICA", "true"),
+                ],
+            )
+        })
+        .collect();
+
+    // A fleet of four workers, 1,000 admits each and a few evicts, while the replicas follow.
+    let pull = format!("127.0.0.1:{}", ports.pull);
+    let reply = format!("127.0.0.1:{}", ports.reply);
+    let mut held = 0;
+    for i in 0..4i64 {
+        let mut w = TestWorker::at(&reply, &pull, &format!("inst-{i}"), 0);
+        let peer = format!("127.0.0.1:{}", 20000 + i);
+        w.register(free_port(), Some(&peer)).await;
+        for chunk in (0..1000i64).collect::<Vec<_>>().chunks(100) {
+            let ops: Vec<(bool, i64)> = chunk.iter().map(|&k| (true, (i << 20) | k)).collect();
+            let batch = w.batch(CPU, &ops);
+            w.push(&[batch]).await;
+        }
+        let evicts = w.batch(CPU, &[(false, i << 20), (false, (i << 20) | 1)]);
+        w.push(&[evicts]).await;
+        held += 998;
+    }
+    let leader_stats = until(
+        &ports,
+        "/controller/key-stats",
+        "the leader applied all",
+        |v| v["total_key_count"] == held,
+    )
+    .await;
+
+    let lookup = json!({"hashes": [2, 3, 4, 5]}).to_string();
+    let (_, at_leader) = http(loopback(ports.http), "POST", "/lookup", Some(&lookup), &[]).await;
+    for &port in &replica_ports {
+        let ready = until_on(port, "/readyz", "the replica is caught up", |v| {
+            v["status"] == "ready"
+        })
+        .await;
+        assert_eq!(ready["replica"]["pending"], 0, "{ready}");
+        let stats = until_on(port, "/controller/key-stats", "replica key stats", |_| true).await;
+        assert_eq!(
+            stats, leader_stats,
+            "a caught-up replica holds the leader's index"
+        );
+        let workers = until_on(port, "/controller/workers", "replica workers", |_| true).await;
+        assert_eq!(workers["total_count"], 4, "{workers}");
+        let (status, answer) = http(loopback(port), "POST", "/lookup", Some(&lookup), &[]).await;
+        assert_eq!(
+            (status, &answer["layout_info"]),
+            (200, &at_leader["layout_info"])
+        );
+        let cluster = until_on(port, "/controller/cluster", "replica status", |_| true).await;
+        assert_eq!(cluster["role"], "replica", "{cluster}");
+        assert_eq!(cluster["followed"]["in_sync"], true, "{cluster}");
+        // Commands need the workers' downlinks: the leader's job.
+        let (status, refused) = http(
+            loopback(port),
+            "POST",
+            "/clear",
+            Some(r#"{"instance_id": "inst-0", "location": "LocalCPUBackend"}"#),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 409, "{refused}");
+        assert!(refused.to_string().contains("read replica"), "{refused}");
+    }
+    assert!(
+        at_leader["layout_info"].to_string().contains("inst-0"),
+        "{at_leader}"
+    );
+
+    // A deregistration reaches the replicas too.
+    let mut w = TestWorker::at(&reply, &pull, "inst-3", 0);
+    w.push(&[Msg::DeRegisterMsg(kvplane::protocol::DeRegisterMsg {
+        instance_id: "inst-3".into(),
+        worker_id: 0,
+        ip: "127.0.0.1".into(),
+        port: 1,
+    })])
+    .await;
+    for &port in &replica_ports {
+        until_on(
+            port,
+            "/controller/key-stats",
+            "the deregistration replicated",
+            |v| v["total_worker_count"] == 3 && v["total_key_count"] == held - 998,
+        )
+        .await;
+    }
 }
