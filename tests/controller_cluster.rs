@@ -463,6 +463,39 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
         "{at_leader}"
     );
 
+    // The dashboard of a replica and of the leader name their role in the topbar.
+    if common::browser::ready() {
+        for (port, page, expect) in [
+            (
+                replica_ports[0],
+                "controller-replica",
+                json!({"role": "replica", "badge": ["replica", "replicas", "caught up"]}),
+            ),
+            (
+                ports.http,
+                "controller-leader",
+                json!({"role": "leader", "badge": ["leader", "epoch"]}),
+            ),
+        ] {
+            let mut expect = expect;
+            expect["title"] = json!("controller");
+            expect["rows"] = json!(4);
+            let shot = common::browser::screenshot(&format!("dashboard-{page}.png"));
+            let report = common::browser::run(
+                "services.mjs",
+                &[
+                    format!("http://127.0.0.1:{port}").into(),
+                    "controller-cluster".into(),
+                    shot.clone().into(),
+                    expect.to_string().into(),
+                ],
+                Duration::from_secs(90),
+            )
+            .await;
+            assert_eq!(report["ok"], true, "{report}");
+        }
+    }
+
     // A deregistration reaches the replicas too.
     let mut w = TestWorker::at(&reply, &pull, "inst-3", 0);
     w.push(&[Msg::DeRegisterMsg(kvplane::protocol::DeRegisterMsg {

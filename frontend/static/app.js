@@ -234,11 +234,31 @@ function renderStatusRule() {
 function renderAll() {
   const f = state.feed;
   $("version").textContent = `v${f.version}`;
+  renderCluster(f.cluster);
   renderKpis();
   renderCharts();
   renderSync();
   renderDatalists();
   if (grid.selected) renderDetails(grid.selected);
+}
+
+/** The role in the --cluster: leader (epoch, last takeover) or replica (lag); hidden alone. */
+function renderCluster(c) {
+  const el = $("cluster");
+  if (!c) return setText(el, "");
+  let text = `${c.role} · ${c.cluster}`;
+  if (c.role === "leader") {
+    text += ` · epoch ${c.epoch}`;
+    if (c.last_failover) {
+      const at = new Date(c.last_failover.at * 1000).toLocaleTimeString();
+      text += ` · took over ${at} in ${c.last_failover.takeover_ms} ms`;
+    }
+  } else if (c.following) {
+    text += ` · ${c.following.reason} · lag ${fmtInt(c.following.lag_ms)} ms`;
+  }
+  el.dataset.role = c.role;
+  el.title = `lease holder ${c.lease_holder || "—"}; this process ${c.me}`;
+  setText(el, text);
 }
 
 function setText(el, text) {

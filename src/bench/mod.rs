@@ -10,6 +10,7 @@
 //! ([`indexer`]) the KV indexer over vLLM's KV-event stream and the indexer HTTP API. Depends on `protocol`
 //! and `transport` only.
 
+pub mod cluster;
 mod conn;
 pub mod coordinator;
 mod fleet;
@@ -61,7 +62,8 @@ pub struct BenchArgs {
         default_value = "http://127.0.0.1:9000"
     )]
     pub http: String,
-    /// Comma-separated scenarios: ingest, lookup, sync, heartbeat.
+    /// Comma-separated scenarios: ingest, lookup, sync, heartbeat; with `--cluster`
+    /// (scripts/bench-cluster.sh) also failover, replica-lag, http-lookup.
     #[arg(
         long,
         env = "KVPLANE_BENCH_SCENARIOS",
@@ -105,6 +107,16 @@ pub struct BenchArgs {
     /// Seconds of heartbeating.
     #[arg(long, env = "KVPLANE_BENCH_HEARTBEAT_SECONDS", default_value_t = 10.0)]
     pub heartbeat_seconds: f64,
+    /// The cluster leader's pid, which the `failover` scenario SIGKILLs.
+    #[arg(long, env = "KVPLANE_BENCH_LEADER_PID")]
+    pub leader_pid: Option<u32>,
+    /// Read replicas whose lag the `replica-lag` scenario samples (`http://host:port`, comma
+    /// separated).
+    #[arg(long, env = "KVPLANE_BENCH_REPLICAS", value_delimiter = ',')]
+    pub replicas: Vec<String>,
+    /// Servers the `http-lookup` scenario spreads `POST /lookup` over (default: `--http`).
+    #[arg(long, env = "KVPLANE_BENCH_QUERY_HTTP", value_delimiter = ',')]
+    pub query_http: Vec<String>,
     /// Pid of the controller, to report its RSS.
     #[arg(long, env = "KVPLANE_BENCH_PID")]
     pub pid: Option<u32>,
@@ -141,6 +153,12 @@ pub struct Report {
     pub full_sync: Option<scenarios::FullSync>,
     /// Heartbeats.
     pub heartbeat: Option<scenarios::Heartbeat>,
+    /// Failover of a cluster leader.
+    pub failover: Option<cluster::Failover>,
+    /// Read replicas' lag under ingest.
+    pub replica_lag: Option<cluster::ReplicaLag>,
+    /// `POST /lookup` throughput over the leader and replicas.
+    pub http_lookup: Option<cluster::HttpLookup>,
     /// Controller RSS.
     pub rss: Rss,
 }
@@ -151,9 +169,13 @@ pub struct Report {
 /// A message naming the scenario and what failed.
 pub async fn run(args: &BenchArgs) -> Result<Report, String> {
     for s in &args.scenarios {
-        if !matches!(s.as_str(), "ingest" | "lookup" | "sync" | "heartbeat") {
+        if !matches!(
+            s.as_str(),
+            "ingest" | "lookup" | "sync" | "heartbeat" | "failover" | "replica-lag" | "http-lookup"
+        ) {
             return Err(format!(
-                "--scenarios: unknown scenario {s:?} (ingest, lookup, sync, heartbeat)"
+                "--scenarios: unknown scenario {s:?} (ingest, lookup, sync, heartbeat, \
+                 failover, replica-lag, http-lookup)"
             ));
         }
     }
@@ -196,6 +218,19 @@ pub async fn run(args: &BenchArgs) -> Result<Report, String> {
                 .map_err(|e| format!("heartbeat: {e}"))?,
         );
     }
+    if wants("replica-lag") {
+        let lag = cluster::replica_lag(args, run.wrapping_add(4)).await;
+        report.replica_lag = Some(lag.map_err(|e| format!("replica-lag: {e}"))?);
+    }
+    if wants("http-lookup") {
+        let l = cluster::http_lookup(args, run.wrapping_add(5)).await;
+        report.http_lookup = Some(l.map_err(|e| format!("http-lookup: {e}"))?);
+    }
+    // Last: it kills the leader.
+    if wants("failover") {
+        let f = cluster::failover(args, run.wrapping_add(6)).await;
+        report.failover = Some(f.map_err(|e| format!("failover: {e}"))?);
+    }
     report.rss.end = rss();
     Ok(report)
 }
@@ -231,6 +266,31 @@ impl Report {
                 out,
                 "heartbeat  p50 {:.1} µs  p99 {:.1} µs  p999 {:.1} µs  ({} workers × {:.0} s)",
                 h.latency.p50_us, h.latency.p99_us, h.latency.p999_us, h.workers, h.seconds
+            );
+        }
+        if let Some(l) = &self.replica_lag {
+            let _ = writeln!(
+                out,
+                "replica lag p50 {:.0} ms  p99 {:.0} ms  max {:.0} ms  ({} replicas, {} ops at {:.0} ops/s applied; caught up {:.3} s after the leader)",
+                l.lag_ms.p50_us / 1e3, l.lag_ms.p99_us / 1e3, l.lag_ms.max_us / 1e3, l.replicas,
+                l.ops, l.applied_ops_per_sec, l.caught_up_seconds
+            );
+        }
+        if let Some(h) = &self.http_lookup {
+            let _ = writeln!(
+                out,
+                "http lookup {:.0} req/s  p50 {:.1} µs  p99 {:.1} µs  ({} targets, concurrency {})",
+                h.requests_per_sec, h.latency.p50_us, h.latency.p99_us, h.targets, h.concurrency
+            );
+        }
+        if let Some(f) = &self.failover {
+            let _ = writeln!(
+                out,
+                "failover   {:.3} s to the first answered P2P lookup (takeover {} ms), {} full syncs asked of {} workers, {} of {} keys held (acked by NATS {:.3} s and followers caught up {:.3} s after applied, in sync {:?})",
+                f.failover_seconds,
+                f.takeover_ms.map_or("-".into(), |m| m.to_string()),
+                f.full_syncs_requested, f.workers, f.keys_after, f.keys, f.replicated_seconds,
+                f.followers_caught_up_seconds, f.in_sync
             );
         }
         let mib = |b: Option<u64>| {

@@ -36,7 +36,11 @@ pub struct Ingest {
     pub net_keys: u64,
 }
 
-async fn wait_for_keys(args: &BenchArgs, target: u64, start: Instant) -> Result<f64, String> {
+pub(super) async fn wait_for_keys(
+    args: &BenchArgs,
+    target: u64,
+    start: Instant,
+) -> Result<f64, String> {
     let limit = Duration::from_secs_f64(args.timeout);
     loop {
         // A controller busy applying may answer its HTTP API late (LMCache's single asyncio
@@ -60,7 +64,10 @@ async fn wait_for_keys(args: &BenchArgs, target: u64, start: Instant) -> Result<
 /// Pushes pre-encoded streams from one PUSH socket per worker. Every socket first connects
 /// and delivers its empty warm-up batch; only then does the clock start, so connection set-up
 /// is not counted as ingest. Returns the start instant and the seconds until the last send.
-async fn push_streams(pull: &str, streams: Vec<fleet::OpStream>) -> Result<(Instant, f64), String> {
+pub(super) async fn push_streams(
+    pull: &str,
+    streams: Vec<fleet::OpStream>,
+) -> Result<(Instant, f64), String> {
     let barrier = Arc::new(Barrier::new(streams.len() + 1));
     let mut tasks = JoinSet::new();
     for stream in streams {

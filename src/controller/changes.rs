@@ -59,6 +59,9 @@ pub enum Change {
         /// The worker timeout it used, seconds.
         timeout_s: f64,
     },
+    /// The leader found its followed state incomplete (a gap): every worker is asked for a
+    /// full sync at its next heartbeat.
+    ResyncAll,
     /// A new leader took the lease: every worker counts as seen at `now` (a worker is not
     /// removed for the silence of a failover), and the epoch's records follow.
     Takeover {
@@ -246,6 +249,7 @@ impl Follower {
                 fleet.probe_failed(&target(fleet, key, *generation), now, *timeout_s);
             }
             Change::Takeover { .. } => fleet.touch_all(now),
+            Change::ResyncAll => fleet.request_resync_all(),
         }
     }
 }

@@ -321,3 +321,28 @@ fn records_round_trip_and_garbage_is_an_error() {
     f.apply(&mut fl, &r);
     assert_eq!(f.undecodable_frames(), 1);
 }
+
+#[test]
+fn a_resync_record_asks_every_worker_for_one_full_sync_at_its_next_heartbeat() {
+    let mut leader = Leader::new(fleet(), 5, false);
+    leader.request(register("a", 5000), 2.0);
+    leader.request(register("b", 5002), 2.0);
+    leader.fleet.request_resync_all();
+    leader.record(3.0, Change::ResyncAll);
+    let mut standby = fleet();
+    follow(&mut Follower::new(), &mut standby, &leader.log);
+    for f in [&mut leader.fleet, &mut standby] {
+        let ctx = RequestContext {
+            now: 4.0,
+            heartbeat_url: None,
+        };
+        let asked = |reply: Msg| match reply {
+            Msg::HeartbeatRetMsg(r) => r.commands.len(),
+            other => panic!("{other:?}"),
+        };
+        let (reply, _) = f.on_request(RouterKind::Reply, heartbeat("a", 5000), &ctx);
+        assert_eq!(asked(reply), 1, "the first heartbeat carries the full sync");
+        let (reply, _) = f.on_request(RouterKind::Reply, heartbeat("a", 5000), &ctx);
+        assert_eq!(asked(reply), 0, "once");
+    }
+}

@@ -172,6 +172,11 @@ impl ClusterStatus {
         self.leader.load(Ordering::Relaxed)
     }
 
+    /// Whether the followed state holds every change since a fresh start.
+    pub fn in_sync(&self) -> bool {
+        self.follower.lock().in_sync()
+    }
+
     /// Whether this controller is a read replica.
     pub fn is_replica(&self) -> bool {
         self.replica
@@ -444,35 +449,40 @@ impl Standby {
 
     /// Waits for the lease, then takes over (see the module docs): returns once `shared`
     /// holds everything the old leader published and records its own changes, ready to bind.
-    /// `None` once `cancel`.
+    /// The lease is renewed while the log is read up to the takeover record; a takeover that
+    /// fails (NATS gone, the lease lost meanwhile) releases it and waits again. `None` once
+    /// `cancel`.
     ///
     /// # Errors
-    /// When the takeover record cannot be published or read back in time (the lease is
-    /// released again).
+    /// None today; kept for the callers' `?`.
     pub async fn take_over(
         &self,
         shared: &Arc<Shared>,
         cancel: &CancellationToken,
     ) -> Result<Option<Lease>, String> {
         let status = &self.status;
-        let Some(lease) = self
-            .bucket
-            .acquire(LEASE_KEY, &status.me, cancel, |h| {
-                *status.lease_holder.lock() = h.map(|(who, _)| who);
-            })
-            .await
-        else {
-            return Ok(None);
-        };
-        let started = Instant::now();
-        *status.lease_holder.lock() = Some(status.me.clone());
-        match self.announce(shared, &lease).await {
-            Ok(()) => {}
-            Err(e) => {
-                self.bucket.release(&lease).await;
-                return Err(e);
+        let (lease, started) = loop {
+            let Some(mut lease) = self
+                .bucket
+                .acquire(LEASE_KEY, &status.me, cancel, |h| {
+                    *status.lease_holder.lock() = h.map(|(who, _)| who);
+                })
+                .await
+            else {
+                return Ok(None);
+            };
+            let started = Instant::now();
+            *status.lease_holder.lock() = Some(status.me.clone());
+            match self.announce_holding(shared, &mut lease).await {
+                Ok(()) => break (lease, started),
+                Err(e) => {
+                    // Back to following; another standby (or this one, later) takes over.
+                    tracing::warn!("takeover abandoned, lease released: {e}");
+                    self.bucket.release(&lease).await;
+                    *status.lease_holder.lock() = None;
+                }
             }
-        }
+        };
         // Every record up to the takeover is applied: stop following, start publishing.
         self.reading.cancel();
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
@@ -510,15 +520,39 @@ impl Standby {
         Ok(Some(lease))
     }
 
-    /// Publishes the takeover record and waits until the follower applied it.
-    async fn announce(&self, shared: &Arc<Shared>, lease: &Lease) -> Result<(), String> {
+    /// [`Standby::announce`] while renewing `lease`: catching up with a long log may take
+    /// longer than the lease lives.
+    async fn announce_holding(
+        &self,
+        shared: &Arc<Shared>,
+        lease: &mut Lease,
+    ) -> Result<(), String> {
+        let every = self.bucket.ttl() / 4;
+        let announce = self.announce(shared, lease.epoch);
+        tokio::pin!(announce);
+        loop {
+            tokio::select! {
+                done = &mut announce => return done,
+                () = tokio::time::sleep(every) => match self.bucket.renew(lease).await {
+                    Ok(()) => {}
+                    Err(e @ cluster::RenewError::Lost(_)) => return Err(e.to_string()),
+                    Err(e) if self.bucket.lapsed(lease) => return Err(e.to_string()),
+                    Err(e) => tracing::warn!("{e}"),
+                },
+            }
+        }
+    }
+
+    /// Publishes the takeover record and waits until the follower applied it. Fails when the
+    /// follower applies nothing for the cluster's timeout (NATS gone, or the record lost).
+    async fn announce(&self, shared: &Arc<Shared>, epoch: u64) -> Result<(), String> {
         let timeout = self.cluster.config().timeout;
         let fresh = {
             let empty = self.cluster.stream_is_empty(SERVICE).await;
             empty.map_err(|e| format!("cannot read the controller stream: {e}"))?
         };
         let record = Record {
-            epoch: lease.epoch,
+            epoch,
             seq: 1,
             at_ms: now_ms(),
             now: shared.now(),
@@ -531,14 +565,22 @@ impl Standby {
             .publish_acked(SERVICE, Bytes::from(record.encode()))
             .await
             .map_err(|e| format!("cannot publish the takeover: {e}"))?;
-        let deadline = Instant::now() + timeout;
+        // The follower may be far behind (a burst just before the leader died): wait as long
+        // as it makes progress, and give up after `timeout` without any.
+        let mut last = (
+            self.status.processed.load(Ordering::Relaxed),
+            Instant::now(),
+        );
         loop {
-            if self.status.follower.lock().position() >= (Some(lease.epoch), 1) {
+            if self.status.follower.lock().position() >= (Some(epoch), 1) {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            let processed = self.status.processed.load(Ordering::Relaxed);
+            if processed != last.0 {
+                last = (processed, Instant::now());
+            } else if last.1.elapsed() >= timeout {
                 return Err(format!(
-                    "the takeover record was not read back within {timeout:?}"
+                    "the takeover record was not read back: no record applied for {timeout:?}"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(2)).await;

@@ -431,6 +431,13 @@ impl Shared {
     pub fn lead(&self, log: ChangeLog) {
         let mut world = self.world.write();
         let _ = self.changes.set(log);
+        // A gap in what was followed: the index may miss admits or evicts, so every worker
+        // resynchronises, as after a blank restart (and the log says so to the followers).
+        if self.cluster.get().is_some_and(|c| !c.in_sync()) {
+            world.fleet.request_resync_all();
+            self.record(self.now(), || Change::ResyncAll);
+            tracing::warn!("took over without the whole change log: every worker will full-sync");
+        }
         let fx = world.fleet.reopen_downlinks();
         let events = self.perform(&mut world, fx);
         drop(world);

@@ -327,6 +327,13 @@ impl Fleet {
         self.index.touch_all(now);
     }
 
+    /// Asks every worker for a full sync at its next heartbeat
+    /// ([`REASON_TAKEOVER_INCOMPLETE`](crate::index::REASON_TAKEOVER_INCOMPLETE)).
+    pub fn request_resync_all(&mut self) {
+        self.index
+            .request_resync_all(crate::index::REASON_TAKEOVER_INCOMPLETE);
+    }
+
     /// Every downlink as an effect to open: a standby taking over starts the tasks of the
     /// downlinks its fleet records.
     pub fn reopen_downlinks(&self) -> Vec<Effect> {

@@ -49,6 +49,8 @@ use thiserror::Error;
 pub const REASON_WORKER_RE_REGISTERED: &str = "worker_re_registered";
 /// Heartbeat command reason for a worker whose last full sync failed.
 pub const REASON_SYNC_FAILED_RETRY: &str = "sync_failed_retry";
+/// Full-sync reason after a `--cluster` takeover whose followed state had a gap.
+pub const REASON_TAKEOVER_INCOMPLETE: &str = "controller_takeover_incomplete";
 
 /// Errors of index operations that can run out of room.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -330,7 +332,12 @@ impl Index {
         w.last_heartbeat_time = now;
         w.touch(now);
         let endpoint_changed = w.set_endpoint(ip, port, peer_init_url);
-        let full_sync = w.sync.is_failed().then_some(REASON_SYNC_FAILED_RETRY);
+        let full_sync = if w.sync.is_failed() {
+            w.resync = None;
+            Some(REASON_SYNC_FAILED_RETRY)
+        } else {
+            w.resync.take()
+        };
         Ok(HeartbeatOutcome::Known {
             full_sync,
             endpoint_changed,
@@ -348,6 +355,17 @@ impl Index {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Asks every worker for a full sync at its next heartbeat, with `reason` (a controller
+    /// that took over without the whole change log: its index may miss admits or evicts).
+    pub fn request_resync_all(&mut self, reason: &'static str) {
+        let slots: Vec<u32> = self.reg.workers().map(|(ws, _, _)| ws).collect();
+        for ws in slots {
+            if let Some(w) = self.reg.worker_mut(ws) {
+                w.resync = Some(reason);
+            }
         }
     }
 

@@ -78,6 +78,9 @@ pub(crate) struct Worker {
     /// Locations in creation order (tiny; scanned linearly).
     pub(crate) locations: Vec<Location>,
     pub(crate) sync: SyncState,
+    /// A full sync to ask for at the next heartbeat, with its reason (a controller that took
+    /// over with incomplete state).
+    pub(crate) resync: Option<&'static str>,
 }
 
 impl Worker {
@@ -209,6 +212,7 @@ impl Registry {
             last_seen: now,
             locations: Vec::new(),
             sync: SyncState::Idle,
+            resync: None,
         });
         let ws = match inserted {
             Ok(ws) => ws,

@@ -369,6 +369,7 @@ impl Index {
             return Err(SyncError::UnknownWorker);
         };
         w.touch(now);
+        w.resync = None;
         w.sync.start(
             sync_id,
             location,

@@ -18,7 +18,7 @@ import { join } from "node:path";
 
 const [base, kind, shot, expectJson] = process.argv.slice(2);
 if (!base || !kind || !shot || !expectJson) {
-  console.error("usage: node services.mjs <base-url> <indexer|indexer-replica|fleet|node> <screenshot.png> '<expectations JSON>'");
+  console.error("usage: node services.mjs <base-url> <indexer|indexer-replica|fleet|node|controller-cluster> <screenshot.png> '<expectations JSON>'");
   process.exit(2);
 }
 const expect = JSON.parse(expectJson);
@@ -163,6 +163,15 @@ async function nodePage(page) {
   check(bytes >= expect.min_history_points, `${bytes} points of L1 and L2 bytes over time`);
 }
 
+/** The controller's page of a --cluster member: the topbar names its role. */
+async function controllerClusterPage(page) {
+  await page.waitForFunction((role) => document.getElementById("cluster")?.dataset.role === role, expect.role);
+  const badge = await page.textContent("#cluster");
+  for (const part of expect.badge) check(badge.includes(part), `the topbar shows "${part}" (${badge})`);
+  await page.waitForFunction((n) => document.querySelectorAll("#grid-body .grid-row").length >= n, expect.rows);
+  check(true, `the worker table lists the followed workers`);
+}
+
 const profile = mkdtempSync(join(tmpdir(), "kvplane-chromium-"));
 let context;
 let page;
@@ -203,6 +212,7 @@ try {
   else if (kind === "indexer-replica") await replicaPage(page);
   else if (kind === "fleet") await fleetPage(page);
   else if (kind === "node") await nodePage(page);
+  else if (kind === "controller-cluster") await controllerClusterPage(page);
   else throw new Error(`unknown page ${kind}`);
 
   const mutating = posts.filter((p) => !p.url.endsWith("/query"));

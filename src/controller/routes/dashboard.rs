@@ -57,6 +57,10 @@ struct Feed {
     /// Cumulative since start: the page turns deltas into rates.
     counters: Counters,
     workers: WorkerPage,
+    /// This controller's place in its `--cluster` (`GET /controller/cluster`); absent when
+    /// standalone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<serde_json::Value>,
     /// Cumulative counters sampled every few seconds by the server (with `?history=1`).
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<HistoryPage>,
@@ -346,6 +350,7 @@ async fn feed(
             location_columns: ["name", "key_count", "last_seq"],
             rows,
         },
+        cluster: shared.cluster().map(|c| c.json()),
         history: match (q.history, history) {
             (Some(1), Some(Extension(h))) => Some(h.page()),
             _ => None,
