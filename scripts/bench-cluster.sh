@@ -58,4 +58,5 @@ echo "== http lookup on the leader alone"
     --lookup-requests "${REQUESTS:-20000}" --concurrency "${CONCURRENCY:-4}"
 echo "== failover (${WORKERS:-1000} workers, ${KEYS:-10000000} keys)"
 "${BENCH[@]}" --scenarios failover --leader-pid "$LEADER" --keep $([ "${FAILOVER_AT_ONCE:-0}" = 1 ] || echo --replicas "$(urls "${RP[@]}")") \
-    --workers "${WORKERS:-1000}" --ops "${KEYS:-10000000}" --timeout 600
+    --workers "${WORKERS:-1000}" --ops "${KEYS:-10000000}" --timeout 600 \
+    || { echo "== the standby's log"; grep -v '^ ' "$SD/standby.log" | tail -20; exit 1; }
