@@ -14,32 +14,23 @@
 # Env:   R (3), OPS (2000000), WORKERS (1000), KEYS (10000000), LOOKUP_KEYS (200000),
 #        REQUESTS (20000), CONCURRENCY (4), LEASE_TTL (1.5), KVPLANE_BIN
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 R="${R:-3}"
-BIN="${KVPLANE_BIN:-$ROOT/target/release/kvplane}"
-NATS="$(bash "$ROOT/scripts/setup-nats.sh")"
-fp() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-up() { curl -sf "http://127.0.0.1:$1/readyz" >/dev/null 2>&1; }
-PIDS=()
-SD="$(mktemp -d)"
-trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$SD"' EXIT
-NP=$(fp)
-"$NATS" -js -a 127.0.0.1 -p "$NP" -sd "$SD" >/dev/null 2>&1 & PIDS+=($!)
-until (exec 3<>"/dev/tcp/127.0.0.1/$NP") 2>/dev/null; do sleep 0.05; done
+# shellcheck source=scripts/nats-bench-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/nats-bench-env.sh"
 
 HTTP=$(fp); PULL=$(fp); REPLY=$(fp); HB=$(fp)
 export KVPLANE_HOST=127.0.0.1 KVPLANE_CLUSTER="nats://127.0.0.1:$NP" KVPLANE_CLUSTER_NAME=bench
 export KVPLANE_CLUSTER_LEASE_TTL="${LEASE_TTL:-1.5}" RUST_LOG=warn
 export KVPLANE_MONITOR_PORTS="{\"pull\": $PULL, \"reply\": $REPLY, \"heartbeat\": $HB}"
 KVPLANE_PORT=$HTTP "$BIN" serve 2>"$SD/leader.log" & LEADER=$!; PIDS+=($LEADER)
-until up "$HTTP"; do sleep 0.05; done
+until ready "$HTTP"; do sleep 0.05; done
 KVPLANE_PORT=$HTTP "$BIN" serve 2>"$SD/standby.log" & PIDS+=($!)
 RP=()
 for _ in $(seq 1 "$R"); do
     p=$(fp); RP+=("$p")
     KVPLANE_PORT=$p "$BIN" serve --replica 2>>"$SD/replicas.log" & PIDS+=($!)
 done
-for p in "${RP[@]}"; do until up "$p"; do sleep 0.05; done; done
+for p in "${RP[@]}"; do until ready "$p"; do sleep 0.05; done; done
 sleep 0.5
 urls() { local out=(); for p in "$@"; do out+=("http://127.0.0.1:$p"); done; (IFS=,; echo "${out[*]}"); }
 BENCH=("$BIN" bench --pull "127.0.0.1:$PULL" --reply "127.0.0.1:$REPLY" --http "http://127.0.0.1:$HTTP")

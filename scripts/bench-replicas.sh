@@ -7,18 +7,9 @@
 # Usage: R=2 scripts/bench-replicas.sh        (needs nats-server: scripts/setup-nats.sh)
 # Env:   R (replicas, 2), BLOCKS (1048576), QUERIES (200), KVPLANE_BIN
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 R="${R:-2}"
-BIN="${KVPLANE_BIN:-$ROOT/target/release/kvplane}"
-NATS="$(bash "$ROOT/scripts/setup-nats.sh")"
-fp() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-ready() { [[ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1/readyz")" == 200 ]]; }
-PIDS=()
-SD="$(mktemp -d)"
-trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$SD"' EXIT
-NP=$(fp)
-"$NATS" -js -a 127.0.0.1 -p "$NP" -sd "$SD" >/dev/null 2>&1 & PIDS+=($!)
-until (exec 3<>"/dev/tcp/127.0.0.1/$NP") 2>/dev/null; do sleep 0.05; done
+# shellcheck source=scripts/nats-bench-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/nats-bench-env.sh"
 CL=(--cluster "nats://127.0.0.1:$NP" --cluster-name bench)
 IP=$(fp)
 "$BIN" indexer --host 127.0.0.1 --port "$IP" "${CL[@]}" >/dev/null 2>&1 & IPID=$!; PIDS+=($IPID)

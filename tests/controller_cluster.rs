@@ -34,6 +34,17 @@ struct Ports {
     heartbeat: u16,
 }
 
+impl Ports {
+    fn fresh() -> Self {
+        Ports {
+            http: free_port(),
+            pull: free_port(),
+            reply: free_port(),
+            heartbeat: free_port(),
+        }
+    }
+}
+
 /// One `kvplane serve --cluster` process, its log in a file.
 struct Controller {
     child: Child,
@@ -142,12 +153,7 @@ async fn the_standby_takes_over_a_killed_leader_without_full_syncs() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let ports = Ports {
-        http: free_port(),
-        pull: free_port(),
-        reply: free_port(),
-        heartbeat: free_port(),
-    };
+    let ports = Ports::fresh();
     let cluster = "failover";
     let mut first = Controller::spawn(&nats, cluster, &ports, "first");
     let leader = until(&ports, "/controller/cluster", "first leads", |v| {
@@ -368,12 +374,7 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let ports = Ports {
-        http: free_port(),
-        pull: free_port(),
-        reply: free_port(),
-        heartbeat: free_port(),
-    };
+    let ports = Ports::fresh();
     let cluster = "replicas";
     let _leader = Controller::spawn(&nats, cluster, &ports, "leader");
     until(&ports, "/controller/cluster", "the leader leads", |v| {

@@ -10,7 +10,7 @@ use super::http;
 use super::scenarios::{push_streams, wait_for_keys};
 use super::stats::Latency;
 use super::BenchArgs;
-use crate::protocol::{decode, encode, BatchedP2PLookupMsg, ChunkHash, HeartbeatMsg, Msg};
+use crate::protocol::{decode, encode, BatchedP2PLookupMsg, ChunkHash, Msg};
 use crate::transport::DealerClient;
 use bytes::Bytes;
 use serde::Serialize;
@@ -43,6 +43,22 @@ pub struct Failover {
     pub in_sync: Option<bool>,
 }
 
+/// `--ops` admits spread over `workers`, in batches of `--batch`, no evicts.
+fn admits(args: &BenchArgs, run: u64, workers: &[SimWorker]) -> Vec<fleet::OpStream> {
+    let per_worker = (args.ops as usize)
+        .div_ceil(args.batch)
+        .div_ceil(workers.len())
+        .max(1);
+    fleet::streams(
+        run,
+        workers,
+        per_worker,
+        args.batch,
+        0,
+        args.frames_per_send,
+    )
+}
+
 fn cluster_status(v: &serde_json::Value) -> Result<&serde_json::Value, String> {
     match v["role"].as_str() {
         Some("leader") => Ok(v),
@@ -68,15 +84,7 @@ pub(super) async fn failover(args: &BenchArgs, run: u64) -> Result<Failover, Str
     cluster_status(&status)?;
     let workers = SimWorker::many(&format!("bench-{run:x}-fo"), args.workers);
     let url = fleet::register_all(&args.reply, &workers).await?;
-    let per_worker = (args.ops as usize)
-        .div_ceil(args.batch)
-        .div_ceil(workers.len())
-        .max(1);
-    let streams: Vec<_> = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| fleet::op_stream(run, w, i, per_worker, args.batch, 0, args.frames_per_send))
-        .collect();
+    let streams = admits(args, run, &workers);
     let keys: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http, limit).await?;
     let (start, _) = push_streams(&args.pull, streams).await?;
@@ -174,13 +182,7 @@ async fn heartbeat_once(endpoint: &str, workers: &[SimWorker]) -> Result<usize, 
     for group in workers.chunks(64) {
         let mut tasks = JoinSet::new();
         for w in group {
-            let msg = Bytes::from(encode(&Msg::HeartbeatMsg(HeartbeatMsg {
-                instance_id: w.instance_id.clone(),
-                worker_id: w.worker_id,
-                ip: "127.0.0.1".into(),
-                port: w.port,
-                peer_init_url: None,
-            })));
+            let msg = w.heartbeat_frame();
             let endpoint = endpoint.to_owned();
             tasks.spawn(async move {
                 let mut dealer = DealerClient::new(endpoint, REQUEST_TIMEOUT);
@@ -230,15 +232,7 @@ pub(super) async fn replica_lag(args: &BenchArgs, run: u64) -> Result<ReplicaLag
     let limit = Duration::from_secs_f64(args.timeout);
     let workers = SimWorker::many(&format!("bench-{run:x}-lag"), args.workers);
     fleet::register_all(&args.reply, &workers).await?;
-    let per_worker = (args.ops as usize)
-        .div_ceil(args.batch)
-        .div_ceil(workers.len())
-        .max(1);
-    let streams: Vec<_> = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| fleet::op_stream(run, w, i, per_worker, args.batch, 0, args.frames_per_send))
-        .collect();
+    let streams = admits(args, run, &workers);
     let ops: u64 = streams.iter().map(|s| s.ops).sum();
     let baseline = http::total_keys(&args.http, limit).await?;
     let done = tokio_util::sync::CancellationToken::new();
@@ -327,11 +321,7 @@ pub(super) async fn http_lookup(args: &BenchArgs, run: u64) -> Result<HttpLookup
     fleet::register_all(&args.reply, &holders).await?;
     let hashes = args.lookup_hashes.max(1);
     let chains = (args.lookup_keys as usize / hashes / holders.len()).max(1);
-    let streams: Vec<_> = holders
-        .iter()
-        .enumerate()
-        .map(|(i, w)| fleet::op_stream(run, w, i, chains, hashes, 0, args.frames_per_send))
-        .collect();
+    let streams = fleet::streams(run, &holders, chains, hashes, 0, args.frames_per_send);
     let indexed: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http, limit).await?;
     let (start, _) = push_streams(&args.pull, streams).await?;

@@ -2,7 +2,8 @@
 
 use super::stats::mix;
 use crate::protocol::{
-    encode, BatchedKVOperationMsg, ChunkHash, DeRegisterMsg, KVOpEvent, Msg, OpType, RegisterMsg,
+    encode, BatchedKVOperationMsg, ChunkHash, DeRegisterMsg, HeartbeatMsg, KVOpEvent, Msg, OpType,
+    RegisterMsg,
 };
 use crate::transport::{DealerClient, PushSender};
 use bytes::Bytes;
@@ -36,6 +37,17 @@ impl SimWorker {
                 port: 1,
             })
             .collect()
+    }
+
+    /// The `HeartbeatMsg` of this worker, encoded.
+    pub(super) fn heartbeat_frame(&self) -> Bytes {
+        Bytes::from(encode(&Msg::HeartbeatMsg(HeartbeatMsg {
+            instance_id: self.instance_id.clone(),
+            worker_id: self.worker_id,
+            ip: "127.0.0.1".into(),
+            port: self.port,
+            peer_init_url: None,
+        })))
     }
 
     /// The `RegisterMsg` of this worker.
@@ -210,6 +222,22 @@ pub(super) fn op_stream(
         ops,
         net_keys: net,
     }
+}
+
+/// [`op_stream`] for every worker of `workers`: `batches` batches each.
+pub(super) fn streams(
+    run: u64,
+    workers: &[SimWorker],
+    batches: usize,
+    batch: usize,
+    evicts: usize,
+    frames_per_send: usize,
+) -> Vec<OpStream> {
+    workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| op_stream(run, w, i, batches, batch, evicts, frames_per_send))
+        .collect()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use super::stats::Latency;
 use super::BenchArgs;
 use crate::protocol::{
     decode, encode, BatchedP2PLookupMsg, ChunkHash, FullSyncBatchMsg, FullSyncEndMsg,
-    FullSyncStartMsg, FullSyncStatusMsg, HeartbeatMsg, Msg,
+    FullSyncStartMsg, FullSyncStatusMsg, Msg,
 };
 use crate::transport::{DealerClient, PushSender};
 use bytes::Bytes;
@@ -104,21 +104,14 @@ pub(super) async fn ingest(args: &BenchArgs, run: u64) -> Result<Ingest, String>
     let batches_total = (args.ops as usize).div_ceil(args.batch).max(1);
     let per_worker = batches_total.div_ceil(workers.len()).max(1);
     let evicts = (args.batch as f64 * args.evict_ratio).round() as usize;
-    let streams: Vec<_> = workers
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            fleet::op_stream(
-                run,
-                w,
-                i,
-                per_worker,
-                args.batch,
-                evicts,
-                args.frames_per_send,
-            )
-        })
-        .collect();
+    let streams = fleet::streams(
+        run,
+        &workers,
+        per_worker,
+        args.batch,
+        evicts,
+        args.frames_per_send,
+    );
     let ops: u64 = streams.iter().map(|s| s.ops).sum();
     let net_keys: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http, Duration::from_secs(30)).await?;
@@ -166,21 +159,14 @@ pub(super) async fn lookup(args: &BenchArgs, run: u64) -> Result<Lookup, String>
     let hashes = args.lookup_hashes.max(1);
     let chains_per_holder = (args.lookup_keys as usize / hashes / holders.len()).max(1);
     // Each chain is one batch of `hashes` admits: chain c of holder h = keys h, c*H..(c+1)*H.
-    let streams: Vec<_> = holders
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            fleet::op_stream(
-                run,
-                w,
-                i,
-                chains_per_holder,
-                hashes,
-                0,
-                args.frames_per_send,
-            )
-        })
-        .collect();
+    let streams = fleet::streams(
+        run,
+        &holders,
+        chains_per_holder,
+        hashes,
+        0,
+        args.frames_per_send,
+    );
     let indexed: u64 = streams.iter().map(|s| s.net_keys).sum();
     let baseline = http::total_keys(&args.http, Duration::from_secs(30)).await?;
     let (start, _) = push_streams(&args.pull, streams).await?;
@@ -381,13 +367,7 @@ pub(super) async fn heartbeat(args: &BenchArgs, run: u64) -> Result<Heartbeat, S
     let mut tasks = JoinSet::new();
     for (i, w) in workers.iter().enumerate() {
         let endpoint = endpoint.clone();
-        let msg = Bytes::from(encode(&Msg::HeartbeatMsg(HeartbeatMsg {
-            instance_id: w.instance_id.clone(),
-            worker_id: w.worker_id,
-            ip: "127.0.0.1".into(),
-            port: w.port,
-            peer_init_url: None,
-        })));
+        let msg = w.heartbeat_frame();
         tasks.spawn(async move {
             let mut dealer = DealerClient::new(endpoint, REQUEST_TIMEOUT);
             // Spread the phases over the first second.

@@ -230,6 +230,14 @@ impl Cluster {
     }
 }
 
+/// The wall clock in ms since the Unix epoch: the time stamped on replicated changes, from
+/// which followers report their lag.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Counters of one publisher.
 #[derive(Debug, Default)]
 pub struct PublishStats {
@@ -293,6 +301,26 @@ pub struct ReaderStatus {
     pub pending: AtomicU64,
     /// Messages delivered.
     pub delivered: AtomicU64,
+}
+
+impl ReaderStatus {
+    /// How far the follower fed by this reader is behind: `(pending, lag_ms)`. `pending`
+    /// counts messages in the stream not yet delivered plus those delivered but not yet
+    /// `processed` by the applier; `lag_ms` is the age of the last applied change (stamped
+    /// `last_at_ms` by its publisher) while any is pending, else 0.
+    pub fn lag(&self, processed: u64, last_at_ms: u64) -> (u64, u64) {
+        let unapplied = self
+            .delivered
+            .load(Ordering::Relaxed)
+            .saturating_sub(processed);
+        let pending = self.pending.load(Ordering::Relaxed) + unapplied;
+        let lag_ms = if pending == 0 || last_at_ms == 0 {
+            0
+        } else {
+            now_ms().saturating_sub(last_at_ms)
+        };
+        (pending, lag_ms)
+    }
 }
 
 /// Delivers the payload of every message of `service`'s stream, from the first one kept, in

@@ -12,7 +12,9 @@
 
 use super::changes::{Applied, Change, Follower, Record};
 use super::driver::Shared;
-use crate::cluster::{self, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus};
+use crate::cluster::{
+    self, now_ms, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus,
+};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::fmt::Write as _;
@@ -105,12 +107,6 @@ fn total(frames: &[serde_bytes::ByteBuf]) -> usize {
     frames.iter().map(|f| f.len() + 8).sum()
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Where this controller stands in its cluster, for `/metrics`, `/controller/cluster` and
 /// the dashboard.
 #[derive(Debug)]
@@ -199,17 +195,9 @@ impl ClusterStatus {
             let f = self.follower.lock();
             (f.in_sync(), f.last_at_ms())
         };
-        let unapplied = self
+        let (pending, lag_ms) = self
             .reader
-            .delivered
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.processed.load(Ordering::Relaxed));
-        let pending = self.reader.pending.load(Ordering::Relaxed) + unapplied;
-        let lag_ms = if pending == 0 || at_ms == 0 {
-            0
-        } else {
-            now_ms().saturating_sub(at_ms)
-        };
+            .lag(self.processed.load(Ordering::Relaxed), at_ms);
         let reading = self.reader.reading.load(Ordering::Relaxed);
         let (ready, reason) = if !reading {
             (false, "not reading the change stream")

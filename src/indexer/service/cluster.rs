@@ -6,7 +6,7 @@
 
 use super::metrics::Text;
 use super::IndexerState;
-use crate::cluster::{self, Cluster, PublishStats, ReaderStatus};
+use crate::cluster::{self, now_ms, Cluster, PublishStats, ReaderStatus};
 use crate::indexer::index::IndexConfig;
 use crate::indexer::replica::{Applied, Change, Follower, Op};
 use bytes::Bytes;
@@ -81,32 +81,19 @@ impl Replica {
             let f = self.follower.lock();
             (f.in_sync(), f.position(), f.last_at_ms(), f.gaps())
         };
-        let unapplied = self
+        let (pending, lag_ms) = self
             .status
-            .delivered
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.processed.load(Ordering::Relaxed));
-        let pending = self.status.pending.load(Ordering::Relaxed) + unapplied;
+            .lag(self.processed.load(Ordering::Relaxed), at_ms);
         Progress {
             reading: self.status.reading.load(Ordering::Relaxed) && self.cluster.connected(),
             pending,
-            lag_ms: if pending == 0 || at_ms == 0 {
-                0
-            } else {
-                now_ms().saturating_sub(at_ms)
-            },
+            lag_ms,
             in_sync,
             epoch,
             applied_seq,
             gaps,
         }
     }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Role {
