@@ -140,6 +140,9 @@ pub mod defaults {
         /// Seconds a leader's lease lasts without renewal (renewed every quarter of it): a
         /// standby takes over at most this long after the leader dies.
         pub const LEASE_TTL_S: f64 = 1.5;
+        /// Records a follower applies between two snapshots of what it holds (and at least
+        /// 10 s apart).
+        pub const SNAPSHOT_RECORDS: u64 = 100_000;
     }
 
     /// Defaults of `kvplane node`.

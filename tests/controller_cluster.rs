@@ -516,3 +516,130 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
         .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let ports = Ports::fresh();
+    let cluster = "snapshots";
+    // A 1 MiB log: the first records are dropped once ~1 MiB more follows them.
+    let small: &[(&str, &str)] = &[
+        ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
+        ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+    ];
+    let _leader = Controller::spawn_with(&nats, cluster, &ports, "leader", small);
+    until(&ports, "/controller/cluster", "the leader leads", |v| {
+        v["role"] == "leader"
+    })
+    .await;
+    let replica = |name: &str, port: u16| {
+        Controller::spawn_with(
+            &nats,
+            cluster,
+            &ports,
+            name,
+            &[
+                ("KVPLANE_PORT", &port.to_string()),
+                ("KVPLANE_SERVE_REPLICA", "true"),
+                ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
+                ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+            ],
+        )
+    };
+    let early_port = free_port();
+    let _early = replica("early", early_port);
+    until_on(early_port, "/readyz", "the early replica follows", |v| {
+        v["status"] == "ready"
+    })
+    .await;
+
+    // Records of ~14 KiB (4 batches of 100 admits per multipart, LMCache's map encoding): the
+    // 1 MiB log keeps about the last 70.
+    let pull = format!("127.0.0.1:{}", ports.pull);
+    let reply = format!("127.0.0.1:{}", ports.reply);
+    let mut w = TestWorker::at(&reply, &pull, "inst-0", 0);
+    w.register(free_port(), None).await;
+    let mut next = 0i64;
+    let mut push = |w: &mut TestWorker, records: usize| {
+        let mut sends = Vec::new();
+        for _ in 0..records {
+            let batches: Vec<Msg> = (0..4)
+                .map(|_| {
+                    let ops: Vec<(bool, i64)> = (next..next + 100).map(|k| (true, k)).collect();
+                    next += 100;
+                    w.batch(CPU, &ops)
+                })
+                .collect();
+            sends.push(batches);
+        }
+        sends
+    };
+    for batches in push(&mut w, 110) {
+        w.push(&batches).await;
+    }
+    let early = until_on(
+        early_port,
+        "/controller/cluster",
+        "a snapshot published",
+        |v| v["followed"]["snapshots_published"].as_u64() >= Some(1),
+    )
+    .await;
+    assert_eq!(early["followed"]["in_sync"], true, "{early}");
+    for batches in push(&mut w, 30) {
+        w.push(&batches).await;
+    }
+    let held = 140 * 400;
+    let leader_stats = until(
+        &ports,
+        "/controller/key-stats",
+        "the leader applied all",
+        |v| v["total_key_count"] == held,
+    )
+    .await;
+
+    // A replica starting now cannot read the log from its start any more: it restores the
+    // snapshot and reads on from there, in sync, holding what the leader holds.
+    let late_port = free_port();
+    let late = replica("late", late_port);
+    let started = Instant::now();
+    let ready = loop {
+        let probe = try_http(loopback(late_port), "GET", "/readyz", None, &[]).await;
+        if let Ok((200, v)) = probe {
+            break v;
+        }
+        if started.elapsed() > SLOW {
+            let status =
+                try_http(loopback(late_port), "GET", "/controller/cluster", None, &[]).await;
+            panic!(
+                "the late replica is not ready: {probe:?} {status:?}\n{}",
+                late.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(ready["replica"]["pending"], 0, "{ready}");
+    late.wait_log("restored a snapshot").await;
+    let stats = until_on(late_port, "/controller/key-stats", "late stats", |_| true).await;
+    assert_eq!(stats, leader_stats);
+    let status = until_on(late_port, "/controller/cluster", "late status", |_| true).await;
+    assert_eq!(status["followed"]["in_sync"], true, "{status}");
+    assert_eq!(status["followed"]["gaps"], 0, "{status}");
+    assert!(
+        status["followed"]["applied"].as_u64() < Some(60),
+        "it applied only the records after the snapshot: {status}"
+    );
+    // Without the snapshot it could not be in sync: the log no longer starts at record 1.
+    let client = async_nats::connect(nats.url.as_str()).await.expect("nats");
+    let mut log = async_nats::jetstream::new(client)
+        .get_stream(format!("KVPLANE_{cluster}_controller"))
+        .await
+        .expect("the controller's log");
+    let first = log.info().await.expect("stream info").state.first_sequence;
+    assert!(first > 1, "the log kept its start (first sequence {first})");
+    assert!(
+        first <= 101,
+        "the log lost records after the snapshot (first {first})"
+    );
+}

@@ -9,6 +9,7 @@
 //! are still pending behind it.
 
 mod lease;
+mod snapshot;
 
 pub use lease::{Lease, LeaseBucket, RenewError};
 
@@ -40,6 +41,8 @@ pub struct ClusterConfig {
     pub timeout: Duration,
     /// How long a lease lasts without renewal (the holder renews it every quarter of that).
     pub lease_ttl: Duration,
+    /// A follower publishes a snapshot every this many records it applies (0: never).
+    pub snapshot_records: u64,
 }
 
 impl ClusterConfig {
@@ -51,6 +54,7 @@ impl ClusterConfig {
             max_bytes: d::MAX_BYTES,
             timeout: Duration::from_secs_f64(d::TIMEOUT_S),
             lease_ttl: Duration::from_secs_f64(d::LEASE_TTL_S),
+            snapshot_records: d::SNAPSHOT_RECORDS,
         }
     }
 }
@@ -323,21 +327,23 @@ impl ReaderStatus {
     }
 }
 
-/// Delivers the payload of every message of `service`'s stream, from the first one kept, in
-/// order, into `tx` (bounded: a slow applier slows the reader, never grows memory), until `cancel`. An
-/// error (NATS down, the consumer lost) sets the consumer up again after a pause, from the
-/// message after the last one delivered.
+/// Delivers every message of `service`'s stream from stream sequence `from` (1: the first
+/// one kept), in order, as `(stream sequence, payload)` into `tx` (bounded: a slow applier
+/// slows the reader, never grows memory), until `cancel`. An error (NATS down, the consumer
+/// lost) sets the consumer up again after a pause, from the message after the last one
+/// delivered.
 pub fn spawn_reader(
     cluster: Cluster,
     service: &str,
-    tx: mpsc::Sender<Bytes>,
+    from: u64,
+    tx: mpsc::Sender<(u64, Bytes)>,
     status: Arc<ReaderStatus>,
     cancel: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) {
     let service = service.to_owned();
     tasks.spawn(async move {
-        let mut from: u64 = 1;
+        let mut from = from.max(1);
         loop {
             let result = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -367,7 +373,7 @@ async fn read(
     cluster: &Cluster,
     service: &str,
     from: u64,
-    tx: &mpsc::Sender<Bytes>,
+    tx: &mpsc::Sender<(u64, Bytes)>,
     status: &ReaderStatus,
 ) -> Result<u64, (u64, String)> {
     let mut next = from;
@@ -416,7 +422,7 @@ async fn read(
         status.pending.store(pending, Ordering::Relaxed);
         status.delivered.fetch_add(1, Ordering::Relaxed);
         next = stream_seq + 1;
-        if tx.send(m.payload.clone()).await.is_err() {
+        if tx.send((stream_seq, m.payload.clone())).await.is_err() {
             return Ok(next);
         }
     }

@@ -105,6 +105,46 @@ impl Record {
     }
 }
 
+/// Where a follower is in the log, as a snapshot keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    /// The epoch of the last record applied.
+    pub epoch: Option<u64>,
+    /// The last record applied in it.
+    pub seq: u64,
+    /// Whether every change since a fresh start was applied.
+    pub in_sync: bool,
+    /// The leader's clock of that record.
+    pub at_ms: u64,
+    /// The stream sequence of the last log message applied: the log is read on from the next.
+    pub stream_seq: u64,
+}
+
+/// A follower's fleet and its place in the log: restored by a follower that starts later, which
+/// then reads the log from `position.stream_seq + 1`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The log position the fleet reflects.
+    pub position: Position,
+    /// The fleet.
+    pub fleet: super::model::FleetDump,
+}
+
+impl Snapshot {
+    /// The bytes published (msgpack).
+    pub fn encode(&self) -> Vec<u8> {
+        rmp_serde::to_vec(self).unwrap_or_default()
+    }
+
+    /// A snapshot from published bytes.
+    ///
+    /// # Errors
+    /// When the bytes are not a snapshot.
+    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
+        rmp_serde::from_slice(bytes)
+    }
+}
+
 /// What applying one record did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Applied {
@@ -131,12 +171,41 @@ pub struct Follower {
     gaps: u64,
     fenced: u64,
     undecodable_frames: u64,
+    stream_seq: u64,
 }
 
 impl Follower {
     /// At the start of the log, before any record.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// At a snapshot's position.
+    pub fn at(p: Position) -> Self {
+        Self {
+            epoch: p.epoch,
+            last_seq: p.seq,
+            in_sync: p.in_sync,
+            last_at_ms: p.at_ms,
+            stream_seq: p.stream_seq,
+            ..Self::default()
+        }
+    }
+
+    /// Where it is, for a snapshot.
+    pub fn snapshot_position(&self) -> Position {
+        Position {
+            epoch: self.epoch,
+            seq: self.last_seq,
+            in_sync: self.in_sync,
+            at_ms: self.last_at_ms,
+            stream_seq: self.stream_seq,
+        }
+    }
+
+    /// Notes the stream sequence of the log message just handled (applied or not).
+    pub fn note_stream_seq(&mut self, seq: u64) {
+        self.stream_seq = self.stream_seq.max(seq);
     }
 
     /// Whether the fleet holds every change since a fresh start (no record missing).

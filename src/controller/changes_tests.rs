@@ -346,3 +346,47 @@ fn a_resync_record_asks_every_worker_for_one_full_sync_at_its_next_heartbeat() {
         assert_eq!(asked(reply), 0, "once");
     }
 }
+
+#[test]
+fn a_snapshot_restores_the_fleet_and_the_log_goes_on_from_it() {
+    let mut leader = Leader::new(fleet(), 3, true);
+    leader.request(register("a", 5000), 2.0);
+    leader.request(register("b", 5002), 2.5);
+    leader.pull(vec![batch("a", 1..200, &[7], 0)], 3.0);
+    leader.pull(vec![batch("b", 2..50, &[], 0)], 3.0);
+    // A worker registered by heartbeat: its downlink generation and order number count too.
+    leader.request(heartbeat("c", 5004), 4.0);
+    let cut = leader.log.len();
+    leader.pull(vec![batch("a", 200..260, &[8, 9], 200)], 5.0);
+    leader.request(heartbeat("a", 5000), 6.0);
+    leader.request(register("d", 5006), 6.0);
+
+    // A follower up to the cut, snapshotted; a new follower restores it and reads the rest.
+    let mut first = fleet();
+    let mut f1 = Follower::new();
+    follow(&mut f1, &mut first, &leader.log[..cut]);
+    f1.note_stream_seq(cut as u64);
+    let snap = Snapshot {
+        position: f1.snapshot_position(),
+        fleet: first.dump(),
+    };
+    let snap = Snapshot::decode(&snap.encode()).expect("decodes");
+    assert_eq!(snap.fleet, first.dump(), "dump, encode, decode");
+    let mut restored = Fleet::restore(IndexConfig::default(), &snap.fleet).expect("fits");
+    assert_eq!(view(&restored), view(&first));
+    assert_eq!(
+        restored.dump(),
+        first.dump(),
+        "restore gives back the same dump"
+    );
+    let mut f2 = Follower::at(snap.position);
+    assert_eq!(snap.position.stream_seq, cut as u64);
+    let applied = follow(&mut f2, &mut restored, &leader.log[cut..]);
+    assert!(
+        applied.iter().all(|a| *a == Applied::InOrder),
+        "{applied:?}"
+    );
+    assert!(f2.in_sync());
+    assert_eq!(view(&restored), view(&leader.fleet));
+    assert_eq!(restored.dump(), leader.fleet.dump());
+}

@@ -10,7 +10,7 @@
 //! and then binds the controller's sockets. The leader renews the lease ([`hold`]) and stops
 //! the moment it is lost.
 
-use super::changes::{Applied, Change, Follower, Record};
+use super::changes::{Applied, Change, Follower, Record, Snapshot};
 use super::driver::Shared;
 use crate::cluster::{
     self, now_ms, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus,
@@ -126,6 +126,8 @@ pub struct ClusterStatus {
     applied: AtomicU64,
     processed: AtomicU64,
     bad_records: AtomicU64,
+    /// Snapshots this follower published.
+    snapshots: AtomicU64,
     /// Records handed to the publisher.
     queued: AtomicU64,
     dropped: AtomicU64,
@@ -156,6 +158,7 @@ impl ClusterStatus {
             applied: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             bad_records: AtomicU64::new(0),
+            snapshots: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             oversize: AtomicU64::new(0),
@@ -211,9 +214,16 @@ impl ClusterStatus {
         (ready, reason, pending, lag_ms)
     }
 
-    /// Applies `r` to `fleet` (the caller holds the fleet's write lock).
-    pub(crate) fn apply(&self, fleet: &mut super::Fleet, r: &Record) -> Applied {
-        self.follower.lock().apply(fleet, r)
+    /// Applies `r`, read at `stream_seq`, to `fleet` (the caller holds the fleet's write lock).
+    pub(crate) fn apply(&self, fleet: &mut super::Fleet, r: &Record, stream_seq: u64) -> Applied {
+        let mut f = self.follower.lock();
+        f.note_stream_seq(stream_seq);
+        f.apply(fleet, r)
+    }
+
+    /// The follower's position (the caller holds the fleet's lock, so it matches the fleet).
+    pub(crate) fn position(&self) -> super::changes::Position {
+        self.follower.lock().snapshot_position()
     }
 
     /// The JSON of `/controller/cluster`.
@@ -242,6 +252,7 @@ impl ClusterStatus {
                 "fenced": fenced,
                 "applied": self.applied.load(Ordering::Relaxed),
                 "bad_records": self.bad_records.load(Ordering::Relaxed),
+                "snapshots_published": self.snapshots.load(Ordering::Relaxed),
             },
             "published": {
                 "queued": self.queued.load(Ordering::Relaxed),
@@ -358,6 +369,101 @@ impl ClusterStatus {
     }
 }
 
+/// Restores the latest snapshot into `shared` if there is a usable one; returns the stream
+/// sequence to read the log from.
+async fn restore_snapshot(cluster: &Cluster, shared: &Shared, status: &ClusterStatus) -> u64 {
+    let data = match cluster.load_snapshot(SERVICE).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return 1,
+        Err(e) => {
+            tracing::warn!("cluster: no snapshot read ({e}); following the log from its start");
+            return 1;
+        }
+    };
+    let snapshot = match Snapshot::decode(&data) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cluster: the snapshot did not decode ({e}); not used");
+            return 1;
+        }
+    };
+    match shared.restore(&snapshot.fleet) {
+        Ok(()) => {
+            let p = snapshot.position;
+            *status.follower.lock() = Follower::at(p);
+            tracing::info!(
+                epoch = ?p.epoch,
+                seq = p.seq,
+                in_sync = p.in_sync,
+                memberships = snapshot.fleet.memberships(),
+                bytes = data.len(),
+                "cluster: restored a snapshot; following the log from stream sequence {}",
+                p.stream_seq + 1
+            );
+            p.stream_seq + 1
+        }
+        Err(e) => {
+            tracing::warn!("cluster: the snapshot does not fit this controller's limits ({e})");
+            1
+        }
+    }
+}
+
+/// Applies what the reader delivers, and every `snapshot_records` records (at most every
+/// [`MIN_SNAPSHOT_INTERVAL`]) publishes a snapshot of the followed fleet.
+async fn apply_loop(
+    cluster: Cluster,
+    shared: Arc<Shared>,
+    st: Arc<ClusterStatus>,
+    mut rx: mpsc::Receiver<(u64, Bytes)>,
+) {
+    let every = cluster.config().snapshot_records;
+    let mut since = 0u64;
+    let mut last: Option<Instant> = None;
+    while let Some((stream_seq, bytes)) = rx.recv().await {
+        match Record::decode(&bytes) {
+            Ok(r) => {
+                if shared.apply_record(&r, stream_seq).is_some() {
+                    st.applied.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                st.bad_records.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("cluster: a change record did not decode: {e}");
+            }
+        }
+        st.processed.fetch_add(1, Ordering::Relaxed);
+        since += 1;
+        let due = every > 0
+            && since >= every
+            && last.is_none_or(|t| t.elapsed() >= MIN_SNAPSHOT_INTERVAL)
+            && st.in_sync()
+            && !st.is_leader();
+        if due {
+            since = 0;
+            last = Some(Instant::now());
+            let s = Arc::clone(&shared);
+            // The dump holds the fleet's read lock (this loop waits for it, readers go on).
+            let Ok(Some(data)) = tokio::task::spawn_blocking(move || s.snapshot()).await else {
+                continue;
+            };
+            let cluster = cluster.clone();
+            let st = Arc::clone(&st);
+            shared.tasks().spawn(async move {
+                match cluster.publish_snapshot(SERVICE, &data).await {
+                    Ok(()) => {
+                        st.snapshots.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!("cluster: snapshot not published: {e}"),
+                }
+            });
+        }
+    }
+}
+
+/// Least time between two snapshots from one follower.
+const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
+
 /// A controller following the cluster's log, ready to take over.
 pub struct Standby {
     cluster: Cluster,
@@ -382,34 +488,24 @@ impl Standby {
         let bucket = cluster.lease_bucket().await?;
         let status = Arc::new(ClusterStatus::new(&cluster.config().name, replica));
         shared.set_cluster(Arc::clone(&status));
+        let from = restore_snapshot(&cluster, shared, &status).await;
         let reading = shared.shutdown_token().child_token();
-        let (tx, mut rx) = mpsc::channel::<Bytes>(APPLY_QUEUE);
+        let (tx, rx) = mpsc::channel::<(u64, Bytes)>(APPLY_QUEUE);
         cluster::spawn_reader(
             cluster.clone(),
             SERVICE,
+            from,
             tx,
             Arc::clone(&status.reader),
             reading.clone(),
             shared.tasks(),
         );
-        let applier = Arc::clone(shared);
-        let st = Arc::clone(&status);
-        shared.tasks().spawn(async move {
-            while let Some(bytes) = rx.recv().await {
-                match Record::decode(&bytes) {
-                    Ok(r) => {
-                        if applier.apply_record(&r).is_some() {
-                            st.applied.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    Err(e) => {
-                        st.bad_records.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("cluster: a change record did not decode: {e}");
-                    }
-                }
-                st.processed.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+        shared.tasks().spawn(apply_loop(
+            cluster.clone(),
+            Arc::clone(shared),
+            Arc::clone(&status),
+            rx,
+        ));
         tracing::info!(
             cluster = %status.name,
             me = %status.me,

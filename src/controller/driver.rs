@@ -11,7 +11,7 @@
 //! Must not: decode frames (the socket loops do), decide what a message means (the model
 //! does), read the system clock (time comes from the [`Clock`] it was given).
 
-use super::changes::{Applied, Change, Record};
+use super::changes::{Applied, Change, Record, Snapshot};
 use super::clock::Clock;
 use super::cluster::{ChangeLog, ClusterStatus};
 use super::command_log::{CommandLog, CommandRecord};
@@ -115,13 +115,7 @@ impl Shared {
 
     /// Like [`Shared::new`], reading time from `clock`.
     pub fn with_clock(config: ServeConfig, heartbeat_port: Option<u16>, clock: Clock) -> Self {
-        let index = Index::with_config(IndexConfig {
-            sync_completion_threshold: config.full_sync_completion_threshold,
-            max_workers: config.max_workers,
-            max_keys_per_worker: config.max_keys_per_worker,
-            max_batch_ops: config.max_batch_ops,
-            ..IndexConfig::default()
-        });
+        let index = Index::with_config(index_config(&config));
         let ports = config.monitor_ports;
         Shared {
             world: RwLock::new(World {
@@ -420,10 +414,35 @@ impl Shared {
 
     /// A standby applies one record of the leader's log to its fleet (no downlink task is
     /// started: they start at takeover). `None` when not in a cluster.
-    pub fn apply_record(&self, record: &Record) -> Option<Applied> {
+    pub fn apply_record(&self, record: &Record, stream_seq: u64) -> Option<Applied> {
         let status = self.cluster.get()?;
         let mut world = self.world.write();
-        Some(status.apply(&mut world.fleet, record))
+        Some(status.apply(&mut world.fleet, record, stream_seq))
+    }
+
+    /// A follower's snapshot: its fleet and log position, encoded (`None` outside a
+    /// cluster). Holds the read lock for the dump (a full pass over the index).
+    pub fn snapshot(&self) -> Option<Vec<u8>> {
+        let status = self.cluster.get()?;
+        let snapshot = {
+            let world = self.world.read();
+            Snapshot {
+                position: status.position(),
+                fleet: world.fleet.dump(),
+            }
+        };
+        Some(snapshot.encode())
+    }
+
+    /// Replaces the fleet with a snapshot's (a follower starting, before it follows or
+    /// serves).
+    ///
+    /// # Errors
+    /// When this controller's limits cannot hold it.
+    pub fn restore(&self, dump: &super::model::FleetDump) -> Result<(), crate::index::IndexError> {
+        let fleet = Fleet::restore(index_config(&self.config), dump)?;
+        self.world.write().fleet = fleet;
+        Ok(())
     }
 
     /// Becomes the leader: every change is logged in `log` from now on, and the downlinks
@@ -575,6 +594,17 @@ impl Shared {
             ));
         }
         Ok(())
+    }
+}
+
+/// The index's limits from the controller's configuration.
+fn index_config(config: &ServeConfig) -> IndexConfig {
+    IndexConfig {
+        sync_completion_threshold: config.full_sync_completion_threshold,
+        max_workers: config.max_workers,
+        max_keys_per_worker: config.max_keys_per_worker,
+        max_batch_ops: config.max_batch_ops,
+        ..IndexConfig::default()
     }
 }
 

@@ -74,6 +74,22 @@ pub struct RequestContext {
     pub heartbeat_url: Option<String>,
 }
 
+/// The fleet as a value, for `--cluster` snapshots (see [`Index::dump`] for what the index
+/// keeps). The command log is soft state and not in it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FleetDump {
+    index: crate::index::IndexDump,
+    downlinks: Vec<(WorkerKey, u64, String)>,
+    next_generation: u64,
+}
+
+impl FleetDump {
+    /// Memberships in the dumped index.
+    pub fn memberships(&self) -> u64 {
+        self.index.memberships()
+    }
+}
+
 /// The controller's state: index, downlink registry, command log. See the module docs.
 #[derive(Debug)]
 pub struct Fleet {
@@ -104,6 +120,44 @@ impl Fleet {
             next_generation: 0,
             commands,
         }
+    }
+
+    /// The whole fleet as a value (a snapshot).
+    pub fn dump(&self) -> FleetDump {
+        let mut downlinks: Vec<_> = self
+            .downlinks
+            .iter()
+            .map(|(k, d)| (k.clone(), d.generation, d.endpoint.clone()))
+            .collect();
+        downlinks.sort();
+        FleetDump {
+            index: self.index.dump(),
+            downlinks,
+            next_generation: self.next_generation,
+        }
+    }
+
+    /// A fleet holding what `dump` holds, with an index made with `config` and an empty
+    /// command log.
+    ///
+    /// # Errors
+    /// When `config`'s limits cannot hold the dump.
+    pub fn restore(
+        config: crate::index::IndexConfig,
+        dump: &FleetDump,
+    ) -> Result<Self, crate::index::IndexError> {
+        let mut fleet = Fleet::new(Index::restore(config, &dump.index)?, CommandLog::default());
+        fleet.next_generation = dump.next_generation;
+        for (key, generation, endpoint) in &dump.downlinks {
+            fleet.downlinks.insert(
+                key.clone(),
+                DownlinkRecord {
+                    generation: *generation,
+                    endpoint: endpoint.clone(),
+                },
+            );
+        }
+        Ok(fleet)
     }
 
     /// The registry and chunk index (read-only: it changes through messages).

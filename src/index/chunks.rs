@@ -381,6 +381,21 @@ impl Chunks {
             .filter(|&h| self.holders.is_live(h))
     }
 
+    /// Every live membership, `(holder, key)`, in map order (one pass over the maps).
+    pub(crate) fn memberships(&self) -> impl Iterator<Item = (HolderId, ChunkHash)> + '_ {
+        [(true, &self.neg), (false, &self.pos)]
+            .into_iter()
+            .flat_map(move |(negative, map)| {
+                map.iter().flat_map(move |(&bits, slot)| {
+                    members(slot, &self.spill)
+                        .iter()
+                        .copied()
+                        .filter(|&h| self.holders.is_live(h))
+                        .map(move |h| (h, ChunkHash::join(negative, bits)))
+                })
+            })
+    }
+
     /// Every key of live holder `h`, sorted (full scan; for tests and debugging).
     pub(crate) fn keys_of(&self, h: HolderId) -> Vec<ChunkHash> {
         if !self.is_live(h) {

@@ -23,6 +23,7 @@ mod chunks;
 mod lookup;
 mod received;
 mod registry;
+mod snapshot;
 mod sync;
 mod views;
 
@@ -34,6 +35,7 @@ mod tests;
 pub use chunks::MemoryStats;
 pub use lookup::{P2PHit, PrefixHolder};
 pub use received::{DEFAULT_MAX_SYNC_RANGES, DEFAULT_MAX_SYNC_RANGES_PER_WORKER};
+pub use snapshot::IndexDump;
 pub use sync::{
     SyncBatchOutcome, SyncEndOutcome, SyncError, SyncStatus, SyncView, FAILURE_TIMEOUT,
     MAX_REPORTED_MISSING, MAX_SYNC_BATCH_COUNT,

@@ -248,6 +248,26 @@ impl Registry {
         }
     }
 
+    /// Restores registration order numbers (a snapshot): the instance's and worker `ws`'s.
+    pub(crate) fn set_seqs(&mut self, ws: u32, instance_seq: u64, worker_seq: u64) {
+        if let Some(w) = self.workers.get_mut(ws) {
+            w.seq = worker_seq;
+            if let Some(inst) = self.instances.get_mut(w.instance) {
+                inst.seq = instance_seq;
+            }
+        }
+    }
+
+    /// The last registration order number handed out.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Restores the last registration order number handed out (a snapshot).
+    pub(crate) fn set_next_seq(&mut self, seq: u64) {
+        self.next_seq = seq;
+    }
+
     fn bump_seq(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq

@@ -229,6 +229,7 @@ pub(crate) fn spawn(
             cluster::spawn_reader(
                 r.cluster.clone(),
                 SERVICE,
+                1,
                 tx,
                 Arc::clone(&r.status),
                 cancel.clone(),
@@ -241,7 +242,7 @@ pub(crate) fn spawn(
                     let payload = tokio::select! {
                         () = cancel.cancelled() => return,
                         d = rx.recv() => match d {
-                            Some(d) => d,
+                            Some((_, d)) => d,
                             None => return,
                         },
                     };
