@@ -11,6 +11,8 @@
 //! - [`model`] — the key state as one struct; the eviction decision as a pure function.
 //!
 //! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
+//! - [`changes`] — `--cluster`: the change log's records (the inputs the leader applied, with
+//!   its `now`) and the [`changes::Follower`] a standby applies them with.
 //!
 //! Then the effects:
 //! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
@@ -32,6 +34,7 @@
 
 pub mod api;
 pub mod cache_api;
+pub mod changes;
 pub mod dashboard;
 pub mod driver;
 pub mod events;
