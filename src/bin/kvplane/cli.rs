@@ -152,9 +152,19 @@ pub(crate) struct ServeArgs {
     /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
     #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
     pub(crate) indexer_port: Option<u16>,
+    /// `--cluster`: hot standby on NATS JetStream (the controller's lease; hosted services
+    /// start once this process holds it).
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+}
+
+/// `--cluster` and its settings, shared by `serve` and `coordinator` (the same flags and
+/// `KVPLANE_CLUSTER*` variables).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ClusterArgs {
     /// NATS JetStream for hot standby, `nats://HOST:PORT` (docs/CLUSTER.md): the process
-    /// follows the leader's change log without binding any port, and serves (controller and
-    /// hosted services) once it holds the cluster's controller lease.
+    /// follows the leader's change log without binding any port, and serves once it holds
+    /// the cluster's lease.
     #[arg(long, env = "KVPLANE_CLUSTER")]
     pub(crate) cluster: Option<String>,
     /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
@@ -163,15 +173,15 @@ pub(crate) struct ServeArgs {
     /// Most bytes the cluster's change stream keeps (oldest dropped first).
     #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = kvplane::config::defaults::cluster::MAX_BYTES)]
     pub(crate) cluster_max_bytes: i64,
-    /// Seconds the controller lease lasts without renewal (renewed every quarter of it): a
-    /// standby takes over at most this long after the leader dies.
+    /// Seconds the lease lasts without renewal (renewed every quarter of it): a standby takes
+    /// over at most this long after the leader dies.
     #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
     pub(crate) cluster_lease_ttl: f64,
 }
 
-impl ServeArgs {
+impl ClusterArgs {
     /// The `--cluster` settings, if any.
-    pub(crate) fn cluster(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
+    pub(crate) fn config(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
         let Some(url) = &self.cluster else {
             return Ok(None);
         };

@@ -29,7 +29,7 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
-            let cluster = args.cluster()?;
+            let cluster = args.cluster.config()?;
             let indexer = args
                 .indexer_port
                 .map(|port| kvplane::indexer::service::IndexerConfig {
@@ -153,10 +153,15 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Coordinator(args) => {
             let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
+            let cluster = args.cluster.config()?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::coordinator::run(config, shutdown).await
+                match cluster {
+                    // A standby until it holds the coordinator lease: nothing binds before.
+                    Some(c) => kvplane::coordinator::cluster::run(config, c, shutdown).await,
+                    None => kvplane::coordinator::run(config, shutdown).await,
+                }
             })?;
         }
     }
