@@ -298,6 +298,11 @@ impl ClusterStatus {
         }
     }
 
+    /// The takeover started the startup resync.
+    pub(crate) fn resyncing(&self) {
+        self.resynced.store(true, Ordering::Relaxed);
+    }
+
     /// Whether this coordinator holds the lease and serves.
     pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::Relaxed)
@@ -583,9 +588,6 @@ impl Standby {
             in_sync,
             taken,
         };
-        status
-            .resynced
-            .store(lead.needs_resync(), Ordering::Relaxed);
         Ok(Some(lead))
     }
 

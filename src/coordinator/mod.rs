@@ -306,7 +306,10 @@ pub(crate) fn serve(
         (Some(_), Some(l)) if !l.resync => tracing::info!(
             "startup resync skipped: the followed state holds every change since the cluster began"
         ),
-        (Some(rc), _) => {
+        (Some(rc), leading) => {
+            if let Some(l) = leading {
+                l.status.resyncing();
+            }
             tasks.spawn(resync::run(
                 handle.clone(),
                 rc,
