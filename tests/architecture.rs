@@ -35,7 +35,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("indexer", &["cluster", "config", "net", "transport", "web"]),
-    ("coordinator", &["config", "net", "web"]),
+    ("coordinator", &["cluster", "config", "net", "web"]),
     // The node reports what it holds as a worker does, through the worker library.
     (
         "node",

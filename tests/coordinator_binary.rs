@@ -1,6 +1,6 @@
 //! The `kvplane coordinator` binary: flags from LMCache's `LMCACHE_MP_COORDINATOR_*` and
 //! kvplane's `KVPLANE_COORDINATOR_*` variables, port 0, the listening line, clean exit on
-//! SIGTERM; a bad value names its flag.
+//! SIGTERM; a bad value names its flag; `--cluster` is read from `KVPLANE_CLUSTER*` and checked.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -116,4 +116,28 @@ fn a_bad_lmcache_variable_names_the_flag() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--trigger-watermark"), "{err}");
+}
+
+#[test]
+fn cluster_flags_are_read_and_checked() {
+    // Unreachable NATS: the start fails at once, naming --cluster (no port was bound).
+    let out = Command::new(env!("CARGO_BIN_EXE_kvplane"))
+        .arg("coordinator")
+        .env("KVPLANE_CLUSTER", "nats://127.0.0.1:1")
+        .env("KVPLANE_COORDINATOR_PORT", "0")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cluster: cannot reach NATS"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvplane"))
+        .args(["coordinator", "--cluster", "nats://127.0.0.1:1"])
+        .env("KVPLANE_CLUSTER_LEASE_TTL", "0")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cluster-lease-ttl"), "{err}");
 }

@@ -1,6 +1,7 @@
 // kvplane Fleet page (the coordinator): MP servers with their heartbeat age, every tenant
 // (cache_salt) with its L2 usage against its quota, over time from the server's history, and
-// the evictions dispatched, from GET /api/dashboard on the coordinator's port. Read-only.
+// the evictions dispatched, from GET /api/dashboard on the coordinator's port; with --cluster,
+// its role, lease holder and last failover in the counters. Read-only.
 
 import { TimeChart } from "./chart.js";
 import { fmtAge, fmtBytes, fmtCompact, fmtDateTime, fmtInt, fmtPct, fmtRate, h } from "./format.js";
@@ -181,6 +182,17 @@ function renderCounters() {
     ["Dispatches ok", fmtInt(c.dispatches_ok)], ["Dispatches failed", fmtInt(c.dispatches_failed)],
     ["In flight", fmtInt(c.dispatches_in_flight)], ["Timed out servers", fmtInt(c.instances_timed_out)],
   ];
+  const k = state.feed.cluster; // --cluster only: this coordinator's role and failovers
+  if (k) {
+    const f = k.last_failover;
+    pairs.push(
+      ["Cluster", `${k.cluster} · ${k.role}`], ["Lease holder", k.lease_holder ?? "–"],
+      ["Epoch", fmtInt(k.epoch)],
+      ["Last failover", f ? `${fmtDateTime(f.at)} (${fmtInt(f.takeover_ms)} ms)` : "never"],
+      ["Followed state", k.followed.in_sync ? "in sync" : `not in sync (${fmtInt(k.followed.gaps)} gaps)`],
+      ["Replication pending", fmtInt(k.published.pending)],
+    );
+  }
   const dl = $("counters");
   const sig = JSON.stringify(pairs);
   if (dl.dataset.sig === sig) return;

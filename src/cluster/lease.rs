@@ -96,16 +96,34 @@ impl Cluster {
             .await
             .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
             .map_err(err)?;
+        // The bucket's entries expire after the max age it was created with, whatever this
+        // process was told: renewing or trusting a lease on another TTL would let two holders
+        // overlap. The bucket's wins.
+        let ttl = match store.status().await {
+            Ok(status) if !status.max_age().is_zero() => status.max_age(),
+            _ => self.config.lease_ttl,
+        };
+        if ttl != self.config.lease_ttl {
+            tracing::warn!(
+                "--cluster-lease-ttl {:?} differs from the {:?} the lease bucket {bucket} was \
+                 created with (by the first process of cluster {:?}); using {:?}",
+                self.config.lease_ttl,
+                ttl,
+                self.config.name,
+                ttl
+            );
+        }
         Ok(LeaseBucket {
             store,
-            ttl: self.config.lease_ttl,
+            ttl,
             timeout: self.config.timeout,
         })
     }
 }
 
 impl LeaseBucket {
-    /// How long a lease lasts without renewal.
+    /// How long a lease lasts without renewal: the bucket's max age (the `lease_ttl` of the
+    /// process that created it).
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -200,6 +218,40 @@ impl LeaseBucket {
     /// last renewal that succeeded was sent).
     pub fn lapsed(&self, lease: &Lease) -> bool {
         lease.renewed.elapsed() >= self.ttl
+    }
+
+    /// Renews `lease` every quarter of the TTL until `shutdown` (then releases it) or until it
+    /// is lost; `renewed` is told of each renewal that succeeded.
+    ///
+    /// # Errors
+    /// The lease was lost (refused, or no renewal succeeded for a whole TTL): the caller must
+    /// stop acting as its holder at once.
+    pub async fn hold(
+        &self,
+        mut lease: Lease,
+        shutdown: &CancellationToken,
+        mut renewed: impl FnMut(&Lease),
+    ) -> Result<(), String> {
+        let every = self.ttl / 4;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    self.release(&lease).await;
+                    return Ok(());
+                }
+                () = tokio::time::sleep(every) => {}
+            }
+            match self.renew(&mut lease).await {
+                Ok(()) => renewed(&lease),
+                Err(e @ RenewError::Lost(_)) => return Err(e.to_string()),
+                Err(e) => {
+                    if self.lapsed(&lease) {
+                        return Err(format!("{e}; its TTL ran out"));
+                    }
+                    tracing::warn!("{e}");
+                }
+            }
+        }
     }
 
     /// Gives `lease` up at once (a clean shutdown: the next holder need not wait for the

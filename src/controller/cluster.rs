@@ -675,26 +675,7 @@ impl Standby {
     ///
     /// # Errors
     /// The lease was lost: the caller must stop serving at once.
-    pub async fn hold(&self, mut lease: Lease, shutdown: &CancellationToken) -> Result<(), String> {
-        let every = self.bucket.ttl() / 4;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => {
-                    self.bucket.release(&lease).await;
-                    return Ok(());
-                }
-                () = tokio::time::sleep(every) => {}
-            }
-            match self.bucket.renew(&mut lease).await {
-                Ok(()) => {}
-                Err(e @ cluster::RenewError::Lost(_)) => return Err(e.to_string()),
-                Err(e) => {
-                    if self.bucket.lapsed(&lease) {
-                        return Err(format!("{e}; its TTL ran out"));
-                    }
-                    tracing::warn!("{e}");
-                }
-            }
-        }
+    pub async fn hold(&self, lease: Lease, shutdown: &CancellationToken) -> Result<(), String> {
+        self.bucket.hold(lease, shutdown, |_| {}).await
     }
 }

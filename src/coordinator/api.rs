@@ -43,6 +43,8 @@ pub struct ApiState {
     pub refused: Refused,
     /// Saves quotas and pins after each change (`--metadata-path`).
     pub metadata: super::metadata::Persister,
+    /// This coordinator's place in its cluster (`--cluster`; `None`: standalone).
+    pub cluster: Option<Arc<super::cluster::ClusterStatus>>,
 }
 
 /// Every error a route returns.
@@ -144,6 +146,7 @@ pub fn router(state: Shared) -> Router {
         )
         .route("/cache/delete", post(cache_api::delete))
         .route("/metrics", get(metrics_text))
+        .route("/coordinator/cluster", get(cluster_status))
         .route(
             "/openapi.json",
             get(|| async { Json(super::openapi::document()) }),
@@ -255,11 +258,7 @@ async fn register(
         mq_port,
     };
     let gen = || format!("mp-{:032x}", rand::random::<u128>());
-    match s
-        .handle
-        .fleet(move |f, now, wall| f.register(req, gen, now, wall))
-        .await?
-    {
+    match s.handle.register(req, gen).await? {
         Ok((id, again)) => Ok(Json(json!({"instance_id": id, "re_registered": again}))),
         Err(e @ FleetError::Full(_)) => {
             s.refused.instances.fetch_add(1, Ordering::Relaxed);
@@ -272,12 +271,7 @@ async fn heartbeat(
     State(s): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, CoordError> {
-    let known = {
-        let id = id.clone();
-        s.handle
-            .fleet(move |f, now, _| f.heartbeat(&id, now))
-            .await?
-    };
+    let known = s.handle.heartbeat(id.clone()).await?;
     if known {
         Ok(Json(json!({ "instance_id": id })))
     } else {
@@ -291,9 +285,7 @@ async fn deregister(
     State(s): State<Shared>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, CoordError> {
-    let gone = id.clone();
-    s.handle.fleet(move |f, _, _| f.remove(&gone)).await?;
-    s.handle.forget_instances(vec![id]).await?;
+    s.handle.deregister(id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -429,7 +421,7 @@ async fn set_quota_config(
         ));
     }
     s.handle
-        .with(move |m, _, _| m.set_default_limit(limit))
+        .set_default_limit(limit)
         .await?
         .map_err(|e| CoordError::BadRequest(e.to_string()))?;
     s.metadata.save(&s.handle).await;
@@ -455,10 +447,7 @@ async fn set_quota(
     let salt = salt_of(&salt).to_owned();
     let limit = b.limit_gb;
     let reply_salt = salt.clone();
-    let r = s
-        .handle
-        .with(move |m, _, _| m.set_quota(&salt, limit))
-        .await?;
+    let r = s.handle.set_quota(salt, limit).await?;
     match r {
         Ok(()) => {
             s.metadata.save(&s.handle).await;
@@ -492,7 +481,7 @@ async fn remove_quota(
     require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
-    let existed = s.handle.with(move |m, _, _| m.remove_quota(&salt)).await?;
+    let existed = s.handle.remove_quota(salt).await?;
     if existed {
         s.metadata.save(&s.handle).await;
     }
@@ -566,27 +555,9 @@ async fn events(
 /// between). The reply waits for the last slice, so usage read after a reply includes the
 /// request.
 async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, CoordError> {
-    let (got, rest) = s
-        .handle
-        .with(move |m, _, _| {
-            let (got, slices) = m.admit(batches);
-            let mut slices = slices.into_iter();
-            let mut budget = SLICE_OPS;
-            let mut rest = Vec::new();
-            for b in slices.by_ref() {
-                if b.ops.len() > budget {
-                    rest.push(b);
-                    break;
-                }
-                budget -= b.ops.len();
-                m.apply_slice(b);
-            }
-            rest.extend(slices);
-            (got, rest)
-        })
-        .await?;
+    let (got, rest) = s.handle.admit(batches, SLICE_OPS).await?;
     for b in rest {
-        s.handle.with(move |m, _, _| m.apply_slice(b)).await?;
+        s.handle.apply_slice(b).await?;
     }
     Ok(got)
 }
@@ -704,6 +675,19 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
         .handle
         .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
         .await?;
-    let text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
+    let mut text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
+    if let Some(c) = &s.cluster {
+        text.push_str(&c.metrics_text());
+    }
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `GET /coordinator/cluster`: this coordinator's place in its cluster (`--cluster`), or
+/// `{"role": "standalone"}`.
+async fn cluster_status(State(s): State<Shared>) -> Json<Value> {
+    Json(
+        s.cluster
+            .as_ref()
+            .map_or_else(|| json!({"role": "standalone"}), |c| c.json()),
+    )
 }

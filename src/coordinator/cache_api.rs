@@ -71,7 +71,7 @@ pub(crate) async fn pin(
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
     s.handle
-        .with(move |m, _, _| m.pins.pin(&keys, MAX_PINNED_KEYS))
+        .pin(keys, MAX_PINNED_KEYS)
         .await?
         .map_err(|e| CoordError::Unavailable(e.to_string()))?;
     s.metadata.save(&s.handle).await;
@@ -88,7 +88,7 @@ pub(crate) async fn unpin(
     let b: PinBody = parse(&s, &body)?;
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
-    s.handle.with(move |m, _, _| m.pins.unpin(&keys)).await?;
+    s.handle.unpin(keys).await?;
     s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
@@ -211,9 +211,7 @@ pub(crate) async fn delete(
         skipped = v.get("skipped").and_then(Value::as_u64).unwrap_or(0);
     }
     if touches_l2 && b.force {
-        s.handle
-            .with(move |m, _, _| m.pins.drop_pins(&send))
-            .await?;
+        s.handle.drop_pins(send).await?;
         s.metadata.save(&s.handle).await;
     }
     Ok(Json(json!({

@@ -3,7 +3,8 @@
 //! heartbeat age, every tenant (cache salt) with its tracked L2 usage against its quota, the
 //! eviction and ingest counters and, on request, the server-side history
 //! ([`crate::web::history`]: a sample every 2 s for 15 minutes of the counters and of the
-//! usage and quota of the largest tenants), so the charts are full on open.
+//! usage and quota of the largest tenants), so the charts are full on open; with `--cluster`,
+//! the coordinator's role, lease holder and last failover.
 //!
 //! Read-only: no route here changes anything; the feed is one job on the fleet owner (the
 //! servers) and one on the model's owner (everything else), like `GET /instances` and
@@ -138,6 +139,9 @@ struct Feed {
     tenants: Vec<Tenant>,
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<HistoryPage>,
+    /// With `--cluster`: role, lease holder, epoch, last failover (`/coordinator/cluster`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<serde_json::Value>,
 }
 
 fn bytes(gb: f64) -> u64 {
@@ -255,6 +259,7 @@ fn feed_of(m: &Model, stats: &LoopStats, fleet: FleetPart, wall: f64) -> Feed {
         servers: fleet.servers,
         tenants: all,
         history: None,
+        cluster: None,
     }
 }
 
@@ -284,6 +289,7 @@ async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
     if q.history.as_deref() == Some("1") {
         body.history = Some(d.history.page());
     }
+    body.cluster = d.api.cluster.as_ref().map(|c| c.json());
     (
         [
             (header::CACHE_CONTROL, "no-store"),

@@ -16,7 +16,14 @@
 //! with its own timeout, so a slow MP server never blocks the API. While a cycle's
 //! dispatches are in flight the next cycle is skipped (counted), which bounds outbound work
 //! to one cycle.
+//!
+//! On a cluster's leader ([`super::cluster`]) the handle carries the change log: every write
+//! ([`super::writes`]) and the sweep's removals are logged in the job that applies them, and
+//! the dispatcher refuses while the lease may have lapsed. [`spawn_replica`] starts the owners
+//! on a standby's followed state.
 
+use super::changes::{Change, Replica};
+use super::cluster::ChangeLog;
 use super::fleet::Fleet;
 use super::model::{dispatches, Dispatch, Model};
 use super::outbound;
@@ -90,6 +97,9 @@ pub struct Handle {
     fleet: mpsc::Sender<Job<Fleet>>,
     /// Background outcomes.
     pub stats: Arc<LoopStats>,
+    /// The change log of a cluster's leader (`None`: not in a cluster); every write logs
+    /// through it ([`super::writes`]).
+    pub(crate) log: Option<Arc<ChangeLog>>,
 }
 
 async fn call<S: 'static, R: Send + 'static>(
@@ -126,19 +136,6 @@ impl Handle {
     ) -> Result<R, Stopped> {
         call(&self.fleet, f).await
     }
-
-    /// An instance left: the key owner forgets its event cursor.
-    ///
-    /// # Errors
-    /// [`Stopped`] after shutdown.
-    pub async fn forget_instances(&self, ids: Vec<String>) -> Result<(), Stopped> {
-        self.with(move |m, _, _| {
-            for id in &ids {
-                m.forget_instance(id);
-            }
-        })
-        .await
-    }
 }
 
 /// Intervals of the background work (`None` disables it).
@@ -152,7 +149,7 @@ pub struct Timing {
     pub eviction_check_interval: Option<Duration>,
 }
 
-/// Spawns both owner tasks on `tasks`; the fleet holds at most `max_instances`.
+/// Spawns both owner tasks on `tasks`, around an empty fleet of at most `max_instances`.
 pub fn spawn(
     model: Model,
     timing: Timing,
@@ -160,13 +157,34 @@ pub fn spawn(
     shutdown: CancellationToken,
     tasks: &TaskTracker,
 ) -> Handle {
+    spawn_replica(
+        Replica::new(model),
+        None,
+        timing,
+        dispatcher,
+        shutdown,
+        tasks,
+    )
+}
+
+/// Spawns both owner tasks on `tasks` around `state` (a standby's, at takeover); with `log`,
+/// every change they apply is logged in it.
+pub fn spawn_replica(
+    state: Replica,
+    log: Option<Arc<ChangeLog>>,
+    timing: Timing,
+    dispatcher: Dispatcher,
+    shutdown: CancellationToken,
+    tasks: &TaskTracker,
+) -> Handle {
     let (keys_tx, keys_rx) = mpsc::channel(QUEUE);
     let (fleet_tx, fleet_rx) = mpsc::channel(QUEUE);
-    let fleet = Fleet::new(model.config().max_instances);
+    let Replica { fleet, model } = state;
     let handle = Handle {
         keys: keys_tx,
         fleet: fleet_tx,
         stats: Arc::new(LoopStats::default()),
+        log,
     };
     tasks.spawn(key_owner(
         model,
@@ -188,7 +206,8 @@ pub fn spawn(
     handle
 }
 
-fn wall_now() -> f64 {
+/// This process's wall clock, Unix seconds.
+pub(crate) fn wall_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -322,6 +341,9 @@ async fn fleet_owner(
                 let gone = fleet.sweep(Instant::now().into_std(), timing.instance_timeout);
                 if gone.is_empty() {
                     continue;
+                }
+                if let Some(log) = &handle.log {
+                    log.record(wall_now(), &Change::TimedOut { instance_ids: gone.clone() });
                 }
                 for id in &gone {
                     tracing::info!(instance_id = %id, "instance timed out; removed");

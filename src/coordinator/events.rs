@@ -126,7 +126,7 @@ pub struct LegacyEvents {
 }
 
 /// One thing a batch does to one key.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub enum Op {
     /// Stored with this size.
     Store(EncodedKey, u64),
@@ -137,7 +137,7 @@ pub enum Op {
 }
 
 /// A batch in the form the model applies, from either body.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct Batch {
     /// Sender.
     pub instance_id: String,

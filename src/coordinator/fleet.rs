@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// A registration request (`POST /instances`), already validated.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Deserialize, Serialize)]
 pub struct Registration {
     /// Requested id; `None` (omitted or blank) means generate one.
     pub instance_id: Option<String>,
@@ -128,18 +128,41 @@ impl Fleet {
         self.instances.shift_remove(id).is_some()
     }
 
-    /// Removes every instance silent for more than `timeout`; returns their ids.
+    /// Removes every instance silent for more than `timeout`; returns their ids
+    /// ([`Fleet::expired`], then [`Fleet::time_out`]).
     pub fn sweep(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
-        let mut gone = Vec::new();
-        self.instances.retain(|id, inst| {
-            let alive = now.saturating_duration_since(inst.last_seen) <= timeout;
-            if !alive {
-                gone.push(id.clone());
-            }
-            alive
-        });
-        self.timed_out += gone.len() as u64;
+        let gone = self.expired(now, timeout);
+        self.time_out(&gone);
         gone
+    }
+
+    /// The ids of the instances silent for more than `timeout`, in registration order.
+    pub fn expired(&self, now: Instant, timeout: Duration) -> Vec<String> {
+        self.instances
+            .values()
+            .filter(|i| now.saturating_duration_since(i.last_seen) > timeout)
+            .map(|i| i.instance_id.clone())
+            .collect()
+    }
+
+    /// Removes `ids` as timed out (counted; the others keep their order). A standby applies
+    /// the leader's sweep outcome with this.
+    pub fn time_out(&mut self, ids: &[String]) {
+        if ids.is_empty() {
+            return;
+        }
+        let gone: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let before = self.instances.len();
+        self.instances.retain(|id, _| !gone.contains(id.as_str()));
+        self.timed_out += (before - self.instances.len()) as u64;
+    }
+
+    /// Every instance counts as seen at `now` (a new coordinator leader: nobody is removed
+    /// for the silence of a failover).
+    pub fn touch_all(&mut self, now: Instant) {
+        for inst in self.instances.values_mut() {
+            inst.last_seen = now;
+        }
     }
 
     /// One instance.

@@ -11,10 +11,16 @@
 //! - [`model`] — the key state as one struct; the eviction decision as a pure function.
 //!
 //! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
+//! - [`changes`] — `--cluster`: the change log's records (the inputs the leader applied, with
+//!   its `now`) and the [`changes::Follower`] a standby applies them with.
 //!
 //! Then the effects:
 //! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
+//! - [`writes`] — every state change as one [`driver::Handle`] method, logged (on a cluster's
+//!   leader) in the owner job that applies it.
+//! - [`cluster`] — `--cluster` (docs/CLUSTER.md): follow the log as a standby, take the lease,
+//!   serve the followed state as the only dispatcher.
 //! - [`api`] — the axum routes and their error envelope.
 //! - [`cache_api`] — `/cache/pins` and `/cache/delete` (token sequences → keys → pins / a
 //!   server's `DELETE /cache/objects`).
@@ -27,11 +33,14 @@
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //!
 //! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
-//! [`run`] serves until a token is cancelled. This module must not touch the controller's
+//! [`run`] serves until a token is cancelled; [`cluster::run`] does so as a cluster's leader,
+//! after following it as a standby. This module must not touch the controller's
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
 pub mod cache_api;
+pub mod changes;
+pub mod cluster;
 pub mod dashboard;
 pub mod driver;
 pub mod events;
@@ -46,6 +55,7 @@ pub mod outbound;
 pub mod pins;
 pub mod resync;
 pub mod usage;
+pub mod writes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -54,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How long shutdown waits for the coordinator's tasks.
-const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The validated `kvplane coordinator` configuration.
 #[derive(Clone, Debug)]
@@ -135,6 +145,9 @@ pub enum CoordinatorError {
         /// The IO error.
         source: std::io::Error,
     },
+    /// `--cluster`: NATS unreachable, the takeover failed, or the lease was lost.
+    #[error("{0}")]
+    Cluster(String),
 }
 
 /// A running coordinator.
@@ -150,9 +163,18 @@ pub struct Coordinator {
 impl Coordinator {
     /// Stops serving and waits (at most a few seconds) for the tasks.
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        if tokio::time::timeout(DRAIN_DEADLINE, self.tasks.wait())
+        let Coordinator {
+            handle,
+            shutdown,
+            tasks,
+            ..
+        } = self;
+        // A cluster leader's publisher ends once every handle is gone (after sending what
+        // its log queued).
+        drop(handle);
+        shutdown.cancel();
+        tasks.close();
+        if tokio::time::timeout(DRAIN_DEADLINE, tasks.wait())
             .await
             .is_err()
         {
@@ -163,7 +185,16 @@ impl Coordinator {
 
 /// The routes' shared state for `config` around an owner handle.
 pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api::ApiState> {
+    state_with(config, handle, None)
+}
+
+fn state_with(
+    config: &CoordinatorConfig,
+    handle: driver::Handle,
+    cluster: Option<Arc<cluster::ClusterStatus>>,
+) -> Arc<api::ApiState> {
     Arc::new(api::ApiState {
+        cluster,
         handle,
         chunk_size: config.chunk_size,
         outbound_timeout: config.outbound_timeout,
@@ -179,6 +210,22 @@ pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api:
 /// # Errors
 /// [`CoordinatorError::Bind`] if the port cannot be bound.
 pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+    let bound = bind(&config).await?;
+    let state = changes::Replica::new(initial_model(&config));
+    Ok(serve(
+        config,
+        bound,
+        state,
+        None,
+        CancellationToken::new(),
+        TaskTracker::new(),
+    ))
+}
+
+/// Binds the configured HTTP address (port 0 picks one).
+pub(crate) async fn bind(
+    config: &CoordinatorConfig,
+) -> Result<(tokio::net::TcpListener, SocketAddr), CoordinatorError> {
     let addr = crate::net::host_port(&config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -189,13 +236,11 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
     let bound = listener
         .local_addr()
         .map_err(|source| CoordinatorError::Bind { addr, source })?;
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let timing = driver::Timing {
-        instance_timeout: config.instance_timeout,
-        health_check_interval: config.health_check_interval,
-        eviction_check_interval: config.eviction_check_interval,
-    };
+    Ok((listener, bound))
+}
+
+/// A new model, with the quotas and pins of `--metadata-path` if there are any.
+pub(crate) fn initial_model(config: &CoordinatorConfig) -> model::Model {
     let mut model = model::Model::new(config.model.clone());
     if let Some(path) = &config.metadata_path {
         match metadata::load(path) {
@@ -208,23 +253,96 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
             Err(e) => tracing::warn!("ignoring the metadata file {}: {e}", path.display()),
         }
     }
-    let handle = driver::spawn(
-        model,
+    model
+}
+
+/// A cluster leader's part in [`serve`].
+pub(crate) struct Leading {
+    /// Where every change is logged.
+    pub(crate) log: Arc<cluster::ChangeLog>,
+    /// Reported on `/metrics`, `/coordinator/cluster` and the dashboard.
+    pub(crate) status: Arc<cluster::ClusterStatus>,
+    /// Evictions are dispatched only while it holds.
+    pub(crate) guard: Arc<cluster::LeaseGuard>,
+    /// Whether the startup resync runs (the followed state may be incomplete).
+    pub(crate) resync: bool,
+}
+
+/// Starts the owners around `state`, the startup resync and the HTTP server on `bound`; as a
+/// cluster's leader, logs the operator state first and then every change.
+pub(crate) fn serve(
+    config: CoordinatorConfig,
+    (listener, bound): (tokio::net::TcpListener, SocketAddr),
+    state: changes::Replica,
+    leading: Option<Leading>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) -> Coordinator {
+    let timing = driver::Timing {
+        instance_timeout: config.instance_timeout,
+        health_check_interval: config.health_check_interval,
+        eviction_check_interval: config.eviction_check_interval,
+    };
+    let mut dispatcher = driver::http_dispatcher(config.outbound_timeout);
+    if let Some(l) = &leading {
+        let wall = driver::wall_now();
+        l.log
+            .record(wall, &writes::metadata_change(&state.model, wall));
+        dispatcher = cluster::fenced(
+            dispatcher,
+            Arc::clone(&l.guard),
+            Arc::clone(&l.status.dispatches_fenced),
+        );
+    }
+    let handle = driver::spawn_replica(
+        state,
+        leading.as_ref().map(|l| Arc::clone(&l.log)),
         timing,
-        driver::http_dispatcher(config.outbound_timeout),
+        dispatcher,
         shutdown.clone(),
         &tasks,
     );
-    if let Some(rc) = config.resync.clone() {
-        tasks.spawn(resync::run(
-            handle.clone(),
-            rc,
-            config.model.max_tracked_keys,
-            config.outbound_timeout,
-            shutdown.clone(),
-        ));
+    match (config.resync.clone(), &leading) {
+        (Some(_), Some(l)) if !l.resync => tracing::info!(
+            "startup resync skipped: the followed state holds every change since the cluster began"
+        ),
+        (Some(rc), leading) => {
+            if let Some(l) = leading {
+                l.status.resyncing();
+            }
+            tasks.spawn(resync::run(
+                handle.clone(),
+                rc,
+                config.model.max_tracked_keys,
+                config.outbound_timeout,
+                shutdown.clone(),
+            ));
+        }
+        (None, _) => {}
     }
-    let state = api_state(&config, handle.clone());
+    let state = state_with(
+        &config,
+        handle.clone(),
+        leading.as_ref().map(|l| Arc::clone(&l.status)),
+    );
+    if leading.is_some() {
+        // The file follows the state this leader took over; every METADATA_EVERY the whole
+        // operator state is logged again, for standbys that joined after the stream dropped
+        // the records that set it.
+        let (st, h, stop) = (Arc::clone(&state), handle.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            st.metadata.save(&h).await;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(cluster::METADATA_EVERY) => {}
+                }
+                if h.log_metadata().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
     let served = crate::web::serve(
         listener,
         api::router(Arc::clone(&state)),
@@ -238,12 +356,12 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
         }
     });
     tracing::info!("MP coordinator listening on http://{bound}");
-    Ok(Coordinator {
+    Coordinator {
         addr: bound,
         handle,
         shutdown,
         tasks,
-    })
+    }
 }
 
 /// Serves until `shutdown` is cancelled, then drains.

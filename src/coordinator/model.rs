@@ -277,6 +277,14 @@ impl Model {
         (quotas, pins)
     }
 
+    /// Forgets every quota, the default quota and every pin (back to a new model's), before
+    /// a standby applies its leader's whole operator state.
+    pub fn clear_metadata(&mut self) {
+        self.quotas.clear();
+        self.default_limit = Some(0);
+        self.pins = Pins::default();
+    }
+
     /// `POST /cache/delete`: each key followed by its tracked copies in other object groups
     /// (ascending group), as 0.5.6 expands a token-addressed delete; at most `max` keys in all
     /// (the requested keys always stay).

@@ -39,6 +39,12 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
     ),
     ("/healthz", "get", "Liveness", &[200]),
     ("/metrics", "get", "Prometheus metrics", &[200]),
+    (
+        "/coordinator/cluster",
+        "get",
+        "This coordinator's place in its cluster (--cluster): role, lease, failover",
+        &[200],
+    ),
     ("/openapi.json", "get", "This document", &[200]),
     (
         "/quota",

@@ -129,7 +129,7 @@ pub async fn run(
             .into_iter()
             .map(|e| (e.key, e.size_bytes))
             .collect();
-        match handle.with(move |m, _, _| m.seed(entries)).await {
+        match handle.seed(entries).await {
             Ok(n) => seeded += n,
             Err(_) => return seeded,
         }

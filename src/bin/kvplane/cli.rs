@@ -152,24 +152,13 @@ pub(crate) struct ServeArgs {
     /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
     #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
     pub(crate) indexer_port: Option<u16>,
-    /// NATS JetStream for hot standby, `nats://HOST:PORT` (docs/CLUSTER.md): the process
-    /// follows the leader's change log without binding any port, and serves (controller and
-    /// hosted services) once it holds the cluster's controller lease.
-    #[arg(long, env = "KVPLANE_CLUSTER")]
-    pub(crate) cluster: Option<String>,
-    /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
-    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = kvplane::config::defaults::cluster::NAME)]
-    pub(crate) cluster_name: String,
-    /// Most bytes the cluster's change stream keeps (oldest dropped first).
-    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = kvplane::config::defaults::cluster::MAX_BYTES)]
-    pub(crate) cluster_max_bytes: i64,
-    /// Seconds the controller lease lasts without renewal (renewed every quarter of it): a
-    /// standby takes over at most this long after the leader dies.
-    #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
-    pub(crate) cluster_lease_ttl: f64,
-    /// A standby or replica publishes a snapshot of what it follows every this many records
-    /// (at most every 10 s; 0: never), so a follower starting later restores it instead of
-    /// replaying the whole log.
+    /// `--cluster`: hot standby on NATS JetStream (the controller's lease; hosted services
+    /// start once this process holds it).
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+    /// With `--cluster`: a standby or replica publishes a snapshot of what it follows every
+    /// this many records (at most every 10 s; 0: never), so a follower starting later
+    /// restores it instead of replaying the whole log.
     #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS)]
     pub(crate) cluster_snapshot_records: u64,
     /// Run as a read replica of the cluster's controller (needs `--cluster`): follow the
@@ -179,9 +168,30 @@ pub(crate) struct ServeArgs {
     pub(crate) replica: bool,
 }
 
-impl ServeArgs {
+/// `--cluster` and its settings, shared by `serve` and `coordinator` (the same flags and
+/// `KVPLANE_CLUSTER*` variables).
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct ClusterArgs {
+    /// NATS JetStream for hot standby, `nats://HOST:PORT` (docs/CLUSTER.md): the process
+    /// follows the leader's change log without binding any port, and serves once it holds
+    /// the cluster's lease.
+    #[arg(long, env = "KVPLANE_CLUSTER")]
+    pub(crate) cluster: Option<String>,
+    /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
+    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = kvplane::config::defaults::cluster::NAME)]
+    pub(crate) cluster_name: String,
+    /// Most bytes the cluster's change stream keeps (oldest dropped first).
+    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = kvplane::config::defaults::cluster::MAX_BYTES)]
+    pub(crate) cluster_max_bytes: i64,
+    /// Seconds the lease lasts without renewal (renewed every quarter of it): a standby takes
+    /// over at most this long after the leader dies.
+    #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
+    pub(crate) cluster_lease_ttl: f64,
+}
+
+impl ClusterArgs {
     /// The `--cluster` settings, if any.
-    pub(crate) fn cluster(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
+    pub(crate) fn config(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
         let Some(url) = &self.cluster else {
             return Ok(None);
         };
@@ -199,7 +209,6 @@ impl ServeArgs {
             name: self.cluster_name.clone(),
             max_bytes: self.cluster_max_bytes.max(1 << 20),
             lease_ttl: std::time::Duration::from_secs_f64(self.cluster_lease_ttl),
-            snapshot_records: self.cluster_snapshot_records,
             ..kvplane::cluster::ClusterConfig::new(url.clone())
         }))
     }

@@ -29,7 +29,13 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
-            let cluster = args.cluster()?;
+            let cluster = args
+                .cluster
+                .config()?
+                .map(|c| kvplane::cluster::ClusterConfig {
+                    snapshot_records: args.cluster_snapshot_records,
+                    ..c
+                });
             if args.replica {
                 anyhow::ensure!(
                     args.indexer_port.is_none() && args.coordinator_port.is_none(),
@@ -167,10 +173,15 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Coordinator(args) => {
             let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
+            let cluster = args.cluster.config()?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::coordinator::run(config, shutdown).await
+                match cluster {
+                    // A standby until it holds the coordinator lease: nothing binds before.
+                    Some(c) => kvplane::coordinator::cluster::run(config, c, shutdown).await,
+                    None => kvplane::coordinator::run(config, shutdown).await,
+                }
             })?;
         }
     }
