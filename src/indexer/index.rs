@@ -600,6 +600,15 @@ impl Index {
 
     /// Drops every membership not stored again since `now - ttl`; returns how many.
     pub fn expire(&mut self, now: u32) -> usize {
+        self.stream_ids()
+            .into_iter()
+            .map(|id| self.expire_stream(id, now))
+            .sum()
+    }
+
+    /// The TTL sweep of one stream: [`Index::expire`] in slices, so that one lock hold walks
+    /// one publisher's entries, not the whole index's.
+    pub fn expire_stream(&mut self, id: StreamId, now: u32) -> usize {
         let Some(ttl) = self.config.ttl_secs else {
             return 0;
         };
@@ -607,16 +616,34 @@ impl Index {
             return 0;
         }
         let cutoff = now - ttl;
-        let n = self.drop_touched(|touched| touched < cutoff);
+        let n = self.drop_touched_in(Some(id), |touched| touched < cutoff);
         self.counters.expired += n as u64;
         n
+    }
+
+    /// Every stream's id.
+    pub fn stream_ids(&self) -> Vec<StreamId> {
+        self.streams
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| StreamId(i as u32))
+            .collect()
     }
 
     /// Drops every engine entry whose last store time `old` says is too old, with its
     /// memberships; returns how many memberships went.
     fn drop_touched(&mut self, old: impl Fn(u32) -> bool) -> usize {
+        self.drop_touched_in(None, old)
+    }
+
+    /// [`Index::drop_touched`] in one stream (`Some`) or all.
+    fn drop_touched_in(&mut self, only: Option<StreamId>, old: impl Fn(u32) -> bool) -> usize {
         let mut dropped = Vec::new();
         for (i, slot) in self.streams.iter_mut().enumerate() {
+            if only.is_some_and(|id| id.0 as usize != i) {
+                continue;
+            }
             let Some(s) = slot else { continue };
             s.engine.retain(|e| {
                 if !old(e.touched) {

@@ -46,8 +46,15 @@ pub enum Change {
         /// The tier, or all.
         tier: Option<Medium>,
     },
-    /// The TTL sweep ran at `now`.
+    /// The TTL sweep ran at `now` (over every stream).
     Expire {
+        /// The ingester's clock.
+        now: u32,
+    },
+    /// The TTL sweep of one stream ran at `now`.
+    ExpireStream {
+        /// The ingester's stream id.
+        stream: u32,
         /// The ingester's clock.
         now: u32,
     },
@@ -214,6 +221,11 @@ impl Follower {
             }
             Change::Expire { now } => {
                 index.expire(*now);
+            }
+            Change::ExpireStream { stream, now } => {
+                if let Some(id) = self.ids.get(stream) {
+                    index.expire_stream(*id, *now);
+                }
             }
         }
     }

@@ -35,6 +35,9 @@ fn lead(index: &mut Index, ids: &mut Vec<StreamId>, change: &Change) {
         Change::Expire { now } => {
             index.expire(*now);
         }
+        Change::ExpireStream { stream, now } => {
+            index.expire_stream(ids[*stream as usize], *now);
+        }
     }
 }
 
@@ -167,4 +170,41 @@ fn a_new_epoch_starts_over_from_an_empty_index() {
         Applied::NewEpoch
     );
     assert!(!late.in_sync());
+}
+
+#[test]
+fn a_sliced_ttl_sweep_replicates_stream_by_stream() {
+    let config = IndexConfig {
+        ttl_secs: Some(10),
+        ..IndexConfig::default()
+    };
+    let (mut leader, mut ids) = (Index::new(config), Vec::new());
+    let mut follower = Follower::new(config);
+    let mut replica = Index::new(config);
+    let mut changes = changes();
+    // Stream 0 stored at 1 and 3 (now 20: expired); stream 1 refreshed at 15 (kept).
+    changes.push(Change::Apply {
+        streams: vec![1],
+        events: vec![stored(2, 700, Medium::Disk)],
+        now: 15,
+    });
+    changes.push(Change::ExpireStream { stream: 0, now: 20 });
+    for op in ops(3, &changes) {
+        lead(&mut leader, &mut ids, &op.change);
+        follower.apply(&mut replica, &op);
+    }
+    assert_eq!(replica.memberships(), leader.memberships());
+    assert_eq!(replica.counters().expired, leader.counters().expired);
+    assert!(leader.counters().expired > 0);
+    assert_eq!(
+        leader.stream_stats(ids[0]).map(|s| s.engine_hashes),
+        Some(0),
+        "stream 0 swept"
+    );
+    assert!(
+        leader
+            .stream_stats(ids[1])
+            .is_some_and(|s| s.engine_hashes > 0),
+        "stream 1 not swept (only its own slice ran)"
+    );
 }

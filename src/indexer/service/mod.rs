@@ -336,12 +336,19 @@ impl IndexerState {
         }
     }
 
-    /// Runs the TTL sweep at the current time.
-    fn expire(&self) {
+    /// Runs the TTL sweep at the current time, one stream per lock hold (queries and other
+    /// publishers' events go on between them).
+    async fn expire(&self) {
         let now = self.now_secs();
-        let mut core = self.core.write();
-        core.index.expire(now);
-        self.role.record(Change::Expire { now });
+        let ids = self.core.read().index.stream_ids();
+        for id in ids {
+            {
+                let mut core = self.core.write();
+                core.index.expire_stream(id, now);
+                self.role.record(Change::ExpireStream { stream: id.0, now });
+            }
+            tokio::task::yield_now().await;
+        }
     }
 
     /// 409 on a replica: publishers register on the ingester.
@@ -661,7 +668,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
             loop {
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    _ = tick.tick() => st.expire(),
+                    _ = tick.tick() => st.expire().await,
                 }
             }
         });
