@@ -309,6 +309,32 @@ mod tests {
         assert!(e.contains("--zmq-idle-timeout"), "{e}");
     }
 
+    /// `--cluster-snapshot-records` is a shared cluster flag: `serve` and `coordinator` both
+    /// take it (and its variable's default) into their cluster settings.
+    #[test]
+    fn both_cluster_subcommands_take_the_snapshot_interval() {
+        let records = |sub: &str, extra: &[&str]| {
+            let mut full = vec!["kvplane", sub, "--cluster", "nats://127.0.0.1:4222"];
+            full.extend_from_slice(extra);
+            let cluster = match Cli::try_parse_from(full).map(|c| c.command) {
+                Ok(Command::Serve(a)) => a.cluster,
+                Ok(Command::Coordinator(a)) => a.cluster,
+                other => panic!("not serve or coordinator: {other:?}"),
+            };
+            let config = cluster.config().expect("valid").expect("clustered");
+            config.snapshot_records
+        };
+        let default = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS;
+        for sub in ["serve", "coordinator"] {
+            assert_eq!(records(sub, &[]), default, "{sub}");
+            assert_eq!(
+                records(sub, &["--cluster-snapshot-records", "7"]),
+                7,
+                "{sub}"
+            );
+        }
+    }
+
     #[test]
     fn indexer_defaults_and_port_zero() {
         let indexer = |args: &[&str]| {
