@@ -37,6 +37,11 @@ struct Coordinator {
 
 impl Coordinator {
     fn spawn(nats: &Nats, cluster: &str, port: u16, name: &str) -> Self {
+        Self::spawn_with(nats, cluster, port, name, &[])
+    }
+
+    /// [`Coordinator::spawn`] with more environment variables.
+    fn spawn_with(nats: &Nats, cluster: &str, port: u16, name: &str, env: &[(&str, &str)]) -> Self {
         let log = std::env::temp_dir().join(format!(
             "kvplane-coord-cluster-{}-{name}.log",
             std::process::id()
@@ -54,6 +59,7 @@ impl Coordinator {
             .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .kill_on_drop(true)
@@ -403,4 +409,146 @@ async fn a_paused_leader_resumes_without_dispatching_and_stops() {
     })
     .await;
     second.wait_log(DISPATCHED).await;
+}
+
+/// 64 hex digits: a real chunk hash's length, so each event weighs in the log.
+fn long_hash(n: u64) -> String {
+    format!("{n:064x}")
+}
+
+/// A standby starting after the stream dropped the log's start restores the latest snapshot
+/// (published by an earlier standby every 100 records) and reads the log on from it: it is in
+/// sync, and once the leader and the earlier standby are killed it takes over with the same
+/// membership, usage, quotas and pins, without a resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
+    let Some(nats) = Nats::start().await else {
+        return;
+    };
+    let (mp, fake) = fake_mp().await;
+    let port = free_port();
+    let cluster = "coordsnap";
+    // A 1 MiB log: its first records are dropped once ~1 MiB more follows them.
+    let small: &[(&str, &str)] = &[
+        ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
+        ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+    ];
+    let mut first = Coordinator::spawn_with(&nats, cluster, port, "snap-first", small);
+    let leader = until(port, "/coordinator/cluster", "first leads", |v| {
+        v["role"] == "leader"
+    })
+    .await;
+    let mut early = Coordinator::spawn_with(&nats, cluster, port, "snap-early", small);
+    early.wait_log("waiting for the lease").await;
+    let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port(),
+                     "metadata": {"zone": "a"}});
+    ok(port, "POST", "/instances", reg).await;
+    first.wait_log("startup resync done").await;
+    ok(
+        port,
+        "PUT",
+        "/quota/config",
+        json!({"default_limit_gb": null}),
+    )
+    .await;
+    ok(port, "PUT", "/quota/kept", json!({"limit_gb": 10})).await;
+    let tokens: Vec<u32> = (0..512).collect();
+    let pin =
+        json!({"model_name": "m", "world_size": 1, "token_ids": tokens, "cache_salt": "kept"});
+    ok(port, "POST", "/cache/pins", pin).await;
+    let mut declare = wire_batch(1, "config", "l2", "fs", Vec::new());
+    declare["capacity_bytes"] = json!(1u64 << 30);
+    declare["capacity_revision"] = json!(1);
+    let l1 = wire_batch(2, "store", "l1", "dram", store(&["a1", "a2"], "kept", 64));
+    ok(port, "POST", "/events", json!({"batches": [declare, l1]})).await;
+
+    // Each request: two records (the gate's input, then ~8 KiB of 100 stores).
+    let mut seq = 2;
+    let mut next = 0u64;
+    let mut push = |seq: &mut u64, requests: usize| {
+        (0..requests)
+            .map(|_| {
+                *seq += 1;
+                let hashes: Vec<String> = (next..next + 100).map(long_hash).collect();
+                next += 100;
+                let hashes: Vec<&str> = hashes.iter().map(String::as_str).collect();
+                let b = wire_batch(*seq, "store", "l2", "fs", store(&hashes, "kept", 1000));
+                json!({"batches": [b]})
+            })
+            .collect::<Vec<_>>()
+    };
+    for body in push(&mut seq, 60) {
+        ok(port, "POST", "/events", body).await;
+    }
+    early.wait_log("snapshot published").await;
+    // An L1 delete after the snapshot: the restored placements must be found by it.
+    seq += 1;
+    let l1_delete = wire_batch(seq, "delete", "l1", "dram", store(&["a1"], "kept", 0));
+    ok(port, "POST", "/events", json!({"batches": [l1_delete]})).await;
+    // More records until the stream dropped the log's start (bounded: ~130 requests fill it).
+    let client = async_nats::connect(nats.url.as_str()).await.expect("nats");
+    let mut stream = async_nats::jetstream::new(client)
+        .get_stream(format!("KVPLANE_{cluster}_coordinator"))
+        .await
+        .expect("the coordinator's log");
+    let mut first_seq = 1;
+    for _ in 0..40 {
+        for body in push(&mut seq, 10) {
+            ok(port, "POST", "/events", body).await;
+        }
+        first_seq = stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .first_sequence;
+        if first_seq > 1 {
+            break;
+        }
+    }
+    assert!(first_seq > 1, "the log kept its start");
+    until(port, "/coordinator/cluster", "changes replicated", |v| {
+        let p = &v["published"];
+        p["pending"] == 0 && p["failed"] == 0 && p["dropped"] == 0
+    })
+    .await;
+    let before = state_of(port).await;
+    assert!(
+        before["/instances/mp-1/usage"].to_string().contains("dram"),
+        "{before}"
+    );
+
+    // A standby starting now cannot read the log from its start: it restores the snapshot.
+    let late = Coordinator::spawn_with(&nats, cluster, port, "snap-late", small);
+    late.wait_log("restored a snapshot").await;
+    late.wait_log("waiting for the lease").await;
+    // Only the late standby may take over: kill the early one, then the leader.
+    early.child.start_kill().expect("SIGKILL the early standby");
+    let _ = tokio::time::timeout(STEP, early.child.wait()).await;
+    first.child.start_kill().expect("SIGKILL the leader");
+    let _ = tokio::time::timeout(STEP, first.child.wait()).await;
+    let now = until(
+        port,
+        "/coordinator/cluster",
+        "the late standby leads",
+        |v| v["role"] == "leader" && v["me"] != leader["me"],
+    )
+    .await;
+    assert!(now["epoch"].as_u64() > leader["epoch"].as_u64(), "{now}");
+    assert_eq!(now["followed"]["in_sync"], true, "{now}\n{}", late.log());
+    assert_eq!(now["followed"]["gaps"], 0, "{now}");
+    assert_eq!(now["resynced_at_takeover"], false, "{now}");
+    assert!(
+        now["followed"]["restored_snapshot_at"].as_u64() > Some(0),
+        "{now}"
+    );
+    let after = state_of(port).await;
+    assert_eq!(after, before);
+    late.wait_log("startup resync skipped").await;
+    assert_eq!(fake.lists.load(Ordering::Relaxed), 1);
+    eprintln!(
+        "late standby: the log starts at {first_seq}, the snapshot was at stream sequence {}, \
+         {} records applied after it",
+        now["followed"]["restored_snapshot_at"], now["followed"]["applied"]
+    );
 }

@@ -363,6 +363,22 @@ pub struct Follower {
     last_at_ms: u64,
     gaps: u64,
     fenced: u64,
+    stream_seq: u64,
+}
+
+/// Where a follower is in the log, as a snapshot keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    /// The epoch of the last record applied.
+    pub epoch: Option<u64>,
+    /// The last record applied in it.
+    pub seq: u64,
+    /// Whether every change since a fresh start was applied.
+    pub in_sync: bool,
+    /// The leader's clock of that record.
+    pub at_ms: u64,
+    /// The stream sequence of the last log message handled: the log is read on from the next.
+    pub stream_seq: u64,
 }
 
 /// `now` on the leader's wall clock (Unix seconds) as an instant of this process, given this
@@ -383,6 +399,34 @@ impl Follower {
     /// At the start of the log, before any record.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// At a snapshot's position.
+    pub fn at(p: Position) -> Self {
+        Follower {
+            epoch: p.epoch,
+            last_seq: p.seq,
+            in_sync: p.in_sync,
+            last_at_ms: p.at_ms,
+            stream_seq: p.stream_seq,
+            ..Follower::default()
+        }
+    }
+
+    /// Where it is, for a snapshot.
+    pub fn snapshot_position(&self) -> Position {
+        Position {
+            epoch: self.epoch,
+            seq: self.last_seq,
+            in_sync: self.in_sync,
+            at_ms: self.last_at_ms,
+            stream_seq: self.stream_seq,
+        }
+    }
+
+    /// Notes the stream sequence of the log message just handled (applied or not).
+    pub fn note_stream_seq(&mut self, seq: u64) {
+        self.stream_seq = self.stream_seq.max(seq);
     }
 
     /// Whether the state holds every change since a fresh start (no record missing).

@@ -533,3 +533,83 @@ fn the_operator_state_replaces_a_followers_own() {
     );
     assert_eq!(view(&mut standby), view(&mut leader));
 }
+
+/// A follower's state dumped mid-log, through its bytes, restored elsewhere: the same state
+/// (the same dump again), and the rest of the log applied on top gives the leader's state,
+/// LRU order (the eviction plan) and L1 placements (a delete finds its fingerprint) included.
+#[test]
+fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
+    use crate::coordinator::snapshot::Snapshot;
+    let mut leader = busy_leader();
+    let mid = leader.log.len() / 2;
+    let mut f = Follower::new();
+    let mut standby = Replica::new(Model::new(config()));
+    follow(&mut f, &mut standby, &leader.log[..mid], T0 + 8.0);
+    f.note_stream_seq(mid as u64);
+    let snap = Snapshot::of(&standby, f.snapshot_position());
+    let bytes = snap.encode();
+    let decoded = Snapshot::decode(&bytes).expect("decodes");
+    assert_eq!(decoded, snap);
+    let position = decoded.position;
+    assert_eq!(position.stream_seq, mid as u64);
+    assert_eq!((position.epoch, position.seq), f.position());
+    let mut restored = decoded.restore(config(), clock(T0 + 8.0).0).expect("fits");
+    // The same state: the same bytes when dumped again (a view would plan evictions, which
+    // counts; the dump holds every field the views show).
+    assert_eq!(Snapshot::of(&restored, position).encode(), bytes);
+    assert_eq!(restored.fleet.len(), standby.fleet.len());
+    assert_eq!(restored.model.tracked_keys(), standby.model.tracked_keys());
+    // The log goes on from the snapshot's position, and more records come.
+    let mut g = Follower::at(position);
+    assert!(g.in_sync());
+    let mut l1_delete = batch("a", 20, Tier::L1, vec![Op::Delete(key(1, "t"))]);
+    l1_delete.ops.push(Op::Delete(key(2, "t")));
+    let l2 = batch(
+        "a",
+        21,
+        Tier::L2,
+        vec![Op::Access(key(0, "t")), Op::Delete(key(5, "t"))],
+    );
+    for change in [
+        Change::Register {
+            registration: reg("d", 9100),
+        },
+        Change::Admit {
+            batches: vec![Admitted::of(&l1_delete), Admitted::of(&l2)],
+        },
+        Change::Apply { batch: l1_delete },
+        Change::Apply { batch: l2 },
+        Change::Pin {
+            keys: vec![key(7, "t")],
+        },
+    ] {
+        leader.record(T0 + 9.0, change);
+    }
+    let applied = follow(&mut g, &mut restored, &leader.log[mid..], T0 + 10.0);
+    assert!(
+        applied.iter().all(|a| *a == Applied::InOrder),
+        "{applied:?}"
+    );
+    assert_eq!(g.position(), (Some(5), leader.seq));
+    let (a, b) = (view(&mut leader.state), view(&mut restored));
+    assert_eq!(a, b);
+    // The restored state was not empty: it held keys, L1 bytes and instances.
+    assert_eq!(a["model"]["tracked"], 29);
+    assert!(a["fleet"]["instances"]
+        .as_array()
+        .is_some_and(|i| i.len() == 2));
+    assert!(a["model"]["plan"].as_array().is_some_and(|p| !p.is_empty()));
+}
+
+/// A snapshot a process's limits cannot hold is refused, not cut.
+#[test]
+fn a_snapshot_over_the_limits_is_refused() {
+    use crate::coordinator::snapshot::Snapshot;
+    let leader = busy_leader();
+    let snap = Snapshot::of(&leader.state, Follower::new().snapshot_position());
+    let small = ModelConfig {
+        max_tracked_keys: 5,
+        ..config()
+    };
+    assert!(snap.restore(small, Instant::now()).is_err());
+}

@@ -13,9 +13,16 @@
 //! and the startup resync runs only if that state is not known to be complete. The leader
 //! renews the lease and stops the moment it is lost; evictions are dispatched only while the
 //! lease is certainly held by this process's clock ([`LeaseGuard`]).
+//!
+//! Snapshots: a standby in sync publishes its whole state with its log position
+//! ([`Snapshot`]) every `snapshot_records` records it applied (at most every
+//! [`MIN_SNAPSHOT_INTERVAL`]); a standby starting restores the latest one and reads the log
+//! from the next stream sequence, so it is in sync even after the stream dropped the log's
+//! start.
 
-use super::changes::{Applied, Change, Follower, Record, Replica};
+use super::changes::{Applied, Change, Follower, Position, Record, Replica};
 use super::driver::{wall_now, Dispatcher};
+use super::snapshot::Snapshot;
 use super::{CoordinatorConfig, CoordinatorError};
 use crate::cluster::{
     self, Cluster, ClusterConfig, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus,
@@ -259,6 +266,10 @@ pub struct ClusterStatus {
     /// Records read (applied, ignored or undecodable): the takeover's sign of progress.
     processed: AtomicU64,
     bad_records: AtomicU64,
+    /// Snapshots this standby published.
+    snapshots: AtomicU64,
+    /// The stream sequence of the snapshot restored at start (0: none).
+    restored_at: AtomicU64,
     /// Dispatches refused by the [`LeaseGuard`].
     pub(crate) dispatches_fenced: Arc<AtomicU64>,
     /// Whether the takeover ran the startup resync (the followed state was not complete).
@@ -268,7 +279,7 @@ pub struct ClusterStatus {
 }
 
 impl ClusterStatus {
-    fn new(name: &str, state: Replica) -> Self {
+    fn new(name: &str, state: Replica, follower: Follower) -> Self {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "host".into());
@@ -282,8 +293,9 @@ impl ClusterStatus {
             leader: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             lease_holder: Mutex::new(None),
+            restored_at: AtomicU64::new(follower.snapshot_position().stream_seq),
             followed: Mutex::new(Followed {
-                follower: Follower::new(),
+                follower,
                 state: Some(state),
             }),
             reader: Arc::default(),
@@ -292,6 +304,7 @@ impl ClusterStatus {
             applied: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             bad_records: AtomicU64::new(0),
+            snapshots: AtomicU64::new(0),
             dispatches_fenced: Arc::default(),
             resynced: AtomicBool::new(false),
             failover: Mutex::new(None),
@@ -308,10 +321,12 @@ impl ClusterStatus {
         self.leader.load(Ordering::Relaxed)
     }
 
-    /// Applies one record to the followed state (dropped once it was taken over).
-    fn apply(&self, r: Record) {
+    /// Applies one record, read at `stream_seq`, to the followed state (dropped once it was
+    /// taken over).
+    fn apply(&self, r: Record, stream_seq: u64) {
         let mut f = self.followed.lock();
         let Followed { follower, state } = &mut *f;
+        follower.note_stream_seq(stream_seq);
         if let Some(state) = state {
             let outcome = follower.apply(state, r, (Instant::now(), wall_now()));
             if !matches!(outcome, Applied::Stale | Applied::Fenced) {
@@ -319,6 +334,27 @@ impl ClusterStatus {
             }
         }
         self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A log message at `stream_seq` that is not a record was read.
+    fn skip(&self, stream_seq: u64) {
+        self.followed.lock().follower.note_stream_seq(stream_seq);
+        self.bad_records.fetch_add(1, Ordering::Relaxed);
+        self.processed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the followed state holds every change since a fresh start.
+    pub fn in_sync(&self) -> bool {
+        self.followed.lock().follower.in_sync()
+    }
+
+    /// The followed state and its position, dumped under the lock records are applied under
+    /// (so they match); `None` once taken over. A full pass over the state: call it off the
+    /// async workers.
+    fn snapshot(&self) -> Option<Snapshot> {
+        let f = self.followed.lock();
+        let state = f.state.as_ref()?;
+        Some(Snapshot::of(state, f.follower.snapshot_position()))
     }
 
     /// Records handed to the publisher and not yet acknowledged or failed.
@@ -357,6 +393,8 @@ impl ClusterStatus {
                 "fenced": fenced,
                 "applied": n(&self.applied),
                 "bad_records": n(&self.bad_records),
+                "snapshots_published": n(&self.snapshots),
+                "restored_snapshot_at": n(&self.restored_at),
             },
             "published": {
                 "queued": n(&self.log.queued),
@@ -383,13 +421,14 @@ impl ClusterStatus {
         let failover = *self.failover.lock();
         let n = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64;
         let flag = |b: bool| f64::from(u8::from(b));
-        let series: [(&str, &str, &str, f64); 12] = [
+        let series: [(&str, &str, &str, f64); 13] = [
             ("leader", "gauge", "1 while this coordinator holds the lease and serves.", flag(self.is_leader())),
             ("epoch", "gauge", "The lease revision this coordinator leads under.", n(&self.epoch)),
             ("in_sync", "gauge", "1 if the state followed before the takeover held every change since a fresh start.", flag(in_sync)),
             ("gaps_total", "counter", "Gaps seen in the change log while following it.", gaps as f64),
             ("fenced_total", "counter", "Records of a deposed leader ignored while following.", fenced as f64),
             ("records_applied_total", "counter", "Change records applied while following.", n(&self.applied)),
+            ("snapshots_published_total", "counter", "Snapshots of the followed state this standby published.", n(&self.snapshots)),
             ("records_published_total", "counter", "Change records NATS acknowledged.", n(&self.published.acked)),
             ("records_lost_total", "counter", "Change records not replicated: publish failed, queue full, or too large.", self.lost() as f64),
             ("records_pending", "gauge", "Change records queued or sent but not yet acknowledged by NATS (replication lag).", self.pending() as f64),
@@ -406,6 +445,101 @@ impl ClusterStatus {
             );
         }
         t
+    }
+}
+
+/// Least time between two snapshots from one standby.
+pub const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The latest snapshot restored into a state of `state`'s configuration, with its position;
+/// `state` itself and `None` when there is no usable one (the log is then read from its
+/// start).
+async fn restore_snapshot(cluster: &Cluster, state: Replica) -> (Replica, Option<Position>) {
+    let data = match cluster.load_snapshot(SERVICE).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return (state, None),
+        Err(e) => {
+            tracing::warn!("cluster: no snapshot read ({e}); following the log from its start");
+            return (state, None);
+        }
+    };
+    let snapshot = match Snapshot::decode(&data) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("cluster: the snapshot did not decode ({e}); not used");
+            return (state, None);
+        }
+    };
+    let p = snapshot.position;
+    match snapshot.restore(state.model.config().clone(), Instant::now()) {
+        Ok(restored) => {
+            tracing::info!(
+                epoch = ?p.epoch,
+                seq = p.seq,
+                in_sync = p.in_sync,
+                instances = restored.fleet.len(),
+                keys = restored.model.tracked_keys(),
+                bytes = data.len(),
+                "cluster: restored a snapshot; following the log from stream sequence {}",
+                p.stream_seq + 1
+            );
+            (restored, Some(p))
+        }
+        Err(e) => {
+            tracing::warn!("cluster: the snapshot does not fit this coordinator's limits ({e})");
+            (state, None)
+        }
+    }
+}
+
+/// Applies what the reader delivers, and every `snapshot_records` records (at most every
+/// [`MIN_SNAPSHOT_INTERVAL`], only in sync and before a takeover) publishes a snapshot of the
+/// followed state.
+async fn apply_loop(
+    cluster: Cluster,
+    st: Arc<ClusterStatus>,
+    mut rx: mpsc::Receiver<(u64, Bytes)>,
+    tasks: TaskTracker,
+) {
+    let every = cluster.config().snapshot_records;
+    let mut since = 0u64;
+    let mut last: Option<Instant> = None;
+    while let Some((stream_seq, bytes)) = rx.recv().await {
+        match Record::decode(&bytes) {
+            Ok(r) => st.apply(r, stream_seq),
+            Err(e) => {
+                st.skip(stream_seq);
+                tracing::warn!("cluster: a coordinator change record did not decode: {e}");
+            }
+        }
+        since += 1;
+        let due = every > 0
+            && since >= every
+            && last.is_none_or(|t| t.elapsed() >= MIN_SNAPSHOT_INTERVAL)
+            && st.in_sync()
+            && !st.is_leader();
+        if !due {
+            continue;
+        }
+        since = 0;
+        last = Some(Instant::now());
+        let s = Arc::clone(&st);
+        // The dump holds the followed state's lock (records wait; the loop too).
+        let dumped = tokio::task::spawn_blocking(move || s.snapshot().map(|s| s.encode()));
+        let Ok(Some(data)) = dumped.await else {
+            continue;
+        };
+        let cluster = cluster.clone();
+        let st = Arc::clone(&st);
+        tasks.spawn(async move {
+            match cluster.publish_snapshot(SERVICE, &data).await {
+                Ok(()) => {
+                    st.snapshots.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(bytes = data.len(), "cluster: snapshot published");
+                }
+                Err(e) => tracing::warn!("cluster: snapshot not published: {e}"),
+            }
+        });
     }
 }
 
@@ -458,31 +592,27 @@ impl Standby {
         let cluster = Cluster::connect(config).await?;
         cluster.ensure_stream(SERVICE).await?;
         let bucket = cluster.lease_bucket().await?;
-        let status = Arc::new(ClusterStatus::new(&cluster.config().name, state));
+        let (state, position) = restore_snapshot(&cluster, state).await;
+        let follower = position.map_or_else(Follower::new, Follower::at);
+        let from = position.map_or(1, |p| p.stream_seq + 1);
+        let status = Arc::new(ClusterStatus::new(&cluster.config().name, state, follower));
         let reading = stop.child_token();
-        let (tx, mut rx) = mpsc::channel::<(u64, Bytes)>(APPLY_QUEUE);
+        let (tx, rx) = mpsc::channel::<(u64, Bytes)>(APPLY_QUEUE);
         cluster::spawn_reader(
             cluster.clone(),
             SERVICE,
-            1,
+            from,
             tx,
             Arc::clone(&status.reader),
             reading.clone(),
             tasks,
         );
-        let st = Arc::clone(&status);
-        tasks.spawn(async move {
-            while let Some((_, bytes)) = rx.recv().await {
-                match Record::decode(&bytes) {
-                    Ok(r) => st.apply(r),
-                    Err(e) => {
-                        st.bad_records.fetch_add(1, Ordering::Relaxed);
-                        st.processed.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("cluster: a coordinator change record did not decode: {e}");
-                    }
-                }
-            }
-        });
+        tasks.spawn(apply_loop(
+            cluster.clone(),
+            Arc::clone(&status),
+            rx,
+            tasks.clone(),
+        ));
         tracing::info!(
             cluster = %status.name,
             me = %status.me,

@@ -286,6 +286,32 @@ impl Gate {
         }
     }
 
+    /// Every cursor as `(instance, incarnation, last seq)`, by instance (for a snapshot).
+    pub fn dump(&self) -> Vec<(String, u64, u64)> {
+        let mut rows: Vec<_> = self
+            .cursors
+            .iter()
+            .map(|(id, c)| (id.clone(), c.incarnation, c.last_seq))
+            .collect();
+        rows.sort_unstable();
+        rows
+    }
+
+    /// A gate of at most `max` cursors holding `rows` ([`Gate::dump`]; beyond `max`, dropped).
+    pub fn restore(max: usize, rows: Vec<(String, u64, u64)>) -> Self {
+        let mut gate = Gate::new(max);
+        for (id, incarnation, last_seq) in rows.into_iter().take(max) {
+            gate.cursors.insert(
+                id,
+                Cursor {
+                    incarnation,
+                    last_seq,
+                },
+            );
+        }
+        gate
+    }
+
     /// The incarnation of an instance's cursor, if it has one.
     pub fn incarnation(&self, instance: &str) -> Option<u64> {
         self.cursors.get(instance).map(|c| c.incarnation)

@@ -50,6 +50,16 @@ pub struct Instance {
     pub last_seen: Instant,
 }
 
+/// A [`Fleet`] in a snapshot: each instance's registration (id set) and registration time,
+/// in registration order, and the counters. Heartbeat instants are not kept: a restored
+/// instance counts as seen at the restore (as at a takeover).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct FleetDump {
+    instances: Vec<(Registration, f64)>,
+    refused: u64,
+    timed_out: u64,
+}
+
 /// Why a registration was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FleetError {
@@ -78,6 +88,48 @@ impl Fleet {
             refused: 0,
             timed_out: 0,
         }
+    }
+
+    /// The content for a snapshot ([`FleetDump`]).
+    pub fn dump(&self) -> FleetDump {
+        let instances = self
+            .instances
+            .values()
+            .map(|i| {
+                let registration = Registration {
+                    instance_id: Some(i.instance_id.clone()),
+                    ip: i.ip.clone(),
+                    http_port: i.http_port,
+                    metadata: i.metadata.clone(),
+                    p2p_advertised_url: i.p2p_advertised_url.clone(),
+                    mq_port: i.mq_port,
+                };
+                (registration, i.registration_time)
+            })
+            .collect();
+        FleetDump {
+            instances,
+            refused: self.refused,
+            timed_out: self.timed_out,
+        }
+    }
+
+    /// A fleet of at most `max_instances` holding `dump`, every instance seen at `now`.
+    ///
+    /// # Errors
+    /// [`FleetError::Full`] when it holds more instances than `max_instances`.
+    pub fn restore(
+        max_instances: usize,
+        dump: FleetDump,
+        now: Instant,
+    ) -> Result<Self, FleetError> {
+        let mut fleet = Fleet::new(max_instances);
+        for (registration, at) in dump.instances {
+            fleet.register(registration, String::new, now, at)?;
+        }
+        fleet.refused = dump.refused;
+        fleet.timed_out = dump.timed_out;
+        Ok(fleet)
     }
 
     /// Registers or re-registers. `generated_id` is used when the request has no id.

@@ -145,6 +145,23 @@ pub(crate) struct KeyStore {
     clock_limit: u32,
 }
 
+/// The key store's content in a snapshot: model names in interning order (keys refer to them
+/// by index), and each salt in order with its object-group bits and its keys, least recently
+/// used first (the ticks themselves are not kept: a restore numbers them anew in that order).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KeysDump {
+    models: Vec<String>,
+    salts: Vec<SaltDump>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct SaltDump {
+    salt: String,
+    groups: [u64; 4],
+    /// `(hash, group, model index, kv_rank, size)`, least recently used first.
+    keys: Vec<(serde_bytes::ByteBuf, u8, u16, u32, u32)>,
+}
+
 /// What a store did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stored {
@@ -166,6 +183,70 @@ impl KeyStore {
             clock: 0,
             clock_limit: u32::MAX - 1,
         }
+    }
+
+    /// The content for a snapshot ([`KeysDump`]).
+    pub(crate) fn dump(&self) -> KeysDump {
+        let salts = self
+            .salts
+            .iter()
+            .map(|(salt, s)| {
+                let mut order: Vec<(u32, u32)> =
+                    s.indices().map(|i| (self.slot(i).tick, i)).collect();
+                order.sort_unstable();
+                let keys = order
+                    .into_iter()
+                    .map(|(_, i)| {
+                        let Slot { key, size, .. } = *self.slot(i);
+                        let hash = key.hash[..usize::from(key.hash_len)].to_vec();
+                        let hash = serde_bytes::ByteBuf::from(hash);
+                        (hash, key.group, key.model, key.kv_rank, size)
+                    })
+                    .collect();
+                SaltDump {
+                    salt: salt.clone(),
+                    groups: s.groups,
+                    keys,
+                }
+            })
+            .collect();
+        KeysDump {
+            models: self.models.iter().cloned().collect(),
+            salts,
+        }
+    }
+
+    /// A store holding `dump`'s keys in its LRU order, at most `limit` of them.
+    ///
+    /// # Errors
+    /// A key that does not fit (a bad hash or model index) or more than `limit` keys.
+    pub(crate) fn restore(dump: KeysDump, limit: usize) -> Result<Self, String> {
+        let mut store = KeyStore::new();
+        for m in dump.models {
+            store.models.insert(m);
+        }
+        for s in dump.salts {
+            for (hash, group, model, kv_rank, size) in s.keys {
+                if hash.len() > MAX_HASH_BYTES || usize::from(model) >= store.models.len() {
+                    return Err(format!("a key of salt {:?} does not fit", s.salt));
+                }
+                let mut key = CompactKey {
+                    hash: [0; MAX_HASH_BYTES],
+                    hash_len: u8::try_from(hash.len()).unwrap_or(0),
+                    group,
+                    model,
+                    kv_rank,
+                };
+                key.hash[..hash.len()].copy_from_slice(&hash);
+                if store.store(&s.salt, key, size, limit).is_none() {
+                    return Err(format!("more than {limit} keys"));
+                }
+            }
+            if let Some(salt) = store.salts.get_mut(&s.salt) {
+                salt.groups = s.groups;
+            }
+        }
+        Ok(store)
     }
 
     /// Keys tracked over all salts.

@@ -54,6 +54,7 @@ pub mod openapi;
 pub mod outbound;
 pub mod pins;
 pub mod resync;
+pub mod snapshot;
 pub mod usage;
 pub mod writes;
 

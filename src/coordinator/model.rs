@@ -43,7 +43,7 @@ pub struct ModelConfig {
 }
 
 /// Counters the driver exports as metrics. Monotonic unless said otherwise.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Batches applied.
     pub batches_applied: u64,
@@ -135,6 +135,21 @@ pub struct Dispatch {
     pub keys: Vec<EncodedKey>,
 }
 
+/// A [`Model`] in a snapshot: everything but its configuration (the restoring process's own).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct ModelDump {
+    /// Event cursors `(instance, incarnation, last seq)`.
+    pub cursors: Vec<(String, u64, u64)>,
+    /// Tracked keys in LRU order.
+    pub keys: super::keys::KeysDump,
+    /// Quotas, default quota and pins (`saved_at` 0).
+    pub metadata: super::metadata::Metadata,
+    /// Bytes per instance and compartment, declarations, L1 placements.
+    pub usage: super::usage::UsageDump,
+    /// The metrics' counters.
+    pub counters: Counters,
+}
+
 /// The coordinator state.
 pub struct Model {
     config: ModelConfig,
@@ -169,6 +184,42 @@ impl Model {
             counters: Counters::default(),
             config,
         }
+    }
+
+    /// The content for a snapshot ([`ModelDump`]).
+    pub fn dump(&self) -> ModelDump {
+        ModelDump {
+            cursors: self.gate.dump(),
+            keys: self.keys.dump(),
+            metadata: self.capture_metadata(0.0),
+            usage: self.usage.dump(),
+            counters: self.counters.clone(),
+        }
+    }
+
+    /// A model of `config` holding `dump`.
+    ///
+    /// # Errors
+    /// When `config`'s key limit cannot hold the dump's keys, or a key does not fit.
+    pub fn restore(config: ModelConfig, dump: ModelDump) -> Result<Self, String> {
+        let mut model = Model::new(config);
+        model.gate = Gate::restore(model.config.max_instances, dump.cursors);
+        model.keys = KeyStore::restore(dump.keys, model.config.max_tracked_keys)?;
+        model.restore_metadata(
+            dump.metadata,
+            crate::config::defaults::coordinator::MAX_PINNED_KEYS,
+        );
+        model.usage = Usage::restore(
+            model
+                .config
+                .max_instances
+                .saturating_mul(2)
+                .saturating_add(1),
+            model.config.max_tracked_keys / 4,
+            dump.usage,
+        );
+        model.counters = dump.counters;
+        Ok(model)
     }
 
     /// The limits and eviction settings, read-only.

@@ -14,10 +14,9 @@
 
 use super::events::Tier;
 use super::keys::EncodedKey;
-use hashbrown::{DefaultHashBuilder, HashMap};
+use hashbrown::HashMap;
 use indexmap::IndexMap;
-use serde::Serialize;
-use std::hash::{BuildHasher, Hash, Hasher};
+use serde::{Deserialize, Serialize};
 
 /// Most compartments (tier, backend) one owner may use or declare.
 pub const MAX_COMPARTMENTS: usize = 16;
@@ -27,7 +26,7 @@ pub const MAX_L1_PER_OWNER: usize = 1 << 20;
 pub const MAX_BACKEND_LEN: usize = 64;
 
 /// One declared compartment (a `config` batch).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Module {
     /// Tier.
     pub tier: Tier,
@@ -107,13 +106,31 @@ impl Owner {
     }
 }
 
+/// [`Usage`] in a snapshot: every owner in order, with its bytes per compartment, its
+/// declaration and its L1 placements (fingerprint and size, by fingerprint).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageDump {
+    owners: Vec<OwnerDump>,
+    untracked: u64,
+}
+
+/// `(stamp, modules)` of a declaration.
+type Declared = Option<((u64, u64), Vec<Module>)>;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct OwnerDump {
+    id: String,
+    used: Vec<(Tier, String, u64)>,
+    declared: Declared,
+    l1: Vec<(u64, u32)>,
+}
+
 /// Usage per owner and compartment, and declared capacities.
 pub struct Usage {
     owners: IndexMap<String, Owner>,
     max_owners: usize,
     l1_budget: usize,
     l1_len: usize,
-    hasher: DefaultHashBuilder,
     /// Placements or declarations not counted (a limit above was reached).
     pub untracked: u64,
 }
@@ -126,9 +143,46 @@ impl Usage {
             max_owners,
             l1_budget,
             l1_len: 0,
-            hasher: DefaultHashBuilder::default(),
             untracked: 0,
         }
+    }
+
+    /// The content for a snapshot ([`UsageDump`]).
+    pub fn dump(&self) -> UsageDump {
+        let owners = self
+            .owners
+            .iter()
+            .map(|(id, o)| {
+                let mut l1: Vec<(u64, u32)> = o.l1.iter().map(|(&f, &s)| (f, s)).collect();
+                l1.sort_unstable();
+                OwnerDump {
+                    id: id.clone(),
+                    used: o.used.clone(),
+                    declared: o.declared.clone(),
+                    l1,
+                }
+            })
+            .collect();
+        UsageDump {
+            owners,
+            untracked: self.untracked,
+        }
+    }
+
+    /// Usage holding `dump` ([`Usage::new`]'s limits; owners beyond `max_owners` dropped).
+    pub fn restore(max_owners: usize, l1_budget: usize, dump: UsageDump) -> Self {
+        let mut usage = Usage::new(max_owners, l1_budget);
+        usage.untracked = dump.untracked;
+        for o in dump.owners.into_iter().take(max_owners) {
+            usage.l1_len += o.l1.len();
+            let owner = Owner {
+                used: o.used,
+                declared: o.declared,
+                l1: o.l1.into_iter().collect(),
+            };
+            usage.owners.insert(o.id, owner);
+        }
+        usage
     }
 
     /// L1 placements tracked.
@@ -192,15 +246,21 @@ impl Usage {
         true
     }
 
+    /// The placement's fingerprint: xxh3 of its fields, the same in every process (a
+    /// snapshot carries fingerprints from one process to another).
     fn fingerprint(&self, key: &EncodedKey, backend: &str) -> u64 {
-        let mut h = self.hasher.build_hasher();
-        key.chunk_hash_hex.to_ascii_lowercase().hash(&mut h);
-        key.model_name.hash(&mut h);
-        key.kv_rank.hash(&mut h);
-        key.object_group_id.hash(&mut h);
-        key.cache_salt.hash(&mut h);
-        backend.hash(&mut h);
-        h.finish()
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(key.chunk_hash_hex.to_ascii_lowercase().as_bytes());
+        // 0xff never occurs in UTF-8: the fields cannot run into each other.
+        h.update(&[0xff]);
+        h.update(key.model_name.as_bytes());
+        h.update(&[0xff]);
+        h.update(&key.kv_rank.to_le_bytes());
+        h.update(&key.object_group_id.to_le_bytes());
+        h.update(key.cache_salt.as_bytes());
+        h.update(&[0xff]);
+        h.update(backend.as_bytes());
+        h.digest()
     }
 
     /// An L1 store: the placement's size becomes `size` (the total moves by the difference).

@@ -156,11 +156,6 @@ pub(crate) struct ServeArgs {
     /// start once this process holds it).
     #[command(flatten)]
     pub(crate) cluster: ClusterArgs,
-    /// With `--cluster`: a standby or replica publishes a snapshot of what it follows every
-    /// this many records (at most every 10 s; 0: never), so a follower starting later
-    /// restores it instead of replaying the whole log.
-    #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS)]
-    pub(crate) cluster_snapshot_records: u64,
     /// Run as a read replica of the cluster's controller (needs `--cluster`): follow the
     /// leader's change log and serve the read routes on `--port` (no ZMQ socket, never the
     /// lease; commands answer 409).
@@ -187,6 +182,11 @@ pub(crate) struct ClusterArgs {
     /// over at most this long after the leader dies.
     #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
     pub(crate) cluster_lease_ttl: f64,
+    /// With `--cluster`: a standby (or a controller replica) publishes a snapshot of what it
+    /// follows every this many records (at most every 10 s; 0: never), so a follower starting
+    /// later restores it instead of replaying the whole log.
+    #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS)]
+    pub(crate) cluster_snapshot_records: u64,
 }
 
 impl ClusterArgs {
@@ -209,6 +209,7 @@ impl ClusterArgs {
             name: self.cluster_name.clone(),
             max_bytes: self.cluster_max_bytes.max(1 << 20),
             lease_ttl: std::time::Duration::from_secs_f64(self.cluster_lease_ttl),
+            snapshot_records: self.cluster_snapshot_records,
             ..kvplane::cluster::ClusterConfig::new(url.clone())
         }))
     }
@@ -306,6 +307,32 @@ mod tests {
         );
         let e = parse(&["--zmq-idle-timeout", "-3"]).expect_err("negative");
         assert!(e.contains("--zmq-idle-timeout"), "{e}");
+    }
+
+    /// `--cluster-snapshot-records` is a shared cluster flag: `serve` and `coordinator` both
+    /// take it (and its variable's default) into their cluster settings.
+    #[test]
+    fn both_cluster_subcommands_take_the_snapshot_interval() {
+        let records = |sub: &str, extra: &[&str]| {
+            let mut full = vec!["kvplane", sub, "--cluster", "nats://127.0.0.1:4222"];
+            full.extend_from_slice(extra);
+            let cluster = match Cli::try_parse_from(full).map(|c| c.command) {
+                Ok(Command::Serve(a)) => a.cluster,
+                Ok(Command::Coordinator(a)) => a.cluster,
+                other => panic!("not serve or coordinator: {other:?}"),
+            };
+            let config = cluster.config().expect("valid").expect("clustered");
+            config.snapshot_records
+        };
+        let default = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS;
+        for sub in ["serve", "coordinator"] {
+            assert_eq!(records(sub, &[]), default, "{sub}");
+            assert_eq!(
+                records(sub, &["--cluster-snapshot-records", "7"]),
+                7,
+                "{sub}"
+            );
+        }
     }
 
     #[test]

@@ -29,13 +29,7 @@ fn main() -> anyhow::Result<()> {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
             let config = args.validate()?;
-            let cluster = args
-                .cluster
-                .config()?
-                .map(|c| kvplane::cluster::ClusterConfig {
-                    snapshot_records: args.cluster_snapshot_records,
-                    ..c
-                });
+            let cluster = args.cluster.config()?;
             if args.replica {
                 anyhow::ensure!(
                     args.indexer_port.is_none() && args.coordinator_port.is_none(),
