@@ -12,17 +12,14 @@ mod common;
 use bytes::Bytes;
 use common::http::{http, try_http};
 use common::lmcache::{worker_args, LmcacheWorker};
-use common::nats::Nats;
+use common::nats::{Member, Nats};
 use common::{free_port, loopback, TestWorker, STEP};
 use kvplane::protocol::{decode, encode, BatchedP2PLookupMsg, ChunkHash, Msg};
 use kvplane::transport::DealerClient;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
 
 const SLOW: Duration = Duration::from_secs(30);
 const CPU: &str = "LocalCPUBackend";
@@ -45,74 +42,30 @@ impl Ports {
     }
 }
 
-/// One `kvplane serve --cluster` process, its log in a file.
-struct Controller {
-    child: Child,
-    log: PathBuf,
+/// A `kvplane serve --cluster` process on `ports`.
+type Controller = Member;
+
+fn controller(nats: &Nats, cluster: &str, ports: &Ports, name: &str) -> Controller {
+    controller_with(nats, cluster, ports, name, &[])
 }
 
-impl Controller {
-    fn spawn(nats: &Nats, cluster: &str, ports: &Ports, name: &str) -> Self {
-        Self::spawn_with(nats, cluster, ports, name, &[])
-    }
-
-    fn spawn_with(
-        nats: &Nats,
-        cluster: &str,
-        ports: &Ports,
-        name: &str,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let log = std::env::temp_dir().join(format!(
-            "kvplane-failover-{}-{name}.log",
-            std::process::id()
-        ));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-            .arg("serve")
-            .env("KVPLANE_HOST", "127.0.0.1")
-            .env("KVPLANE_PORT", ports.http.to_string())
-            .env(
-                "KVPLANE_MONITOR_PORTS",
-                json!({"pull": ports.pull, "reply": ports.reply, "heartbeat": ports.heartbeat})
-                    .to_string(),
-            )
-            .env("KVPLANE_CLUSTER", &nats.url)
-            .env("KVPLANE_CLUSTER_NAME", cluster)
-            .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
-            .env("RUST_LOG", "info")
-            .env("RUST_BACKTRACE", "0")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("kvplane starts");
-        Controller { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn wait_log(&self, what: &str) {
-        let start = Instant::now();
-        while !self.log().contains(what) {
-            assert!(
-                start.elapsed() < SLOW,
-                "no {what:?} in the log within {SLOW:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_file(&self.log);
-    }
+fn controller_with(
+    nats: &Nats,
+    cluster: &str,
+    ports: &Ports,
+    name: &str,
+    env: &[(&str, &str)],
+) -> Controller {
+    let http = ports.http.to_string();
+    let monitor =
+        json!({"pull": ports.pull, "reply": ports.reply, "heartbeat": ports.heartbeat}).to_string();
+    let mut all = vec![
+        ("KVPLANE_HOST", "127.0.0.1"),
+        ("KVPLANE_PORT", http.as_str()),
+        ("KVPLANE_MONITOR_PORTS", monitor.as_str()),
+    ];
+    all.extend_from_slice(env);
+    nats.member("serve", cluster, name, &all)
 }
 
 async fn get(ports: &Ports, path: &str) -> Value {
@@ -155,13 +108,13 @@ async fn the_standby_takes_over_a_killed_leader_without_full_syncs() {
     };
     let ports = Ports::fresh();
     let cluster = "failover";
-    let mut first = Controller::spawn(&nats, cluster, &ports, "first");
+    let mut first = controller(&nats, cluster, &ports, "first");
     let leader = until(&ports, "/controller/cluster", "first leads", |v| {
         v["role"] == "leader"
     })
     .await;
     let first_me = leader["me"].clone();
-    let second = Controller::spawn(&nats, cluster, &ports, "second");
+    let second = controller(&nats, cluster, &ports, "second");
     second.wait_log("waiting for the lease").await;
 
     // Two real LMCache workers (A serves peers) and a simulated fleet.
@@ -376,7 +329,7 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
     };
     let ports = Ports::fresh();
     let cluster = "replicas";
-    let _leader = Controller::spawn(&nats, cluster, &ports, "leader");
+    let _leader = controller(&nats, cluster, &ports, "leader");
     until(&ports, "/controller/cluster", "the leader leads", |v| {
         v["role"] == "leader"
     })
@@ -386,7 +339,7 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
         .iter()
         .enumerate()
         .map(|(i, port)| {
-            Controller::spawn_with(
+            controller_with(
                 &nats,
                 cluster,
                 &ports,
@@ -529,13 +482,13 @@ async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
         ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
         ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
-    let _leader = Controller::spawn_with(&nats, cluster, &ports, "leader", small);
+    let _leader = controller_with(&nats, cluster, &ports, "leader", small);
     until(&ports, "/controller/cluster", "the leader leads", |v| {
         v["role"] == "leader"
     })
     .await;
     let replica = |name: &str, port: u16| {
-        Controller::spawn_with(
+        controller_with(
             &nats,
             cluster,
             &ports,

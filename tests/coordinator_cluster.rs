@@ -12,84 +12,46 @@ use axum::http::StatusCode;
 use axum::routing::delete;
 use axum::{Json, Router};
 use common::http::{http, try_http};
-use common::nats::Nats;
+use common::nats::{Member, Nats};
 use common::{free_port, loopback, STEP};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const SLOW: Duration = Duration::from_secs(30);
 /// What a process logs when one of its eviction dispatches fails (the fake server refuses
 /// them all): the process dispatched.
 const DISPATCHED: &str = "eviction dispatch failed";
 
-/// One `kvplane coordinator --cluster` process, its log in a file.
-struct Coordinator {
-    child: Child,
-    log: PathBuf,
+/// A `kvplane coordinator --cluster` process.
+type Coordinator = Member;
+
+fn coordinator(nats: &Nats, cluster: &str, port: u16, name: &str) -> Coordinator {
+    coordinator_with(nats, cluster, port, name, &[])
 }
 
-impl Coordinator {
-    fn spawn(nats: &Nats, cluster: &str, port: u16, name: &str) -> Self {
-        Self::spawn_with(nats, cluster, port, name, &[])
-    }
-
-    /// [`Coordinator::spawn`] with more environment variables.
-    fn spawn_with(nats: &Nats, cluster: &str, port: u16, name: &str, env: &[(&str, &str)]) -> Self {
-        let log = std::env::temp_dir().join(format!(
-            "kvplane-coord-cluster-{}-{name}.log",
-            std::process::id()
-        ));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-            .arg("coordinator")
-            .env("KVPLANE_COORDINATOR_HOST", "127.0.0.1")
-            .env("KVPLANE_COORDINATOR_PORT", port.to_string())
-            .env("KVPLANE_COORDINATOR_EVICTION_CHECK_INTERVAL", "0.2")
-            .env("KVPLANE_COORDINATOR_INSTANCE_TIMEOUT", "600")
-            .env("KVPLANE_COORDINATOR_RESYNC_POLL_INTERVAL", "0.1")
-            .env("KVPLANE_CLUSTER", &nats.url)
-            .env("KVPLANE_CLUSTER_NAME", cluster)
-            .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
-            .env("RUST_LOG", "info")
-            .env("RUST_BACKTRACE", "0")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("kvplane starts");
-        Coordinator { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn wait_log(&self, what: &str) {
-        let start = Instant::now();
-        while !self.log().contains(what) {
-            assert!(
-                start.elapsed() < SLOW,
-                "no {what:?} in the log within {SLOW:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_file(&self.log);
-    }
+/// [`coordinator`] with more environment variables.
+fn coordinator_with(
+    nats: &Nats,
+    cluster: &str,
+    port: u16,
+    name: &str,
+    env: &[(&str, &str)],
+) -> Coordinator {
+    let port = port.to_string();
+    let mut all = vec![
+        ("KVPLANE_COORDINATOR_HOST", "127.0.0.1"),
+        ("KVPLANE_COORDINATOR_PORT", port.as_str()),
+        ("KVPLANE_COORDINATOR_EVICTION_CHECK_INTERVAL", "0.2"),
+        ("KVPLANE_COORDINATOR_INSTANCE_TIMEOUT", "600"),
+        ("KVPLANE_COORDINATOR_RESYNC_POLL_INTERVAL", "0.1"),
+    ];
+    all.extend_from_slice(env);
+    nats.member("coordinator", cluster, name, &all)
 }
 
 /// A fake MP server: refuses every eviction (`DELETE /cache/objects` answers 500, so the
@@ -208,12 +170,12 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     let (mp, fake) = fake_mp().await;
     let port = free_port();
     let cluster = "coord";
-    let mut first = Coordinator::spawn(&nats, cluster, port, "first");
+    let mut first = coordinator(&nats, cluster, port, "first");
     let leader = until(port, "/coordinator/cluster", "first leads", |v| {
         v["role"] == "leader"
     })
     .await;
-    let second = Coordinator::spawn(&nats, cluster, port, "second");
+    let second = coordinator(&nats, cluster, port, "second");
     second.wait_log("waiting for the lease").await;
 
     // The first leader started a new cluster: its startup resync lists the first server.
@@ -366,12 +328,12 @@ async fn a_paused_leader_resumes_without_dispatching_and_stops() {
     let (mp, fake) = fake_mp().await;
     let port = free_port();
     let cluster = "paused";
-    let mut first = Coordinator::spawn(&nats, cluster, port, "paused-first");
+    let mut first = coordinator(&nats, cluster, port, "paused-first");
     until(port, "/coordinator/cluster", "first leads", |v| {
         v["role"] == "leader"
     })
     .await;
-    let second = Coordinator::spawn(&nats, cluster, port, "paused-second");
+    let second = coordinator(&nats, cluster, port, "paused-second");
     second.wait_log("waiting for the lease").await;
     let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port()});
     ok(port, "POST", "/instances", reg).await;
@@ -433,12 +395,12 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
         ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
         ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
-    let mut first = Coordinator::spawn_with(&nats, cluster, port, "snap-first", small);
+    let mut first = coordinator_with(&nats, cluster, port, "snap-first", small);
     let leader = until(port, "/coordinator/cluster", "first leads", |v| {
         v["role"] == "leader"
     })
     .await;
-    let mut early = Coordinator::spawn_with(&nats, cluster, port, "snap-early", small);
+    let mut early = coordinator_with(&nats, cluster, port, "snap-early", small);
     early.wait_log("waiting for the lease").await;
     let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port(),
                      "metadata": {"zone": "a"}});
@@ -519,7 +481,7 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
     );
 
     // A standby starting now cannot read the log from its start: it restores the snapshot.
-    let late = Coordinator::spawn_with(&nats, cluster, port, "snap-late", small);
+    let late = coordinator_with(&nats, cluster, port, "snap-late", small);
     late.wait_log("restored a snapshot").await;
     late.wait_log("waiting for the lease").await;
     // Only the late standby may take over: kill the early one, then the leader.

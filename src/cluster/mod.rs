@@ -9,9 +9,11 @@
 //! are still pending behind it.
 
 mod lease;
+mod log;
 mod snapshot;
 
 pub use lease::{Lease, LeaseBucket, RenewError};
+pub use log::{Applied, LogCursor, Position};
 
 use crate::config::defaults::cluster as d;
 use async_nats::jetstream::{self, consumer, stream};
@@ -174,14 +176,27 @@ impl Cluster {
     /// # Errors
     /// JetStream disabled, a conflicting stream, or no answer within the timeout.
     pub async fn ensure_stream(&self, service: &str) -> Result<stream::Stream, ClusterError> {
-        let name = self.stream_name(service);
+        self.bounded_stream(self.stream_name(service), self.subject(service))
+            .await
+    }
+
+    /// Creates stream `name` on `subject` if it is missing: file storage, at most
+    /// `max_bytes`, the oldest messages dropped first.
+    ///
+    /// # Errors
+    /// JetStream disabled, a conflicting stream, or no answer within the timeout.
+    pub(crate) async fn bounded_stream(
+        &self,
+        name: String,
+        subject: String,
+    ) -> Result<stream::Stream, ClusterError> {
         let err = |reason: String| ClusterError::Stream {
             stream: name.clone(),
             reason,
         };
         let create = self.js.get_or_create_stream(stream::Config {
             name: name.clone(),
-            subjects: vec![self.subject(service)],
+            subjects: vec![subject],
             max_bytes: self.config.max_bytes,
             discard: stream::DiscardPolicy::Old,
             storage: stream::StorageType::File,

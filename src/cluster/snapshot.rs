@@ -30,23 +30,11 @@ impl Cluster {
     }
 
     async fn snap_stream(&self, service: &str) -> Result<stream::Stream, ClusterError> {
-        let name = format!("KVPLANE_{}_{service}_snap", self.config.name);
-        let err = |reason: String| ClusterError::Stream {
-            stream: name.clone(),
-            reason,
-        };
-        let create = self.js.get_or_create_stream(stream::Config {
-            name: name.clone(),
-            subjects: vec![format!("kvplane.{}.{service}.snap.>", self.config.name)],
-            max_bytes: self.config.max_bytes,
-            discard: stream::DiscardPolicy::Old,
-            storage: stream::StorageType::File,
-            ..Default::default()
-        });
-        tokio::time::timeout(self.config.timeout, create)
-            .await
-            .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
-            .map_err(|e| err(e.to_string()))
+        self.bounded_stream(
+            format!("KVPLANE_{}_{service}_snap", self.config.name),
+            format!("kvplane.{}.{service}.snap.>", self.config.name),
+        )
+        .await
     }
 
     async fn last_marker(&self, stream: &stream::Stream, service: &str) -> Option<Marker> {

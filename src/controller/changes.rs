@@ -18,6 +18,7 @@
 //! where a new epoch is a fresh index). Pure and synchronous: no clocks, no I/O.
 
 use super::model::{Fleet, ProbeTarget, RequestContext, RouterKind, WorkerKey};
+pub use crate::cluster::{Applied, LogCursor, Position};
 use crate::protocol::{decode, decode_batch, KVOpEvent};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
@@ -105,21 +106,6 @@ impl Record {
     }
 }
 
-/// Where a follower is in the log, as a snapshot keeps it.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Position {
-    /// The epoch of the last record applied.
-    pub epoch: Option<u64>,
-    /// The last record applied in it.
-    pub seq: u64,
-    /// Whether every change since a fresh start was applied.
-    pub in_sync: bool,
-    /// The leader's clock of that record.
-    pub at_ms: u64,
-    /// The stream sequence of the last log message applied: the log is read on from the next.
-    pub stream_seq: u64,
-}
-
 /// A follower's fleet and its place in the log: restored by a follower that starts later, which
 /// then reads the log from `position.stream_seq + 1`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -145,33 +131,11 @@ impl Snapshot {
     }
 }
 
-/// What applying one record did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applied {
-    /// Applied in order.
-    InOrder,
-    /// The first record of a newer epoch (a takeover).
-    NewEpoch,
-    /// Records were missing before this one: applied, but the fleet may differ from the
-    /// leader's (reported until a fresh epoch).
-    AfterGap,
-    /// Already applied (a duplicate): ignored.
-    Stale,
-    /// Of an older epoch than one already seen: a deposed leader's write, ignored.
-    Fenced,
-}
-
 /// Where a standby's fleet is in the log; applies [`Record`]s to it.
 #[derive(Debug, Default)]
 pub struct Follower {
-    epoch: Option<u64>,
-    last_seq: u64,
-    in_sync: bool,
-    last_at_ms: u64,
-    gaps: u64,
-    fenced: u64,
+    cursor: LogCursor,
     undecodable_frames: u64,
-    stream_seq: u64,
 }
 
 impl Follower {
@@ -183,54 +147,19 @@ impl Follower {
     /// At a snapshot's position.
     pub fn at(p: Position) -> Self {
         Self {
-            epoch: p.epoch,
-            last_seq: p.seq,
-            in_sync: p.in_sync,
-            last_at_ms: p.at_ms,
-            stream_seq: p.stream_seq,
+            cursor: LogCursor::at(p),
             ..Self::default()
         }
     }
 
-    /// Where it is, for a snapshot.
-    pub fn snapshot_position(&self) -> Position {
-        Position {
-            epoch: self.epoch,
-            seq: self.last_seq,
-            in_sync: self.in_sync,
-            at_ms: self.last_at_ms,
-            stream_seq: self.stream_seq,
-        }
+    /// Where it is in the log.
+    pub fn cursor(&self) -> &LogCursor {
+        &self.cursor
     }
 
     /// Notes the stream sequence of the log message just handled (applied or not).
     pub fn note_stream_seq(&mut self, seq: u64) {
-        self.stream_seq = self.stream_seq.max(seq);
-    }
-
-    /// Whether the fleet holds every change since a fresh start (no record missing).
-    pub fn in_sync(&self) -> bool {
-        self.in_sync
-    }
-
-    /// The current epoch and the last record applied in it.
-    pub fn position(&self) -> (Option<u64>, u64) {
-        (self.epoch, self.last_seq)
-    }
-
-    /// The leader's clock of the last record applied (ms since the Unix epoch; 0: none).
-    pub fn last_at_ms(&self) -> u64 {
-        self.last_at_ms
-    }
-
-    /// Gaps seen since start.
-    pub fn gaps(&self) -> u64 {
-        self.gaps
-    }
-
-    /// Records ignored because a newer epoch had been seen.
-    pub fn fenced(&self) -> u64 {
-        self.fenced
+        self.cursor.note_stream_seq(seq);
     }
 
     /// Frames in records that did not decode (never expected: the leader applied them).
@@ -240,38 +169,12 @@ impl Follower {
 
     /// Applies one record to `fleet` (the standby's, only ever changed through this).
     pub fn apply(&mut self, fleet: &mut Fleet, r: &Record) -> Applied {
-        let outcome = match self.epoch {
-            Some(e) if r.epoch < e => {
-                self.fenced += 1;
-                return Applied::Fenced;
-            }
-            Some(e) if r.epoch == e && r.seq <= self.last_seq => return Applied::Stale,
-            Some(e) if r.epoch == e && r.seq == self.last_seq + 1 => Applied::InOrder,
-            Some(e) if r.epoch == e => self.gap(),
-            _ => {
-                // A newer leader, or the first record read. Its epoch must start at 1 with
-                // the takeover; a fresh takeover means nothing came before it.
-                let first = self.epoch.is_none();
-                self.epoch = Some(r.epoch);
-                let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
-                if r.seq != 1 || (first && !fresh) {
-                    self.gap();
-                } else if fresh {
-                    self.in_sync = true;
-                }
-                Applied::NewEpoch
-            }
-        };
-        self.last_seq = r.seq;
-        self.last_at_ms = r.at_ms;
-        self.change(fleet, r.now, &r.change);
+        let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
+        let outcome = self.cursor.admit(r.epoch, r.seq, r.at_ms, fresh);
+        if outcome.applies() {
+            self.change(fleet, r.now, &r.change);
+        }
         outcome
-    }
-
-    fn gap(&mut self) -> Applied {
-        self.gaps += 1;
-        self.in_sync = false;
-        Applied::AfterGap
     }
 
     fn change(&mut self, fleet: &mut Fleet, now: f64, change: &Change) {

@@ -225,8 +225,8 @@ fn a_follower_holds_the_leaders_fleet_through_every_kind_of_change() {
     let applied = follow(&mut follower, &mut standby, &leader.log);
     assert_eq!(applied[0], Applied::NewEpoch);
     assert!(applied[1..].iter().all(|a| *a == Applied::InOrder));
-    assert!(follower.in_sync());
-    assert_eq!(follower.position(), (Some(7), leader.seq));
+    assert!(follower.cursor().in_sync());
+    assert_eq!(follower.cursor().epoch_seq(), (Some(7), leader.seq));
     assert_eq!(view(&standby), view(&leader.fleet));
     assert_eq!(standby.index().key_count(), 99 - 2 + 20);
     assert_eq!(follower.undecodable_frames(), 0);
@@ -256,9 +256,9 @@ fn a_new_leader_continues_the_state_and_fences_the_old_one() {
     let mut f2 = Follower::new();
     let applied = follow(&mut f2, &mut other, &log);
     assert_eq!(applied.iter().filter(|a| **a == Applied::Fenced).count(), 1);
-    assert_eq!(f2.fenced(), 1);
+    assert_eq!(f2.cursor().fenced(), 1);
     assert!(
-        f2.in_sync(),
+        f2.cursor().in_sync(),
         "a takeover that carries the state on is no gap"
     );
     assert_eq!(view(&other), view(&second.fleet));
@@ -281,8 +281,8 @@ fn gaps_and_a_late_start_are_reported_not_in_sync() {
     log.remove(2);
     let applied = follow(&mut f, &mut standby, &log);
     assert_eq!(applied[2], Applied::AfterGap);
-    assert!(!f.in_sync());
-    assert_eq!(f.gaps(), 1);
+    assert!(!f.cursor().in_sync());
+    assert_eq!(f.cursor().gaps(), 1);
     // Duplicates are ignored.
     assert_eq!(
         f.apply(&mut standby, &leader.log[3]),
@@ -294,12 +294,12 @@ fn gaps_and_a_late_start_are_reported_not_in_sync() {
     let mut late = Follower::new();
     let mut fl = fleet();
     follow(&mut late, &mut fl, &leader.log[1..]);
-    assert!(!late.in_sync());
+    assert!(!late.cursor().in_sync());
     // Nor from a non-fresh takeover: the state before it was never seen.
     let second = Leader::new(fleet(), 2, false);
     let mut f3 = Follower::new();
     follow(&mut f3, &mut fleet(), &second.log);
-    assert!(!f3.in_sync());
+    assert!(!f3.cursor().in_sync());
 }
 
 #[test]
@@ -367,7 +367,7 @@ fn a_snapshot_restores_the_fleet_and_the_log_goes_on_from_it() {
     follow(&mut f1, &mut first, &leader.log[..cut]);
     f1.note_stream_seq(cut as u64);
     let snap = Snapshot {
-        position: f1.snapshot_position(),
+        position: f1.cursor().position(),
         fleet: first.dump(),
     };
     let snap = Snapshot::decode(&snap.encode()).expect("decodes");
@@ -386,7 +386,7 @@ fn a_snapshot_restores_the_fleet_and_the_log_goes_on_from_it() {
         applied.iter().all(|a| *a == Applied::InOrder),
         "{applied:?}"
     );
-    assert!(f2.in_sync());
+    assert!(f2.cursor().in_sync());
     assert_eq!(view(&restored), view(&leader.fleet));
     assert_eq!(restored.dump(), leader.fleet.dump());
 }

@@ -173,7 +173,7 @@ impl ClusterStatus {
 
     /// Whether the followed state holds every change since a fresh start.
     pub fn in_sync(&self) -> bool {
-        self.follower.lock().in_sync()
+        self.follower.lock().cursor().in_sync()
     }
 
     /// Whether this controller is a read replica.
@@ -196,7 +196,7 @@ impl ClusterStatus {
     pub fn progress(&self) -> (bool, &'static str, u64, u64) {
         let (in_sync, at_ms) = {
             let f = self.follower.lock();
-            (f.in_sync(), f.last_at_ms())
+            (f.cursor().in_sync(), f.cursor().last_at_ms())
         };
         let (pending, lag_ms) = self
             .reader
@@ -223,14 +223,15 @@ impl ClusterStatus {
 
     /// The follower's position (the caller holds the fleet's lock, so it matches the fleet).
     pub(crate) fn position(&self) -> super::changes::Position {
-        self.follower.lock().snapshot_position()
+        self.follower.lock().cursor().position()
     }
 
     /// The JSON of `/controller/cluster`.
     pub fn json(&self) -> serde_json::Value {
         let (in_sync, (epoch, seq), gaps, fenced) = {
             let f = self.follower.lock();
-            (f.in_sync(), f.position(), f.gaps(), f.fenced())
+            let c = f.cursor();
+            (c.in_sync(), c.epoch_seq(), c.gaps(), c.fenced())
         };
         let failover = *self.failover.lock();
         let (ready, reason, pending, lag_ms) = self.progress();
@@ -271,7 +272,7 @@ impl ClusterStatus {
     pub fn metrics_text(&self) -> String {
         let (in_sync, gaps, fenced) = {
             let f = self.follower.lock();
-            (f.in_sync(), f.gaps(), f.fenced())
+            (f.cursor().in_sync(), f.cursor().gaps(), f.cursor().fenced())
         };
         let mut t = String::new();
         let mut line = |name: &str, kind: &str, help: &str, value: String| {
@@ -592,11 +593,11 @@ impl Standby {
         status.leader.store(true, Ordering::Relaxed);
         let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         *status.failover.lock() = Some((shared.now(), ms));
-        let (epoch, seq) = status.follower.lock().position();
+        let (epoch, seq) = status.follower.lock().cursor().epoch_seq();
         tracing::info!(
             epoch = lease.epoch,
             followed = ?(epoch, seq),
-            in_sync = status.follower.lock().in_sync(),
+            in_sync = status.follower.lock().cursor().in_sync(),
             workers = shared.index().worker_count(),
             keys = shared.index().key_count(),
             "controller took the lease: serving the followed state"
@@ -656,7 +657,7 @@ impl Standby {
             Instant::now(),
         );
         loop {
-            if self.status.follower.lock().position() >= (Some(epoch), 1) {
+            if self.status.follower.lock().cursor().epoch_seq() >= (Some(epoch), 1) {
                 return Ok(());
             }
             let processed = self.status.processed.load(Ordering::Relaxed);

@@ -32,6 +32,7 @@ use super::fleet::{Fleet, Registration};
 use super::keys::EncodedKey;
 use super::metadata::Metadata;
 use super::model::Model;
+pub use crate::cluster::{Applied, LogCursor, Position};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -338,47 +339,10 @@ impl Replica {
     }
 }
 
-/// What applying one record did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applied {
-    /// Applied in order.
-    InOrder,
-    /// The first record of a newer epoch (a takeover).
-    NewEpoch,
-    /// Records were missing before this one: applied, but the state may differ from the
-    /// leader's (reported until a fresh epoch).
-    AfterGap,
-    /// Already applied (a duplicate): ignored.
-    Stale,
-    /// Of an older epoch than one already seen: a deposed leader's write, ignored.
-    Fenced,
-}
-
 /// Where a standby's state is in the log; applies [`Record`]s to it.
 #[derive(Debug, Default)]
 pub struct Follower {
-    epoch: Option<u64>,
-    last_seq: u64,
-    in_sync: bool,
-    last_at_ms: u64,
-    gaps: u64,
-    fenced: u64,
-    stream_seq: u64,
-}
-
-/// Where a follower is in the log, as a snapshot keeps it.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Position {
-    /// The epoch of the last record applied.
-    pub epoch: Option<u64>,
-    /// The last record applied in it.
-    pub seq: u64,
-    /// Whether every change since a fresh start was applied.
-    pub in_sync: bool,
-    /// The leader's clock of that record.
-    pub at_ms: u64,
-    /// The stream sequence of the last log message handled: the log is read on from the next.
-    pub stream_seq: u64,
+    cursor: LogCursor,
 }
 
 /// `now` on the leader's wall clock (Unix seconds) as an instant of this process, given this
@@ -404,91 +368,29 @@ impl Follower {
     /// At a snapshot's position.
     pub fn at(p: Position) -> Self {
         Follower {
-            epoch: p.epoch,
-            last_seq: p.seq,
-            in_sync: p.in_sync,
-            last_at_ms: p.at_ms,
-            stream_seq: p.stream_seq,
-            ..Follower::default()
+            cursor: LogCursor::at(p),
         }
     }
 
-    /// Where it is, for a snapshot.
-    pub fn snapshot_position(&self) -> Position {
-        Position {
-            epoch: self.epoch,
-            seq: self.last_seq,
-            in_sync: self.in_sync,
-            at_ms: self.last_at_ms,
-            stream_seq: self.stream_seq,
-        }
+    /// Where it is in the log.
+    pub fn cursor(&self) -> &LogCursor {
+        &self.cursor
     }
 
     /// Notes the stream sequence of the log message just handled (applied or not).
     pub fn note_stream_seq(&mut self, seq: u64) {
-        self.stream_seq = self.stream_seq.max(seq);
-    }
-
-    /// Whether the state holds every change since a fresh start (no record missing).
-    pub fn in_sync(&self) -> bool {
-        self.in_sync
-    }
-
-    /// The current epoch and the last record applied in it.
-    pub fn position(&self) -> (Option<u64>, u64) {
-        (self.epoch, self.last_seq)
-    }
-
-    /// The leader's clock of the last record applied (ms since the Unix epoch; 0: none).
-    pub fn last_at_ms(&self) -> u64 {
-        self.last_at_ms
-    }
-
-    /// Gaps seen since start.
-    pub fn gaps(&self) -> u64 {
-        self.gaps
-    }
-
-    /// Records ignored because a newer epoch had been seen.
-    pub fn fenced(&self) -> u64 {
-        self.fenced
+        self.cursor.note_stream_seq(seq);
     }
 
     /// Applies one record to `state` (the standby's, only ever changed through this);
     /// `local` is this process's clock now (see [`leader_instant`]).
     pub fn apply(&mut self, state: &mut Replica, r: Record, local: (Instant, f64)) -> Applied {
-        let outcome = match self.epoch {
-            Some(e) if r.epoch < e => {
-                self.fenced += 1;
-                return Applied::Fenced;
-            }
-            Some(e) if r.epoch == e && r.seq <= self.last_seq => return Applied::Stale,
-            Some(e) if r.epoch == e && r.seq == self.last_seq + 1 => Applied::InOrder,
-            Some(e) if r.epoch == e => self.gap(),
-            _ => {
-                // A newer leader, or the first record read. Its epoch must start at 1 with
-                // the takeover; a fresh takeover means nothing came before it.
-                let first = self.epoch.is_none();
-                self.epoch = Some(r.epoch);
-                let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
-                if r.seq != 1 || (first && !fresh) {
-                    self.gap();
-                } else if fresh {
-                    self.in_sync = true;
-                }
-                Applied::NewEpoch
-            }
-        };
-        self.last_seq = r.seq;
-        self.last_at_ms = r.at_ms;
-        apply_change(state, r.change, r.now, leader_instant(r.now, local));
+        let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
+        let outcome = self.cursor.admit(r.epoch, r.seq, r.at_ms, fresh);
+        if outcome.applies() {
+            apply_change(state, r.change, r.now, leader_instant(r.now, local));
+        }
         outcome
-    }
-
-    fn gap(&mut self) -> Applied {
-        self.gaps += 1;
-        self.in_sync = false;
-        Applied::AfterGap
     }
 }
 

@@ -275,8 +275,8 @@ fn a_follower_holds_the_leaders_state_through_every_kind_of_change() {
     let applied = follow(&mut f, &mut standby, &leader.log, T0 + 8.0);
     assert_eq!(applied[0], Applied::NewEpoch);
     assert!(applied[1..].iter().all(|a| *a == Applied::InOrder));
-    assert!(f.in_sync());
-    assert_eq!(f.position(), (Some(5), leader.seq));
+    assert!(f.cursor().in_sync());
+    assert_eq!(f.cursor().epoch_seq(), (Some(5), leader.seq));
     let (a, b) = (view(&mut leader.state), view(&mut standby));
     assert_eq!(a, b);
     // The log moved the state: a registered, b timed out, c deregistered, usage, quotas,
@@ -327,8 +327,8 @@ fn a_new_leader_carries_the_state_on_and_a_deposed_one_is_fenced() {
         follow(&mut g, &mut other, &[late], T0 + 9.6),
         [Applied::Fenced]
     );
-    assert_eq!(g.fenced(), 1);
-    assert!(g.in_sync());
+    assert_eq!(g.cursor().fenced(), 1);
+    assert!(g.cursor().in_sync());
     second.record(
         T0 + 10.0,
         Change::Register {
@@ -359,8 +359,8 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
         follow(&mut f, &mut s, &log[4..5], T0 + 8.0),
         [Applied::AfterGap]
     );
-    assert!(!f.in_sync());
-    assert_eq!(f.gaps(), 1);
+    assert!(!f.cursor().in_sync());
+    assert_eq!(f.cursor().gaps(), 1);
     // A follower that starts after the stream dropped its first records is not in sync,
     // nor is one whose first record is a takeover over an older log.
     let mut late = Follower::new();
@@ -370,7 +370,7 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
         &log[3..],
         T0 + 8.0,
     );
-    assert!(!late.in_sync());
+    assert!(!late.cursor().in_sync());
     let next = Leader::new(Replica::new(Model::new(config())), 6, false, T0 + 8.0);
     let mut joined = Follower::new();
     follow(
@@ -379,7 +379,7 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
         &next.log,
         T0 + 8.0,
     );
-    assert!(!joined.in_sync());
+    assert!(!joined.cursor().in_sync());
 }
 
 #[test]
@@ -546,13 +546,13 @@ fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
     let mut standby = Replica::new(Model::new(config()));
     follow(&mut f, &mut standby, &leader.log[..mid], T0 + 8.0);
     f.note_stream_seq(mid as u64);
-    let snap = Snapshot::of(&standby, f.snapshot_position());
+    let snap = Snapshot::of(&standby, f.cursor().position());
     let bytes = snap.encode();
     let decoded = Snapshot::decode(&bytes).expect("decodes");
     assert_eq!(decoded, snap);
     let position = decoded.position;
     assert_eq!(position.stream_seq, mid as u64);
-    assert_eq!((position.epoch, position.seq), f.position());
+    assert_eq!((position.epoch, position.seq), f.cursor().epoch_seq());
     let mut restored = decoded.restore(config(), clock(T0 + 8.0).0).expect("fits");
     // The same state: the same bytes when dumped again (a view would plan evictions, which
     // counts; the dump holds every field the views show).
@@ -561,7 +561,7 @@ fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
     assert_eq!(restored.model.tracked_keys(), standby.model.tracked_keys());
     // The log goes on from the snapshot's position, and more records come.
     let mut g = Follower::at(position);
-    assert!(g.in_sync());
+    assert!(g.cursor().in_sync());
     let mut l1_delete = batch("a", 20, Tier::L1, vec![Op::Delete(key(1, "t"))]);
     l1_delete.ops.push(Op::Delete(key(2, "t")));
     let l2 = batch(
@@ -590,7 +590,7 @@ fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
         applied.iter().all(|a| *a == Applied::InOrder),
         "{applied:?}"
     );
-    assert_eq!(g.position(), (Some(5), leader.seq));
+    assert_eq!(g.cursor().epoch_seq(), (Some(5), leader.seq));
     let (a, b) = (view(&mut leader.state), view(&mut restored));
     assert_eq!(a, b);
     // The restored state was not empty: it held keys, L1 bytes and instances.
@@ -606,7 +606,7 @@ fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
 fn a_snapshot_over_the_limits_is_refused() {
     use crate::coordinator::snapshot::Snapshot;
     let leader = busy_leader();
-    let snap = Snapshot::of(&leader.state, Follower::new().snapshot_position());
+    let snap = Snapshot::of(&leader.state, Follower::new().cursor().position());
     let small = ModelConfig {
         max_tracked_keys: 5,
         ..config()

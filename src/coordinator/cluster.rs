@@ -293,7 +293,7 @@ impl ClusterStatus {
             leader: AtomicBool::new(false),
             epoch: AtomicU64::new(0),
             lease_holder: Mutex::new(None),
-            restored_at: AtomicU64::new(follower.snapshot_position().stream_seq),
+            restored_at: AtomicU64::new(follower.cursor().position().stream_seq),
             followed: Mutex::new(Followed {
                 follower,
                 state: Some(state),
@@ -345,7 +345,7 @@ impl ClusterStatus {
 
     /// Whether the followed state holds every change since a fresh start.
     pub fn in_sync(&self) -> bool {
-        self.followed.lock().follower.in_sync()
+        self.followed.lock().follower.cursor().in_sync()
     }
 
     /// The followed state and its position, dumped under the lock records are applied under
@@ -354,7 +354,7 @@ impl ClusterStatus {
     fn snapshot(&self) -> Option<Snapshot> {
         let f = self.followed.lock();
         let state = f.state.as_ref()?;
-        Some(Snapshot::of(state, f.follower.snapshot_position()))
+        Some(Snapshot::of(state, f.follower.cursor().position()))
     }
 
     /// Records handed to the publisher and not yet acknowledged or failed.
@@ -375,7 +375,12 @@ impl ClusterStatus {
         let (in_sync, (epoch, seq), gaps, fenced) = {
             let f = self.followed.lock();
             let f = &f.follower;
-            (f.in_sync(), f.position(), f.gaps(), f.fenced())
+            (
+                f.cursor().in_sync(),
+                f.cursor().epoch_seq(),
+                f.cursor().gaps(),
+                f.cursor().fenced(),
+            )
         };
         let n = |v: &AtomicU64| v.load(Ordering::Relaxed);
         let failover = *self.failover.lock();
@@ -416,7 +421,11 @@ impl ClusterStatus {
     pub fn metrics_text(&self) -> String {
         let (in_sync, gaps, fenced) = {
             let f = self.followed.lock();
-            (f.follower.in_sync(), f.follower.gaps(), f.follower.fenced())
+            (
+                f.follower.cursor().in_sync(),
+                f.follower.cursor().gaps(),
+                f.follower.cursor().fenced(),
+            )
         };
         let failover = *self.failover.lock();
         let n = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64;
@@ -672,7 +681,11 @@ impl Standby {
         self.reading.cancel();
         let (state, in_sync, position) = {
             let mut f = status.followed.lock();
-            (f.state.take(), f.follower.in_sync(), f.follower.position())
+            (
+                f.state.take(),
+                f.follower.cursor().in_sync(),
+                f.follower.cursor().epoch_seq(),
+            )
         };
         let Some(state) = state else {
             self.bucket.release(&lease).await;
@@ -750,7 +763,7 @@ impl Standby {
             Instant::now(),
         );
         loop {
-            if self.status.followed.lock().follower.position() >= (Some(lease.epoch), 1) {
+            if self.status.followed.lock().follower.cursor().epoch_seq() >= (Some(lease.epoch), 1) {
                 return Ok(fresh);
             }
             let processed = self.status.processed.load(Ordering::Relaxed);

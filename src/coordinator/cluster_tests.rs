@@ -154,8 +154,8 @@ async fn a_standby_fed_the_leaders_log_holds_the_same_state() {
     for r in records {
         f.apply(&mut standby, r, local);
     }
-    assert!(f.in_sync());
-    assert_eq!(f.gaps(), 0);
+    assert!(f.cursor().in_sync());
+    assert_eq!(f.cursor().gaps(), 0);
     assert_eq!(fleet_view(&standby.fleet), leader_fleet);
     assert_eq!(model_view(&mut standby.model, ids), leader_model);
     // Not two empty states: the log carried registrations, keys, quotas and pins.
@@ -214,7 +214,7 @@ fn records_are_numbered_in_order_cut_to_fit_and_a_lost_one_is_a_gap() {
         f.apply(&mut parts, next[0].clone(), local),
         Applied::AfterGap
     );
-    assert!(!f.in_sync());
+    assert!(!f.cursor().in_sync());
     // A full queue drops (counted), never blocks.
     for _ in 0..70 {
         log.record(

@@ -116,3 +116,70 @@ impl Drop for Nats {
         let _ = std::fs::remove_dir_all(&self.store);
     }
 }
+
+/// One `kvplane <subcommand> --cluster` process of a cluster on a [`Nats`] (lease TTL 1 s), its
+/// stderr in a temp file; SIGKILLed when dropped.
+pub struct Member {
+    /// The process (tests kill or stop it).
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Nats {
+    /// Starts `kvplane <subcommand>` in `cluster`, with `env` on top of the cluster settings.
+    pub fn member(
+        &self,
+        subcommand: &str,
+        cluster: &str,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Member {
+        let log = std::env::temp_dir().join(format!(
+            "kvplane-{subcommand}-{cluster}-{}-{name}.log",
+            std::process::id()
+        ));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
+            .arg(subcommand)
+            .env("KVPLANE_CLUSTER", &self.url)
+            .env("KVPLANE_CLUSTER_NAME", cluster)
+            .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
+            .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "0")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kvplane starts");
+        Member { child, log }
+    }
+}
+
+impl Member {
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (at most 30 s) until the log contains `what`.
+    pub async fn wait_log(&self, what: &str) {
+        let limit = std::time::Duration::from_secs(30);
+        let start = std::time::Instant::now();
+        while !self.log().contains(what) {
+            assert!(
+                start.elapsed() < limit,
+                "no {what:?} in the log within {limit:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
