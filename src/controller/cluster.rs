@@ -13,14 +13,15 @@
 use super::changes::{Applied, Change, Follower, Record, Snapshot};
 use super::driver::Shared;
 use crate::cluster::{
-    self, now_ms, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus,
+    self, now_ms, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReadBack, ReaderStatus,
+    MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -99,9 +100,6 @@ impl ChangeLog {
         }
     }
 }
-
-/// Room for a record's fields besides its frames.
-const RECORD_OVERHEAD: usize = 1024;
 
 fn total(frames: &[serde_bytes::ByteBuf]) -> usize {
     frames.iter().map(|f| f.len() + 8).sum()
@@ -462,9 +460,6 @@ async fn apply_loop(
     }
 }
 
-/// Least time between two snapshots from one follower.
-const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
-
 /// A controller following the cluster's log, ready to take over.
 pub struct Standby {
     cluster: Cluster,
@@ -558,7 +553,7 @@ impl Standby {
             };
             let started = Instant::now();
             *status.lease_holder.lock() = Some(status.me.clone());
-            match self.announce_holding(shared, &mut lease).await {
+            match self.announce(shared, &mut lease).await {
                 Ok(()) => break (lease, started),
                 Err(e) => {
                     // Back to following; another standby (or this one, later) takes over.
@@ -605,71 +600,32 @@ impl Standby {
         Ok(Some(lease))
     }
 
-    /// [`Standby::announce`] while renewing `lease`: catching up with a long log may take
-    /// longer than the lease lives.
-    async fn announce_holding(
-        &self,
-        shared: &Arc<Shared>,
-        lease: &mut Lease,
-    ) -> Result<(), String> {
-        let every = self.bucket.ttl() / 4;
-        let announce = self.announce(shared, lease.epoch);
-        tokio::pin!(announce);
-        loop {
-            tokio::select! {
-                done = &mut announce => return done,
-                () = tokio::time::sleep(every) => match self.bucket.renew(lease).await {
-                    Ok(()) => {}
-                    Err(e @ cluster::RenewError::Lost(_)) => return Err(e.to_string()),
-                    Err(e) if self.bucket.lapsed(lease) => return Err(e.to_string()),
-                    Err(e) => tracing::warn!("{e}"),
+    /// Publishes the takeover record and reads the log back to it (see
+    /// [`Cluster::announce_takeover`]).
+    async fn announce(&self, shared: &Arc<Shared>, lease: &mut Lease) -> Result<(), String> {
+        let epoch = lease.epoch;
+        let status = &self.status;
+        let record = |fresh| {
+            Record {
+                epoch,
+                seq: 1,
+                at_ms: now_ms(),
+                now: shared.now(),
+                change: Change::Takeover {
+                    holder: status.me.clone(),
+                    fresh,
                 },
             }
-        }
-    }
-
-    /// Publishes the takeover record and waits until the follower applied it. Fails when the
-    /// follower applies nothing for the cluster's timeout (NATS gone, or the record lost).
-    async fn announce(&self, shared: &Arc<Shared>, epoch: u64) -> Result<(), String> {
-        let timeout = self.cluster.config().timeout;
-        let fresh = {
-            let empty = self.cluster.stream_is_empty(SERVICE).await;
-            empty.map_err(|e| format!("cannot read the controller stream: {e}"))?
+            .encode()
         };
-        let record = Record {
-            epoch,
-            seq: 1,
-            at_ms: now_ms(),
-            now: shared.now(),
-            change: Change::Takeover {
-                holder: self.status.me.clone(),
-                fresh,
-            },
+        let read_back = || ReadBack {
+            done: status.follower.lock().cursor().epoch_seq() >= (Some(epoch), 1),
+            handled: status.processed.load(Ordering::Relaxed),
         };
         self.cluster
-            .publish_acked(SERVICE, Bytes::from(record.encode()))
+            .announce_takeover(SERVICE, &self.bucket, lease, record, read_back)
             .await
-            .map_err(|e| format!("cannot publish the takeover: {e}"))?;
-        // The follower may be far behind (a burst just before the leader died): wait as long
-        // as it makes progress, and give up after `timeout` without any.
-        let mut last = (
-            self.status.processed.load(Ordering::Relaxed),
-            Instant::now(),
-        );
-        loop {
-            if self.status.follower.lock().cursor().epoch_seq() >= (Some(epoch), 1) {
-                return Ok(());
-            }
-            let processed = self.status.processed.load(Ordering::Relaxed);
-            if processed != last.0 {
-                last = (processed, Instant::now());
-            } else if last.1.elapsed() >= timeout {
-                return Err(format!(
-                    "the takeover record was not read back: no record applied for {timeout:?}"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+            .map(drop)
     }
 
     /// Renews `lease` until `shutdown` (then releases it) or until it is lost.

@@ -25,7 +25,8 @@ use super::driver::{wall_now, Dispatcher};
 use super::snapshot::Snapshot;
 use super::{CoordinatorConfig, CoordinatorError};
 use crate::cluster::{
-    self, Cluster, ClusterConfig, ClusterError, Lease, LeaseBucket, PublishStats, ReaderStatus,
+    self, now_ms, Cluster, ClusterConfig, ClusterError, Lease, LeaseBucket, PublishStats, ReadBack,
+    ReaderStatus, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -53,14 +54,6 @@ pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 const PUBLISH_QUEUE: usize = 16;
 /// Records read but not yet applied by a standby at most.
 const APPLY_QUEUE: usize = 1024;
-/// Room for a record's fields besides its change.
-const RECORD_OVERHEAD: usize = 1024;
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// Counters of the leader's log.
 #[derive(Debug, Default)]
@@ -457,9 +450,6 @@ impl ClusterStatus {
     }
 }
 
-/// Least time between two snapshots from one standby.
-pub const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
-
 /// The latest snapshot restored into a state of `state`'s configuration, with its position;
 /// `state` itself and `None` when there is no usable one (the log is then read from its
 /// start).
@@ -659,7 +649,7 @@ impl Standby {
         tasks: &TaskTracker,
     ) -> Result<Option<Leadership>, String> {
         let status = &self.status;
-        let Some(lease) = self
+        let Some(mut lease) = self
             .bucket
             .acquire(LEASE_KEY, &status.me, cancel, |h| {
                 *status.lease_holder.lock() = h.map(|(who, _)| who);
@@ -670,7 +660,7 @@ impl Standby {
         };
         let taken = Instant::now();
         *status.lease_holder.lock() = Some(status.me.clone());
-        let fresh = match self.announce(&lease).await {
+        let fresh = match self.announce(&mut lease).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 self.bucket.release(&lease).await;
@@ -735,47 +725,31 @@ impl Standby {
         Ok(Some(lead))
     }
 
-    /// Publishes the takeover record and waits until the follower applied it; whether the
-    /// stream was empty before. Waits as long as records are being applied (a long backlog
-    /// is read to its end), at most the cluster's timeout without progress.
-    async fn announce(&self, lease: &Lease) -> Result<bool, String> {
-        let timeout = self.cluster.config().timeout;
-        let fresh = {
-            let empty = self.cluster.stream_is_empty(SERVICE).await;
-            empty.map_err(|e| format!("cannot read the coordinator stream: {e}"))?
+    /// Publishes the takeover record and reads the log back to it, renewing the lease
+    /// meanwhile (see [`Cluster::announce_takeover`]); whether the stream was empty before.
+    async fn announce(&self, lease: &mut Lease) -> Result<bool, String> {
+        let epoch = lease.epoch;
+        let status = &self.status;
+        let record = |fresh| {
+            Record {
+                epoch,
+                seq: 1,
+                at_ms: now_ms(),
+                now: wall_now(),
+                change: Change::Takeover {
+                    holder: status.me.clone(),
+                    fresh,
+                },
+            }
+            .encode()
         };
-        let record = Record {
-            epoch: lease.epoch,
-            seq: 1,
-            at_ms: now_ms(),
-            now: wall_now(),
-            change: Change::Takeover {
-                holder: self.status.me.clone(),
-                fresh,
-            },
+        let read_back = || ReadBack {
+            done: status.followed.lock().follower.cursor().epoch_seq() >= (Some(epoch), 1),
+            handled: status.processed.load(Ordering::Relaxed),
         };
         self.cluster
-            .publish_acked(SERVICE, Bytes::from(record.encode()))
+            .announce_takeover(SERVICE, &self.bucket, lease, record, read_back)
             .await
-            .map_err(|e| format!("cannot publish the takeover: {e}"))?;
-        let mut progress = (
-            self.status.processed.load(Ordering::Relaxed),
-            Instant::now(),
-        );
-        loop {
-            if self.status.followed.lock().follower.cursor().epoch_seq() >= (Some(lease.epoch), 1) {
-                return Ok(fresh);
-            }
-            let processed = self.status.processed.load(Ordering::Relaxed);
-            if processed != progress.0 {
-                progress = (processed, Instant::now());
-            } else if progress.1.elapsed() >= timeout {
-                return Err(format!(
-                    "the takeover record was not read back (no record read for {timeout:?})"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
     }
 }
 
