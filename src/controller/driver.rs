@@ -225,6 +225,12 @@ impl Shared {
 
     /// Answers one request from a ROUTER socket. Always returns exactly one reply.
     pub fn handle_request(&self, kind: RouterKind, msg: Msg) -> Msg {
+        self.handle_request_frame(kind, msg, None)
+    }
+
+    /// [`Shared::handle_request`] of a message decoded from `frame`: the change log takes the
+    /// frame as received instead of encoding the message again.
+    pub fn handle_request_frame(&self, kind: RouterKind, msg: Msg, frame: Option<&[u8]>) -> Msg {
         self.metrics.requests.with_label_values(&[msg.tag()]).inc();
         let started = Instant::now();
         let lookup = matches!(msg, Msg::BatchedP2PLookupMsg(_));
@@ -239,7 +245,7 @@ impl Shared {
                 now: self.now(),
                 heartbeat_url,
             };
-            let frame = self.recording().then(|| ByteBuf::from(encode(&msg)));
+            let frame = self.log_frame(&msg, frame);
             let mut world = self.world.write();
             let (reply, fx) = world.fleet.on_request(kind, msg, &ctx);
             if let Some(frame) = frame {
@@ -266,8 +272,17 @@ impl Shared {
     /// # Errors
     /// The [`DropReason`] of a message that changed nothing.
     pub fn handle_push(&self, msg: Msg) -> Result<(), DropReason> {
+        self.handle_push_frame(msg, None)
+    }
+
+    /// [`Shared::handle_push`] of a message decoded from `frame` (see
+    /// [`Shared::handle_request_frame`]).
+    ///
+    /// # Errors
+    /// The [`DropReason`] of a message that changed nothing.
+    pub fn handle_push_frame(&self, msg: Msg, frame: Option<&[u8]>) -> Result<(), DropReason> {
         let now = self.now();
-        let frame = self.recording().then(|| ByteBuf::from(encode(&msg)));
+        let frame = self.log_frame(&msg, frame);
         let mut world = self.world.write();
         let (result, fx) = world.fleet.on_push(msg, now);
         if let Some(frame) = frame {
@@ -471,9 +486,13 @@ impl Shared {
         }
     }
 
-    /// Whether changes are being logged (so inputs must be kept for the log).
-    fn recording(&self) -> bool {
-        self.changes.get().is_some()
+    /// The frame to log for `msg` when changes are being logged: `received` as it came, else
+    /// `msg` encoded.
+    fn log_frame(&self, msg: &Msg, received: Option<&[u8]>) -> Option<ByteBuf> {
+        self.changes.get()?;
+        Some(ByteBuf::from(
+            received.map_or_else(|| encode(msg), <[u8]>::to_vec),
+        ))
     }
 
     /// Records the heartbeat ROUTER port once bound (the first one set stays).

@@ -93,7 +93,7 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
         match decode(frame) {
             Ok(msg) => {
                 let tag = msg.tag();
-                if let Err(reason) = shared.handle_push(msg) {
+                if let Err(reason) = shared.handle_push_frame(msg, Some(frame)) {
                     let reason = reason.label();
                     m.dropped("pull", reason);
                     tracing::debug!(tag, reason, "PULL message had no effect");
@@ -154,7 +154,7 @@ pub async fn router_loop(
                     error_reply("frame larger than the controller's --max-frame-bytes")
                 } else {
                     match decode(payload) {
-                        Ok(msg) => shared.handle_request(kind, msg),
+                        Ok(msg) => shared.handle_request_frame(kind, msg, Some(payload)),
                         Err(e) => {
                             m.dropped(label, e.reason());
                             if let Some(held_back) = shared.drop_log.admit() {
