@@ -335,7 +335,7 @@ pub struct Leadership {
 /// the old leader published. `None` if `shutdown` comes first.
 ///
 /// # Errors
-/// [`StartError::Cluster`] when NATS cannot be reached or the takeover fails.
+/// [`StartError::Cluster`] when NATS cannot be reached (a takeover that fails is retried).
 pub async fn standby(
     config: ServeConfig,
     cluster: cluster::ClusterConfig,
@@ -348,11 +348,7 @@ pub async fn standby(
     let standby = controller::cluster::Standby::join(cluster, &shared, false)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
-    let lease = standby
-        .take_over(&shared, shutdown)
-        .await
-        .map_err(StartError::Cluster)?;
-    let Some(lease) = lease else {
+    let Some(lease) = standby.take_over(&shared, shutdown).await else {
         stop.cancel();
         shared.tasks().close();
         let _ = tokio::time::timeout(DRAIN_DEADLINE, shared.tasks().wait()).await;

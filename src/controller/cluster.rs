@@ -517,40 +517,24 @@ impl Standby {
         })
     }
 
-    /// The standby's status.
-    pub fn status(&self) -> &Arc<ClusterStatus> {
-        &self.status
-    }
-
-    /// The lease bucket.
-    pub fn bucket(&self) -> &LeaseBucket {
-        &self.bucket
-    }
-
     /// Waits for the lease, then takes over (see the module docs): returns once `shared`
     /// holds everything the old leader published and records its own changes, ready to bind.
     /// The lease is renewed while the log is read up to the takeover record; a takeover that
     /// fails (NATS gone, the lease lost meanwhile) releases it and waits again. `None` once
     /// `cancel`.
-    ///
-    /// # Errors
-    /// None today; kept for the callers' `?`.
     pub async fn take_over(
         &self,
         shared: &Arc<Shared>,
         cancel: &CancellationToken,
-    ) -> Result<Option<Lease>, String> {
+    ) -> Option<Lease> {
         let status = &self.status;
         let (lease, started) = loop {
-            let Some(mut lease) = self
+            let mut lease = self
                 .bucket
                 .acquire(LEASE_KEY, &status.me, cancel, |h| {
                     *status.lease_holder.lock() = h.map(|(who, _)| who);
                 })
-                .await
-            else {
-                return Ok(None);
-            };
+                .await?;
             let started = Instant::now();
             *status.lease_holder.lock() = Some(status.me.clone());
             match self.announce(shared, &mut lease).await {
@@ -597,7 +581,7 @@ impl Standby {
             keys = shared.index().key_count(),
             "controller took the lease: serving the followed state"
         );
-        Ok(Some(lease))
+        Some(lease)
     }
 
     /// Publishes the takeover record and reads the log back to it (see
