@@ -69,6 +69,27 @@ fn cluster_status(v: &serde_json::Value) -> Result<&serde_json::Value, String> {
     }
 }
 
+/// Polls `base`'s `/controller/cluster` every 5 ms until `cond` holds, failing once `limit`
+/// has passed since `since`.
+async fn until_status(
+    base: &str,
+    since: Instant,
+    limit: Duration,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> Result<(), String> {
+    loop {
+        let v = http::get_json(base, "/controller/cluster", limit).await?;
+        if cond(&v) {
+            return Ok(());
+        }
+        if since.elapsed() > limit {
+            return Err(format!("{base}: not {what} after {limit:?}: {v}"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Registers `workers` workers, indexes `ops` keys, waits until the leader has them all in
 /// NATS, SIGKILLs `--leader-pid`, and measures until a P2P lookup is answered again on the
 /// same sockets; then heartbeats every worker once and counts the full syncs asked.
@@ -90,31 +111,25 @@ pub(super) async fn failover(args: &BenchArgs, run: u64) -> Result<Failover, Str
     let (start, _) = push_streams(&args.pull, streams).await?;
     wait_for_keys(args, baseline + keys, start).await?;
     let applied = Instant::now();
-    loop {
-        let v = http::get_json(&args.http, "/controller/cluster", limit).await?;
-        let p = &v["published"];
-        let n = |k: &str| p[k].as_u64().unwrap_or(0);
-        if n("queued") == n("acked") + n("failed") {
-            break;
-        }
-        if applied.elapsed() > limit {
-            return Err(format!("records not acknowledged after {limit:?}: {p}"));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_status(
+        &args.http,
+        applied,
+        limit,
+        "every record acknowledged",
+        |v| {
+            let p = &v["published"];
+            let n = |k: &str| p[k].as_u64().unwrap_or(0);
+            n("queued") == n("acked") + n("failed")
+        },
+    )
+    .await?;
     let replicated_seconds = applied.elapsed().as_secs_f64();
     // The standby binds no port; replicas doing the same work tell when followers caught up.
     for base in &args.replicas {
-        loop {
-            let v = http::get_json(base, "/controller/cluster", limit).await?;
-            if v["following"]["ready"].as_bool() == Some(true) {
-                break;
-            }
-            if applied.elapsed() > limit {
-                return Err(format!("replica {base} not caught up after {limit:?}"));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_status(base, applied, limit, "the replica caught up", |v| {
+            v["following"]["ready"].as_bool() == Some(true)
+        })
+        .await?;
     }
     let followers_caught_up_seconds = applied.elapsed().as_secs_f64();
 
