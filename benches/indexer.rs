@@ -86,7 +86,9 @@ fn vllm_batch(p: u32) -> Vec<u8> {
 
 fn filled(blocks: u32) -> (Index, Vec<StreamId>) {
     let mut index = Index::new(IndexConfig::default());
-    let streams: Vec<StreamId> = (0..INSTANCES).map(|i| index.add_stream(spec(i))).collect();
+    let streams: Vec<StreamId> = (0..INSTANCES)
+        .map(|i| index.add_stream(spec(i)).expect("a stream"))
+        .collect();
     for p in 0..blocks / BLOCKS {
         index.apply(streams[(p % INSTANCES) as usize], &stored(p), 0);
     }

@@ -1,11 +1,13 @@
 //! The indexer's TTL sweep: its longest index-lock hold and its whole time, as one sweep over
-//! every stream and sliced one stream per lock hold (`Index::expire` vs `Index::expire_stream`),
-//! over STREAMS streams of PER blocks each (chains of 64), three rounds. Figures in
-//! docs/BENCHMARKS.md.
+//! the whole index and sliced (`Index::expire` vs `Index::expire_slice` over `SWEEP_SLICE`
+//! records per lock hold, as the service runs it), over STREAMS streams of PER blocks each
+//! (chains of 64), three rounds; then what one stream's clear costs (an unregister). Figures
+//! in docs/BENCHMARKS.md.
 //!
 //!     cargo run --release --example indexer_ttl_sweep -- 10 1000000
+//!     cargo run --release --example indexer_ttl_sweep -- 1 10000000   # one huge stream
 use kvplane::indexer::events::{KvEvent, Medium, Stored};
-use kvplane::indexer::index::{Index, IndexConfig, StreamSpec};
+use kvplane::indexer::index::{Index, IndexConfig, StreamSpec, SWEEP_SLICE};
 use std::time::Instant;
 
 fn main() {
@@ -34,6 +36,7 @@ fn main() {
                         salt: String::new(),
                         shared: false,
                     })
+                    .expect("a stream")
                 })
                 .collect();
             for (si, id) in ids.iter().enumerate() {
@@ -56,39 +59,36 @@ fn main() {
             }
             let mem = ix.memberships();
             // A sweep that drops nothing (the walk alone), then one that drops everything.
-            let (wl, wt) = if sliced {
-                let t0 = Instant::now();
-                let mut longest = 0f64;
-                for id in ix.stream_ids() {
-                    let t = Instant::now();
-                    ix.expire_stream(id, 10);
-                    longest = longest.max(t.elapsed().as_secs_f64());
-                }
-                (longest, t0.elapsed().as_secs_f64())
-            } else {
-                let t = Instant::now();
-                ix.expire(10);
-                let e = t.elapsed().as_secs_f64();
-                (e, e)
-            };
+            let (wl, wt) = sweep(&mut ix, 10, sliced);
             println!("round {round} sliced={sliced} walk only: longest lock hold {:.1} ms, whole sweep {:.1} ms", wl*1e3, wt*1e3);
-            let (longest, total) = if sliced {
-                let t0 = Instant::now();
-                let mut longest = 0f64;
-                for id in ix.stream_ids() {
-                    let t = Instant::now();
-                    ix.expire_stream(id, 100);
-                    longest = longest.max(t.elapsed().as_secs_f64());
-                }
-                (longest, t0.elapsed().as_secs_f64())
-            } else {
+            if sliced && round == 0 {
                 let t = Instant::now();
-                ix.expire(100);
-                let e = t.elapsed().as_secs_f64();
-                (e, e)
-            };
-
+                ix.clear_stream(ids[0], None);
+                println!(
+                    "clear of one stream: {:.1} ms",
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            let (longest, total) = sweep(&mut ix, 100, sliced);
             println!("round {round} sliced={sliced} memberships={mem} dropping all: longest lock hold {:.1} ms, whole sweep {:.1} ms", longest*1e3, total*1e3);
         }
     }
+}
+
+/// One TTL sweep at `now`: whole, or slice by slice; (longest lock hold, whole time) in s.
+fn sweep(ix: &mut Index, now: u32, sliced: bool) -> (f64, f64) {
+    let t0 = Instant::now();
+    if !sliced {
+        ix.expire(now);
+        let e = t0.elapsed().as_secs_f64();
+        return (e, e);
+    }
+    let mut longest = 0f64;
+    let mut from = Some(0);
+    while let Some(start) = from {
+        let t = Instant::now();
+        from = ix.expire_slice(start, SWEEP_SLICE, now).1;
+        longest = longest.max(t.elapsed().as_secs_f64());
+    }
+    (longest, t0.elapsed().as_secs_f64())
 }

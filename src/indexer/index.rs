@@ -3,14 +3,15 @@
 //!
 //! Engine hashes are not trusted (spec §3.4): a block is indexed under the standard rolling
 //! hash recomputed from its `token_ids`, and each stream keeps `engine hash → (namespace,
-//! sequence hash, depth, per-tier references)` to resolve removals, token-less offload events
-//! and children. An event whose parent is unknown is dropped and counted, never guessed.
-//! Pure and synchronous: the caller passes the time (seconds, any epoch) and holds any lock.
+//! sequence hash, per-tier references, last store time)` to resolve removals, token-less
+//! offload events and children. An event whose parent is unknown is dropped and counted,
+//! never guessed. The records live in one arena ([`super::table::Store`]); the TTL sweep and
+//! capacity eviction walk it in slices. Pure and synchronous: the caller passes the time
+//! (seconds, any epoch) and holds any lock.
 
 use super::events::{KvEvent, Lora, Medium, Removed, Stored};
 use super::hash;
-use super::table::{BlockTable, Holder};
-use hashbrown::HashTable;
+use super::table::{RecId, Store};
 use std::collections::{BTreeMap, HashMap};
 
 /// A stream's id, stable while it is registered.
@@ -101,27 +102,14 @@ pub struct Counters {
     pub clears: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct EngineEntry {
-    engine: u64,
-    seq: u64,
-    ns: u32,
-    depth: u32,
-    touched: u32,
-    /// References per tier: GPU is 0/1 (stores are idempotent), CPU and disk count
-    /// self-describing offload stores (saturating).
-    refs: [u8; 3],
-}
-
-fn engine_hash(e: &EngineEntry) -> u64 {
-    super::table::mix(e.engine)
-}
+/// At most this many streams are registered at once (their ids fit the records' `u16`).
+pub const MAX_STREAMS: usize = u16::MAX as usize;
 
 #[derive(Debug)]
 struct Stream {
     spec: StreamSpec,
-    engine: HashTable<EngineEntry>,
     tier_blocks: [u64; 3],
+    records: usize,
 }
 
 /// Per-tier block counts of a stream, for `/services`.
@@ -129,7 +117,7 @@ struct Stream {
 pub struct StreamStats {
     /// Blocks per tier (GPU, CPU, disk).
     pub tier_blocks: [u64; 3],
-    /// Engine hashes tracked.
+    /// Engine hashes tracked (records: one per engine hash, whatever tiers it holds).
     pub engine_hashes: usize,
 }
 
@@ -178,24 +166,17 @@ pub struct QueryScope<'a> {
 #[derive(Debug)]
 pub struct Index {
     config: IndexConfig,
-    table: BlockTable,
+    store: Store,
     streams: Vec<Option<Stream>>,
     free_streams: Vec<u32>,
     ns_ids: HashMap<NsKey, u32>,
     counters: Counters,
+    /// Where capacity eviction's walk over the arena goes on from.
+    hand: usize,
 }
 
-fn holder(stream: StreamId, tier: Medium) -> Holder {
-    (stream.0 << 2) | tier as u32
-}
-
-fn holder_stream(h: Holder) -> u32 {
-    h >> 2
-}
-
-fn holder_tier(h: Holder) -> usize {
-    (h & 3) as usize
-}
+/// How many records one slice of an arena walk (TTL sweep) covers: about 2 ms of work.
+pub const SWEEP_SLICE: usize = 1 << 16;
 
 /// The effective salt of a block (spec §3.2): the deployment salt, the request salt, or
 /// both joined by `|` when both are set.
@@ -212,11 +193,12 @@ impl Index {
     pub fn new(config: IndexConfig) -> Self {
         Self {
             config,
-            table: BlockTable::new(),
+            store: Store::new(),
             streams: Vec::new(),
             free_streams: Vec::new(),
             ns_ids: HashMap::new(),
             counters: Counters::default(),
+            hand: 0,
         }
     }
 
@@ -232,39 +214,35 @@ impl Index {
 
     /// `(holder, block)` memberships stored.
     pub fn memberships(&self) -> usize {
-        self.table.memberships()
+        self.store.memberships()
     }
 
     /// Distinct `(namespace, block)` entries stored.
     pub fn blocks(&self) -> usize {
-        self.table.blocks()
+        self.store.blocks()
     }
 
-    /// Heap bytes of the membership table and every engine-hash map (a lower bound on what
-    /// the index costs; namespaces and stream specs are not counted).
+    /// Heap bytes of the record arena and its two tables (a lower bound on what the index
+    /// costs; namespaces and stream specs are not counted).
     pub fn heap_bytes(&self) -> usize {
-        self.table.heap_bytes()
-            + self
-                .streams
-                .iter()
-                .flatten()
-                .map(|s| s.engine.allocation_size())
-                .sum::<usize>()
+        self.store.heap_bytes()
     }
 
-    /// Adds a stream and returns its id.
-    pub fn add_stream(&mut self, spec: StreamSpec) -> StreamId {
+    /// Adds a stream and returns its id; `None` when [`MAX_STREAMS`] are registered.
+    pub fn add_stream(&mut self, spec: StreamSpec) -> Option<StreamId> {
         let stream = Stream {
             spec,
-            engine: HashTable::new(),
             tier_blocks: [0; 3],
+            records: 0,
         };
         if let Some(id) = self.free_streams.pop() {
             self.streams[id as usize] = Some(stream);
-            StreamId(id)
-        } else {
+            Some(StreamId(id))
+        } else if self.streams.len() < MAX_STREAMS {
             self.streams.push(Some(stream));
-            StreamId((self.streams.len() - 1) as u32)
+            Some(StreamId((self.streams.len() - 1) as u32))
+        } else {
+            None
         }
     }
 
@@ -277,7 +255,7 @@ impl Index {
     pub fn stream_stats(&self, id: StreamId) -> Option<StreamStats> {
         self.stream(id).map(|s| StreamStats {
             tier_blocks: s.tier_blocks,
-            engine_hashes: s.engine.len(),
+            engine_hashes: s.records,
         })
     }
 
@@ -285,8 +263,10 @@ impl Index {
         self.streams.get(id.0 as usize).and_then(Option::as_ref)
     }
 
-    fn stream_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
-        self.streams.get_mut(id.0 as usize).and_then(Option::as_mut)
+    fn stream_mut(&mut self, id: u16) -> Option<&mut Stream> {
+        self.streams
+            .get_mut(usize::from(id))
+            .and_then(Option::as_mut)
     }
 
     /// Removes a stream and every membership it held.
@@ -300,53 +280,64 @@ impl Index {
     }
 
     /// Drops a stream's memberships on one tier (`Some`) or all (`None`); the stream stays.
+    /// One pass over the record arena (a clear or an unregister is rare; 10M records take
+    /// tens of milliseconds).
     pub fn clear_stream(&mut self, id: StreamId, tier: Option<Medium>) {
-        let Some(stream) = self.stream_mut(id) else {
+        if self.stream(id).is_none() {
             return;
-        };
-        let mut engine = std::mem::take(&mut stream.engine);
-        let mut dropped = Vec::new();
-        engine.retain(|e| {
+        }
+        let st = id.0 as u16;
+        for i in 0..self.store.arena_len() as RecId {
+            let r = self.store.rec(i);
+            if r.is_free() || r.stream != st {
+                continue;
+            }
             for t in Medium::ALL {
-                if tier.is_none_or(|x| x == t) && e.refs[t.index()] > 0 {
-                    e.refs[t.index()] = 0;
-                    dropped.push((e.ns, e.seq, t));
+                if tier.is_none_or(|x| x == t) {
+                    self.drop_ref(i, t, true);
                 }
             }
-            e.refs != [0; 3]
-        });
-        for (ns, seq, t) in dropped {
-            self.unlink(id, ns, seq, t);
-        }
-        if let Some(stream) = self.stream_mut(id) {
-            stream.engine = engine;
         }
         self.counters.clears += 1;
     }
 
-    fn link(&mut self, id: StreamId, ns: u32, seq: u64, tier: Medium) -> bool {
-        if self.table.memberships() >= self.config.max_memberships
-            && !(self.config.evict_at_capacity
-                && self.evict_oldest()
-                && self.table.memberships() < self.config.max_memberships)
-        {
-            self.counters.capacity_refused += 1;
+    /// Drops references of record `id` on `tier` (all, or one), keeping the stream's counts;
+    /// true when a membership ended.
+    fn drop_ref(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
+        let st = self.store.rec(id).stream;
+        if !self.store.drop_ref(id, tier, all) {
             return false;
         }
-        if self.table.insert(ns, seq, holder(id, tier)) {
-            if let Some(s) = self.stream_mut(id) {
-                s.tier_blocks[tier.index()] += 1;
+        let freed = self.store.rec(id).is_free();
+        if let Some(s) = self.stream_mut(st) {
+            s.tier_blocks[tier.index()] = s.tier_blocks[tier.index()].saturating_sub(1);
+            if freed {
+                s.records = s.records.saturating_sub(1);
             }
         }
         true
     }
 
-    fn unlink(&mut self, id: StreamId, ns: u32, seq: u64, tier: Medium) {
-        if self.table.remove(ns, seq, holder(id, tier)) {
-            if let Some(s) = self.stream_mut(id) {
-                s.tier_blocks[tier.index()] = s.tier_blocks[tier.index()].saturating_sub(1);
-            }
+    /// Drops every membership of record `id`; returns how many went.
+    fn drop_record(&mut self, id: RecId) -> usize {
+        Medium::ALL
+            .into_iter()
+            .filter(|t| self.drop_ref(id, *t, true))
+            .count()
+    }
+
+    /// Whether one more membership fits, evicting when configured to; counts a refusal.
+    fn room(&mut self) -> bool {
+        let max = self.config.max_memberships;
+        if self.store.memberships() < max
+            || (self.config.evict_at_capacity
+                && self.evict_oldest()
+                && self.store.memberships() < max)
+        {
+            return true;
         }
+        self.counters.capacity_refused += 1;
+        false
     }
 
     fn ns_id(&mut self, key: NsKey) -> u32 {
@@ -408,17 +399,17 @@ impl Index {
             self.counters.shape_mismatch += 1;
             return;
         }
-        let (ns, mut parent, mut depth) = match s.parent {
+        let (ns, mut parent) = match s.parent {
             None => match self.event_ns(id, s) {
-                Some(ns) => (ns, None, 0),
+                Some(ns) => (ns, None),
                 None => return,
             },
             Some(p) if s.standard_hashes => match self.event_ns(id, s) {
-                Some(ns) => (ns, Some(p), 1),
+                Some(ns) => (ns, Some(p)),
                 None => return,
             },
             Some(p) => match self.lookup(id, p) {
-                Some(e) => (e.ns, Some(e.seq), e.depth.saturating_add(1)),
+                Some(r) => (r.ns(), Some(r.seq())),
                 None => {
                     self.counters.orphans += 1;
                     return;
@@ -429,11 +420,10 @@ impl Index {
         for (engine, block) in s.hashes.iter().zip(s.tokens.chunks_exact(bs)) {
             let seq = hash::next_seq_hash(parent, block, seed);
             let key = if s.standard_hashes { seq } else { *engine };
-            if !self.store_block(id, key, ns, seq, depth, s.medium, now) {
+            if !self.store_block(id, key, ns, seq, s.medium, now) {
                 return;
             }
             parent = Some(seq);
-            depth = depth.saturating_add(1);
         }
     }
 
@@ -442,9 +432,8 @@ impl Index {
         let Some(ns) = self.event_ns(id, s) else {
             return;
         };
-        for (i, h) in s.hashes.iter().enumerate() {
-            let depth = u32::try_from(i).unwrap_or(u32::MAX);
-            if !self.store_block(id, *h, ns, *h, depth, s.medium, now) {
+        for h in &s.hashes {
+            if !self.store_block(id, *h, ns, *h, s.medium, now) {
                 return;
             }
         }
@@ -454,8 +443,8 @@ impl Index {
     fn store_placeholder(&mut self, id: StreamId, s: &Stored, now: u32) {
         for h in &s.hashes {
             match self.lookup(id, *h) {
-                Some(e) => {
-                    if !self.store_block(id, *h, e.ns, e.seq, e.depth, s.medium, now) {
+                Some(r) => {
+                    if !self.store_block(id, *h, r.ns(), r.seq(), s.medium, now) {
                         return;
                     }
                 }
@@ -464,109 +453,60 @@ impl Index {
         }
     }
 
-    fn lookup(&self, id: StreamId, engine: u64) -> Option<EngineEntry> {
-        let probe = EngineEntry {
-            engine,
-            seq: 0,
-            ns: 0,
-            depth: 0,
-            touched: 0,
-            refs: [0; 3],
-        };
-        self.stream(id)?
-            .engine
-            .find(engine_hash(&probe), |e| e.engine == engine)
-            .copied()
+    fn lookup(&self, id: StreamId, engine: u64) -> Option<super::table::Rec> {
+        let r = self.store.find_engine(id.0 as u16, engine)?;
+        Some(*self.store.rec(r))
     }
 
     /// Records `engine → (ns, seq)` with one more reference on `tier`; false when the
     /// capacity limit refused it (the caller stops the event there).
-    #[allow(clippy::too_many_arguments)]
     fn store_block(
         &mut self,
         id: StreamId,
         engine: u64,
         ns: u32,
         seq: u64,
-        depth: u32,
         tier: Medium,
         now: u32,
     ) -> bool {
-        let fresh = EngineEntry {
-            engine,
-            seq,
-            ns,
-            depth,
-            touched: now,
-            refs: [0; 3],
-        };
-        let hash = engine_hash(&fresh);
-        // One probe of the engine map on the common path (a new block): this lookup, then an
-        // insert into the slot it found empty.
-        let existing = self.lookup(id, engine);
-        let mut present = existing.is_some();
-        let mut refs = existing.map_or([0; 3], |e| e.refs);
-        if let Some(old) = existing {
-            if old.ns != ns || old.seq != seq {
+        let st = id.0 as u16;
+        let mut found = self.store.find_engine(st, engine);
+        if let Some(r) = found {
+            let old = self.store.rec(r);
+            if old.ns() != ns || old.seq() != seq {
                 // The engine reused a hash for other content: forget the old block first.
-                for t in Medium::ALL {
-                    if old.refs[t.index()] > 0 {
-                        self.unlink(id, old.ns, old.seq, t);
-                    }
-                }
-                refs = [0; 3];
-                self.set_entry(id, hash, EngineEntry { refs, ..fresh });
+                self.drop_record(r);
+                found = None;
             }
         }
-        let evicted = self.counters.evicted;
-        if refs[tier.index()] == 0 && !self.link(id, ns, seq, tier) {
-            if present && refs == [0; 3] {
-                self.remove_entry(id, hash, engine);
+        let adding = found.is_none_or(|r| self.store.rec(r).refs(tier) == 0);
+        if adding {
+            let evicted = self.counters.evicted;
+            if !self.room() {
+                return false;
             }
-            return false;
+            if self.counters.evicted != evicted {
+                // The eviction may have dropped this record.
+                found = self.store.find_engine(st, engine);
+            }
         }
-        if self.counters.evicted != evicted {
-            // The eviction may have dropped this entry or some of its tiers.
-            let now_there = self.lookup(id, engine);
-            present = now_there.is_some();
-            refs = now_there.map_or([0; 3], |e| e.refs);
-        }
-        let mut new_refs = refs;
-        new_refs[tier.index()] = match tier {
-            Medium::Gpu => 1,
-            _ => refs[tier.index()].saturating_add(1),
+        let (new_membership, new_record) = match found {
+            Some(r) => (self.store.add_ref(r, tier, now), false),
+            None => {
+                self.store.insert(st, engine, ns, seq, tier, now);
+                (true, true)
+            }
         };
-        let entry = EngineEntry {
-            refs: new_refs,
-            ..fresh
-        };
-        if present {
-            self.set_entry(id, hash, entry);
-        } else if let Some(s) = self.stream_mut(id) {
-            s.engine.insert_unique(hash, entry, engine_hash);
+        if let Some(s) = self.stream_mut(st) {
+            if new_membership {
+                s.tier_blocks[tier.index()] += 1;
+            }
+            if new_record {
+                s.records += 1;
+            }
         }
         self.counters.stored += 1;
         true
-    }
-
-    fn set_entry(&mut self, id: StreamId, hash: u64, entry: EngineEntry) {
-        let Some(s) = self.stream_mut(id) else {
-            return;
-        };
-        match s.engine.find_mut(hash, |e| e.engine == entry.engine) {
-            Some(e) => *e = entry,
-            None => {
-                s.engine.insert_unique(hash, entry, engine_hash);
-            }
-        }
-    }
-
-    fn remove_entry(&mut self, id: StreamId, hash: u64, engine: u64) {
-        if let Some(s) = self.stream_mut(id) {
-            if let Ok(e) = s.engine.find_entry(hash, |e| e.engine == engine) {
-                e.remove();
-            }
-        }
     }
 
     fn apply_removed(&mut self, id: StreamId, r: &Removed) {
@@ -574,51 +514,54 @@ impl Index {
             self.counters.other_group += 1;
             return;
         }
-        let t = r.medium.index();
         for h in &r.hashes {
-            let Some(mut e) = self.lookup(id, *h) else {
+            let found = self.store.find_engine(id.0 as u16, *h);
+            let Some(rec) = found.filter(|x| self.store.rec(*x).refs(r.medium) > 0) else {
                 self.counters.unknown_hashes += 1;
                 continue;
             };
-            if e.refs[t] == 0 {
-                self.counters.unknown_hashes += 1;
-                continue;
-            }
-            e.refs[t] -= 1;
-            if e.refs[t] == 0 {
-                self.unlink(id, e.ns, e.seq, r.medium);
+            if self.drop_ref(rec, r.medium, false) {
                 self.counters.removed += 1;
-            }
-            let hash = engine_hash(&e);
-            if e.refs == [0; 3] {
-                self.remove_entry(id, hash, *h);
-            } else {
-                self.set_entry(id, hash, e);
             }
         }
     }
 
     /// Drops every membership not stored again since `now - ttl`; returns how many.
     pub fn expire(&mut self, now: u32) -> usize {
-        self.stream_ids()
-            .into_iter()
-            .map(|id| self.expire_stream(id, now))
-            .sum()
+        let mut from = 0;
+        let mut n = 0;
+        loop {
+            let (dropped, next) = self.expire_slice(from, SWEEP_SLICE, now);
+            n += dropped;
+            match next {
+                Some(x) => from = x,
+                None => return n,
+            }
+        }
     }
 
-    /// The TTL sweep of one stream: [`Index::expire`] in slices, so that one lock hold walks
-    /// one publisher's entries, not the whole index's.
-    pub fn expire_stream(&mut self, id: StreamId, now: u32) -> usize {
+    /// The TTL sweep over `len` records of the arena from `from`: [`Index::expire`] in
+    /// slices, so that one lock hold walks a bounded part of the index whatever the streams.
+    /// Returns the memberships dropped and where the next slice starts (`None`: done).
+    pub fn expire_slice(&mut self, from: usize, len: usize, now: u32) -> (usize, Option<usize>) {
+        let end = from.saturating_add(len.max(1)).min(self.store.arena_len());
+        let next = (end < self.store.arena_len()).then_some(end);
         let Some(ttl) = self.config.ttl_secs else {
-            return 0;
+            return (0, None);
         };
         if now < ttl {
-            return 0;
+            return (0, None);
         }
         let cutoff = now - ttl;
-        let n = self.drop_touched_in(Some(id), |touched| touched < cutoff);
+        let mut n = 0;
+        for i in from..end {
+            let r = self.store.rec(i as RecId);
+            if !r.is_free() && r.touched < cutoff {
+                n += self.drop_record(i as RecId);
+            }
+        }
         self.counters.expired += n as u64;
-        n
+        (n, next)
     }
 
     /// Every stream's id.
@@ -631,63 +574,56 @@ impl Index {
             .collect()
     }
 
-    /// Drops every engine entry whose last store time `old` says is too old, with its
-    /// memberships; returns how many memberships went.
-    fn drop_touched(&mut self, old: impl Fn(u32) -> bool) -> usize {
-        self.drop_touched_in(None, old)
-    }
-
-    /// [`Index::drop_touched`] in one stream (`Some`) or all.
-    fn drop_touched_in(&mut self, only: Option<StreamId>, old: impl Fn(u32) -> bool) -> usize {
-        let mut dropped = Vec::new();
-        for (i, slot) in self.streams.iter_mut().enumerate() {
-            if only.is_some_and(|id| id.0 as usize != i) {
-                continue;
-            }
-            let Some(s) = slot else { continue };
-            s.engine.retain(|e| {
-                if !old(e.touched) {
-                    return true;
-                }
-                for t in Medium::ALL {
-                    if e.refs[t.index()] > 0 {
-                        dropped.push((StreamId(i as u32), e.ns, e.seq, t));
-                    }
-                }
-                false
-            });
-        }
-        let n = dropped.len();
-        for (id, ns, seq, t) in dropped {
-            self.unlink(id, ns, seq, t);
-        }
-        n
-    }
-
-    /// Frees room at the capacity limit: drops the memberships stored longest ago — about
-    /// 1/16 of them, by the store times of up to 4,096 sampled entries. Entries stored in the
-    /// same second as the cutoff go too, unless that second holds most of the sample (a burst
-    /// filling the index at once): then only older ones go. Returns whether any went.
+    /// Frees room at the capacity limit: drops records stored longest ago. The cutoff is
+    /// the 1/16 quantile of the store times of up to 4,096 records sampled across the arena;
+    /// records stored in the cutoff's second go too, unless that second holds most of the
+    /// sample (a burst filling the index at once): then only older ones go. The walk goes on
+    /// from where the last one stopped and ends once about 1/256 of the memberships (at
+    /// least one) went, so one call walks about 1/16 of the arena, not all of it. Returns
+    /// whether any went.
     ///
-    /// Deterministic (the tables' order depends only on what was applied), so a replica
-    /// applying the same changes evicts the same blocks.
+    /// Deterministic (the arena depends only on what was applied), so a replica applying
+    /// the same changes evicts the same blocks.
     fn evict_oldest(&mut self) -> bool {
-        let total: usize = self.streams.iter().flatten().map(|s| s.engine.len()).sum();
-        if total == 0 {
+        let len = self.store.arena_len();
+        if self.store.records() == 0 {
             return false;
         }
-        let step = total.div_ceil(4096);
-        let mut sample: Vec<u32> = self
-            .streams
-            .iter()
-            .flatten()
-            .flat_map(|s| s.engine.iter().map(|e| e.touched))
+        let step = len.div_ceil(4096).max(1);
+        let mut sample: Vec<u32> = (0..len)
             .step_by(step)
+            .map(|i| self.store.rec(i as RecId))
+            .filter(|r| !r.is_free())
+            .map(|r| r.touched)
             .collect();
+        if sample.is_empty() {
+            // Every sampled slot was free: take the first live record's time.
+            sample.extend(
+                (0..len)
+                    .map(|i| self.store.rec(i as RecId))
+                    .find(|r| !r.is_free())
+                    .map(|r| r.touched),
+            );
+        }
         sample.sort_unstable();
         let cutoff = sample[sample.len() / 16];
         let inclusive = sample.partition_point(|&t| t <= cutoff) * 2 <= sample.len();
-        let n = self.drop_touched(|t| t < cutoff || (inclusive && t == cutoff));
+        let target = self.store.memberships().div_ceil(256).max(1);
+        let mut n = 0;
+        for _ in 0..len {
+            if self.hand >= self.store.arena_len() {
+                self.hand = 0;
+            }
+            let i = self.hand as RecId;
+            self.hand += 1;
+            let r = self.store.rec(i);
+            if !r.is_free() && (r.touched < cutoff || (inclusive && r.touched == cutoff)) {
+                n += self.drop_record(i);
+                if n >= target {
+                    break;
+                }
+            }
+        }
         self.counters.evicted += n as u64;
         n > 0
     }
@@ -776,8 +712,8 @@ impl Index {
             for (k, seq) in seqs.enumerate() {
                 masks.clear();
                 shared_masks.iter_mut().for_each(|m| *m = 0);
-                self.table.for_each_holder(ns, seq, |h| {
-                    let (st, bit) = (holder_stream(h), 1u8 << holder_tier(h));
+                self.store.for_each_holder(ns, seq, |st, bit| {
+                    let st = u32::from(st);
                     if let Some(&(_, inst)) = shared.iter().find(|(s, _)| *s == st) {
                         shared_masks[inst] |= bit;
                     } else if let Some(m) = masks.iter_mut().find(|(s, _)| *s == st) {

@@ -51,10 +51,13 @@ pub enum Change {
         /// The ingester's clock.
         now: u32,
     },
-    /// The TTL sweep of one stream ran at `now`.
-    ExpireStream {
-        /// The ingester's stream id.
-        stream: u32,
+    /// One slice of the TTL sweep ran at `now`: `len` records of the arena from `from`.
+    /// (A replica's arena matches the ingester's when it applied every op of the epoch.)
+    ExpireSlice {
+        /// The first record of the slice.
+        from: u64,
+        /// How many records.
+        len: u64,
         /// The ingester's clock.
         now: u32,
     },
@@ -189,9 +192,11 @@ impl Follower {
     fn change(&mut self, index: &mut Index, change: &Change) {
         match change {
             Change::AddStream { stream, spec } => {
-                let id = index.add_stream(spec.clone());
-                if let Some(old) = self.ids.insert(*stream, id) {
+                if let Some(old) = self.ids.remove(stream) {
                     index.remove_stream(old);
+                }
+                if let Some(id) = index.add_stream(spec.clone()) {
+                    self.ids.insert(*stream, id);
                 }
             }
             Change::RemoveStream { stream } => {
@@ -222,10 +227,10 @@ impl Follower {
             Change::Expire { now } => {
                 index.expire(*now);
             }
-            Change::ExpireStream { stream, now } => {
-                if let Some(id) = self.ids.get(stream) {
-                    index.expire_stream(*id, *now);
-                }
+            Change::ExpireSlice { from, len, now } => {
+                let from = usize::try_from(*from).unwrap_or(usize::MAX);
+                let len = usize::try_from(*len).unwrap_or(usize::MAX);
+                index.expire_slice(from, len, *now);
             }
         }
     }

@@ -1,43 +1,102 @@
-//! The compact membership table: `(namespace, sequence hash) → holders`, where a holder is a
-//! `(stream, tier)` pair packed in a `u32`.
+//! The membership store: one 28-byte record per `(stream, engine hash)` in one dense arena,
+//! found through two tables of 4-byte record ids.
 //!
-//! Memory is the point of this file. Each block is one 16-byte slot of a `hashbrown`
-//! [`HashTable`] (`seq: u64`, `ns: u32`, `head: u32`); a block with one holder keeps it inline
-//! in `head`. A block with more holders points `head` at a singly linked list in one shared
-//! node pool (8 bytes a node, recycled through a free list), so no entry owns a heap
-//! allocation. Keys are hashed with a 64-bit finalizer ([`mix`]) instead of SipHash: fast,
-//! and good enough for hashes an engine chose (kvplane trusts no engine for its distribution).
+//! Memory is the point of this file. A record holds the block's namespace and standard
+//! sequence hash, the engine's hash, the stream, per-tier references and the last store time.
+//! `by_engine` finds a record from `(stream, engine hash)` (removals, parents, token-less
+//! offload stores); `by_block` finds every record of a `(namespace, sequence hash)` (queries).
+//! Both are `hashbrown` tables of `u32` ids (one control byte each), so a membership costs its
+//! record plus two ids, and no record owns a heap allocation. Freed records are reused (a
+//! free list threaded through them), so the arena never outgrows the peak of live records.
+//!
+//! Records sit at stable positions, which is what the TTL sweep and capacity eviction walk:
+//! in slices of the arena, not stream by stream. Keys are hashed with a 64-bit finalizer
+//! ([`mix`]) instead of SipHash: fast, and good enough for hashes an engine chose.
 
+use super::events::Medium;
 use hashbrown::HashTable;
 
-/// Marks `head` as a node index rather than an inline holder.
-const LIST_BIT: u32 = 1 << 31;
-/// End of a node list.
+/// A record's position in the arena.
+pub(crate) type RecId = u32;
+
+/// End of the free list.
 const NIL: u32 = u32::MAX;
 
-/// A `(stream, tier)` pair: `stream << 2 | tier`. Streams stay below 2^29.
-pub(crate) type Holder = u32;
+/// The most references an offload tier (CPU, disk) counts; more stores saturate.
+pub(crate) const MAX_OFFLOAD_REFS: u8 = 15;
 
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    seq: u64,
+/// One stream's block: `(namespace, sequence hash)` as stored under `engine` hash.
+///
+/// `u64`s are split in halves so that the record aligns to 4 and takes 28 bytes, not 32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub(crate) struct Rec {
+    seq: [u32; 2],
+    engine: [u32; 2],
+    /// The namespace id (the next free record, while free).
     ns: u32,
-    head: u32,
+    /// The last store time (seconds).
+    pub(crate) touched: u32,
+    /// The stream id.
+    pub(crate) stream: u16,
+    /// GPU held (0/1).
+    gpu: u8,
+    /// CPU references (low nibble) and disk references (high nibble).
+    offload: u8,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Node {
-    holder: Holder,
-    next: u32,
+fn join(x: [u32; 2]) -> u64 {
+    u64::from(x[0]) | u64::from(x[1]) << 32
 }
 
-/// `(namespace, sequence hash) → holders`, 16 bytes a block plus 8 a extra holder.
-#[derive(Debug, Default)]
-pub(crate) struct BlockTable {
-    slots: HashTable<Slot>,
-    nodes: Vec<Node>,
-    free: u32,
-    memberships: usize,
+fn split(x: u64) -> [u32; 2] {
+    [x as u32, (x >> 32) as u32]
+}
+
+impl Rec {
+    /// The standard sequence hash.
+    pub(crate) fn seq(&self) -> u64 {
+        join(self.seq)
+    }
+
+    /// The engine's hash.
+    pub(crate) fn engine(&self) -> u64 {
+        join(self.engine)
+    }
+
+    /// The namespace id.
+    pub(crate) fn ns(&self) -> u32 {
+        self.ns
+    }
+
+    /// References on `tier`.
+    pub(crate) fn refs(&self, tier: Medium) -> u8 {
+        match tier {
+            Medium::Gpu => self.gpu,
+            Medium::Cpu => self.offload & 0x0f,
+            Medium::Disk => self.offload >> 4,
+        }
+    }
+
+    fn set_refs(&mut self, tier: Medium, n: u8) {
+        match tier {
+            Medium::Gpu => self.gpu = n.min(1),
+            Medium::Cpu => self.offload = (self.offload & 0xf0) | n.min(MAX_OFFLOAD_REFS),
+            Medium::Disk => self.offload = (self.offload & 0x0f) | n.min(MAX_OFFLOAD_REFS) << 4,
+        }
+    }
+
+    /// Bit `t` set for every tier `t` held (GPU 1, CPU 2, disk 4).
+    pub(crate) fn mask(&self) -> u8 {
+        u8::from(self.gpu != 0)
+            | u8::from(self.offload & 0x0f != 0) << 1
+            | u8::from(self.offload >> 4 != 0) << 2
+    }
+
+    /// Whether the record holds nothing (a free arena slot).
+    pub(crate) fn is_free(&self) -> bool {
+        self.gpu == 0 && self.offload == 0
+    }
 }
 
 /// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit, so keys that
@@ -50,246 +109,223 @@ pub(crate) fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
-fn key_hash(ns: u32, seq: u64) -> u64 {
+fn block_hash(ns: u32, seq: u64) -> u64 {
     mix(seq ^ u64::from(ns).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-fn slot_hash(s: &Slot) -> u64 {
-    key_hash(s.ns, s.seq)
+fn engine_hash(stream: u16, engine: u64) -> u64 {
+    mix(engine ^ u64::from(stream).wrapping_mul(0xd6e8_feb8_6659_fd93))
 }
 
-impl BlockTable {
-    /// An empty table (the free list starts empty).
+/// The records, their two tables and the counts the index reports.
+#[derive(Debug)]
+pub(crate) struct Store {
+    recs: Vec<Rec>,
+    free: u32,
+    by_engine: HashTable<RecId>,
+    by_block: HashTable<RecId>,
+    memberships: usize,
+    blocks: usize,
+    live: usize,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Store {
+    /// An empty store.
     pub(crate) fn new() -> Self {
         Self {
+            recs: Vec::new(),
             free: NIL,
-            ..Self::default()
+            by_engine: HashTable::new(),
+            by_block: HashTable::new(),
+            memberships: 0,
+            blocks: 0,
+            live: 0,
         }
     }
 
-    /// How many `(holder, block)` memberships are stored.
+    /// `(stream, tier, block)` memberships held: each record counts once per tier it holds.
     pub(crate) fn memberships(&self) -> usize {
         self.memberships
     }
 
-    /// How many distinct blocks are stored.
+    /// Distinct `(namespace, sequence hash)` blocks held.
     pub(crate) fn blocks(&self) -> usize {
-        self.slots.len()
+        self.blocks
     }
 
-    /// Heap bytes held: the slot table's allocation plus the node pool's.
+    /// Live records.
+    pub(crate) fn records(&self) -> usize {
+        self.live
+    }
+
+    /// The arena's length: record ids are below it.
+    pub(crate) fn arena_len(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// Bytes allocated: the arena and both tables.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.slots.allocation_size() + self.nodes.capacity() * std::mem::size_of::<Node>()
+        self.recs.capacity() * std::mem::size_of::<Rec>()
+            + self.by_engine.allocation_size()
+            + self.by_block.allocation_size()
     }
 
-    fn alloc_node(&mut self, holder: Holder, next: u32) -> u32 {
-        if self.free != NIL {
-            let i = self.free;
-            let n = &mut self.nodes[i as usize];
-            self.free = n.next;
-            *n = Node { holder, next };
-            i
-        } else {
-            self.nodes.push(Node { holder, next });
-            (self.nodes.len() - 1) as u32
-        }
+    /// The record at `id`.
+    pub(crate) fn rec(&self, id: RecId) -> &Rec {
+        &self.recs[id as usize]
     }
 
-    fn free_node(&mut self, i: u32) {
-        self.nodes[i as usize].next = self.free;
-        self.free = i;
+    /// The record `stream` stored under `engine`.
+    pub(crate) fn find_engine(&self, stream: u16, engine: u64) -> Option<RecId> {
+        let recs = &self.recs;
+        self.by_engine
+            .find(engine_hash(stream, engine), |&i| {
+                let r = &recs[i as usize];
+                r.stream == stream && r.engine() == engine
+            })
+            .copied()
     }
 
-    /// Adds `holder` to the block; false if it was already there.
-    pub(crate) fn insert(&mut self, ns: u32, seq: u64, holder: Holder) -> bool {
-        debug_assert!(holder & LIST_BIT == 0);
-        let hash = key_hash(ns, seq);
-        let found = self
-            .slots
-            .find_mut(hash, |s| s.seq == seq && s.ns == ns)
-            .map(|s| s.head);
-        let Some(head) = found else {
-            self.slots.insert_unique(
-                hash,
-                Slot {
-                    seq,
-                    ns,
-                    head: holder,
-                },
-                slot_hash,
-            );
-            self.memberships += 1;
-            return true;
+    /// A new record holding one reference on `tier`. The caller knows `stream` has no
+    /// record under `engine`.
+    pub(crate) fn insert(
+        &mut self,
+        stream: u16,
+        engine: u64,
+        ns: u32,
+        seq: u64,
+        tier: Medium,
+        touched: u32,
+    ) -> RecId {
+        let mut rec = Rec {
+            seq: split(seq),
+            engine: split(engine),
+            ns,
+            touched,
+            stream,
+            gpu: 0,
+            offload: 0,
         };
-        if head & LIST_BIT == 0 {
-            if head == holder {
-                return false;
-            }
-            let tail = self.alloc_node(head, NIL);
-            let first = self.alloc_node(holder, tail);
-            self.set_head(ns, seq, hash, first | LIST_BIT);
+        rec.set_refs(tier, 1);
+        let id = if self.free != NIL {
+            let id = self.free;
+            self.free = self.recs[id as usize].ns;
+            self.recs[id as usize] = rec;
+            id
         } else {
-            let mut i = head & !LIST_BIT;
-            while i != NIL {
-                let n = self.nodes[i as usize];
-                if n.holder == holder {
-                    return false;
-                }
-                i = n.next;
-            }
-            let first = self.alloc_node(holder, head & !LIST_BIT);
-            self.set_head(ns, seq, hash, first | LIST_BIT);
+            let id = u32::try_from(self.recs.len()).expect("fewer than 2^32 records");
+            assert!(id != NIL, "fewer than 2^32 - 1 records");
+            self.recs.push(rec);
+            id
+        };
+        let recs = &self.recs;
+        self.by_engine
+            .insert_unique(engine_hash(stream, engine), id, |&i| {
+                let r = &recs[i as usize];
+                engine_hash(r.stream, r.engine())
+            });
+        let bh = block_hash(ns, seq);
+        let seen = self
+            .by_block
+            .find(bh, |&i| {
+                let r = &recs[i as usize];
+                r.seq() == seq && r.ns == ns
+            })
+            .is_some();
+        if !seen {
+            self.blocks += 1;
         }
+        self.by_block.insert_unique(bh, id, |&i| {
+            let r = &recs[i as usize];
+            block_hash(r.ns, r.seq())
+        });
         self.memberships += 1;
-        true
+        self.live += 1;
+        id
     }
 
-    fn set_head(&mut self, ns: u32, seq: u64, hash: u64, head: u32) {
-        if let Some(s) = self.slots.find_mut(hash, |s| s.seq == seq && s.ns == ns) {
-            s.head = head;
+    /// One more reference on `tier` (GPU stays at 1, offload tiers saturate) and a new store
+    /// time; true when the record did not hold `tier` before (a new membership).
+    pub(crate) fn add_ref(&mut self, id: RecId, tier: Medium, touched: u32) -> bool {
+        let r = &mut self.recs[id as usize];
+        let before = r.refs(tier);
+        r.set_refs(tier, before.saturating_add(1));
+        r.touched = touched;
+        if before == 0 {
+            self.memberships += 1;
         }
+        before == 0
     }
 
-    /// Removes `holder` from the block (and the block when it was the last); false if absent.
-    pub(crate) fn remove(&mut self, ns: u32, seq: u64, holder: Holder) -> bool {
-        let hash = key_hash(ns, seq);
-        let Ok(entry) = self.slots.find_entry(hash, |s| s.seq == seq && s.ns == ns) else {
-            return false;
-        };
-        let head = entry.get().head;
-        if head & LIST_BIT == 0 {
-            if head != holder {
-                return false;
-            }
-            entry.remove();
-            self.memberships -= 1;
-            return true;
-        }
-        // Unlink from the list; collapse to inline when one holder is left.
-        let first = head & !LIST_BIT;
-        let mut prev = NIL;
-        let mut i = first;
-        while i != NIL {
-            let n = self.nodes[i as usize];
-            if n.holder == holder {
-                break;
-            }
-            prev = i;
-            i = n.next;
-        }
-        if i == NIL {
+    /// One reference fewer on `tier` (all of them when `all`); true when the record no
+    /// longer holds `tier` (a membership ended). A record left holding nothing is freed.
+    pub(crate) fn drop_ref(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
+        let r = &mut self.recs[id as usize];
+        let before = r.refs(tier);
+        if before == 0 {
             return false;
         }
-        let next = self.nodes[i as usize].next;
-        let new_first = if prev == NIL {
-            next
-        } else {
-            self.nodes[prev as usize].next = next;
-            first
-        };
-        self.free_node(i);
-        let only = self.nodes[new_first as usize];
-        let new_head = if only.next == NIL {
-            self.free_node(new_first);
-            only.holder
-        } else {
-            new_first | LIST_BIT
-        };
-        self.set_head(ns, seq, hash, new_head);
+        let after = if all { 0 } else { before - 1 };
+        r.set_refs(tier, after);
+        if after > 0 {
+            return false;
+        }
         self.memberships -= 1;
+        if r.is_free() {
+            self.unindex(id);
+        }
         true
     }
 
-    /// Calls `f` with every holder of the block.
-    pub(crate) fn for_each_holder(&self, ns: u32, seq: u64, mut f: impl FnMut(Holder)) {
-        let Some(s) = self
-            .slots
-            .find(key_hash(ns, seq), |s| s.seq == seq && s.ns == ns)
-        else {
-            return;
-        };
-        if s.head & LIST_BIT == 0 {
-            f(s.head);
-            return;
+    /// Takes a live record out of both tables and onto the free list.
+    fn unindex(&mut self, id: RecId) {
+        let r = self.recs[id as usize];
+        let recs = &self.recs;
+        if let Ok(e) = self
+            .by_engine
+            .find_entry(engine_hash(r.stream, r.engine()), |&i| i == id)
+        {
+            e.remove();
         }
-        let mut i = s.head & !LIST_BIT;
-        while i != NIL {
-            let n = self.nodes[i as usize];
-            f(n.holder);
-            i = n.next;
+        let bh = block_hash(r.ns, r.seq());
+        if let Ok(e) = self.by_block.find_entry(bh, |&i| i == id) {
+            e.remove();
+        }
+        let still = self
+            .by_block
+            .find(bh, |&i| {
+                let o = &recs[i as usize];
+                o.seq() == r.seq() && o.ns == r.ns
+            })
+            .is_some();
+        if !still {
+            self.blocks -= 1;
+        }
+        self.recs[id as usize] = Rec {
+            ns: self.free,
+            ..Rec::default()
+        };
+        self.free = id;
+        self.live -= 1;
+    }
+
+    /// Calls `f(stream, mask)` for every record of the block (a mask of the tiers it holds).
+    pub(crate) fn for_each_holder(&self, ns: u32, seq: u64, mut f: impl FnMut(u16, u8)) {
+        for &i in self.by_block.iter_hash(block_hash(ns, seq)) {
+            let r = &self.recs[i as usize];
+            if r.seq() == seq && r.ns == ns {
+                f(r.stream, r.mask());
+            }
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
-
-    fn holders(t: &BlockTable, ns: u32, seq: u64) -> BTreeSet<Holder> {
-        let mut out = BTreeSet::new();
-        t.for_each_holder(ns, seq, |h| {
-            assert!(out.insert(h), "holder {h} listed twice");
-        });
-        out
-    }
-
-    #[test]
-    fn slots_are_sixteen_bytes_and_nodes_eight() {
-        assert_eq!(std::mem::size_of::<Slot>(), 16);
-        assert_eq!(std::mem::size_of::<Node>(), 8);
-    }
-
-    #[test]
-    fn matches_a_model_under_random_operations() {
-        let mut t = BlockTable::new();
-        let mut model: BTreeMap<(u32, u64), BTreeSet<Holder>> = BTreeMap::new();
-        let mut x: u64 = 0x1234_5678;
-        for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let ns = (x % 3) as u32;
-            let seq = (x >> 8) % 40;
-            let holder = ((x >> 20) % 6) as u32;
-            let set = model.entry((ns, seq)).or_default();
-            if x & 1 == 0 {
-                assert_eq!(t.insert(ns, seq, holder), set.insert(holder));
-            } else {
-                assert_eq!(t.remove(ns, seq, holder), set.remove(&holder));
-            }
-        }
-        model.retain(|_, s| !s.is_empty());
-        assert_eq!(t.blocks(), model.len());
-        assert_eq!(
-            t.memberships(),
-            model.values().map(BTreeSet::len).sum::<usize>()
-        );
-        for ((ns, seq), set) in &model {
-            assert_eq!(&holders(&t, *ns, *seq), set);
-        }
-        // Nodes are recycled: the pool never outgrows the peak of extra holders.
-        assert!(t.nodes.len() <= 3 * 40 * 6);
-    }
-
-    /// The memory target: ≤ 32 bytes per membership at 10M memberships. A 10M-entry table
-    /// is too big for a unit test on a shared machine, so this fills 1M single-holder blocks
-    /// (the worst case: no sharing of slots) and checks the allocation the table reports,
-    /// then extrapolates the one power-of-two step to 10M.
-    #[test]
-    fn bytes_per_membership_stay_under_the_target() {
-        let mut t = BlockTable::new();
-        let n = 1_000_000u64;
-        for i in 0..n {
-            t.insert(0, i.wrapping_mul(0x9e37_79b9_7f4a_7c15), (i % 64) as u32);
-        }
-        assert_eq!(t.memberships(), n as usize);
-        let per = t.heap_bytes() as f64 / n as f64;
-        // 1M entries need 2^21 buckets (load ≤ 7/8): 17 bytes each (slot + control byte).
-        assert!(per <= 36.0, "{per} bytes per membership at 1M");
-        // At 10M: 2^24 buckets × 17 B / 10M = 28.5 B.
-        let buckets_10m = (10_000_000f64 * 8.0 / 7.0).log2().ceil().exp2();
-        let per_10m = buckets_10m * 17.0 / 10_000_000.0;
-        assert!(per_10m <= 32.0, "{per_10m}");
-    }
-}
+#[path = "table_tests.rs"]
+mod tests;

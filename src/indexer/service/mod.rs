@@ -17,7 +17,7 @@ use openapi::openapi_doc;
 
 use crate::config::defaults::indexer as d;
 use crate::indexer::events::KvEvent;
-use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec};
+use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec, SWEEP_SLICE};
 use crate::indexer::replica::Change;
 use crate::indexer::seq::{SeqConfig, SeqCounters};
 use api::{ApiError, EngineType, Registration, Unregistration};
@@ -336,16 +336,21 @@ impl IndexerState {
         }
     }
 
-    /// Runs the TTL sweep at the current time, one stream per lock hold (queries and other
-    /// publishers' events go on between them).
+    /// Runs the TTL sweep at the current time, one slice of the record arena per lock hold
+    /// (queries and events go on between slices, whatever the streams' sizes).
     async fn expire(&self) {
         let now = self.now_secs();
-        let ids = self.core.read().index.stream_ids();
-        for id in ids {
+        let mut from = Some(0);
+        while let Some(start) = from {
             {
                 let mut core = self.core.write();
-                core.index.expire_stream(id, now);
-                self.role.record(Change::ExpireStream { stream: id.0, now });
+                let (_, next) = core.index.expire_slice(start, SWEEP_SLICE, now);
+                self.role.record(Change::ExpireSlice {
+                    from: start as u64,
+                    len: SWEEP_SLICE as u64,
+                    now,
+                });
+                from = next;
             }
             tokio::task::yield_now().await;
         }
@@ -422,7 +427,16 @@ impl IndexerState {
         };
         let stream = {
             let mut core = self.core.write();
-            let stream = core.index.add_stream(spec.clone());
+            let Some(stream) = core.index.add_stream(spec.clone()) else {
+                return Err(ApiError::conflict(
+                    "instance_id",
+                    format!(
+                        "{} services are registered, the most one indexer holds: \
+                         unregister some first",
+                        crate::indexer::index::MAX_STREAMS
+                    ),
+                ));
+            };
             self.role.record(Change::AddStream {
                 stream: stream.0,
                 spec,
