@@ -62,6 +62,8 @@ pub mod index;
 #[cfg(feature = "server")]
 pub mod indexer;
 #[cfg(feature = "server")]
+pub mod memory;
+#[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod node;

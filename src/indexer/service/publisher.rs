@@ -122,6 +122,8 @@ struct Applier {
     tracker: SeqTracker<Bytes>,
     replay: Option<ReplayClient>,
     rx: mpsc::Receiver<Inbound>,
+    /// Message bytes applied since the queue was last empty with a heap trim done.
+    burst: usize,
 }
 
 async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Receiver<Inbound>) {
@@ -131,11 +133,22 @@ async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Rec
         state,
         task,
         rx,
+        burst: 0,
     };
     loop {
+        // After a burst, once the queue is empty: give the freed message memory back to the
+        // system (retried every interval while idle, as trims are rate-limited process-wide).
+        if a.burst >= crate::memory::MIN_BURST_BYTES
+            && a.task.status.queued_bytes.load(Ordering::Acquire) == 0
+            && crate::memory::after_burst(a.burst)
+        {
+            a.burst = 0;
+        }
+        let retry = std::time::Duration::from_millis(crate::memory::MIN_INTERVAL_MS);
         let inbound = tokio::select! {
             () = a.task.cancel.cancelled() => return,
             m = a.rx.recv() => match m { Some(m) => m, None => return },
+            () = tokio::time::sleep(retry), if a.burst >= crate::memory::MIN_BURST_BYTES => continue,
         };
         a.dequeued(&inbound);
         let steps = match inbound {
@@ -155,12 +168,11 @@ async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Rec
 
 impl Applier {
     /// Releases a dequeued message's bytes from the queue's budget.
-    fn dequeued(&self, inbound: &Inbound) {
+    fn dequeued(&mut self, inbound: &Inbound) {
         if let Inbound::Live(frames) = inbound {
-            self.task
-                .status
-                .queued_bytes
-                .fetch_sub(size(frames), Ordering::AcqRel);
+            let n = size(frames);
+            self.task.status.queued_bytes.fetch_sub(n, Ordering::AcqRel);
+            self.burst = self.burst.saturating_add(n);
         }
     }
 
