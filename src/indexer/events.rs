@@ -381,6 +381,8 @@ fn extra_keys(v: &Value<'_>, s: &mut Stored) -> Result<(), EventError> {
     let blocks = match v {
         Value::Nil => return Ok(()),
         Value::Array(b) => b,
+        // Every block's entry an integer: none is a list of keys.
+        Value::UInts(_) => return Err(bad("extra_keys", "an entry is not an array")),
         _ => return Err(bad("extra_keys", "not an array")),
     };
     let lora_name = match &s.lora {
@@ -390,6 +392,8 @@ fn extra_keys(v: &Value<'_>, s: &mut Stored) -> Result<(), EventError> {
     for (i, block) in blocks.iter().enumerate() {
         let keys = match block {
             Value::Nil => continue,
+            // Integer keys say nothing about the LoRA or the salt (as before: ignored).
+            Value::UInts(_) => continue,
             Value::Array(k) => k,
             _ => return Err(bad("extra_keys", "an entry is not an array")),
         };
@@ -404,7 +408,7 @@ fn extra_keys(v: &Value<'_>, s: &mut Stored) -> Result<(), EventError> {
                 // Tagged keys (vLLM 0.33): ("lora", name, path) is the adapter; others are
                 // multimodal or embedding identities.
                 Value::Array(parts) if parts.first().and_then(Value::as_str) == Some("lora") => {}
-                Value::Array(_) | Value::Bin(_) => s.opaque_extra_keys = true,
+                Value::Array(_) | Value::UInts(_) | Value::Bin(_) => s.opaque_extra_keys = true,
                 _ => {}
             }
         }
@@ -459,6 +463,7 @@ fn opt_hash(v: &Value<'_>, field: &'static str) -> Result<Option<u64>, EventErro
 fn hashes(v: &Value<'_>, field: &'static str) -> Result<Vec<u64>, EventError> {
     match v {
         Value::Nil => Ok(Vec::new()),
+        Value::UInts(items) => Ok(items.clone()),
         Value::Array(items) => items
             .iter()
             .map(|h| hash(h).ok_or(bad(field, "an element is not an integer or bin")))
@@ -470,11 +475,17 @@ fn hashes(v: &Value<'_>, field: &'static str) -> Result<Vec<u64>, EventError> {
 fn tokens(v: &Value<'_>) -> Result<Vec<u32>, EventError> {
     match v {
         Value::Nil => Ok(Vec::new()),
+        Value::UInts(items) => items
+            .iter()
+            .map(|u| u32::try_from(*u).map_err(|_| bad("token_ids", "above u32")))
+            .collect(),
         Value::Array(items) => items
             .iter()
             .map(|t| match t {
                 Value::UInt(u) => u32::try_from(*u).map_err(|_| bad("token_ids", "above u32")),
-                Value::Array(_) => Err(EventError::Unsupported("token pages (bigram ids)")),
+                Value::Array(_) | Value::UInts(_) => {
+                    Err(EventError::Unsupported("token pages (bigram ids)"))
+                }
                 _ => Err(bad("token_ids", "an element is not an unsigned integer")),
             })
             .collect(),

@@ -22,6 +22,9 @@ pub(crate) enum Value<'a> {
     Str(&'a str),
     Bin(&'a [u8]),
     Array(Vec<Value<'a>>),
+    /// A non-empty array whose every element is a non-negative integer (token ids, block
+    /// hashes): 8 bytes an element instead of a whole [`Value`] each.
+    UInts(Vec<u64>),
     Map(Vec<(Value<'a>, Value<'a>)>),
     /// An extension value (type, data); no KV event uses one.
     Ext(i8, &'a [u8]),
@@ -117,11 +120,59 @@ impl<'a> Reader<'a> {
         if n > self.buf.len() - self.pos {
             return Err(MsgpackError::Truncated);
         }
+        if let Some(ints) = self.uints(n) {
+            return Ok(Value::UInts(ints));
+        }
         let mut items = Vec::with_capacity(n);
         for _ in 0..n {
             items.push(self.value(depth + 1)?);
         }
         Ok(Value::Array(items))
+    }
+
+    /// `n ≥ 1` non-negative integers in a row, or `None` (nothing consumed) when one of the
+    /// next `n` values is anything else or the input ends first.
+    fn uints(&mut self, n: usize) -> Option<Vec<u64>> {
+        if n == 0 {
+            return None;
+        }
+        let start = self.pos;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let v = match self.be::<1>().ok()?[0] {
+                b @ 0x00..=0x7f => Some(u64::from(b)),
+                0xcc => self.be::<1>().ok().map(|b| u64::from(b[0])),
+                0xcd => self.be().ok().map(|b| u64::from(u16::from_be_bytes(b))),
+                0xce => self.be().ok().map(|b| u64::from(u32::from_be_bytes(b))),
+                0xcf => self.be().ok().map(u64::from_be_bytes),
+                // Signed encodings of non-negative values (msgpack's `int` family).
+                0xd0 => self
+                    .be::<1>()
+                    .ok()
+                    .and_then(|b| u64::try_from(b[0] as i8).ok()),
+                0xd1 => self
+                    .be()
+                    .ok()
+                    .and_then(|b| u64::try_from(i16::from_be_bytes(b)).ok()),
+                0xd2 => self
+                    .be()
+                    .ok()
+                    .and_then(|b| u64::try_from(i32::from_be_bytes(b)).ok()),
+                0xd3 => self
+                    .be()
+                    .ok()
+                    .and_then(|b| u64::try_from(i64::from_be_bytes(b)).ok()),
+                _ => None,
+            };
+            match v {
+                Some(v) => out.push(v),
+                None => {
+                    self.pos = start;
+                    return None;
+                }
+            }
+        }
+        Some(out)
     }
 
     fn map(&mut self, n: usize, depth: usize) -> Result<Value<'a>, MsgpackError> {
@@ -253,6 +304,34 @@ mod tests {
         assert_eq!(
             decode(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
             Ok(Value::UInt(u64::MAX))
+        );
+    }
+
+    #[test]
+    fn arrays_of_non_negative_integers_decode_flat() {
+        // fixint, uint8, uint16, uint32, uint64 and a non-negative int8.
+        let bytes = [
+            0x96, 0x05, 0xcc, 0xc8, 0xcd, 0x01, 0x00, 0xce, 0x00, 0x01, 0x00, 0x00, 0xcf, 0, 0, 0,
+            1, 0, 0, 0, 0, 0xd0, 0x07,
+        ];
+        assert_eq!(
+            decode(&bytes),
+            Ok(Value::UInts(vec![5, 200, 256, 65_536, 1 << 32, 7]))
+        );
+        // One element of another kind keeps the general form, nothing lost.
+        assert_eq!(
+            decode(&[0x93, 0x01, 0xff, 0x02]),
+            Ok(Value::Array(vec![
+                Value::UInt(1),
+                Value::NegInt(-1),
+                Value::UInt(2)
+            ]))
+        );
+        assert_eq!(decode(&[0x90]), Ok(Value::Array(Vec::new())));
+        // Truncated inside the run: the same error as the general form.
+        assert_eq!(
+            decode(&[0x92, 0x01, 0xcd, 0x01]),
+            Err(MsgpackError::Truncated)
         );
     }
 
