@@ -287,6 +287,7 @@ impl Index {
             return;
         }
         let st = id.0 as u16;
+        let mut freed = Vec::new();
         for i in 0..self.store.arena_len() as RecId {
             let r = self.store.rec(i);
             if r.is_free() || r.stream != st {
@@ -297,15 +298,20 @@ impl Index {
                     self.drop_ref(i, t, true);
                 }
             }
+            if self.store.rec(i).is_free() {
+                freed.push(i);
+            }
         }
+        self.store.unindex_many(&freed);
         self.counters.clears += 1;
     }
 
     /// Drops references of record `id` on `tier` (all, or one), keeping the stream's counts;
-    /// true when a membership ended.
+    /// true when a membership ended. A record left holding nothing stays in the tables until
+    /// the caller passes it to `Store::unindex_many`.
     fn drop_ref(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
         let st = self.store.rec(id).stream;
-        if !self.store.drop_ref(id, tier, all) {
+        if !self.store.drop_ref_deferred(id, tier, all) {
             return false;
         }
         let freed = self.store.rec(id).is_free();
@@ -318,12 +324,17 @@ impl Index {
         true
     }
 
-    /// Drops every membership of record `id`; returns how many went.
-    fn drop_record(&mut self, id: RecId) -> usize {
-        Medium::ALL
+    /// Drops every membership of record `id` (which then waits in `freed` for
+    /// `Store::unindex_many`); returns how many went.
+    fn drop_record(&mut self, id: RecId, freed: &mut Vec<RecId>) -> usize {
+        let n = Medium::ALL
             .into_iter()
             .filter(|t| self.drop_ref(id, *t, true))
-            .count()
+            .count();
+        if n > 0 {
+            freed.push(id);
+        }
+        n
     }
 
     /// Whether one more membership fits, evicting when configured to; counts a refusal.
@@ -475,7 +486,9 @@ impl Index {
             let old = self.store.rec(r);
             if old.ns() != ns || old.seq() != seq {
                 // The engine reused a hash for other content: forget the old block first.
-                self.drop_record(r);
+                let mut freed = Vec::new();
+                self.drop_record(r, &mut freed);
+                self.store.unindex_many(&freed);
                 found = None;
             }
         }
@@ -522,6 +535,9 @@ impl Index {
             };
             if self.drop_ref(rec, r.medium, false) {
                 self.counters.removed += 1;
+                if self.store.rec(rec).is_free() {
+                    self.store.unindex_many(&[rec]);
+                }
             }
         }
     }
@@ -554,12 +570,14 @@ impl Index {
         }
         let cutoff = now - ttl;
         let mut n = 0;
+        let mut freed = Vec::new();
         for i in from..end {
             let r = self.store.rec(i as RecId);
             if !r.is_free() && r.touched < cutoff {
-                n += self.drop_record(i as RecId);
+                n += self.drop_record(i as RecId, &mut freed);
             }
         }
+        self.store.unindex_many(&freed);
         self.counters.expired += n as u64;
         (n, next)
     }
@@ -610,6 +628,7 @@ impl Index {
         let inclusive = sample.partition_point(|&t| t <= cutoff) * 2 <= sample.len();
         let target = self.store.memberships().div_ceil(256).max(1);
         let mut n = 0;
+        let mut freed = Vec::new();
         for _ in 0..len {
             if self.hand >= self.store.arena_len() {
                 self.hand = 0;
@@ -618,12 +637,13 @@ impl Index {
             self.hand += 1;
             let r = self.store.rec(i);
             if !r.is_free() && (r.touched < cutoff || (inclusive && r.touched == cutoff)) {
-                n += self.drop_record(i);
+                n += self.drop_record(i, &mut freed);
                 if n >= target {
                     break;
                 }
             }
         }
+        self.store.unindex_many(&freed);
         self.counters.evicted += n as u64;
         n > 0
     }

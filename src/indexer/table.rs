@@ -265,7 +265,19 @@ impl Store {
 
     /// One reference fewer on `tier` (all of them when `all`); true when the record no
     /// longer holds `tier` (a membership ended). A record left holding nothing is freed.
+    #[cfg(test)]
     pub(crate) fn drop_ref(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
+        let ended = self.drop_ref_deferred(id, tier, all);
+        if ended && self.recs[id as usize].is_free() {
+            self.unindex_many(&[id]);
+        }
+        ended
+    }
+
+    /// [`Store::drop_ref`] without freeing a record left holding nothing: the caller
+    /// collects those and frees them together with [`Store::unindex_many`] before anything
+    /// else reads the store.
+    pub(crate) fn drop_ref_deferred(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
         let r = &mut self.recs[id as usize];
         let before = r.refs(tier);
         if before == 0 {
@@ -277,14 +289,33 @@ impl Store {
             return false;
         }
         self.memberships -= 1;
-        if r.is_free() {
-            self.unindex(id);
-        }
         true
     }
 
-    /// Takes a live record out of both tables and onto the free list.
-    fn unindex(&mut self, id: RecId) {
+    /// Takes records left holding nothing out of both tables and onto the free list, in
+    /// the order given (so the arena's reuse order does not depend on how they went). One
+    /// by one (two table probes each) for a few; for many (a sixteenth of the table or
+    /// more: a clear, a mass expiry) one sequential pass over each table instead, which at
+    /// 10M records is several times faster than 10M pairs of random probes.
+    pub(crate) fn unindex_many(&mut self, ids: &[RecId]) {
+        if ids.len().saturating_mul(16) < self.by_block.capacity() {
+            for &id in ids {
+                self.unindex_one(id);
+            }
+        } else {
+            self.unindex_bulk(ids);
+        }
+        for &id in ids {
+            self.recs[id as usize] = Rec {
+                ns: self.free,
+                ..Rec::default()
+            };
+            self.free = id;
+        }
+        self.live -= ids.len();
+    }
+
+    fn unindex_one(&mut self, id: RecId) {
         let r = self.recs[id as usize];
         let recs = &self.recs;
         if let Ok(e) = self
@@ -307,12 +338,40 @@ impl Store {
         if !still {
             self.blocks -= 1;
         }
-        self.recs[id as usize] = Rec {
-            ns: self.free,
-            ..Rec::default()
-        };
-        self.free = id;
-        self.live -= 1;
+    }
+
+    fn unindex_bulk(&mut self, ids: &[RecId]) {
+        let mut gone = vec![0u64; self.recs.len().div_ceil(64)];
+        for &id in ids {
+            gone[id as usize / 64] |= 1 << (id % 64);
+        }
+        let is_gone = |i: RecId| gone[i as usize / 64] & (1 << (i % 64)) != 0;
+        // A block ends when none of its records stays; it is counted once, by the lowest
+        // id among its records that go.
+        let recs = &self.recs;
+        let mut ended = 0;
+        for &id in ids {
+            let r = &recs[id as usize];
+            let (ns, seq) = (r.ns, r.seq());
+            let mut stays = false;
+            let mut lowest = RecId::MAX;
+            for &i in self.by_block.iter_hash(block_hash(ns, seq)) {
+                let o = &recs[i as usize];
+                if o.seq() == seq && o.ns == ns {
+                    if is_gone(i) {
+                        lowest = lowest.min(i);
+                    } else {
+                        stays = true;
+                    }
+                }
+            }
+            if !stays && lowest == id {
+                ended += 1;
+            }
+        }
+        self.blocks -= ended;
+        self.by_engine.retain(|i| !is_gone(*i));
+        self.by_block.retain(|i| !is_gone(*i));
     }
 
     /// Calls `f(stream, mask)` for every record of the block (a mask of the tiers it holds).
