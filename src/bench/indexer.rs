@@ -285,19 +285,31 @@ pub async fn run(a: &IndexerBenchArgs) -> Result<IndexerReport, String> {
         e.publish(1).await?;
     }
     let mut polls = 0u64;
-    for i in 0..a.instances {
+    for (i, engine) in engines.iter_mut().enumerate() {
         let body = api.query(&shape.tokens(prompts + i as u64));
-        until_seen(
-            &mut conn,
-            &api,
-            &path("/query"),
-            &body,
-            i,
-            full,
-            timeout,
-            &mut polls,
-        )
-        .await?;
+        // On a loaded machine a SUB can join after its probe went out: send it again every
+        // few seconds (the same sequence number) until it shows, within the timeout.
+        let started = Instant::now();
+        let step = PROBE_RESEND.min(timeout);
+        loop {
+            let seen = until_seen(
+                &mut conn,
+                &api,
+                &path("/query"),
+                &body,
+                i,
+                full,
+                step,
+                &mut polls,
+            )
+            .await;
+            match seen {
+                Err(e) if e.contains(NOT_SHOWN) && started.elapsed() + step < timeout => {
+                    engine.republish_last().await?;
+                }
+                other => break other?,
+            }
+        }
     }
     let rss_before = a.pid.and_then(rss_bytes);
 
@@ -404,6 +416,11 @@ pub async fn run(a: &IndexerBenchArgs) -> Result<IndexerReport, String> {
     })
 }
 
+/// How often a probe nobody saw is sent again.
+const PROBE_RESEND: Duration = Duration::from_secs(5);
+/// The words of [`until_seen`]'s timeout error.
+const NOT_SHOWN: &str = "did not show its prompt";
+
 /// Polls `/query` with `body` until instance `i` matches `full` tokens.
 #[allow(clippy::too_many_arguments)]
 async fn until_seen(
@@ -432,7 +449,7 @@ async fn until_seen(
         }
         if start.elapsed() > timeout {
             return Err(format!(
-                "instance {} did not show its prompt within {timeout:?}: {}",
+                "instance {} {NOT_SHOWN} within {timeout:?}: {}",
                 api.name(i),
                 String::from_utf8_lossy(&reply)
             ));

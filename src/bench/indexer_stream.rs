@@ -195,6 +195,24 @@ impl EnginePublisher {
         self.next = end;
         Ok(sent)
     }
+
+    /// Sends the last published message again, same sequence number: for a probe a
+    /// subscriber that joined late missed (a PUB drops what it sends before the SUB's
+    /// subscription reaches it, and a replay asked before the send found nothing to serve).
+    pub(super) async fn republish_last(&mut self) -> Result<(), String> {
+        let Some(seq) = self.next.checked_sub(1) else {
+            return Ok(());
+        };
+        let msg = frames(vec![
+            Bytes::new(),
+            Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
+            self.messages[seq].clone(),
+        ])?;
+        self.socket
+            .send(msg)
+            .await
+            .map_err(|e| format!("publish: {e}"))
+    }
 }
 
 impl Drop for EnginePublisher {
