@@ -172,7 +172,11 @@ mod flat {
         fn uint(&mut self, max_digits: usize) -> Option<u64> {
             let start = self.i;
             let mut n = 0u64;
-            while let Some(d) = self.peek().map(|c| c.wrapping_sub(b'0')).filter(|d| *d < 10) {
+            while let Some(d) = self
+                .peek()
+                .map(|c| c.wrapping_sub(b'0'))
+                .filter(|d| *d < 10)
+            {
                 if self.i - start == max_digits {
                     return None;
                 }
@@ -183,6 +187,37 @@ mod flat {
             let clean = digits == 1 || (digits > 1 && self.b[start] != b'0');
             let after = self.peek();
             (clean && !matches!(after, Some(b'.' | b'e' | b'E'))).then_some(n)
+        }
+
+        /// A token id: a u32 without leading zeros, fraction or exponent. Up to 7 digits
+        /// are read 8 bytes at a time (where 8 bytes are left): the number's length from a
+        /// mask of the non-digit bytes, its value by [`eight_digits`], no branch per digit.
+        fn token(&mut self) -> Option<u32> {
+            const LO: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+            const HI: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+            const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+            const TOP: u64 = 0x8080_8080_8080_8080;
+            const ZEROS: u64 = 0x3030_3030_3030_3030;
+            let rest = &self.b[self.i..];
+            if let Some(word) = rest.get(..8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+                let w = u64::from_le_bytes(word);
+                // A byte is a digit when its high nibble is 3 and its low nibble at most 9:
+                // `bad` is non-zero in every other byte, `top` has its top bit set there.
+                let bad = ((w & HI) ^ ZEROS) | (((w & LO) + 0x0606_0606_0606_0606) & HI);
+                let top = (((bad & LOW7) + LOW7) | bad) & TOP;
+                let len = (top.trailing_zeros() / 8) as usize;
+                if (1..8).contains(&len) {
+                    if (len > 1 && rest[0] == b'0') || matches!(rest[len], b'.' | b'e' | b'E') {
+                        return None;
+                    }
+                    // Digit values, the number right-aligned (leading zero digits in front);
+                    // what follows it is shifted out, borrows included.
+                    let digits = w.wrapping_sub(ZEROS) << (8 * (8 - len));
+                    self.i += len;
+                    return Some(eight_digits(digits));
+                }
+            }
+            u32::try_from(self.uint(U32_DIGITS)?).ok()
         }
 
         /// A scalar field value.
@@ -214,8 +249,7 @@ mod flat {
                 if !self.peek()?.is_ascii_digit() {
                     self.ws()?;
                 }
-                let t = self.uint(U32_DIGITS)?;
-                list.push(u32::try_from(t).ok()?);
+                list.push(self.token()?);
                 match self.peek() {
                     Some(b',') => self.i += 1,
                     Some(b']') => break,
@@ -229,6 +263,16 @@ mod flat {
             self.i += 1;
             Some(Tokens::List(list))
         }
+    }
+
+    /// The value of 8 decimal digits, one per byte, the first in the lowest byte (Lemire's
+    /// SWAR conversion: pairs, then fours, then the eight).
+    fn eight_digits(d: u64) -> u32 {
+        let d = d.wrapping_mul(10).wrapping_add(d >> 8);
+        let d = (d & 0x0000_00FF_0000_00FF)
+            .wrapping_mul(100 + (1_000_000 << 32))
+            .wrapping_add(((d >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(1 + (10_000 << 32)));
+        (d >> 32) as u32
     }
 
     /// The body, or `None` when it is not of the common shape (see the module docs).
@@ -513,7 +557,11 @@ mod tests {
     #[test]
     fn token_errors_name_the_field_and_index() {
         for (b, reason, index) in [
-            (r#"{"token_ids":[1,2,4294967296,-1]}"#, "out_of_range", Some(2)),
+            (
+                r#"{"token_ids":[1,2,4294967296,-1]}"#,
+                "out_of_range",
+                Some(2),
+            ),
             (r#"{"token_ids":[0,-5]}"#, "out_of_range", Some(1)),
             (r#"{"token_ids":[0.5]}"#, "out_of_range", Some(0)),
             (r#"{"token_ids":"x"}"#, "invalid_type", None),
@@ -523,7 +571,11 @@ mod tests {
             let e = QueryBody::parse(b.as_bytes())
                 .and_then(QueryBody::token_ids)
                 .expect_err(b);
-            assert_eq!((e.reason, e.field, e.index), (reason, Some("token_ids"), index), "{b}");
+            assert_eq!(
+                (e.reason, e.field, e.index),
+                (reason, Some("token_ids"), index),
+                "{b}"
+            );
         }
         let e = QueryBody::parse(b"{\"token_ids\":[1,2").expect_err("cut");
         assert_eq!(e.reason, "invalid_json");
@@ -547,6 +599,46 @@ mod tests {
             .and_then(QueryBody::token_ids)
             .expect_err("out of range");
         assert_eq!(e.index, Some(n as usize - 3));
+    }
+
+    /// Token ids of every length, followed by every kind of byte, read 8 bytes at a time
+    /// or not, come out as their value (or are declined as serde would refuse them).
+    #[test]
+    fn token_ids_of_every_length() {
+        let mut ids: Vec<u64> = (0..=1000).collect();
+        for d in 1..=11u32 {
+            let p = 10u64.pow(d);
+            ids.extend([p - 1, p, p + 1, p / 2 + 7, p * 3 / 7]);
+        }
+        ids.extend([u64::from(u32::MAX), u64::from(u32::MAX) + 1]);
+        for id in ids {
+            for tail in ["]", ",0]", " ]", "\n,1]", "]}", ",99999999]"] {
+                for pad in ["", "      "] {
+                    let b = format!("{{\"token_ids\":[{id}{tail}{pad}}}");
+                    assert_same(&b);
+                    if id <= u64::from(u32::MAX) && !tail.ends_with("]}") {
+                        let got = QueryBody::parse(b.as_bytes())
+                            .and_then(QueryBody::token_ids)
+                            .expect(&b);
+                        assert_eq!(u64::from(got[0]), id, "{b}");
+                    }
+                }
+            }
+        }
+        // Leading zeros, fractions and exponents right after up to 7 digits.
+        for b in [
+            "[0123]",
+            "[00]",
+            "[1234567.5]",
+            "[12e2]",
+            "[1E2,3]",
+            "[7.0]",
+            "[1234567e1]",
+        ] {
+            let b = format!("{{\"token_ids\":{b},\"model\":\"m\"}}");
+            assert!(!flat_takes(&b), "{b}");
+            assert_same(&b);
+        }
     }
 
     /// Random mutations of a valid body: the two readers always agree.
