@@ -121,6 +121,9 @@ mod flat {
     use super::{QueryBody, Tokens};
     use serde_json::{Map, Value};
 
+    /// Most token ids room is made for before the list is read.
+    const MAX_PRESIZE: usize = 1 << 20;
+
     /// Digits of `u32::MAX`: a longer run of digits (no leading zeros) is out of range.
     const U32_DIGITS: usize = 10;
 
@@ -239,8 +242,9 @@ mod flat {
                 b'[' => self.i += 1,
                 _ => return None,
             }
-            // Every element takes at least two bytes (a digit and a separator).
-            let mut list = Vec::with_capacity((self.b.len() - self.i) / 2 + 1);
+            // Every element takes at least two bytes (a digit and a separator): room for
+            // every id the rest of the body can hold, up to 1M ids (4 MiB) before growing.
+            let mut list = Vec::with_capacity(((self.b.len() - self.i) / 2 + 1).min(MAX_PRESIZE));
             if self.ws()? == b']' {
                 self.i += 1;
                 return Some(Tokens::List(list));
