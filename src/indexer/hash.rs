@@ -19,6 +19,24 @@ const STACK_TOKENS: usize = 256;
 
 /// The hash of one block's tokens on its own (`local[i]`).
 pub fn local_hash(tokens: &[u32], seed: u64) -> u64 {
+    // The common block sizes get a buffer of exactly their size, filled by a loop of known
+    // length: no 1 KiB zeroing and no `memcpy` call per block (together about a third of
+    // `/query`'s hashing in a profile of block size 16).
+    if let Ok(t) = tokens.try_into() {
+        return exact::<16, 64>(t, seed);
+    }
+    if let Ok(t) = tokens.try_into() {
+        return exact::<32, 128>(t, seed);
+    }
+    if let Ok(t) = tokens.try_into() {
+        return exact::<64, 256>(t, seed);
+    }
+    if let Ok(t) = tokens.try_into() {
+        return exact::<128, 512>(t, seed);
+    }
+    if let Ok(t) = tokens.try_into() {
+        return exact::<256, 1024>(t, seed);
+    }
     if tokens.len() <= STACK_TOKENS {
         let mut buf = [0u8; STACK_TOKENS * 4];
         for (chunk, t) in buf.chunks_exact_mut(4).zip(tokens) {
@@ -29,6 +47,16 @@ pub fn local_hash(tokens: &[u32], seed: u64) -> u64 {
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         xxh3_64_with_seed(&bytes, seed)
     }
+}
+
+/// [`local_hash`] of exactly `N` tokens, through a buffer of `B` = 4 × `N` bytes.
+fn exact<const N: usize, const B: usize>(tokens: &[u32; N], seed: u64) -> u64 {
+    const { assert!(B == 4 * N) };
+    let mut buf = [0u8; B];
+    for (chunk, t) in buf.chunks_exact_mut(4).zip(tokens) {
+        chunk.copy_from_slice(&t.to_le_bytes());
+    }
+    xxh3_64_with_seed(&buf, seed)
 }
 
 /// The rolling hash of a block whose parent's rolling hash is `parent` (`seq[i]`, i > 0).
@@ -152,5 +180,22 @@ mod tests {
         assert_eq!(local_hash(&tokens, 7), xxh3_64_with_seed(&bytes, 7));
         assert!(seq_hashes(&tokens, 0, 7).is_empty());
         assert_eq!(seq_hashes(&tokens[..3], 4, 7).len(), 0);
+    }
+
+    /// Every block length, the exact-size ones (16 … 256) included, hashes its tokens'
+    /// little-endian bytes.
+    #[test]
+    fn every_block_length_hashes_its_bytes() {
+        let tokens: Vec<u32> = (0..300u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+        for n in 0..=tokens.len() {
+            let bytes: Vec<u8> = tokens[..n].iter().flat_map(|t| t.to_le_bytes()).collect();
+            for seed in [0, DEFAULT_SEED] {
+                assert_eq!(
+                    local_hash(&tokens[..n], seed),
+                    xxh3_64_with_seed(&bytes, seed),
+                    "{n} tokens"
+                );
+            }
+        }
     }
 }

@@ -10,11 +10,12 @@ use crate::indexer::index::{InstanceMatch, QueryScope};
 use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Map, Value};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -89,40 +90,82 @@ async fn unregister(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiE
     ))
 }
 
-fn answer(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {
-    if rows.is_empty() {
-        return json!({});
-    }
-    let mut instances = Map::new();
-    for (inst, m) in rows {
-        let dp: Map<String, Value> =
-            m.dp.iter()
-                .map(|(r, v)| (r.to_string(), json!(v)))
-                .collect();
-        instances.insert(
-            inst,
-            json!({"longest_matched": m.longest_matched, "GPU": m.gpu, "CPU": m.cpu,
-                   "DISK": m.disk, "DP": dp}),
-        );
-    }
-    json!({ tenant: instances })
+/// The `/query` and `/query_by_hash` answer, `{tenant: {instance: {"longest_matched", "GPU",
+/// "CPU", "DISK", "DP": {rank: tokens}}}}` (`{}` when nothing matched), serialized straight
+/// from the rows: building it as a `serde_json::Value` first cost a map, a string and a boxed
+/// value per field of every row.
+struct Answer<'a> {
+    tenant: &'a str,
+    rows: &'a BTreeMap<String, InstanceMatch>,
 }
 
-async fn query(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
+impl Serialize for Answer<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Rows<'a>(&'a BTreeMap<String, InstanceMatch>);
+        struct Row<'a>(&'a InstanceMatch);
+        impl Serialize for Rows<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_map(self.0.iter().map(|(inst, m)| (inst, Row(m))))
+            }
+        }
+        impl Serialize for Row<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let m = self.0;
+                let mut map = s.serialize_map(Some(5))?;
+                map.serialize_entry("longest_matched", &m.longest_matched)?;
+                map.serialize_entry("GPU", &m.gpu)?;
+                map.serialize_entry("CPU", &m.cpu)?;
+                map.serialize_entry("DISK", &m.disk)?;
+                map.serialize_entry("DP", &m.dp)?;
+                map.end()
+            }
+        }
+        let mut map = s.serialize_map(Some(usize::from(!self.rows.is_empty())))?;
+        if !self.rows.is_empty() {
+            map.serialize_entry(self.tenant, &Rows(self.rows))?;
+        }
+        map.end()
+    }
+}
+
+/// The answer as a JSON response.
+fn answer(tenant: &str, rows: &BTreeMap<String, InstanceMatch>) -> Response {
+    let mut out = Vec::with_capacity(64 + rows.len() * 128);
+    match serde_json::to_writer(&mut out, &Answer { tenant, rows }) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            out,
+        )
+            .into_response(),
+        Err(e) => ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            reason: "internal",
+            message: format!("cannot write the answer: {e}"),
+            field: None,
+            index: None,
+        }
+        .into_response(),
+    }
+}
+
+async fn query(State(st): St, Body(body): Body) -> Result<Response, ApiError> {
     let body = super::query_body::QueryBody::parse(&body)?;
     let head = api::query_head(&body.fields)?;
     let tokens = body.token_ids()?;
     let scope = scope(&head);
     let rows = st.core.read().index.query_tokens(&scope, &tokens);
-    Ok(Json(answer(&head.tenant, rows)))
+    Ok(answer(&head.tenant, &rows))
 }
 
-async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
+async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Response, ApiError> {
     let body = api::object(&body)?;
     let head = api::query_head(&body)?;
     let hashes = api::seq_hashes(&body)?;
     let rows = st.core.read().index.query_hashes(&scope(&head), &hashes);
-    Ok(Json(answer(&head.tenant, rows)))
+    Ok(answer(&head.tenant, &rows))
 }
 
 fn scope(head: &api::QueryHead) -> QueryScope<'_> {
@@ -304,4 +347,69 @@ async fn metrics(State(st): St) -> impl IntoResponse {
 
 async fn openapi() -> Json<Value> {
     Json(super::openapi_doc())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Map;
+
+    /// The answer as it was built before: a `serde_json::Value`.
+    fn as_value(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {
+        if rows.is_empty() {
+            return json!({});
+        }
+        let mut instances = Map::new();
+        for (inst, m) in rows {
+            let dp: Map<String, Value> =
+                m.dp.iter()
+                    .map(|(r, v)| (r.to_string(), json!(v)))
+                    .collect();
+            instances.insert(
+                inst,
+                json!({"longest_matched": m.longest_matched, "GPU": m.gpu, "CPU": m.cpu,
+                       "DISK": m.disk, "DP": dp}),
+            );
+        }
+        json!({ tenant: instances })
+    }
+
+    /// The answer's bytes are those of the `Value` it replaced, key order included.
+    #[test]
+    fn the_answer_is_the_bytes_of_the_value() {
+        let row = |n: u64, ranks: &[u32]| InstanceMatch {
+            longest_matched: n,
+            gpu: n / 2,
+            cpu: n / 3,
+            disk: 0,
+            dp: ranks.iter().map(|&r| (r, n + u64::from(r))).collect(),
+        };
+        let cases: Vec<(&str, Vec<(&str, InstanceMatch)>)> = vec![
+            ("default", vec![]),
+            ("default", vec![("vllm-1", row(2048, &[0]))]),
+            (
+                "t\"\\é",
+                vec![
+                    ("b", row(16, &[0, 1, 2, 10, 11, 100])),
+                    ("a\n\u{1}", row(u64::MAX, &[])),
+                    ("", row(0, &[u32::MAX])),
+                ],
+            ),
+        ];
+        for (tenant, rows) in cases {
+            let rows: BTreeMap<String, InstanceMatch> =
+                rows.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let mut bytes = Vec::new();
+            serde_json::to_writer(
+                &mut bytes,
+                &Answer {
+                    tenant,
+                    rows: &rows,
+                },
+            )
+            .expect("written");
+            let want = serde_json::to_vec(&as_value(tenant, rows)).expect("written");
+            assert_eq!(String::from_utf8(bytes), String::from_utf8(want));
+        }
+    }
 }
