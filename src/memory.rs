@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// Bursts smaller than this are not worth a trim.
 pub const MIN_BURST_BYTES: usize = 16 << 20;
 /// At most one trim this often, process-wide.
-pub const MIN_INTERVAL_MS: u64 = 2_000;
+pub const MIN_INTERVAL_MS: u64 = 500;
 
 static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
 static TRIMS: AtomicU64 = AtomicU64::new(0);
