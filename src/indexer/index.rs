@@ -428,13 +428,26 @@ impl Index {
             },
         };
         let seed = self.config.seed;
-        for (engine, block) in s.hashes.iter().zip(s.tokens.chunks_exact(bs)) {
-            let seq = hash::next_seq_hash(parent, block, seed);
-            let key = if s.standard_hashes { seq } else { *engine };
-            if !self.store_block(id, key, ns, seq, s.medium, now) {
+        // Every block's hash first, then the table slots they touch (independent reads whose
+        // cache misses overlap), then the stores: at 10M blocks the misses dominate.
+        let seqs: Vec<u64> = s
+            .tokens
+            .chunks_exact(bs)
+            .map(|block| {
+                let seq = hash::next_seq_hash(parent, block, seed);
+                parent = Some(seq);
+                seq
+            })
+            .collect();
+        let key = |engine: u64, seq: u64| if s.standard_hashes { seq } else { engine };
+        let st = id.0 as u16;
+        for (engine, seq) in s.hashes.iter().zip(&seqs) {
+            self.store.warm(st, key(*engine, *seq), ns, *seq);
+        }
+        for (engine, seq) in s.hashes.iter().zip(&seqs) {
+            if !self.store_block(id, key(*engine, *seq), ns, *seq, s.medium, now) {
                 return;
             }
-            parent = Some(seq);
         }
     }
 
