@@ -181,15 +181,7 @@ impl EnginePublisher {
         for seq in self.next..end {
             // Counted before the send: a replay asked after the live message arrived serves it.
             self.published.store(seq + 1, Ordering::Release);
-            let msg = frames(vec![
-                Bytes::new(),
-                Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
-                self.messages[seq].clone(),
-            ])?;
-            self.socket
-                .send(msg)
-                .await
-                .map_err(|e| format!("publish: {e}"))?;
+            self.send(seq).await?;
         }
         let sent = end - self.next;
         self.next = end;
@@ -200,9 +192,14 @@ impl EnginePublisher {
     /// subscriber that joined late missed (a PUB drops what it sends before the SUB's
     /// subscription reaches it, and a replay asked before the send found nothing to serve).
     pub(super) async fn republish_last(&mut self) -> Result<(), String> {
-        let Some(seq) = self.next.checked_sub(1) else {
-            return Ok(());
-        };
+        match self.next.checked_sub(1) {
+            Some(seq) => self.send(seq).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Sends message `seq` under its sequence number.
+    async fn send(&mut self, seq: usize) -> Result<(), String> {
         let msg = frames(vec![
             Bytes::new(),
             Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
