@@ -13,6 +13,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("transport", &[]),
     ("net", &[]),
     ("metrics", &[]),
+    ("memory", &[]),
     ("config", &["protocol"]),
     ("index", &["protocol"]),
     ("web", &["config"]),
@@ -34,7 +35,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "web",
         ],
     ),
-    ("indexer", &["cluster", "config", "net", "transport", "web"]),
+    (
+        "indexer",
+        &["cluster", "config", "memory", "net", "transport", "web"],
+    ),
     ("coordinator", &["cluster", "config", "net", "web"]),
     // The node reports what it holds as a worker does, through the worker library.
     (
