@@ -15,7 +15,7 @@ mod takeover;
 
 pub use lease::{Lease, LeaseBucket, RenewError};
 pub use log::{Applied, LogCursor, Position};
-pub use takeover::{ReadBack, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD};
+pub use takeover::{ReadBack, SnapshotSchedule, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD};
 
 use crate::config::defaults::cluster as d;
 use async_nats::jetstream::{self, consumer, stream};

@@ -8,6 +8,44 @@ use std::time::{Duration, Instant};
 /// Least time between two snapshots one follower publishes.
 pub const MIN_SNAPSHOT_INTERVAL: Duration = Duration::from_secs(10);
 
+/// When a follower publishes its next snapshot: every `every` records it handled (0: never),
+/// at most every [`MIN_SNAPSHOT_INTERVAL`], only while in sync and not leading.
+#[derive(Debug)]
+pub struct SnapshotSchedule {
+    every: u64,
+    since: u64,
+    last: Option<Instant>,
+}
+
+impl SnapshotSchedule {
+    /// A schedule of one snapshot every `every` records (0: none).
+    pub fn new(every: u64) -> Self {
+        Self {
+            every,
+            since: 0,
+            last: None,
+        }
+    }
+
+    /// Counts one handled record; true when a snapshot is due now (the count and the
+    /// interval then start again).
+    pub fn handled(&mut self, in_sync: bool, leading: bool) -> bool {
+        self.since += 1;
+        let due = self.every > 0
+            && self.since >= self.every
+            && self
+                .last
+                .is_none_or(|t| t.elapsed() >= MIN_SNAPSHOT_INTERVAL)
+            && in_sync
+            && !leading;
+        if due {
+            self.since = 0;
+            self.last = Some(Instant::now());
+        }
+        due
+    }
+}
+
 /// Room for a record's fields besides its change, under the server's message size.
 pub const RECORD_OVERHEAD: usize = 1024;
 
@@ -72,5 +110,31 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::SnapshotSchedule;
+
+    #[test]
+    fn a_snapshot_is_due_every_n_records_in_sync_not_leading_and_not_twice_within_the_interval() {
+        let mut s = SnapshotSchedule::new(3);
+        assert!(!s.handled(true, false));
+        assert!(!s.handled(true, false));
+        assert!(s.handled(true, false), "the third record");
+        // The count starts again, and the interval holds off the next one.
+        for _ in 0..5 {
+            assert!(!s.handled(true, false));
+        }
+        let mut out_of_sync = SnapshotSchedule::new(1);
+        assert!(!out_of_sync.handled(false, false));
+        assert!(
+            !out_of_sync.handled(true, true),
+            "a leader does not snapshot"
+        );
+        assert!(out_of_sync.handled(true, false));
+        let mut never = SnapshotSchedule::new(0);
+        assert!((0..10).all(|_| !never.handled(true, false)));
     }
 }

@@ -14,7 +14,7 @@ use super::changes::{Applied, Change, Follower, Record, Snapshot};
 use super::driver::Shared;
 use crate::cluster::{
     self, now_ms, Cluster, ClusterError, Lease, LeaseBucket, PublishStats, ReadBack, ReaderStatus,
-    MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD,
+    SnapshotSchedule, RECORD_OVERHEAD,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -409,16 +409,14 @@ async fn restore_snapshot(cluster: &Cluster, shared: &Shared, status: &ClusterSt
 }
 
 /// Applies what the reader delivers, and every `snapshot_records` records (at most every
-/// [`MIN_SNAPSHOT_INTERVAL`]) publishes a snapshot of the followed fleet.
+/// [`cluster::MIN_SNAPSHOT_INTERVAL`]) publishes a snapshot of the followed fleet.
 async fn apply_loop(
     cluster: Cluster,
     shared: Arc<Shared>,
     st: Arc<ClusterStatus>,
     mut rx: mpsc::Receiver<(u64, Bytes)>,
 ) {
-    let every = cluster.config().snapshot_records;
-    let mut since = 0u64;
-    let mut last: Option<Instant> = None;
+    let mut schedule = SnapshotSchedule::new(cluster.config().snapshot_records);
     while let Some((stream_seq, bytes)) = rx.recv().await {
         match Record::decode(&bytes) {
             Ok(r) => {
@@ -432,15 +430,7 @@ async fn apply_loop(
             }
         }
         st.processed.fetch_add(1, Ordering::Relaxed);
-        since += 1;
-        let due = every > 0
-            && since >= every
-            && last.is_none_or(|t| t.elapsed() >= MIN_SNAPSHOT_INTERVAL)
-            && st.in_sync()
-            && !st.is_leader();
-        if due {
-            since = 0;
-            last = Some(Instant::now());
+        if schedule.handled(st.in_sync(), st.is_leader()) {
             let s = Arc::clone(&shared);
             // The dump holds the fleet's read lock (this loop waits for it, readers go on).
             let Ok(Some(data)) = tokio::task::spawn_blocking(move || s.snapshot()).await else {

@@ -16,7 +16,7 @@
 //!
 //! Snapshots: a standby in sync publishes its whole state with its log position
 //! ([`Snapshot`]) every `snapshot_records` records it applied (at most every
-//! [`MIN_SNAPSHOT_INTERVAL`]); a standby starting restores the latest one and reads the log
+//! [`cluster::MIN_SNAPSHOT_INTERVAL`]); a standby starting restores the latest one and reads the log
 //! from the next stream sequence, so it is in sync even after the stream dropped the log's
 //! start.
 
@@ -26,7 +26,7 @@ use super::snapshot::Snapshot;
 use super::{CoordinatorConfig, CoordinatorError};
 use crate::cluster::{
     self, now_ms, Cluster, ClusterConfig, ClusterError, Lease, LeaseBucket, PublishStats, ReadBack,
-    ReaderStatus, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD,
+    ReaderStatus, SnapshotSchedule, RECORD_OVERHEAD,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -492,7 +492,7 @@ async fn restore_snapshot(cluster: &Cluster, state: Replica) -> (Replica, Option
 }
 
 /// Applies what the reader delivers, and every `snapshot_records` records (at most every
-/// [`MIN_SNAPSHOT_INTERVAL`], only in sync and before a takeover) publishes a snapshot of the
+/// [`cluster::MIN_SNAPSHOT_INTERVAL`], only in sync and before a takeover) publishes a snapshot of the
 /// followed state.
 async fn apply_loop(
     cluster: Cluster,
@@ -500,9 +500,7 @@ async fn apply_loop(
     mut rx: mpsc::Receiver<(u64, Bytes)>,
     tasks: TaskTracker,
 ) {
-    let every = cluster.config().snapshot_records;
-    let mut since = 0u64;
-    let mut last: Option<Instant> = None;
+    let mut schedule = SnapshotSchedule::new(cluster.config().snapshot_records);
     while let Some((stream_seq, bytes)) = rx.recv().await {
         match Record::decode(&bytes) {
             Ok(r) => st.apply(r, stream_seq),
@@ -511,17 +509,9 @@ async fn apply_loop(
                 tracing::warn!("cluster: a coordinator change record did not decode: {e}");
             }
         }
-        since += 1;
-        let due = every > 0
-            && since >= every
-            && last.is_none_or(|t| t.elapsed() >= MIN_SNAPSHOT_INTERVAL)
-            && st.in_sync()
-            && !st.is_leader();
-        if !due {
+        if !schedule.handled(st.in_sync(), st.is_leader()) {
             continue;
         }
-        since = 0;
-        last = Some(Instant::now());
         let s = Arc::clone(&st);
         // The dump holds the followed state's lock (records wait; the loop too).
         let dumped = tokio::task::spawn_blocking(move || s.snapshot().map(|s| s.encode()));
