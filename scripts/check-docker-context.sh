@@ -69,6 +69,10 @@ for line in "${copies[@]}"; do
     done
 done
 
+# `cargo metadata` resolves the packages of every platform (Windows-only ones too), and a
+# machine that has only built for Linux has not downloaded those: fetch them first, so that
+# the offline step below checks the context, not the local cache.
+cargo fetch --locked --quiet
 echo "== cargo metadata --locked --offline on exactly those files"
 cargo metadata --locked --offline --format-version 1 --manifest-path "$tmp/Cargo.toml" >/dev/null
 

@@ -412,6 +412,11 @@ async fn read(
         })
         .await
         .map_err(|e| (next, e.to_string()))?;
+    // What the stream holds from `from` on counts as pending before the first message
+    // arrives: a follower that just restored a snapshot is not caught up until it read them.
+    status
+        .pending
+        .store(consumer.cached_info().num_pending, Ordering::Relaxed);
     let mut messages = consumer
         .messages()
         .await
