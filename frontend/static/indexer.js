@@ -87,7 +87,7 @@ function renderKpis() {
   kpi("memberships-bar").querySelector(".bar-fill").style.width = `${Math.min(1, used) * 100}%`;
   setText(kpi("memberships-sub"), `${fmtPct(used)} of ${fmtCompact(t.max_memberships)} · ${fmtBytes(t.heap_bytes)} heap`);
   const last = gauges.points[gauges.points.length - 1];
-  setText(kpi("blocks"), fmtCompact(t.blocks));
+  setText(kpi("blocks"), fmtCompact(t.records));
   setText(kpi("blocks-sub"), last ? `GPU ${fmtCompact(last.gpu)} · CPU ${fmtCompact(last.cpu)} · DISK ${fmtCompact(last.disk)}` : " ");
   const r = rates.points[rates.points.length - 1];
   setText(kpi("events"), r ? fmtRate(r.events) : "–");

@@ -5,13 +5,14 @@
 //! hash recomputed from its `token_ids`, and each stream keeps `engine hash → (namespace,
 //! sequence hash, per-tier references, last store time)` to resolve removals, token-less
 //! offload events and children. An event whose parent is unknown is dropped and counted,
-//! never guessed. The records live in one arena ([`super::table::Store`]); the TTL sweep and
-//! capacity eviction walk it in slices. Pure and synchronous: the caller passes the time
-//! (seconds, any epoch) and holds any lock.
+//! never guessed. The records live in one arena ([`super::table::Store`]), a prompt's blocks
+//! one after another where they can; a query follows them in arena order. The TTL sweep and
+//! capacity eviction walk the arena in slices. Pure and synchronous: the caller passes the
+//! time (seconds, any epoch) and holds any lock.
 
 use super::events::{KvEvent, Lora, Medium, Removed, Stored};
 use super::hash;
-use super::table::{RecId, Store};
+use super::table::{LaneId, RecId, Store, MAX_AGE};
 use std::collections::{BTreeMap, HashMap};
 
 /// A stream's id, stable while it is registered.
@@ -49,13 +50,17 @@ pub struct StreamSpec {
     pub shared: bool,
 }
 
+/// The most `(holder, block)` memberships an index holds (record ids are 28 bits).
+pub const MAX_MEMBERSHIPS: usize = (1 << 28) - 3;
+
 /// Limits of the index.
 #[derive(Clone, Copy, Debug)]
 pub struct IndexConfig {
     /// The XXH3 seed of the standard hashes.
     pub seed: u64,
-    /// At most this many `(holder, block)` memberships. At the limit the least recently
-    /// stored are evicted (`evict_at_capacity`), or new ones are refused.
+    /// At most this many `(holder, block)` memberships (at most [`MAX_MEMBERSHIPS`]). At the
+    /// limit the least recently stored are evicted (`evict_at_capacity`), or new ones are
+    /// refused.
     pub max_memberships: usize,
     /// At the limit, evict about 1/16 of the memberships, those not stored again for the
     /// longest time, instead of refusing new ones.
@@ -92,7 +97,8 @@ pub struct Counters {
     pub opaque: u64,
     /// Events of a KV cache group other than 0.
     pub other_group: u64,
-    /// Memberships refused at the capacity limit.
+    /// Memberships refused at the capacity limit (or with every `(stream, namespace)` lane
+    /// in use).
     pub capacity_refused: u64,
     /// Memberships dropped by the TTL.
     pub expired: u64,
@@ -122,7 +128,7 @@ pub struct StreamStats {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct NsKey {
+pub(crate) struct NsKey {
     tenant: String,
     model: String,
     lora: LoraNs,
@@ -169,7 +175,14 @@ pub struct Index {
     store: Store,
     streams: Vec<Option<Stream>>,
     free_streams: Vec<u32>,
+    /// Namespace ids, while a lane (records of one stream in one namespace) uses them.
     ns_ids: HashMap<NsKey, u32>,
+    ns_keys: Vec<Option<NsKey>>,
+    free_ns: Vec<u32>,
+    /// Namespace ids handed out during the current change (freed after it if unused).
+    fresh_ns: Vec<u32>,
+    /// The TTL in ticks of the store's clock.
+    ttl_ticks: Option<u32>,
     counters: Counters,
     /// Where capacity eviction's walk over the arena goes on from.
     hand: usize,
@@ -191,12 +204,24 @@ pub fn effective_salt(additional: &str, cache_salt: &str) -> String {
 impl Index {
     /// An empty index.
     pub fn new(config: IndexConfig) -> Self {
+        // Store times are 16-bit ticks: a second, or as many as keep the TTL within half
+        // of the exact ages.
+        let tick = config
+            .ttl_secs
+            .map_or(1, |t| t.div_ceil(MAX_AGE / 2).max(1));
         Self {
-            config,
-            store: Store::new(),
+            config: IndexConfig {
+                max_memberships: config.max_memberships.min(MAX_MEMBERSHIPS),
+                ..config
+            },
+            store: Store::new(tick),
             streams: Vec::new(),
             free_streams: Vec::new(),
             ns_ids: HashMap::new(),
+            ns_keys: Vec::new(),
+            free_ns: Vec::new(),
+            fresh_ns: Vec::new(),
+            ttl_ticks: config.ttl_secs.map(|t| t / tick),
             counters: Counters::default(),
             hand: 0,
         }
@@ -217,13 +242,24 @@ impl Index {
         self.store.memberships()
     }
 
-    /// Distinct `(namespace, block)` entries stored.
-    pub fn blocks(&self) -> usize {
-        self.store.blocks()
+    /// `(stream, block)` records stored, whatever tiers each holds.
+    pub fn records(&self) -> usize {
+        self.store.records()
     }
 
-    /// Heap bytes of the record arena and its two tables (a lower bound on what the index
-    /// costs; namespaces and stream specs are not counted).
+    /// Records a query finds through the block table (the first of each stored run of a
+    /// chain); the others follow their parent in the arena.
+    pub fn chain_heads(&self) -> usize {
+        self.store.heads()
+    }
+
+    /// Namespaces in use.
+    pub fn namespaces(&self) -> usize {
+        self.ns_ids.len()
+    }
+
+    /// Heap bytes of the record arena, its two tables and the lanes (a lower bound on what
+    /// the index costs; namespaces and stream specs are not counted).
     pub fn heap_bytes(&self) -> usize {
         self.store.heap_bytes()
     }
@@ -272,6 +308,7 @@ impl Index {
     /// Removes a stream and every membership it held.
     pub fn remove_stream(&mut self, id: StreamId) {
         self.clear_stream(id, None);
+        self.collect();
         if let Some(slot) = self.streams.get_mut(id.0 as usize) {
             if slot.take().is_some() {
                 self.free_streams.push(id.0);
@@ -290,7 +327,7 @@ impl Index {
         let mut freed = Vec::new();
         for i in 0..self.store.arena_len() as RecId {
             let r = self.store.rec(i);
-            if r.is_free() || r.stream != st {
+            if r.is_free() || self.store.stream_of(&r) != st {
                 continue;
             }
             for t in Medium::ALL {
@@ -304,13 +341,14 @@ impl Index {
         }
         self.store.unindex_many(&freed);
         self.counters.clears += 1;
+        self.collect();
     }
 
     /// Drops references of record `id` on `tier` (all, or one), keeping the stream's counts;
     /// true when a membership ended. A record left holding nothing stays in the tables until
     /// the caller passes it to `Store::unindex_many`.
     fn drop_ref(&mut self, id: RecId, tier: Medium, all: bool) -> bool {
-        let st = self.store.rec(id).stream;
+        let st = self.store.stream_of(&self.store.rec(id));
         if !self.store.drop_ref_deferred(id, tier, all) {
             return false;
         }
@@ -338,11 +376,11 @@ impl Index {
     }
 
     /// Whether one more membership fits, evicting when configured to; counts a refusal.
-    fn room(&mut self) -> bool {
+    fn room(&mut self, now: u32) -> bool {
         let max = self.config.max_memberships;
         if self.store.memberships() < max
             || (self.config.evict_at_capacity
-                && self.evict_oldest()
+                && self.evict_oldest(now)
                 && self.store.memberships() < max)
         {
             return true;
@@ -352,8 +390,39 @@ impl Index {
     }
 
     fn ns_id(&mut self, key: NsKey) -> u32 {
-        let next = self.ns_ids.len() as u32;
-        *self.ns_ids.entry(key).or_insert(next)
+        if let Some(&id) = self.ns_ids.get(&key) {
+            return id;
+        }
+        let id = match self.free_ns.pop() {
+            Some(id) => {
+                self.ns_keys[id as usize] = Some(key.clone());
+                id
+            }
+            None => {
+                self.ns_keys.push(Some(key.clone()));
+                (self.ns_keys.len() - 1) as u32
+            }
+        };
+        self.ns_ids.insert(key, id);
+        self.fresh_ns.push(id);
+        id
+    }
+
+    /// After a change: frees the lanes left without records and the namespaces left
+    /// without lanes, so that neither outlives the blocks that made them.
+    fn collect(&mut self) {
+        self.store.collect_lanes();
+        let mut gone = self.store.take_released_ns();
+        gone.append(&mut self.fresh_ns);
+        for ns in gone {
+            if self.store.ns_in_use(ns) {
+                continue;
+            }
+            if let Some(key) = self.ns_keys.get_mut(ns as usize).and_then(Option::take) {
+                self.ns_ids.remove(&key);
+                self.free_ns.push(ns);
+            }
+        }
     }
 
     /// Applies one event of stream `id` at time `now` (seconds).
@@ -366,6 +435,7 @@ impl Index {
             KvEvent::Removed(r) => self.apply_removed(id, r),
             KvEvent::Cleared(tier) => self.clear_stream(id, *tier),
         }
+        self.collect();
     }
 
     fn event_ns(&mut self, id: StreamId, s: &Stored) -> Option<u32> {
@@ -410,22 +480,32 @@ impl Index {
             self.counters.shape_mismatch += 1;
             return;
         }
-        let (ns, mut parent) = match s.parent {
+        let st = id.0 as u16;
+        // The namespace, the parent's sequence hash and, when the parent is one of this
+        // stream's records, that record (so the first block can follow it in the arena).
+        let (ns, mut parent, parent_rec) = match s.parent {
             None => match self.event_ns(id, s) {
-                Some(ns) => (ns, None),
+                Some(ns) => (ns, None, None),
                 None => return,
             },
             Some(p) if s.standard_hashes => match self.event_ns(id, s) {
-                Some(ns) => (ns, Some(p)),
+                Some(ns) => (ns, Some(p), None),
                 None => return,
             },
-            Some(p) => match self.lookup(id, p) {
-                Some(r) => (r.ns(), Some(r.seq())),
+            Some(p) => match self.store.find_engine(st, p) {
+                Some(r) => {
+                    let rec = self.store.rec(r);
+                    (self.store.ns_of(&rec), Some(rec.seq()), Some(r))
+                }
                 None => {
                     self.counters.orphans += 1;
                     return;
                 }
             },
+        };
+        let Some(lane) = self.store.lane(st, ns) else {
+            self.counters.capacity_refused += 1;
+            return;
         };
         let seed = self.config.seed;
         // Every block's hash first, then the table slots they touch (independent reads whose
@@ -440,13 +520,14 @@ impl Index {
             })
             .collect();
         let key = |engine: u64, seq: u64| if s.standard_hashes { seq } else { engine };
-        let st = id.0 as u16;
         for (engine, seq) in s.hashes.iter().zip(&seqs) {
-            self.store.warm(st, key(*engine, *seq), ns, *seq);
+            self.store.warm(st, key(*engine, *seq));
         }
+        let mut prev = parent_rec.map(|r| (r, self.store.rec(r).seq()));
         for (engine, seq) in s.hashes.iter().zip(&seqs) {
-            if !self.store_block(id, key(*engine, *seq), ns, *seq, s.medium, now) {
-                return;
+            match self.store_block(lane, key(*engine, *seq), *seq, s.medium, now, prev) {
+                Some(r) => prev = Some((r, *seq)),
+                None => return,
             }
         }
     }
@@ -456,8 +537,15 @@ impl Index {
         let Some(ns) = self.event_ns(id, s) else {
             return;
         };
+        let Some(lane) = self.store.lane(id.0 as u16, ns) else {
+            self.counters.capacity_refused += 1;
+            return;
+        };
         for h in &s.hashes {
-            if !self.store_block(id, *h, ns, *h, s.medium, now) {
+            if self
+                .store_block(lane, *h, *h, s.medium, now, None)
+                .is_none()
+            {
                 return;
             }
         }
@@ -465,39 +553,43 @@ impl Index {
 
     /// Token-less stores (vLLM offload placeholders): resolved through the engine-hash map.
     fn store_placeholder(&mut self, id: StreamId, s: &Stored, now: u32) {
+        let st = id.0 as u16;
         for h in &s.hashes {
-            match self.lookup(id, *h) {
-                Some(r) => {
-                    if !self.store_block(id, *h, r.ns(), r.seq(), s.medium, now) {
-                        return;
-                    }
-                }
-                None => self.counters.unknown_hashes += 1,
+            let Some(r) = self.store.find_engine(st, *h) else {
+                self.counters.unknown_hashes += 1;
+                continue;
+            };
+            let rec = self.store.rec(r);
+            let Some(lane) = self.store.lane(st, self.store.ns_of(&rec)) else {
+                self.counters.capacity_refused += 1;
+                return;
+            };
+            if self
+                .store_block(lane, *h, rec.seq(), s.medium, now, None)
+                .is_none()
+            {
+                return;
             }
         }
     }
 
-    fn lookup(&self, id: StreamId, engine: u64) -> Option<super::table::Rec> {
-        let r = self.store.find_engine(id.0 as u16, engine)?;
-        Some(*self.store.rec(r))
-    }
-
-    /// Records `engine → (ns, seq)` with one more reference on `tier`; false when the
-    /// capacity limit refused it (the caller stops the event there).
+    /// Records `engine → seq` in `lane` with one more reference on `tier`, and returns the
+    /// record; `None` when the capacity limit refused it (the caller stops the event there).
+    /// `parent` is the record of the block before it in its chain, with that block's hash.
     fn store_block(
         &mut self,
-        id: StreamId,
+        lane: LaneId,
         engine: u64,
-        ns: u32,
         seq: u64,
         tier: Medium,
         now: u32,
-    ) -> bool {
-        let st = id.0 as u16;
+        parent: Option<(RecId, u64)>,
+    ) -> Option<RecId> {
+        let (st, ns) = self.store.lane_parts(lane);
         let mut found = self.store.find_engine(st, engine);
         if let Some(r) = found {
             let old = self.store.rec(r);
-            if old.ns() != ns || old.seq() != seq {
+            if self.store.ns_of(&old) != ns || old.seq() != seq {
                 // The engine reused a hash for other content: forget the old block first.
                 let mut freed = Vec::new();
                 self.drop_record(r, &mut freed);
@@ -508,20 +600,23 @@ impl Index {
         let adding = found.is_none_or(|r| self.store.rec(r).refs(tier) == 0);
         if adding {
             let evicted = self.counters.evicted;
-            if !self.room() {
-                return false;
+            if !self.room(now) {
+                return None;
             }
             if self.counters.evicted != evicted {
                 // The eviction may have dropped this record.
                 found = self.store.find_engine(st, engine);
             }
         }
-        let (new_membership, new_record) = match found {
-            Some(r) => (self.store.add_ref(r, tier, now), false),
-            None => {
-                self.store.insert(st, engine, ns, seq, tier, now);
-                (true, true)
-            }
+        let (id, new_membership, new_record) = match found {
+            Some(r) => (r, self.store.add_ref(r, tier, now), false),
+            None => match self.store.insert(lane, engine, seq, tier, now, parent) {
+                Some(r) => (r, true, true),
+                None => {
+                    self.counters.capacity_refused += 1;
+                    return None;
+                }
+            },
         };
         if let Some(s) = self.stream_mut(st) {
             if new_membership {
@@ -532,7 +627,7 @@ impl Index {
             }
         }
         self.counters.stored += 1;
-        true
+        Some(id)
     }
 
     fn apply_removed(&mut self, id: StreamId, r: &Removed) {
@@ -569,29 +664,34 @@ impl Index {
         }
     }
 
-    /// The TTL sweep over `len` records of the arena from `from`: [`Index::expire`] in
-    /// slices, so that one lock hold walks a bounded part of the index whatever the streams.
-    /// Returns the memberships dropped and where the next slice starts (`None`: done).
+    /// The sweep over `len` records of the arena from `from`: [`Index::expire`] in slices,
+    /// so that one lock hold walks a bounded part of the index whatever the streams. With a
+    /// TTL it drops what is too old; with or without, it clamps the store times older than
+    /// the 16-bit clock tells apart (a walk of the whole arena must come at least every few
+    /// hours: see [`MAX_AGE`]). Returns the memberships dropped and where the next slice
+    /// starts (`None`: done).
     pub fn expire_slice(&mut self, from: usize, len: usize, now: u32) -> (usize, Option<usize>) {
         let end = from.saturating_add(len.max(1)).min(self.store.arena_len());
         let next = (end < self.store.arena_len()).then_some(end);
-        let Some(ttl) = self.config.ttl_secs else {
-            return (0, None);
-        };
-        if now < ttl {
-            return (0, None);
-        }
-        let cutoff = now - ttl;
         let mut n = 0;
         let mut freed = Vec::new();
         for i in from..end {
-            let r = self.store.rec(i as RecId);
-            if !r.is_free() && r.touched < cutoff {
-                n += self.drop_record(i as RecId, &mut freed);
+            let i = i as RecId;
+            if self.store.rec(i).is_free() {
+                continue;
+            }
+            if self
+                .ttl_ticks
+                .is_some_and(|ttl| self.store.age(i, now) > ttl)
+            {
+                n += self.drop_record(i, &mut freed);
+            } else {
+                self.store.clamp_age(i, now);
             }
         }
         self.store.unindex_many(&freed);
         self.counters.expired += n as u64;
+        self.collect();
         (n, next)
     }
 
@@ -606,16 +706,16 @@ impl Index {
     }
 
     /// Frees room at the capacity limit: drops records stored longest ago. The cutoff is
-    /// the 1/16 quantile of the store times of up to 4,096 records sampled across the arena;
-    /// records stored in the cutoff's second go too, unless that second holds most of the
-    /// sample (a burst filling the index at once): then only older ones go. The walk goes on
-    /// from where the last one stopped and ends once about 1/256 of the memberships (at
-    /// least one) went, so one call walks about 1/16 of the arena, not all of it. Returns
-    /// whether any went.
+    /// the 1/16 quantile of the ages of up to 4,096 records sampled across the arena;
+    /// records of the cutoff's age go too, unless that age holds most of the sample (a burst
+    /// filling the index within one tick): then only older ones go. The walk goes on from
+    /// where the last one stopped and ends once about 1/256 of the memberships (at least
+    /// one) went, so one call walks about 1/16 of the arena, not all of it. Returns whether
+    /// any went.
     ///
     /// Deterministic (the arena depends only on what was applied), so a replica applying
     /// the same changes evicts the same blocks.
-    fn evict_oldest(&mut self) -> bool {
+    fn evict_oldest(&mut self, now: u32) -> bool {
         let len = self.store.arena_len();
         if self.store.records() == 0 {
             return false;
@@ -623,22 +723,22 @@ impl Index {
         let step = len.div_ceil(4096).max(1);
         let mut sample: Vec<u32> = (0..len)
             .step_by(step)
-            .map(|i| self.store.rec(i as RecId))
-            .filter(|r| !r.is_free())
-            .map(|r| r.touched)
+            .map(|i| i as RecId)
+            .filter(|&i| !self.store.rec(i).is_free())
+            .map(|i| self.store.age(i, now))
             .collect();
         if sample.is_empty() {
-            // Every sampled slot was free: take the first live record's time.
+            // Every sampled slot was free: take the first live record's age.
             sample.extend(
-                (0..len)
-                    .map(|i| self.store.rec(i as RecId))
-                    .find(|r| !r.is_free())
-                    .map(|r| r.touched),
+                (0..len as RecId)
+                    .find(|&i| !self.store.rec(i).is_free())
+                    .map(|i| self.store.age(i, now)),
             );
         }
-        sample.sort_unstable();
+        // Oldest first.
+        sample.sort_unstable_by(|a, b| b.cmp(a));
         let cutoff = sample[sample.len() / 16];
-        let inclusive = sample.partition_point(|&t| t <= cutoff) * 2 <= sample.len();
+        let inclusive = sample.partition_point(|&a| a >= cutoff) * 2 <= sample.len();
         let target = self.store.memberships().div_ceil(256).max(1);
         let mut n = 0;
         let mut freed = Vec::new();
@@ -648,8 +748,11 @@ impl Index {
             }
             let i = self.hand as RecId;
             self.hand += 1;
-            let r = self.store.rec(i);
-            if !r.is_free() && (r.touched < cutoff || (inclusive && r.touched == cutoff)) {
+            if self.store.rec(i).is_free() {
+                continue;
+            }
+            let age = self.store.age(i, now);
+            if age > cutoff || (inclusive && age == cutoff) {
                 n += self.drop_record(i, &mut freed);
                 if n >= target {
                     break;
@@ -740,13 +843,39 @@ impl Index {
             salt: scope.salt.to_owned(),
         };
         if let Some(&ns) = self.ns_ids.get(&key) {
+            // The streams that answer: rows and shared pools, sorted for a binary search.
+            let mut wanted: Vec<u32> = rows
+                .iter()
+                .map(|r| r.stream)
+                .chain(shared.iter().map(|s| s.0))
+                .collect();
+            wanted.sort_unstable();
             let mut masks: Vec<(u32, u8)> = Vec::new();
             let mut shared_masks = vec![0u8; instances.len()];
+            // The records holding the previous block, and this one's.
+            let mut held: Vec<RecId> = Vec::new();
+            let mut next: Vec<RecId> = Vec::new();
             for (k, seq) in seqs.enumerate() {
                 masks.clear();
                 shared_masks.iter_mut().for_each(|m| *m = 0);
-                self.store.for_each_holder(ns, seq, |st, bit| {
-                    let st = u32::from(st);
+                // A record holding this block either continues one holding the previous
+                // block (the next in the arena) or is a chain head.
+                next.clear();
+                next.extend(
+                    held.iter()
+                        .filter_map(|&r| self.store.next_in_chain(r, seq)),
+                );
+                self.store.for_each_head(ns, seq, |r| {
+                    let st = u32::from(self.store.stream_of(&self.store.rec(r)));
+                    if wanted.binary_search(&st).is_ok() {
+                        next.push(r);
+                    }
+                });
+                std::mem::swap(&mut held, &mut next);
+                for &r in &held {
+                    let rec = self.store.rec(r);
+                    let st = u32::from(self.store.stream_of(&rec));
+                    let bit = rec.mask();
                     if let Some(&(_, inst)) = shared.iter().find(|(s, _)| *s == st) {
                         shared_masks[inst] |= bit;
                     } else if let Some(m) = masks.iter_mut().find(|(s, _)| *s == st) {
@@ -754,7 +883,7 @@ impl Index {
                     } else {
                         masks.push((st, bit));
                     }
-                });
+                }
                 let mut any_alive = false;
                 for row in &mut rows {
                     let own = masks
@@ -799,3 +928,7 @@ impl Index {
 #[cfg(test)]
 #[path = "index_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "index_model_tests.rs"]
+mod model_tests;

@@ -523,7 +523,8 @@ mod properties {
                 index.remove_stream(s);
             }
             prop_assert_eq!(index.memberships(), 0);
-            prop_assert_eq!(index.blocks(), 0);
+            prop_assert_eq!(index.records(), 0);
+            prop_assert_eq!(index.namespaces(), 0);
         }
     }
 }

@@ -10,6 +10,7 @@
 pub mod events;
 pub mod frames;
 pub mod hash;
+mod idtable;
 pub mod index;
 mod msgpack;
 pub mod replica;

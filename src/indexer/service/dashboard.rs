@@ -100,7 +100,8 @@ struct Totals {
     replaying: usize,
     memberships: usize,
     max_memberships: usize,
-    blocks: usize,
+    /// `(stream, block)` records, whatever tiers each holds.
+    records: usize,
     heap_bytes: usize,
 }
 
@@ -219,7 +220,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
         replaying: publishers.iter().filter(|p| p.replaying).count(),
         memberships: ix.memberships(),
         max_memberships: ix.config().max_memberships,
-        blocks: ix.blocks(),
+        records: ix.records(),
         heap_bytes: ix.heap_bytes(),
     };
     (

@@ -244,10 +244,22 @@ async fn metrics(State(st): St) -> impl IntoResponse {
             ix.memberships() as u64,
         );
         out.one(
-            "kvplane_indexer_blocks",
+            "kvplane_indexer_records",
             "gauge",
-            "Distinct (namespace, block) entries.",
-            ix.blocks() as u64,
+            "(stream, block) records stored, whatever tiers each holds.",
+            ix.records() as u64,
+        );
+        out.one(
+            "kvplane_indexer_chain_heads",
+            "gauge",
+            "Records queries find through the block table (the first of each stored run of a chain; the others follow it in the arena).",
+            ix.chain_heads() as u64,
+        );
+        out.one(
+            "kvplane_indexer_namespaces",
+            "gauge",
+            "(tenant, model, LoRA, block size, salt) namespaces in use.",
+            ix.namespaces() as u64,
         );
         out.one(
             "kvplane_indexer_heap_bytes",

@@ -50,7 +50,8 @@ pub struct IndexerArgs {
     #[arg(
         long,
         env = "KVPLANE_INDEXER_MAX_MEMBERSHIPS",
-        default_value_t = 50_000_000
+        default_value_t = 50_000_000,
+        value_parser = max_memberships
     )]
     pub max_memberships: usize,
     /// What happens at `--max-memberships`: `evict` the least recently stored, or `refuse`
@@ -115,6 +116,15 @@ pub struct IndexerArgs {
     /// `/register` answers 409, queries are answered from the followed changes.
     #[arg(long, env = "KVPLANE_INDEXER_REPLICA", requires = "cluster")]
     pub replica: bool,
+}
+
+/// `--max-memberships`: 1 to [`crate::indexer::index::MAX_MEMBERSHIPS`].
+fn max_memberships(s: &str) -> Result<usize, String> {
+    let max = crate::indexer::index::MAX_MEMBERSHIPS;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("must be a whole number from 1 to {max}")),
+    }
 }
 
 impl IndexerArgs {
@@ -667,16 +677,19 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
             tracing::warn!(%key, "publisher from the file not registered: {}", e.message);
         }
     }
-    // A replica's TTL sweeps come from the ingester, in order with the rest.
-    if let Some(ttl) = state
-        .config
-        .index
-        .ttl_secs
-        .filter(|_| !state.role.is_replica())
-    {
+    // The sweep drops what the TTL says, and without one still clamps old store times (the
+    // index keeps them in 16 bits: it must see every record every few hours). A replica's
+    // sweeps come from the ingester, in order with the rest.
+    if !state.role.is_replica() {
         let st = Arc::clone(&state);
         let cancel = shutdown.clone();
-        let every = Duration::from_secs(u64::from(ttl / 4).clamp(1, 60));
+        let every = Duration::from_secs(
+            state
+                .config
+                .index
+                .ttl_secs
+                .map_or(600, |ttl| u64::from(ttl / 4).clamp(1, 60)),
+        );
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
