@@ -94,10 +94,10 @@ function renderKpis() {
   setText(kpi("events-sub"), `${fmtCompact(c.events_applied)} applied · ${fmtCompact(c.stored)} stores · ${fmtCompact(c.removed)} removals`);
   setText(kpi("gaps"), `${fmtCompact(c.gaps)} · ${fmtCompact(c.replays)}`);
   setText(kpi("gaps-sub"), `${fmtCompact(c.replay_failures)} replays failed · ${fmtCompact(c.restarts)} restarts`);
-  const dropped = c.orphans + c.unknown_hashes + c.shape_mismatch + c.capacity_refused + (c.evicted || 0) + c.queue_drops;
+  const dropped = c.orphans + c.unknown_hashes + c.shape_mismatch + c.capacity_refused + (c.evicted || 0);
   setText(kpi("dropped"), fmtCompact(dropped));
   setText(kpi("dropped-sub"), dropped
-    ? `orphans ${fmtCompact(c.orphans)} · unknown ${fmtCompact(c.unknown_hashes)} · queue ${fmtCompact(c.queue_drops)} · capacity ${fmtCompact(c.capacity_refused)} refused, ${fmtCompact(c.evicted || 0)} evicted`
+    ? `orphans ${fmtCompact(c.orphans)} · unknown ${fmtCompact(c.unknown_hashes)} · capacity ${fmtCompact(c.capacity_refused)} refused, ${fmtCompact(c.evicted || 0)} evicted`
     : "nothing dropped");
 }
 
@@ -132,7 +132,7 @@ function renderPublishers() {
         h("span", { class: "sub", text: `${fmtInt(p.connects)} connect${p.connects === 1 ? "" : "s"}` }),
         p.error ? h("span", { class: "err", text: p.error }) : null),
       h("td", { class: "num", text: p.last_seq == null ? "—" : fmtInt(p.last_seq) }),
-      h("td", { class: "num", text: fmtBytes(p.queued_bytes), title: `${fmtInt(p.queue_drops)} messages dropped on a full queue` }),
+      h("td", { class: "num", text: fmtBytes(p.queued_bytes), title: `${fmtInt(p.queue_full)} messages found the queue full and waited` }),
       h("td", { class: `num ${p.unrepaired_gaps ? "bad" : ""}`, text: fmtInt(p.gaps), title: `${fmtInt(p.unrepaired_gaps)} not repaired · ${fmtInt(p.duplicates)} duplicates` }),
       h("td", { class: `num ${p.replay_failures ? "warn" : ""}`, text: fmtInt(p.replays), title: `${fmtInt(p.replay_failures)} failed · ${fmtInt(p.partial_replays)} partial` }),
       h("td", { class: "num", text: fmtInt(p.restarts) }),

@@ -137,8 +137,8 @@ pub struct IndexerReport {
     pub rss_peak: Option<u64>,
     /// `(rss_after - rss_before) / blocks`.
     pub rss_bytes_per_membership: Option<f64>,
-    /// kvplane only: gaps, replays and queue drops over all streams (`GET /services`).
-    pub kvplane_gaps_replays_drops: Option<[u64; 3]>,
+    /// kvplane only: gaps, replays and queue-full waits over all streams (`GET /services`).
+    pub kvplane_gaps_replays_waits: Option<[u64; 3]>,
     /// `/proc/loadavg` (1-minute) before and after the run.
     pub loadavg: [Option<f64>; 2],
 }
@@ -370,7 +370,7 @@ pub async fn run(a: &IndexerBenchArgs) -> Result<IndexerReport, String> {
         }
     }
     let rss_after = a.pid.and_then(rss_bytes);
-    let kvplane_gaps_replays_drops = match a.flavor {
+    let kvplane_gaps_replays_waits = match a.flavor {
         IndexerFlavor::Kvplane => {
             let (_, reply) = conn
                 .request("GET", &path("/services"), None, timeout)
@@ -378,7 +378,7 @@ pub async fn run(a: &IndexerBenchArgs) -> Result<IndexerReport, String> {
             let v: Value = serde_json::from_slice(&reply).unwrap_or_default();
             let mut sums = [0u64; 3];
             for s in v["services"].as_array().into_iter().flatten() {
-                for (k, name) in ["gaps", "replays", "queue_drops"].iter().enumerate() {
+                for (k, name) in ["gaps", "replays", "queue_full"].iter().enumerate() {
                     sums[k] += s["connection"][name].as_u64().unwrap_or(0);
                 }
             }
@@ -411,7 +411,7 @@ pub async fn run(a: &IndexerBenchArgs) -> Result<IndexerReport, String> {
             (Some(b), Some(e)) => Some((e as f64 - b as f64) / blocks as f64),
             _ => None,
         },
-        kvplane_gaps_replays_drops,
+        kvplane_gaps_replays_waits,
         loadavg: [load_start, loadavg()],
     })
 }
@@ -495,8 +495,11 @@ impl IndexerReport {
                 self.rss_bytes_per_membership.unwrap_or(f64::NAN)
             );
         }
-        if let Some([g, r, d]) = self.kvplane_gaps_replays_drops {
-            let _ = writeln!(out, "streams    {g} gaps, {r} replays, {d} queue drops");
+        if let Some([g, r, d]) = self.kvplane_gaps_replays_waits {
+            let _ = writeln!(
+                out,
+                "streams    {g} gaps, {r} replays, {d} queue-full waits"
+            );
         }
         let _ = writeln!(
             out,

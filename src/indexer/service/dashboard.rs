@@ -85,7 +85,7 @@ struct Publisher {
     partial_replays: u64,
     restarts: u64,
     duplicates: u64,
-    queue_drops: u64,
+    queue_full: u64,
     error: Option<String>,
     blocks: Blocks,
     /// The registrations this endpoint feeds (`/register` bodies, with their blocks).
@@ -122,7 +122,7 @@ struct Counters {
     replays: u64,
     replay_failures: u64,
     restarts: u64,
-    queue_drops: u64,
+    queue_full: u64,
 }
 
 #[derive(Serialize)]
@@ -165,12 +165,12 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
         let s = &p.status;
         let seq = *s.seq.lock();
         let last = s.last_seq.load(Ordering::Relaxed);
-        let queue_drops = s.queue_drops.load(Ordering::Relaxed);
+        let queue_full = s.queue_full.load(Ordering::Relaxed);
         counters.gaps += seq.gaps;
         counters.replays += seq.replays;
         counters.replay_failures += seq.replay_failures;
         counters.restarts += seq.restarts;
-        counters.queue_drops += queue_drops;
+        counters.queue_full += queue_full;
         by_endpoint.insert(
             endpoint,
             Publisher {
@@ -189,7 +189,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
                 partial_replays: seq.partial_replays,
                 restarts: seq.restarts,
                 duplicates: seq.duplicates,
-                queue_drops,
+                queue_full,
                 error: s.error.lock().clone(),
                 blocks: Blocks::default(),
                 services: Vec::new(),

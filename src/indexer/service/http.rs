@@ -204,7 +204,8 @@ async fn services(State(st): St) -> Json<Value> {
                 "restarts": seq.restarts,
                 "duplicates": seq.duplicates,
                 "unrepaired_gaps": seq.unrepaired_gaps,
-                "queue_drops": s.queue_drops.load(Ordering::Relaxed),
+                "queue_full": s.queue_full.load(Ordering::Relaxed),
+                "queued_bytes": s.queued_bytes.load(Ordering::Relaxed),
                 "error": s.error.lock().clone(),
             });
         }
@@ -330,9 +331,9 @@ async fn metrics(State(st): St) -> impl IntoResponse {
             s.seq.lock().duplicates
         }),
         (
-            "queue_drops",
-            "Live messages dropped: the publisher's queue was full.",
-            |s| s.queue_drops.load(Ordering::Relaxed),
+            "queue_full",
+            "Live messages that found the queue full and waited (the socket unread meanwhile).",
+            |s| s.queue_full.load(Ordering::Relaxed),
         ),
     ];
     for (name, help, f) in families {

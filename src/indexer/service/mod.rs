@@ -229,8 +229,9 @@ pub struct PublisherStatus {
     pub last_seq: AtomicU64,
     /// A replay is running.
     pub replaying: AtomicBool,
-    /// Live messages dropped because the queue was full (by count or by bytes).
-    pub queue_drops: AtomicU64,
+    /// Live messages that found the queue full (by count or by bytes) and waited, the
+    /// socket unread meanwhile (the publisher holds what follows).
+    pub queue_full: AtomicU64,
     /// Payload bytes in the live queue now.
     pub queued_bytes: std::sync::atomic::AtomicUsize,
     /// The sequence tracker's counters.

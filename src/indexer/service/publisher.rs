@@ -1,7 +1,13 @@
-//! One task pair per publisher endpoint: a receiver that drains the SUB socket into a bounded
-//! queue (dropping and counting when it is full, so a flooding publisher costs only itself),
-//! and an applier that runs the sequence state machine, replays over DEALER, decodes and
-//! applies. A publisher that stalls only stalls its own tasks.
+//! One task pair per publisher endpoint: a receiver that moves messages from the SUB socket
+//! into a bounded queue, and an applier that runs the sequence state machine, replays over
+//! DEALER, decodes and applies. A publisher that stalls only stalls its own tasks.
+//!
+//! When the queue is full (by messages or by bytes) the receiver waits and stops reading the
+//! socket: the burst stays in the kernel's socket buffers and in the publisher's own send
+//! queue (vLLM's PUB holds up to 100,000 messages, its high-water mark), not in kvplane, and
+//! arrives in order once the applier catches up. Only what the publisher itself drops past
+//! its high-water mark shows up as a gap, which a replay repairs. So a flood costs the
+//! flooding publisher's own latency, never kvplane's memory or another publisher's queue.
 
 use super::{IndexerState, PublisherStatus};
 use crate::indexer::events::decode_batch;
@@ -13,7 +19,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// What the receiver hands the applier.
@@ -33,19 +39,52 @@ pub(crate) struct PublisherTask {
     pub(crate) cancel: CancellationToken,
 }
 
+/// The live queue's byte budget: a message takes its size in permits (at most the whole
+/// budget, so that one larger than it still passes, alone) until the applier takes it.
+#[derive(Clone)]
+struct Budget {
+    room: Arc<Semaphore>,
+    max: usize,
+}
+
+impl Budget {
+    fn new(max_bytes: usize) -> Self {
+        let max = max_bytes.clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+        Self {
+            room: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    fn permits(&self, frames: &[Bytes]) -> u32 {
+        size(frames).clamp(1, self.max) as u32
+    }
+
+    /// Gives back a dequeued message's bytes.
+    fn release(&self, frames: &[Bytes], status: &PublisherStatus) {
+        status
+            .queued_bytes
+            .fetch_sub(size(frames), Ordering::AcqRel);
+        self.room.add_permits(self.permits(frames) as usize);
+    }
+}
+
 /// Spawns the receiver and the applier on the state's task tracker.
 pub(crate) fn spawn(state: &Arc<IndexerState>, task: PublisherTask) {
     let (tx, rx) = mpsc::channel(state.config.queue_capacity.max(1));
     let limits = TransportLimits::with_max_frame_bytes(state.config.max_frame_bytes);
+    let budget = Budget::new(state.config.max_queued_bytes);
     state.tasks.spawn(receive(
         task.endpoint.clone(),
         limits,
-        state.config.max_queued_bytes,
+        budget.clone(),
         tx,
         Arc::clone(&task.status),
         task.cancel.clone(),
     ));
-    state.tasks.spawn(apply_loop(Arc::clone(state), task, rx));
+    state
+        .tasks
+        .spawn(apply_loop(Arc::clone(state), task, rx, budget));
 }
 
 fn size(frames: &[Bytes]) -> usize {
@@ -55,7 +94,7 @@ fn size(frames: &[Bytes]) -> usize {
 async fn receive(
     endpoint: String,
     limits: TransportLimits,
-    max_queued_bytes: usize,
+    budget: Budget,
     tx: mpsc::Sender<Inbound>,
     status: Arc<PublisherStatus>,
     cancel: CancellationToken,
@@ -94,24 +133,41 @@ async fn receive(
                 return;
             }
         };
-        match inbound {
-            Inbound::Live(frames) => {
-                let n = size(&frames);
-                let queued = status.queued_bytes.fetch_add(n, Ordering::AcqRel);
-                if queued.saturating_add(n) > max_queued_bytes
-                    || tx.try_send(Inbound::Live(frames)).is_err()
-                {
-                    status.queued_bytes.fetch_sub(n, Ordering::AcqRel);
-                    status.queue_drops.fetch_add(1, Ordering::Relaxed);
+        if let Inbound::Live(frames) = &inbound {
+            // Wait for byte room (the socket is not read meanwhile: the publisher holds the
+            // rest). Counted once per message that found the queue full.
+            let n = budget.permits(frames);
+            let permit = match budget.room.try_acquire_many(n) {
+                Ok(p) => p,
+                Err(_) => {
+                    status.queue_full.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        p = budget.room.acquire_many(n) => match p { Ok(p) => p, Err(_) => return },
+                    }
                 }
-            }
-            other => {
-                // Connection changes are rare and must not be lost: wait for room.
+            };
+            permit.forget();
+            status
+                .queued_bytes
+                .fetch_add(size(frames), Ordering::AcqRel);
+        }
+        // And for a slot in the queue: connection changes must not be lost either.
+        let sent = match tx.try_send(inbound) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(inbound)) => {
+                if matches!(inbound, Inbound::Live(_)) {
+                    status.queue_full.fetch_add(1, Ordering::Relaxed);
+                }
                 tokio::select! {
                     () = cancel.cancelled() => return,
-                    r = tx.send(other) => if r.is_err() { return },
+                    r = tx.send(inbound) => r,
                 }
             }
+        };
+        if sent.is_err() {
+            return;
         }
     }
 }
@@ -122,17 +178,24 @@ struct Applier {
     tracker: SeqTracker<Bytes>,
     replay: Option<ReplayClient>,
     rx: mpsc::Receiver<Inbound>,
+    budget: Budget,
     /// Message bytes applied since the queue was last empty with a heap trim done.
     burst: usize,
 }
 
-async fn apply_loop(state: Arc<IndexerState>, task: PublisherTask, rx: mpsc::Receiver<Inbound>) {
+async fn apply_loop(
+    state: Arc<IndexerState>,
+    task: PublisherTask,
+    rx: mpsc::Receiver<Inbound>,
+    budget: Budget,
+) {
     let mut a = Applier {
         tracker: SeqTracker::new(task.seq),
         replay: task.replay_endpoint.clone().map(ReplayClient::new),
         state,
         task,
         rx,
+        budget,
         burst: 0,
     };
     loop {
@@ -170,9 +233,8 @@ impl Applier {
     /// Releases a dequeued message's bytes from the queue's budget.
     fn dequeued(&mut self, inbound: &Inbound) {
         if let Inbound::Live(frames) = inbound {
-            let n = size(frames);
-            self.task.status.queued_bytes.fetch_sub(n, Ordering::AcqRel);
-            self.burst = self.burst.saturating_add(n);
+            self.budget.release(frames, &self.task.status);
+            self.burst = self.burst.saturating_add(size(frames));
         }
     }
 
@@ -275,7 +337,7 @@ impl Applier {
                 }
                 live = self.rx.recv() => match live {
                     Some(Inbound::Live(frames)) => {
-                        self.task.status.queued_bytes.fetch_sub(size(&frames), Ordering::AcqRel);
+                        self.budget.release(&frames, &self.task.status);
                         if let Some((seq, payload)) = self.live(&frames) {
                             // Buffered by the tracker while the replay runs.
                             let steps = self.tracker.on_live(seq, payload);
