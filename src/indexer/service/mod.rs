@@ -644,6 +644,8 @@ fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, IndexerS
 /// # Errors
 /// [`IndexerStartError`] when the port cannot be bound or the publishers file is invalid.
 pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartError> {
+    // Message bursts and table rebuilds free big blocks: hand them back, not keep them.
+    crate::memory::return_freed_promptly();
     let initial = match &config.publishers {
         Some(path) => publishers_file(path)?,
         None => Vec::new(),
