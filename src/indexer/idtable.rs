@@ -27,7 +27,7 @@ const TOMB: u32 = u32::MAX - 1;
 const MAX_LOAD: (usize, usize) = (7, 8);
 /// A rebuilt table has room for this many times the ids it holds: 5/4 (70% full).
 const GROWTH: (usize, usize) = (5, 4);
-/// Groups per partition of [`IdTable::build`]: 16 KiB of table.
+/// Groups per partition of a [`Builder`]: 16 KiB of table.
 const PART_GROUPS: usize = 256;
 /// The narrowest tag: ids are at most 28 bits.
 pub(crate) const MAX_ID_BITS: u32 = 28;
@@ -169,45 +169,6 @@ impl IdTable {
         self.place(self.home(hash), self.tag(hash) | id);
     }
 
-    /// A table with room for `room` ids of `id_bits` bits, holding the `(hash, id)` pairs
-    /// that `each` passes to its callback. `each` is called twice and must pass the same
-    /// pairs both times (ids unique).
-    ///
-    /// A big table is filled partition by partition: the pairs are first sorted by home group
-    /// into runs of [`PART_GROUPS`] groups (a counting sort, 8 bytes a pair for the duration),
-    /// then placed run after run, so that the writes land in a few kilobytes of the table at
-    /// a time instead of at random over all of it. At 10M ids that is several times faster
-    /// than inserting them one by one, each insert a cache miss.
-    pub(crate) fn build(
-        room: usize,
-        id_bits: u32,
-        each: impl Fn(&mut dyn FnMut(u64, u32)),
-    ) -> Self {
-        let mut t = Self::with_room(room, id_bits);
-        let parts = t.groups.len().div_ceil(PART_GROUPS);
-        if parts <= 1 {
-            each(&mut |h, id| t.insert(h, id));
-            return t;
-        }
-        let mut starts = vec![0usize; parts + 1];
-        each(&mut |h, _| starts[t.home(h) / PART_GROUPS + 1] += 1);
-        for p in 0..parts {
-            starts[p + 1] += starts[p];
-        }
-        let mut next = starts.clone();
-        let mut sorted = vec![0u64; starts[parts]];
-        each(&mut |h, id| {
-            let g = t.home(h);
-            let at = &mut next[g / PART_GROUPS];
-            sorted[*at] = (g as u64) << 32 | u64::from(t.tag(h) | id);
-            *at += 1;
-        });
-        for item in sorted {
-            t.place((item >> 32) as usize, item as u32);
-        }
-        t
-    }
-
     /// Puts `entry` in the first free slot from group `g` on.
     fn place(&mut self, mut g: usize, entry: u32) {
         loop {
@@ -256,6 +217,88 @@ impl IdTable {
     }
 }
 
+/// Builds a table from `(hash, id)` pairs pushed in any order, several times faster than
+/// inserting them one by one when the table is big: the pairs are first bucketed by home
+/// group into runs of [`PART_GROUPS`] groups (16 KiB of table each), then placed run after
+/// run, so that the writes land in a few kilobytes of the table at a time instead of at
+/// random over all of it (at 10M ids each insert was a cache miss).
+///
+/// The buckets are sized for the expected count plus eight standard deviations; a pair that
+/// finds its bucket full waits in a spill list, placed last (the table's probing does not
+/// care about the order of placement). While building: 8 bytes a pair, a little more.
+pub(crate) struct Builder {
+    table: IdTable,
+    /// Buckets of `(home group << 32 | entry)`, `cap` each (none: placed at once).
+    buf: Vec<u64>,
+    fill: Vec<u32>,
+    cap: usize,
+    spill: Vec<u64>,
+}
+
+impl Builder {
+    /// A builder of a table with room for `room` ids of `id_bits` bits, for about `expect`
+    /// pairs (more are fine, if slower).
+    pub(crate) fn new(room: usize, id_bits: u32, expect: usize) -> Self {
+        let table = IdTable::with_room(room, id_bits);
+        let parts = table.groups.len().div_ceil(PART_GROUPS);
+        let (buf, fill, cap) = if parts <= 1 {
+            (Vec::new(), Vec::new(), 0)
+        } else {
+            let mean = expect.div_ceil(parts);
+            let cap = mean + 8 * mean.isqrt() + 16;
+            (vec![0u64; parts * cap], vec![0u32; parts], cap)
+        };
+        Self {
+            table,
+            buf,
+            fill,
+            cap,
+            spill: Vec::new(),
+        }
+    }
+
+    /// Adds `id` under `hash`.
+    pub(crate) fn push(&mut self, hash: u64, id: u32) {
+        if self.cap == 0 {
+            self.table.insert(hash, id);
+            return;
+        }
+        let g = self.table.home(hash);
+        let item = (g as u64) << 32 | u64::from(self.table.tag(hash) | id);
+        let p = g / PART_GROUPS;
+        let n = self.fill[p] as usize;
+        if n < self.cap {
+            self.buf[p * self.cap + n] = item;
+            self.fill[p] += 1;
+        } else {
+            self.spill.push(item);
+        }
+    }
+
+    /// The table.
+    pub(crate) fn finish(mut self) -> IdTable {
+        for (p, &n) in self.fill.iter().enumerate() {
+            let from = p * self.cap;
+            for &item in &self.buf[from..from + n as usize] {
+                self.table.place((item >> 32) as usize, item as u32);
+            }
+        }
+        for item in self.spill {
+            self.table.place((item >> 32) as usize, item as u32);
+        }
+        self.table
+    }
+}
+
+/// The narrowest ids that can hold `n` (at least [`MIN_ID_BITS`], at most [`MAX_ID_BITS`]).
+pub(crate) fn id_bits_for(n: usize) -> u32 {
+    let mut bits = MIN_ID_BITS;
+    while bits < MAX_ID_BITS && (max_id(bits) as usize) < n {
+        bits += 1;
+    }
+    bits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,30 +336,44 @@ mod tests {
     fn a_table_built_in_partitions_finds_what_inserts_find() {
         let n = 300_000u32;
         let key = |id: u32| mix(u64::from(id / 3));
-        let built = IdTable::build(n as usize, 20, |f| (0..n).for_each(|i| f(key(i), i)));
-        assert!(built.groups.len() > 4 * PART_GROUPS, "partitioned");
-        let mut inserted = IdTable::with_room(n as usize, 20);
-        (0..n).for_each(|i| inserted.insert(key(i), i));
-        assert_eq!(
-            (built.len(), built.slots()),
-            (inserted.len(), inserted.slots())
-        );
-        for i in (0..n).step_by(7) {
-            assert_eq!(built.find(key(i), |j| j == i), Some(i));
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            built.any(key(i), |j| {
-                a.push(j);
-                false
-            });
-            inserted.any(key(i), |j| {
-                b.push(j);
-                false
-            });
-            a.sort_unstable();
-            b.sort_unstable();
-            assert_eq!(a, b);
+        // Expecting a tenth of what comes: most pairs spill, and still land right.
+        for expect in [n as usize, n as usize / 10] {
+            let mut b = Builder::new(n as usize, 20, expect);
+            (0..n).for_each(|i| b.push(key(i), i));
+            assert!(b.fill.len() > 4, "partitioned");
+            assert_eq!(b.spill.is_empty(), expect == n as usize);
+            let built = b.finish();
+            let mut inserted = IdTable::with_room(n as usize, 20);
+            (0..n).for_each(|i| inserted.insert(key(i), i));
+            assert_eq!(
+                (built.len(), built.slots()),
+                (inserted.len(), inserted.slots())
+            );
+            for i in (0..n).step_by(7) {
+                assert_eq!(built.find(key(i), |j| j == i), Some(i));
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                built.any(key(i), |j| {
+                    a.push(j);
+                    false
+                });
+                inserted.any(key(i), |j| {
+                    b.push(j);
+                    false
+                });
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b);
+            }
+            assert_eq!(built.find(key(n + 10), |_| true), None);
         }
-        assert_eq!(built.find(key(n + 10), |_| true), None);
+    }
+
+    #[test]
+    fn id_widths_hold_their_counts() {
+        assert_eq!(id_bits_for(0), MIN_ID_BITS);
+        assert_eq!(id_bits_for(max_id(20) as usize), 20);
+        assert_eq!(id_bits_for(max_id(20) as usize + 1), 21);
+        assert_eq!(id_bits_for(usize::MAX), MAX_ID_BITS);
     }
 
     /// Random inserts and removals of ids under colliding keys (a key is `id % 97`, so many

@@ -24,7 +24,7 @@
 //! cannot choose their table slots.
 
 use super::events::Medium;
-use super::idtable::{self, IdTable, MAX_ID_BITS, MIN_ID_BITS};
+use super::idtable::{self, Builder, IdTable, MAX_ID_BITS, MIN_ID_BITS};
 use std::collections::HashMap;
 
 /// A record's position in the arena.
@@ -488,31 +488,28 @@ impl Store {
     }
 
     /// Builds both tables again from one sequential pass over the arena, with room for a
-    /// quarter more ids than they hold, for ids of `id_bits`: rather than rehashing in place,
-    /// which would read every record at random to hash it again.
-    fn rebuild(&mut self, id_bits: u32) {
-        let recs = &self.recs;
-        let lanes = &self.lanes;
-        let (key, live) = (self.key, self.live);
-        let by_engine = IdTable::build(live + 1, id_bits, |f| {
-            for (i, r) in recs.iter().enumerate() {
-                if !r.is_free() {
-                    let stream = lanes[r.lane()].stream;
-                    f(engine_key(key, stream, r.engine), i as RecId);
-                }
+    /// quarter more ids than they hold: rather than rehashing in place, which would read
+    /// every record at random to hash it again. The ids get the width that the arena needs
+    /// until the tables are next full (`min_bits` at least), so that the arena outgrowing
+    /// them between two growths never costs a rebuild of its own.
+    fn rebuild(&mut self, min_bits: u32) {
+        let heads = self.by_block.len();
+        let room = (self.live + 1).max(self.recs.len());
+        let id_bits = min_bits.max(idtable::id_bits_for(room + room / 4 + 16));
+        let mut engines = Builder::new(self.live + 1, id_bits, self.live);
+        let mut blocks = Builder::new(heads + 1, id_bits, heads);
+        for (i, r) in self.recs.iter().enumerate() {
+            if r.is_free() {
+                continue;
             }
-        });
-        let is_head = |r: &Rec| !r.is_free() && r.meta & CONT == 0;
-        let heads = recs.iter().filter(|r| is_head(r)).count();
-        let by_block = IdTable::build(heads + 1, id_bits, |f| {
-            for (i, r) in recs.iter().enumerate() {
-                if is_head(r) {
-                    f(block_key(key, lanes[r.lane()].ns, r.seq), i as RecId);
-                }
+            let lane = &self.lanes[r.lane()];
+            engines.push(engine_key(self.key, lane.stream, r.engine), i as RecId);
+            if r.meta & CONT == 0 {
+                blocks.push(block_key(self.key, lane.ns, r.seq), i as RecId);
             }
-        });
-        self.by_engine = by_engine;
-        self.by_block = by_block;
+        }
+        self.by_engine = engines.finish();
+        self.by_block = blocks.finish();
     }
 
     /// One more reference on `tier` (GPU stays at 1, offload tiers saturate) and a new store
