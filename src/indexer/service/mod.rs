@@ -73,7 +73,7 @@ pub struct IndexerArgs {
     )]
     pub replay_timeout_ms: u64,
     /// Live messages queued per publisher before new ones are dropped (and counted).
-    #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = 4096)]
+    #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = d::QUEUE_CAPACITY)]
     pub queue_capacity: usize,
     /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
     #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", default_value_t = d::MAX_QUEUED_BYTES)]
@@ -205,7 +205,7 @@ impl Default for IndexerConfig {
             index: IndexConfig::default(),
             publishers: None,
             replay_timeout: Duration::from_secs(5),
-            queue_capacity: 4096,
+            queue_capacity: d::QUEUE_CAPACITY,
             max_frame_bytes: d::MAX_FRAME_BYTES,
             max_queued_bytes: d::MAX_QUEUED_BYTES,
             max_services: d::MAX_SERVICES,
