@@ -27,8 +27,6 @@ const TOMB: u32 = u32::MAX - 1;
 const MAX_LOAD: (usize, usize) = (7, 8);
 /// A rebuilt table has room for this many times the ids it holds: 5/4 (70% full).
 const GROWTH: (usize, usize) = (5, 4);
-/// Groups per partition of a [`Builder`]: 16 KiB of table.
-const PART_GROUPS: usize = 256;
 /// The narrowest tag: ids are at most 28 bits.
 pub(crate) const MAX_ID_BITS: u32 = 28;
 /// The widest tag: ids are at least 16 bits.
@@ -39,6 +37,22 @@ pub(crate) const MIN_ID_BITS: u32 = 16;
 struct Group([u32; GROUP]);
 
 const EMPTY_GROUP: Group = Group([EMPTY; GROUP]);
+
+impl Group {
+    /// Bit `i` set in the first mask for each slot holding an id under `tag` (the bits of
+    /// `tag_bits`), in the second for each empty slot. Branch-free, so that the compiler
+    /// compares the 16 slots a vector at a time.
+    #[inline]
+    fn scan(&self, tag: u32, tag_bits: u32) -> (u32, u32) {
+        let (mut hits, mut open) = (0u32, 0u32);
+        for (i, &e) in self.0.iter().enumerate() {
+            // The markers have all-ones tags: `e < TOMB` keeps them out of the hits.
+            hits |= u32::from((e & tag_bits == tag) & (e < TOMB)) << i;
+            open |= u32::from(e == EMPTY) << i;
+        }
+        (hits, open)
+    }
+}
 
 /// The largest id a table of `id_bits`-bit ids holds (the two values above it, with an
 /// all-ones tag, are the empty and tombstone markers).
@@ -77,6 +91,7 @@ impl IdTable {
     }
 
     /// Ids held.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -118,7 +133,7 @@ impl IdTable {
 
     /// Touches `hash`'s home group, so that a later lookup finds it in cache.
     pub(crate) fn warm(&self, hash: u64) {
-        std::hint::black_box(self.groups[self.home(hash)].0[0]);
+        prefetch(&self.groups[self.home(hash)]);
     }
 
     /// Calls `f(id)` for every id under `hash`'s tag along its probe sequence (a superset of
@@ -128,15 +143,16 @@ impl IdTable {
         let mask = self.id_mask();
         let mut g = self.home(hash);
         for _ in 0..self.groups.len() {
-            let mut open = false;
-            for &e in &self.groups[g].0 {
-                if e == EMPTY {
-                    open = true;
-                } else if e & !mask == tag && e != TOMB && f(e & mask) {
+            let group = &self.groups[g];
+            let (mut hits, open) = group.scan(tag, !mask);
+            while hits != 0 {
+                let e = group.0[hits.trailing_zeros() as usize];
+                if f(e & mask) {
                     return true;
                 }
+                hits &= hits - 1;
             }
-            if open {
+            if open != 0 {
                 return false;
             }
             g += 1;
@@ -171,6 +187,9 @@ impl IdTable {
 
     /// Puts `entry` in the first free slot from group `g` on.
     fn place(&mut self, mut g: usize, entry: u32) {
+        // Callers keep the table below 7/8 full; a full one would be a bug, and a panic says
+        // so where a search for a free slot would go round for ever.
+        assert!(self.len + self.tombs < self.slots(), "an id table is full");
         loop {
             let group = &mut self.groups[g].0;
             if let Some(slot) = group.iter_mut().find(|e| **e == EMPTY || **e == TOMB) {
@@ -218,76 +237,67 @@ impl IdTable {
 }
 
 /// Builds a table from `(hash, id)` pairs pushed in any order, several times faster than
-/// inserting them one by one when the table is big: the pairs are first bucketed by home
-/// group into runs of [`PART_GROUPS`] groups (16 KiB of table each), then placed run after
-/// run, so that the writes land in a few kilobytes of the table at a time instead of at
-/// random over all of it (at 10M ids each insert was a cache miss).
-///
-/// The buckets are sized for the expected count plus eight standard deviations; a pair that
-/// finds its bucket full waits in a spill list, placed last (the table's probing does not
-/// care about the order of placement). While building: 8 bytes a pair, a little more.
+/// inserting them one by one when the table is big: each pair's home group is prefetched
+/// when it is pushed and the pair placed [`AHEAD`] pushes later, so that many cache misses
+/// are in flight at once instead of one at a time (at 10M ids each insert was a miss).
+/// No memory beyond the table itself.
 pub(crate) struct Builder {
     table: IdTable,
-    /// Buckets of `(home group << 32 | entry)`, `cap` each (none: placed at once).
-    buf: Vec<u64>,
-    fill: Vec<u32>,
-    cap: usize,
-    spill: Vec<u64>,
+    /// Pairs whose home group was prefetched, placed once [`AHEAD`] more arrived.
+    ring: [(u32, u32); AHEAD],
+    n: usize,
 }
 
+/// How many placements a [`Builder`] keeps in flight.
+const AHEAD: usize = 32;
+
 impl Builder {
-    /// A builder of a table with room for `room` ids of `id_bits` bits, for about `expect`
-    /// pairs (more are fine, if slower).
-    pub(crate) fn new(room: usize, id_bits: u32, expect: usize) -> Self {
-        let table = IdTable::with_room(room, id_bits);
-        let parts = table.groups.len().div_ceil(PART_GROUPS);
-        let (buf, fill, cap) = if parts <= 1 {
-            (Vec::new(), Vec::new(), 0)
-        } else {
-            let mean = expect.div_ceil(parts);
-            let cap = mean + 8 * mean.isqrt() + 16;
-            (vec![0u64; parts * cap], vec![0u32; parts], cap)
-        };
+    /// A builder of a table with room for `room` ids of `id_bits` bits.
+    pub(crate) fn new(room: usize, id_bits: u32) -> Self {
         Self {
-            table,
-            buf,
-            fill,
-            cap,
-            spill: Vec::new(),
+            table: IdTable::with_room(room, id_bits),
+            ring: [(0, 0); AHEAD],
+            n: 0,
         }
     }
 
     /// Adds `id` under `hash`.
     pub(crate) fn push(&mut self, hash: u64, id: u32) {
-        if self.cap == 0 {
-            self.table.insert(hash, id);
-            return;
-        }
         let g = self.table.home(hash);
-        let item = (g as u64) << 32 | u64::from(self.table.tag(hash) | id);
-        let p = g / PART_GROUPS;
-        let n = self.fill[p] as usize;
-        if n < self.cap {
-            self.buf[p * self.cap + n] = item;
-            self.fill[p] += 1;
-        } else {
-            self.spill.push(item);
+        prefetch(&self.table.groups[g]);
+        let slot = self.n % AHEAD;
+        if self.n >= AHEAD {
+            let (g0, e0) = self.ring[slot];
+            self.table.place(g0 as usize, e0);
         }
+        self.ring[slot] = (g as u32, self.table.tag(hash) | id);
+        self.n += 1;
     }
 
     /// The table.
     pub(crate) fn finish(mut self) -> IdTable {
-        for (p, &n) in self.fill.iter().enumerate() {
-            let from = p * self.cap;
-            for &item in &self.buf[from..from + n as usize] {
-                self.table.place((item >> 32) as usize, item as u32);
-            }
-        }
-        for item in self.spill {
-            self.table.place((item >> 32) as usize, item as u32);
+        let from = self.n.saturating_sub(AHEAD);
+        for k in from..self.n {
+            let (g, e) = self.ring[k % AHEAD];
+            self.table.place(g as usize, e);
         }
         self.table
     }
+}
+
+/// Asks for `g`'s cache line, without waiting for it.
+#[inline]
+#[allow(unsafe_code)]
+fn prefetch(g: &Group) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it reads nothing into the program and cannot fault; SSE
+    // is part of every x86_64 target.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((g as *const Group).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = g;
 }
 
 /// The narrowest ids that can hold `n` (at least [`MIN_ID_BITS`], at most [`MAX_ID_BITS`]).
@@ -333,23 +343,21 @@ mod tests {
     }
 
     #[test]
-    fn a_table_built_in_partitions_finds_what_inserts_find() {
+    fn a_built_table_finds_what_inserts_find() {
         let n = 300_000u32;
         let key = |id: u32| mix(u64::from(id / 3));
-        // Expecting a tenth of what comes: most pairs spill, and still land right.
-        for expect in [n as usize, n as usize / 10] {
-            let mut b = Builder::new(n as usize, 20, expect);
-            (0..n).for_each(|i| b.push(key(i), i));
-            assert!(b.fill.len() > 4, "partitioned");
-            assert_eq!(b.spill.is_empty(), expect == n as usize);
+        // Fewer pairs than the ring holds, and many more.
+        for count in [AHEAD as u32 / 2, n] {
+            let mut b = Builder::new(count as usize, 20);
+            (0..count).for_each(|i| b.push(key(i), i));
             let built = b.finish();
-            let mut inserted = IdTable::with_room(n as usize, 20);
-            (0..n).for_each(|i| inserted.insert(key(i), i));
+            let mut inserted = IdTable::with_room(count as usize, 20);
+            (0..count).for_each(|i| inserted.insert(key(i), i));
             assert_eq!(
                 (built.len(), built.slots()),
                 (inserted.len(), inserted.slots())
             );
-            for i in (0..n).step_by(7) {
+            for i in (0..count).step_by(7) {
                 assert_eq!(built.find(key(i), |j| j == i), Some(i));
                 let (mut a, mut b) = (Vec::new(), Vec::new());
                 built.any(key(i), |j| {

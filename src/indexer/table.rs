@@ -179,6 +179,9 @@ pub(crate) struct Store {
     key: u64,
     memberships: usize,
     live: usize,
+    /// Live records not continuing the one before them (what `by_block` holds once a batch
+    /// of frees is done).
+    heads: usize,
 }
 
 impl Default for Store {
@@ -206,6 +209,7 @@ impl Store {
             key: std::collections::hash_map::RandomState::new().hash_one(0x006b_7670_6c61_6e65_u64),
             memberships: 0,
             live: 0,
+            heads: 0,
         }
     }
 
@@ -221,7 +225,7 @@ impl Store {
 
     /// Chain heads: records a query finds through `by_block`.
     pub(crate) fn heads(&self) -> usize {
-        self.by_block.len()
+        self.heads
     }
 
     /// Lanes in use.
@@ -452,6 +456,7 @@ impl Store {
         self.by_engine.insert(self.engine_key(stream, engine), id);
         if !cont {
             self.by_block.insert(self.block_key(ns, seq), id);
+            self.heads += 1;
         }
         self.lanes[lane.0 as usize].records += 1;
         self.memberships += 1;
@@ -493,11 +498,11 @@ impl Store {
     /// until the tables are next full (`min_bits` at least), so that the arena outgrowing
     /// them between two growths never costs a rebuild of its own.
     fn rebuild(&mut self, min_bits: u32) {
-        let heads = self.by_block.len();
+        let heads = self.heads;
         let room = (self.live + 1).max(self.recs.len());
         let id_bits = min_bits.max(idtable::id_bits_for(room + room / 4 + 16));
-        let mut engines = Builder::new(self.live + 1, id_bits, self.live);
-        let mut blocks = Builder::new(heads + 1, id_bits, heads);
+        let mut engines = Builder::new(self.live + 1, id_bits);
+        let mut blocks = Builder::new(heads + 1, id_bits);
         for (i, r) in self.recs.iter().enumerate() {
             if r.is_free() {
                 continue;
@@ -570,6 +575,9 @@ impl Store {
             }
         } else {
             for &id in ids {
+                if self.recs[id as usize].meta & CONT == 0 {
+                    self.heads -= 1;
+                }
                 self.promote_next(id);
             }
             self.rebuild(self.by_engine.id_bits());
@@ -592,6 +600,7 @@ impl Store {
         match self.recs.get_mut(next) {
             Some(r) if r.continues() => {
                 r.meta &= !CONT;
+                self.heads += 1;
                 true
             }
             _ => false,
@@ -603,6 +612,7 @@ impl Store {
         self.by_engine.remove(self.rec_engine_key(&r), id);
         if r.meta & CONT == 0 {
             self.by_block.remove(self.rec_block_key(&r), id);
+            self.heads -= 1;
         }
         if self.promote_next(id) {
             if self.by_block.full() {

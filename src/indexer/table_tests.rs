@@ -351,3 +351,23 @@ fn ages_are_exact_up_to_the_clamp_and_never_wrap_once_clamped() {
     assert_eq!(s.age(id, 11), 0);
     assert_eq!(s.age(id, 12), 1);
 }
+
+/// Freeing every other record of one long chain in one batch turns the rest into heads: the
+/// rebuilt block table must have room for far more heads than it held (one).
+#[test]
+fn a_batch_of_frees_can_make_many_more_heads_than_there_were() {
+    let mut s = Store::new(1);
+    let mut prev = None;
+    for i in 0..10_000u64 {
+        let id = put(&mut s, 0, i, 0, mix(i), Medium::Gpu, 0, prev);
+        prev = Some((id, mix(i)));
+    }
+    assert_eq!(s.heads(), 1);
+    let gone: Vec<RecId> = (0..10_000).step_by(2).collect();
+    for &id in &gone {
+        s.drop_ref_deferred(id, Medium::Gpu, true);
+    }
+    s.unindex_many(&gone);
+    assert_eq!(s.heads(), 5_000);
+    assert_eq!(check_reachable(&s), 5_000);
+}
