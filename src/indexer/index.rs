@@ -675,18 +675,17 @@ impl Index {
         let next = (end < self.store.arena_len()).then_some(end);
         let mut n = 0;
         let mut freed = Vec::new();
+        let tick = self.store.tick(now);
         for i in from..end {
             let i = i as RecId;
-            if self.store.rec(i).is_free() {
+            let r = self.store.rec(i);
+            if r.is_free() {
                 continue;
             }
-            if self
-                .ttl_ticks
-                .is_some_and(|ttl| self.store.age(i, now) > ttl)
-            {
+            if self.ttl_ticks.is_some_and(|ttl| r.age(tick) > ttl) {
                 n += self.drop_record(i, &mut freed);
             } else {
-                self.store.clamp_age(i, now);
+                self.store.clamp_age(i, tick);
             }
         }
         self.store.unindex_many(&freed);
@@ -721,18 +720,20 @@ impl Index {
             return false;
         }
         let step = len.div_ceil(4096).max(1);
+        let tick = self.store.tick(now);
         let mut sample: Vec<u32> = (0..len)
             .step_by(step)
-            .map(|i| i as RecId)
-            .filter(|&i| !self.store.rec(i).is_free())
-            .map(|i| self.store.age(i, now))
+            .map(|i| self.store.rec(i as RecId))
+            .filter(|r| !r.is_free())
+            .map(|r| r.age(tick))
             .collect();
         if sample.is_empty() {
             // Every sampled slot was free: take the first live record's age.
             sample.extend(
                 (0..len as RecId)
-                    .find(|&i| !self.store.rec(i).is_free())
-                    .map(|i| self.store.age(i, now)),
+                    .map(|i| self.store.rec(i))
+                    .find(|r| !r.is_free())
+                    .map(|r| r.age(tick)),
             );
         }
         // Oldest first.
@@ -748,10 +749,11 @@ impl Index {
             }
             let i = self.hand as RecId;
             self.hand += 1;
-            if self.store.rec(i).is_free() {
+            let r = self.store.rec(i);
+            if r.is_free() {
                 continue;
             }
-            let age = self.store.age(i, now);
+            let age = r.age(tick);
             if age > cutoff || (inclusive && age == cutoff) {
                 n += self.drop_record(i, &mut freed);
                 if n >= target {

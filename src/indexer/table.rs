@@ -116,6 +116,12 @@ impl Rec {
             | u8::from((m >> DISK_SHIFT) & 0xf != 0) << 2
     }
 
+    /// Age at `tick` (the store's clock), in ticks: exact up to [`MAX_AGE`], which is the
+    /// most it says for an older record once the sweep clamped it.
+    pub(crate) fn age(&self, tick: u16) -> u32 {
+        u32::from(tick.wrapping_sub(self.touched))
+    }
+
     /// Whether the record holds nothing (free, or about to be freed).
     pub(crate) fn is_free(&self) -> bool {
         self.meta & TIERS == 0
@@ -262,23 +268,18 @@ impl Store {
         self.lanes[r.lane()].ns
     }
 
-    /// Age of record `id` at `now` (seconds), in ticks: exact up to [`MAX_AGE`], which is
-    /// the most it says for an older record once the sweep clamped it.
-    pub(crate) fn age(&self, id: RecId, now: u32) -> u32 {
-        let t = self.recs[id as usize].touched;
-        u32::from(self.tick(now).wrapping_sub(t))
-    }
-
-    /// Clamps record `id`'s age at `now` to [`MAX_AGE`] if it is older; true when it did.
-    pub(crate) fn clamp_age(&mut self, id: RecId, now: u32) -> bool {
-        if self.age(id, now) <= MAX_AGE {
+    /// Clamps record `id`'s age at `tick` to [`MAX_AGE`] if it is older; true when it did.
+    pub(crate) fn clamp_age(&mut self, id: RecId, tick: u16) -> bool {
+        let r = &mut self.recs[id as usize];
+        if r.age(tick) <= MAX_AGE {
             return false;
         }
-        self.recs[id as usize].touched = self.tick(now).wrapping_sub(MAX_AGE as u16);
+        r.touched = tick.wrapping_sub(MAX_AGE as u16);
         true
     }
 
-    fn tick(&self, now: u32) -> u16 {
+    /// The store's clock at `now` (seconds): ticks, wrapping at 16 bits.
+    pub(crate) fn tick(&self, now: u32) -> u16 {
         (now / self.tick_secs) as u16
     }
 

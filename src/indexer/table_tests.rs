@@ -334,22 +334,23 @@ fn bulk_and_one_by_one_unindexing_agree() {
 fn ages_are_exact_up_to_the_clamp_and_never_wrap_once_clamped() {
     let mut s = Store::new(1);
     let id = put(&mut s, 0, 1, 0, 1, Medium::Gpu, 100, None);
-    assert_eq!(s.age(id, 100), 0);
-    assert_eq!(s.age(id, 100 + MAX_AGE), MAX_AGE);
-    assert!(!s.clamp_age(id, 100 + MAX_AGE));
-    assert!(s.clamp_age(id, 101 + MAX_AGE));
-    assert_eq!(s.age(id, 101 + MAX_AGE), MAX_AGE);
+    let age = |s: &Store, now: u32| s.rec(id).age(s.tick(now));
+    assert_eq!(age(&s, 100), 0);
+    assert_eq!(age(&s, 100 + MAX_AGE), MAX_AGE);
+    assert!(!s.clamp_age(id, s.tick(100 + MAX_AGE)));
+    assert!(s.clamp_age(id, s.tick(101 + MAX_AGE)));
+    assert_eq!(age(&s, 101 + MAX_AGE), MAX_AGE);
     // Clamped often enough (every MAX_AGE ticks), a record never looks young again.
     for k in 2..10u32 {
         let now = 100 + k * MAX_AGE;
-        s.clamp_age(id, now);
-        assert!(s.age(id, now) >= MAX_AGE / 2, "{k}");
+        s.clamp_age(id, s.tick(now));
+        assert!(age(&s, now) >= MAX_AGE / 2, "{k}");
     }
     // Ticks of several seconds.
     let mut s = Store::new(4);
     let id = put(&mut s, 0, 1, 0, 1, Medium::Gpu, 8, None);
-    assert_eq!(s.age(id, 11), 0);
-    assert_eq!(s.age(id, 12), 1);
+    assert_eq!(s.rec(id).age(s.tick(11)), 0);
+    assert_eq!(s.rec(id).age(s.tick(12)), 1);
 }
 
 /// Freeing every other record of one long chain in one batch turns the rest into heads: the
