@@ -350,6 +350,17 @@ mod tests {
         assert_eq!((c.index.seed, c.index.ttl_secs), (1337, None));
         let c = indexer(&["--port", "0", "--ttl-secs", "600", "--hash-seed", "0"]);
         assert_eq!((c.port, c.index.ttl_secs, c.index.seed), (0, Some(600), 0));
+        assert_eq!((c.queue_capacity, c.max_queued_bytes), (256, 16 << 20));
+        // The record ids bound the memberships: a larger cap is refused, naming the range.
+        let max = kvplane::indexer::index::MAX_MEMBERSHIPS;
+        let c = indexer(&["--max-memberships", &max.to_string()]);
+        assert_eq!(c.index.max_memberships, max);
+        for bad in [(max + 1).to_string(), "0".into(), "lots".into()] {
+            let err = Cli::try_parse_from(["kvplane", "indexer", "--max-memberships", &bad])
+                .map(|_| ())
+                .expect_err("refused");
+            assert!(err.to_string().contains("from 1 to 268435453"), "{err}");
+        }
     }
 
     #[test]
