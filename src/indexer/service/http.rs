@@ -238,36 +238,35 @@ async fn metrics(State(st): St) -> impl IntoResponse {
     {
         let core = st.core.read();
         let ix = &core.index;
-        out.one(
-            "kvplane_indexer_memberships",
-            "gauge",
-            "(holder, block) memberships stored.",
-            ix.memberships() as u64,
-        );
-        out.one(
-            "kvplane_indexer_records",
-            "gauge",
-            "(stream, block) records stored, whatever tiers each holds.",
-            ix.records() as u64,
-        );
-        out.one(
-            "kvplane_indexer_chain_heads",
-            "gauge",
-            "Records queries find through the block table (the first of each stored run of a chain; the others follow it in the arena).",
-            ix.chain_heads() as u64,
-        );
-        out.one(
-            "kvplane_indexer_namespaces",
-            "gauge",
-            "(tenant, model, LoRA, block size, salt) namespaces in use.",
-            ix.namespaces() as u64,
-        );
-        out.one(
-            "kvplane_indexer_heap_bytes",
-            "gauge",
-            "Heap bytes of the block table and engine-hash maps.",
-            ix.heap_bytes() as u64,
-        );
+        for (name, help, v) in [
+            (
+                "memberships",
+                "(holder, block) memberships stored.",
+                ix.memberships(),
+            ),
+            (
+                "records",
+                "(stream, block) records stored, whatever tiers each holds.",
+                ix.records(),
+            ),
+            (
+                "chain_heads",
+                "Records queries find through the block table (the first of each stored run of a chain; the others follow it in the arena).",
+                ix.chain_heads(),
+            ),
+            (
+                "namespaces",
+                "(tenant, model, LoRA, block size, salt) namespaces in use.",
+                ix.namespaces(),
+            ),
+            (
+                "heap_bytes",
+                "Heap bytes of the record arena, its two id tables and the lanes.",
+                ix.heap_bytes(),
+            ),
+        ] {
+            out.one(&format!("kvplane_indexer_{name}"), "gauge", help, v as u64);
+        }
         let c = ix.counters();
         for (name, help, v) in [
             ("stored", "Block stores applied.", c.stored),
