@@ -72,7 +72,8 @@ pub struct IndexerArgs {
         default_value_t = 5000
     )]
     pub replay_timeout_ms: u64,
-    /// Live messages queued per publisher before new ones are dropped (and counted).
+    /// Live messages queued per publisher; when full, the publisher's socket is not read
+    /// until there is room (the publisher's own send queue holds the rest; counted).
     #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = d::QUEUE_CAPACITY)]
     pub queue_capacity: usize,
     /// Payload bytes queued per publisher (live queue and replay buffer each) at most.

@@ -133,14 +133,17 @@ async fn receive(
                 return;
             }
         };
+        // A live message that finds the queue full, by bytes or by slots, is counted once.
+        let mut waited = false;
         if let Inbound::Live(frames) = &inbound {
             // Wait for byte room (the socket is not read meanwhile: the publisher holds the
-            // rest). Counted once per message that found the queue full.
+            // rest).
             let n = budget.permits(frames);
             let permit = match budget.room.try_acquire_many(n) {
                 Ok(p) => p,
                 Err(_) => {
                     status.queue_full.fetch_add(1, Ordering::Relaxed);
+                    waited = true;
                     tokio::select! {
                         () = cancel.cancelled() => return,
                         p = budget.room.acquire_many(n) => match p { Ok(p) => p, Err(_) => return },
@@ -157,7 +160,7 @@ async fn receive(
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Closed(_)) => return,
             Err(mpsc::error::TrySendError::Full(inbound)) => {
-                if matches!(inbound, Inbound::Live(_)) {
+                if matches!(inbound, Inbound::Live(_)) && !waited {
                     status.queue_full.fetch_add(1, Ordering::Relaxed);
                 }
                 tokio::select! {
