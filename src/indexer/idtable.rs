@@ -127,6 +127,15 @@ impl IdTable {
         (hash as u32) >> self.id_bits << self.id_bits
     }
 
+    /// The group a probe goes on to after `g` (the last wraps to the first).
+    fn next_group(&self, g: usize) -> usize {
+        if g + 1 == self.groups.len() {
+            0
+        } else {
+            g + 1
+        }
+    }
+
     fn id_mask(&self) -> u32 {
         (1u32 << self.id_bits) - 1
     }
@@ -155,10 +164,7 @@ impl IdTable {
             if open != 0 {
                 return false;
             }
-            g += 1;
-            if g == self.groups.len() {
-                g = 0;
-            }
+            g = self.next_group(g);
         }
         false
     }
@@ -200,10 +206,7 @@ impl IdTable {
                 self.len += 1;
                 return;
             }
-            g += 1;
-            if g == self.groups.len() {
-                g = 0;
-            }
+            g = self.next_group(g);
         }
     }
 
@@ -227,10 +230,7 @@ impl IdTable {
             if open {
                 return false;
             }
-            g += 1;
-            if g == self.groups.len() {
-                g = 0;
-            }
+            g = self.next_group(g);
         }
         false
     }

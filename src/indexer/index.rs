@@ -128,7 +128,7 @@ pub struct StreamStats {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct NsKey {
+struct NsKey {
     tenant: String,
     model: String,
     lora: LoraNs,
@@ -308,7 +308,6 @@ impl Index {
     /// Removes a stream and every membership it held.
     pub fn remove_stream(&mut self, id: StreamId) {
         self.clear_stream(id, None);
-        self.collect();
         if let Some(slot) = self.streams.get_mut(id.0 as usize) {
             if slot.take().is_some() {
                 self.free_streams.push(id.0);
@@ -482,8 +481,9 @@ impl Index {
         }
         let st = id.0 as u16;
         // The namespace, the parent's sequence hash and, when the parent is one of this
-        // stream's records, that record (so the first block can follow it in the arena).
-        let (ns, mut parent, parent_rec) = match s.parent {
+        // stream's records, that record with its hash (so the first block can follow it in
+        // the arena).
+        let (ns, mut parent, mut prev) = match s.parent {
             None => match self.event_ns(id, s) {
                 Some(ns) => (ns, None, None),
                 None => return,
@@ -495,7 +495,11 @@ impl Index {
             Some(p) => match self.store.find_engine(st, p) {
                 Some(r) => {
                     let rec = self.store.rec(r);
-                    (self.store.ns_of(&rec), Some(rec.seq()), Some(r))
+                    (
+                        self.store.ns_of(&rec),
+                        Some(rec.seq()),
+                        Some((r, rec.seq())),
+                    )
                 }
                 None => {
                     self.counters.orphans += 1;
@@ -523,7 +527,6 @@ impl Index {
         for (engine, seq) in s.hashes.iter().zip(&seqs) {
             self.store.warm(st, key(*engine, *seq));
         }
-        let mut prev = parent_rec.map(|r| (r, self.store.rec(r).seq()));
         for (engine, seq) in s.hashes.iter().zip(&seqs) {
             match self.store_block(lane, key(*engine, *seq), *seq, s.medium, now, prev) {
                 Some(r) => prev = Some((r, *seq)),

@@ -41,10 +41,11 @@ const LANE_MASK: u32 = (1 << LANE_BITS) - 1;
 /// At most this many `(stream, namespace)` lanes at once (the all-ones lane marks a free
 /// record).
 pub(crate) const MAX_LANES: usize = LANE_MASK as usize;
-const GPU_BIT: u32 = 1 << 22;
+const GPU_SHIFT: u32 = LANE_BITS;
+const GPU_BIT: u32 = 1 << GPU_SHIFT;
 const CPU_SHIFT: u32 = 23;
 const DISK_SHIFT: u32 = 27;
-const TIERS: u32 = 0x1ff << 22;
+const TIERS: u32 = 0x1ff << GPU_SHIFT;
 /// The record continues the one before it in the arena (and is not in `by_block`).
 const CONT: u32 = 1 << 31;
 /// The `meta` of a record on the free list.
@@ -100,7 +101,7 @@ impl Rec {
 
     fn set_refs(&mut self, tier: Medium, n: u8) {
         let (shift, width, cap) = match tier {
-            Medium::Gpu => (22, 1, 1),
+            Medium::Gpu => (GPU_SHIFT, 1, 1),
             Medium::Cpu => (CPU_SHIFT, 0xf, MAX_OFFLOAD_REFS),
             Medium::Disk => (DISK_SHIFT, 0xf, MAX_OFFLOAD_REFS),
         };
@@ -188,12 +189,6 @@ pub(crate) struct Store {
     /// Live records not continuing the one before them (what `by_block` holds once a batch
     /// of frees is done).
     heads: usize,
-}
-
-impl Default for Store {
-    fn default() -> Self {
-        Self::new(1)
-    }
 }
 
 impl Store {
