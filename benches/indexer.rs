@@ -8,32 +8,14 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use kvplane::indexer::events::{decode_batch, KvEvent, Medium, Stored};
-use kvplane::indexer::index::{Index, IndexConfig, LoraNs, QueryScope, StreamId, StreamSpec};
+use kvplane::indexer::index::{Index, IndexConfig, StreamId};
 use std::time::Duration;
 
-const BS: u32 = 16;
-const BLOCKS: u32 = 128;
+#[path = "support/indexer.rs"]
+mod support;
+use support::{prompt, scope, spec, BS, PROMPT as BLOCKS};
+
 const INSTANCES: u32 = 8;
-
-fn spec(i: u32) -> StreamSpec {
-    StreamSpec {
-        tenant: "default".into(),
-        instance: format!("vllm-{i}"),
-        dp_rank: 0,
-        model: "m".into(),
-        lora: String::new(),
-        block_size: BS,
-        salt: String::new(),
-        shared: false,
-    }
-}
-
-/// Prompt `p`: 128 blocks of distinct tokens.
-fn prompt(p: u32) -> Vec<u32> {
-    (0..BS * BLOCKS)
-        .map(|t| p.wrapping_mul(1_000_003) ^ t)
-        .collect()
-}
 
 fn stored(p: u32) -> KvEvent {
     KvEvent::Stored(Stored {
@@ -101,7 +83,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(u64::from(BLOCKS)));
     let (mut index, streams) = filled(1 << 20);
     println!(
-        "1M blocks: {} memberships, {:.1} heap B/membership (table + engine maps)",
+        "1M blocks: {} memberships, {:.1} heap B/membership (arena and id tables)",
         index.memberships(),
         index.heap_bytes() as f64 / index.memberships() as f64
     );
@@ -116,14 +98,7 @@ fn bench(c: &mut Criterion) {
             }
         })
     });
-    let scope = QueryScope {
-        tenant: "default",
-        model: "m",
-        lora: LoraNs::Name(String::new()),
-        block_size: BS,
-        salt: "",
-        instance: None,
-    };
+    let scope = scope();
     let hit = prompt(77);
     g.bench_function("query 128-block prompt, full hit, at 1M", |b| {
         b.iter(|| black_box(index.query_tokens(&scope, black_box(&hit))))

@@ -6,32 +6,15 @@
 //!
 //!     cargo run --release --example indexer_ingest -- 10485760 3
 use kvplane::indexer::events::{KvEvent, Medium, Stored};
-use kvplane::indexer::index::{Index, IndexConfig, LoraNs, QueryScope, StreamSpec};
+use kvplane::indexer::index::{Index, IndexConfig};
 use std::time::Instant;
 
-const BS: u32 = 16;
-const PROMPT: u32 = 128;
+#[path = "../benches/support/indexer.rs"]
+mod support;
+use support::{prompt, scope, spec, BS, PROMPT};
+
 const EVENT: u32 = 16;
 const STREAMS: u32 = 4;
-
-fn spec(i: u32) -> StreamSpec {
-    StreamSpec {
-        tenant: "default".into(),
-        instance: format!("vllm-{i}"),
-        dp_rank: 0,
-        model: "m".into(),
-        lora: String::new(),
-        block_size: BS,
-        salt: String::new(),
-        shared: false,
-    }
-}
-
-fn prompt(p: u32) -> Vec<u32> {
-    (0..BS * PROMPT)
-        .map(|t| p.wrapping_mul(2_654_435_761) ^ t)
-        .collect()
-}
 
 /// The events storing prompt `p`: engine hashes arbitrary (as vLLM's), chained by parent.
 fn events(p: u32) -> Vec<KvEvent> {
@@ -77,14 +60,7 @@ fn main() {
             }
         }
         let secs = t.elapsed().as_secs_f64();
-        let scope = QueryScope {
-            tenant: "default",
-            model: "m",
-            lora: LoraNs::Name(String::new()),
-            block_size: BS,
-            salt: "",
-            instance: None,
-        };
+        let scope = scope();
         let q = Instant::now();
         let n = 20_000u32;
         let mut hits = 0u64;
