@@ -24,13 +24,18 @@ fn block_tokens(syms: &[u32]) -> Vec<u32> {
     syms.iter().flat_map(|x| x * BS..x * BS + BS).collect()
 }
 
-/// The engine's hash of a prompt's first `n + 1` blocks (the same on every stream, as
-/// vLLM's), or another one when `alt` (the engine reusing a hash for other content is
-/// modelled by storing content under the hash of a different prefix).
+/// The engine's hash of a prompt's first `i + 1` blocks (the same on every stream, as
+/// vLLM's). An engine reusing a hash for other content is modelled by storing a prompt's
+/// blocks under another prompt's hashes (`Op::Store`'s `alt`).
 fn engine(prompt: usize, i: usize) -> u64 {
     PROMPTS[prompt][..=i]
         .iter()
         .fold(0x51u64, |h, x| super::super::table::mix(h ^ u64::from(*x)))
+}
+
+/// [`engine`] of a prompt's block `at`, or of its last block when `at` is past its end.
+fn engine_at(prompt: usize, at: usize) -> u64 {
+    engine(prompt, at.min(PROMPTS[prompt].len() - 1))
 }
 
 const NAMESPACES: [(&str, &str); 3] = [("", ""), ("sql", ""), ("", "cust")];
@@ -261,8 +266,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 at,
                 tier,
             } => {
-                let at = at.min(PROMPTS[prompt].len() - 1);
-                let h = engine(prompt, at);
+                let h = engine_at(prompt, at);
                 if let Some(&(ns, seq, _)) = model.maps[stream].get(&h) {
                     model.store(stream, h, ns, seq, tier);
                 }
@@ -279,8 +283,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 at,
                 tier,
             } => {
-                let at = at.min(PROMPTS[prompt].len() - 1);
-                let h = engine(prompt, at);
+                let h = engine_at(prompt, at);
                 model.remove(stream, h, tier);
                 let ev = KvEvent::Removed(Removed {
                     hashes: vec![h],
