@@ -257,7 +257,8 @@ async fn quota_routes_and_both_event_forms() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(
         v,
-        json!({"cache_salt": "user-a", "quota_limit_gb": 10.0, "quota_exists": true, "usage_gb": 1.0 / 1024.0})
+        json!({"cache_salt": "user-a", "quota_limit_gb": 10.0, "quota_exists": true, "usage_gb": 1.0 / 1024.0,
+               "effective_limit_gb": 10.0, "limit_source": "quota"})
     );
     // The 0.5.6 form, as a real MP server posts it (config batch, then stores; unknown fields).
     let modern = json!({"batches": [
@@ -307,11 +308,15 @@ async fn quota_routes_and_both_event_forms() {
         v["total_gb"].as_f64().unwrap(),
         ((1 << 20) + 2048) as f64 / (1u64 << 30) as f64
     );
-    // Allowlist: a salt with usage but no quota reads limit 0 / no quota.
+    // No quota and the boot default (null): limit 0 / no quota as 0.5.6 reads, and exempt.
     let (_, b) = call(&app, "GET", "/quota/user-b", None).await;
     assert_eq!(
         (b["quota_limit_gb"].clone(), b["quota_exists"].clone()),
         (json!(0.0), json!(false))
+    );
+    assert_eq!(
+        (b["effective_limit_gb"].clone(), b["limit_source"].clone()),
+        (Value::Null, json!("exempt"))
     );
     assert_eq!(
         call(&app, "DELETE", "/quota/user-a", None).await.1["status"],
@@ -525,6 +530,8 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
     let (mp, fake) = fake_mp().await;
     let mut c = config();
     c.eviction_check_interval = Some(Duration::from_millis(50));
+    // The seed's allowlist (`--default-quota-gb 0`): salts without a quota may hold nothing.
+    c.default_quota_gb = Some(0.0);
     let server = within("start", coordinator::start(c)).await.unwrap();
     let base = format!("http://{}", server.addr);
     let h = server.handle.clone();
@@ -561,7 +568,7 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
         within("events", post("/quota/events", events)).await.status,
         200
     );
-    // No quota for "t" (allowlist): both keys are dispatched to s1 in one DELETE.
+    // No quota for "t" and the allowlist on: both keys are dispatched to s1 in one DELETE.
     let mut deleted = Value::Null;
     for _ in 0..200 {
         if let Some((_, v)) = fake
@@ -739,7 +746,7 @@ async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
         200
     );
     assert_eq!(req(a, "DELETE", "/quota/gone".into(), None).await.0, 200);
-    let body = Some(json!({"default_limit_gb": null}));
+    let body = Some(json!({"default_limit_gb": 0.5}));
     assert_eq!(req(a, "PUT", "/quota/config".into(), body).await.0, 200);
     assert_eq!(
         req(a, "POST", "/cache/pins".into(), Some(pin.clone()))
@@ -772,7 +779,7 @@ async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
     assert_eq!(salts, [(json!("user-a"), json!(2.0))]);
     assert_eq!(
         req(b, "GET", "/quota/config".into(), None).await.1,
-        json!({"default_limit_gb": null})
+        json!({"default_limit_gb": 0.5})
     );
     assert_eq!(
         req(b, "GET", "/cache/pins".into(), None).await.1,

@@ -55,10 +55,35 @@ async fn call(app: &Router, method: &str, uri: &str, body: Option<&str>) -> (Sta
 #[tokio::test]
 async fn quota_config_sets_reads_and_validates_the_default() {
     let (app, handle) = app();
-    // Boot: the document's allowlist, 0 GiB (0.5.6 boots with null = exempt).
+    // Boot: null, salts without a quota exempt (0.5.6's; `--default-quota-gb` changes it).
     assert_eq!(
         call(&app, "GET", "/quota/config", None).await,
+        (StatusCode::OK, json!({"default_limit_gb": null}))
+    );
+    // The allowlist: 0 GiB for salts without a quota; GET /quota shows it as their limit.
+    assert_eq!(
+        call(
+            &app,
+            "PUT",
+            "/quota/config",
+            Some(r#"{"default_limit_gb": 0}"#)
+        )
+        .await,
         (StatusCode::OK, json!({"default_limit_gb": 0.0}))
+    );
+    let (_, row) = call(&app, "GET", "/quota/nobody", None).await;
+    assert_eq!(
+        row,
+        json!({"cache_salt": "nobody", "quota_limit_gb": 0.0, "quota_exists": false,
+               "usage_gb": 0.0, "effective_limit_gb": 0.0, "limit_source": "default"})
+    );
+    // An unknown field is a 422 naming it, never a silent reset (0.5.6 resets to null, Q10).
+    let (code, body) = call(&app, "PUT", "/quota/config", Some(r#"{"limit_gb": 5}"#)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["detail"][0]["loc"], json!(["body", "limit_gb"]));
+    assert_eq!(
+        call(&app, "GET", "/quota/config", None).await.1,
+        json!({"default_limit_gb": 0.0})
     );
     assert_eq!(
         call(
@@ -183,7 +208,8 @@ async fn quota_routes_take_the_tier_parameter() {
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(got["detail"][0]["loc"], json!(["body", "tier"]));
     // Reads: l2 (explicit or default) answers; all is 400 as in 0.5.6; l1 is 400 (not tracked).
-    let row = json!({"cache_salt": "user-a", "quota_limit_gb": 1.5, "quota_exists": true, "usage_gb": 0.0});
+    let row = json!({"cache_salt": "user-a", "quota_limit_gb": 1.5, "quota_exists": true, "usage_gb": 0.0,
+                     "effective_limit_gb": 1.5, "limit_source": "quota"});
     for uri in ["/quota/user-a", "/quota/user-a?tier=l2"] {
         assert_eq!(
             call(&app, "GET", uri, None).await,

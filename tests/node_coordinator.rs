@@ -27,7 +27,8 @@ async fn coordinator_resync_counts_the_nodes_l2_objects() {
     resync_then(None).await;
 }
 
-/// No quota for the salt means none allowed (the coordinator's allowlist): its eviction loop
+/// With `--default-quota-gb 0` (the seed's allowlist), no quota for the salt means none
+/// allowed: the coordinator's eviction loop
 /// sends the node `DELETE /cache/objects` and the objects leave the node.
 #[tokio::test]
 async fn coordinator_eviction_deletes_from_the_node() {
@@ -66,6 +67,7 @@ async fn resync_then(eviction: Option<Duration>) {
     let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
     c.health_check_interval = None;
     c.eviction_check_interval = eviction;
+    c.default_quota_gb = eviction.map(|_| 0.0);
     c.resync = Some(coordinator::resync::ResyncConfig {
         poll_interval: Duration::from_millis(20),
         max_wait: Duration::from_secs(10),

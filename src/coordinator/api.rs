@@ -175,6 +175,7 @@ pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Resu
         let msg = e.into_inner().to_string();
         // serde names a missing field only in its message ("missing field `ip`"): FastAPI
         // puts it in `loc`, and so do we.
+        // (The path already ends at an unknown field, for a body that refuses them.)
         if let Some(field) = msg
             .strip_prefix("missing field `")
             .and_then(|rest| rest.split('`').next())
@@ -333,7 +334,11 @@ struct QuotaBody {
     tier: Option<String>,
 }
 
+/// `PUT /quota/config`'s body. Unknown fields are refused (422 naming the field): 0.5.6
+/// ignores them, so `{"limit_gb": 5}` silently reset its default quota (Q10). `{}` sets
+/// `null`, as in 0.5.6 (salts without a quota exempt: the direction that never evicts).
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct QuotaConfigBody {
     #[serde(default)]
     default_limit_gb: Option<f64>,

@@ -390,14 +390,17 @@ mod tests {
     use crate::coordinator::keys::EncodedKey;
     use crate::coordinator::model::ModelConfig;
 
+    /// With the seed's allowlist: a salt without a quota may hold nothing.
     fn model() -> Model {
-        Model::new(ModelConfig {
+        let mut m = Model::new(ModelConfig {
             max_instances: 8,
             max_tracked_keys: 100,
             max_quotas: 8,
             eviction_ratio: 0.5,
             trigger_watermark: 1.0,
-        })
+        });
+        m.set_default_limit(Some(0.0)).unwrap();
+        m
     }
 
     fn reg(id: &str) -> Registration {
@@ -481,7 +484,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        // No quota for "t": every key goes.
+        // No quota for "t" and the allowlist on: every key goes.
         assert_eq!((d.instance_id.as_str(), d.keys.len()), ("s1", 4));
         // Two more periods (at 10 s and 15 s) with the dispatch unreleased: both skipped.
         tokio::time::sleep(Duration::from_secs(12)).await;

@@ -96,6 +96,10 @@ pub struct CoordinatorConfig {
     pub resync: Option<resync::ResyncConfig>,
     /// Where quotas and pins are kept across restarts (`None`: not kept).
     pub metadata_path: Option<std::path::PathBuf>,
+    /// The default quota at start, GiB (`--default-quota-gb`; `None`: salts without a quota
+    /// are exempt, 0.5.6's boot state; `Some(0.0)`: the seed document's allowlist). A
+    /// `--metadata-path` file that holds a default quota replaces it.
+    pub default_quota_gb: Option<f64>,
 }
 
 impl CoordinatorConfig {
@@ -131,6 +135,7 @@ impl CoordinatorConfig {
                 page_size: d::RESYNC_PAGE_SIZE,
             }),
             metadata_path: None,
+            default_quota_gb: None,
         }
     }
 }
@@ -243,12 +248,28 @@ pub(crate) async fn bind(
 /// A new model, with the quotas and pins of `--metadata-path` if there are any.
 pub(crate) fn initial_model(config: &CoordinatorConfig) -> model::Model {
     let mut model = model::Model::new(config.model.clone());
+    if let Err(e) = model.set_default_limit(config.default_quota_gb) {
+        // The flag is validated at startup; a value that still fails leaves salts exempt.
+        tracing::warn!(
+            "ignoring the default quota {:?}: {e}",
+            config.default_quota_gb
+        );
+    }
     if let Some(path) = &config.metadata_path {
         match metadata::load(path) {
             Ok(None) => tracing::info!("no metadata at {}; starting empty", path.display()),
             Ok(Some(doc)) => {
+                let flag = model.default_limit_gb();
                 let (quotas, pins) = model
                     .restore_metadata(doc, crate::config::defaults::coordinator::MAX_PINNED_KEYS);
+                if model.default_limit_gb() != flag {
+                    tracing::info!(
+                        "default quota {:?} GiB from {} (the last PUT /quota/config) replaces {:?}",
+                        model.default_limit_gb(),
+                        path.display(),
+                        flag
+                    );
+                }
                 tracing::info!(quotas, pins, "restored metadata from {}", path.display());
             }
             Err(e) => tracing::warn!("ignoring the metadata file {}: {e}", path.display()),

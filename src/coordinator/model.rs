@@ -100,12 +100,19 @@ fn limit_bytes(limit_gb: f64) -> Result<u64, QuotaError> {
 pub struct QuotaStatus {
     /// The salt ("" for `_default`).
     pub cache_salt: String,
-    /// The explicit limit in GiB (0 without one: allowlist).
+    /// The explicit limit in GiB (0.0 without one, as 0.5.6 answers).
     pub quota_limit_gb: f64,
     /// Whether an explicit quota exists.
     pub quota_exists: bool,
     /// Tracked L2 bytes in GiB.
     pub usage_gb: f64,
+    /// The limit eviction applies, in GiB: the explicit quota, else the default quota;
+    /// `None` when the salt is exempt (no quota and a `null` default). kvplane's addition
+    /// (0.5.6 shows only the explicit quota, Q17).
+    pub effective_limit_gb: Option<f64>,
+    /// Where [`QuotaStatus::effective_limit_gb`] comes from: `"quota"`, `"default"` or
+    /// `"exempt"`.
+    pub limit_source: &'static str,
 }
 
 /// What one ingest call did (`POST /events` reply counts batches).
@@ -158,7 +165,7 @@ pub struct Model {
     /// Explicit quotas in bytes.
     quotas: BTreeMap<String, u64>,
     /// The limit of a salt without a quota (`PUT /quota/config`); `None` exempts such salts
-    /// from eviction. Starts at `Some(0)`, the document's allowlist.
+    /// from eviction. Starts at `None`, as in 0.5.6 (`--default-quota-gb` seeds it).
     default_limit: Option<u64>,
     /// Keys pinned against eviction (`/cache/pins`).
     pub pins: Pins,
@@ -175,7 +182,7 @@ impl Model {
             gate: Gate::new(config.max_instances),
             keys: KeyStore::new(),
             quotas: BTreeMap::new(),
-            default_limit: Some(0),
+            default_limit: None,
             pins: Pins::default(),
             usage: Usage::new(
                 config.max_instances.saturating_mul(2).saturating_add(1),
@@ -332,7 +339,7 @@ impl Model {
     /// a standby applies its leader's whole operator state.
     pub fn clear_metadata(&mut self) {
         self.quotas.clear();
-        self.default_limit = Some(0);
+        self.default_limit = None;
         self.pins = Pins::default();
     }
 
@@ -365,11 +372,18 @@ impl Model {
     /// `GET /quota/{cache_salt}` (never fails: an unknown salt has no quota and no usage).
     pub fn quota_status(&self, salt: &str) -> QuotaStatus {
         let limit = self.quotas.get(salt).copied();
+        let (effective, source) = match (limit, self.default_limit) {
+            (Some(b), _) => (Some(b), "quota"),
+            (None, Some(b)) => (Some(b), "default"),
+            (None, None) => (None, "exempt"),
+        };
         QuotaStatus {
             cache_salt: salt.to_owned(),
             quota_limit_gb: limit.map_or(0.0, |b| b as f64 / GIB),
             quota_exists: limit.is_some(),
             usage_gb: self.keys.salt_bytes(salt) as f64 / GIB,
+            effective_limit_gb: effective.map(|b| b as f64 / GIB),
+            limit_source: source,
         }
     }
 

@@ -58,6 +58,14 @@ fn instance(id: &str, port: u16) -> Instance {
     }
 }
 
+/// A model with the seed's allowlist (`--default-quota-gb 0`): salts without a quota may
+/// hold nothing.
+fn allowlist(config: ModelConfig) -> Model {
+    let mut m = Model::new(config);
+    m.set_default_limit(Some(0.0)).unwrap();
+    m
+}
+
 fn hexes(keys: &[EncodedKey]) -> Vec<&str> {
     keys.iter().map(|k| k.chunk_hash_hex.as_str()).collect()
 }
@@ -142,8 +150,9 @@ fn eviction_plans_lru_victims_of_salts_over_the_watermark() {
     });
     // "hot" has 10 keys of 1 KiB under a 10 KiB quota: at the 0.5 watermark, evicts 20%.
     m.set_quota("hot", 10.0 * 1024.0 / GIB).unwrap();
-    // "ok" is under its quota; "free" has no quota: everything goes.
+    // "ok" is under its quota; "free" has no quota: with the allowlist, everything goes.
     m.set_quota("ok", 1.0).unwrap();
+    m.set_default_limit(Some(0.0)).unwrap();
     m.ingest([
         batch("a", 0, 1, Tier::L2, stores("hot", 0..10, 1024)),
         batch("a", 0, 2, Tier::L2, stores("ok", 0..10, 1024)),
@@ -180,7 +189,7 @@ fn eviction_plans_lru_victims_of_salts_over_the_watermark() {
 
 #[test]
 fn eviction_dispatches_are_chunked() {
-    let mut m = Model::new(ModelConfig {
+    let mut m = allowlist(ModelConfig {
         max_tracked_keys: 30_000,
         ..config()
     });
@@ -194,7 +203,7 @@ fn eviction_dispatches_are_chunked() {
 #[test]
 fn a_cycle_plans_at_most_the_victim_cap() {
     let n = MAX_VICTIMS_PER_CYCLE as u64 + 5;
-    let mut m = Model::new(ModelConfig {
+    let mut m = allowlist(ModelConfig {
         max_tracked_keys: n as usize,
         ..config()
     });
@@ -207,10 +216,21 @@ fn a_cycle_plans_at_most_the_victim_cap() {
 fn the_default_limit_governs_salts_without_a_quota() {
     let mut m = Model::new(config());
     m.ingest([batch("a", 0, 1, Tier::L2, stores("free", 0..4, 1024))]);
-    // Boot: the document's allowlist (0 bytes), so everything goes.
-    assert_eq!(m.default_limit_gb(), Some(0.0));
+    // Boot: exempt, as 0.5.6 (a restart with no quotas never mass-evicts).
+    assert_eq!(m.default_limit_gb(), None);
+    assert!(m.plan_evictions().is_empty());
+    let s = m.quota_status("free");
+    assert_eq!((s.effective_limit_gb, s.limit_source), (None, "exempt"));
+    // The seed's allowlist (0 bytes): everything goes.
+    m.set_default_limit(Some(0.0)).unwrap();
     assert_eq!(m.plan_evictions().len(), 4);
-    // Exempt (0.5.6's boot default): nothing planned.
+    let s = m.quota_status("free");
+    assert_eq!((s.quota_limit_gb, s.quota_exists), (0.0, false));
+    assert_eq!(
+        (s.effective_limit_gb, s.limit_source),
+        (Some(0.0), "default")
+    );
+    // Exempt again: nothing planned.
     m.set_default_limit(None).unwrap();
     assert_eq!(m.default_limit_gb(), None);
     assert!(m.plan_evictions().is_empty());
@@ -222,6 +242,8 @@ fn the_default_limit_governs_salts_without_a_quota() {
     // An explicit quota wins over the default.
     m.set_quota("free", 0.0).unwrap();
     assert_eq!(m.plan_evictions().len(), 4);
+    let s = m.quota_status("free");
+    assert_eq!((s.effective_limit_gb, s.limit_source), (Some(0.0), "quota"));
     for bad in [-1.0, f64::NAN, f64::INFINITY, 1e300] {
         assert_eq!(
             m.set_default_limit(Some(bad)),
@@ -233,7 +255,7 @@ fn the_default_limit_governs_salts_without_a_quota() {
 
 #[test]
 fn pinned_keys_are_never_planned() {
-    let mut m = Model::new(config());
+    let mut m = allowlist(config());
     m.ingest([batch("a", 0, 1, Tier::L2, stores("free", 0..4, 1024))]);
     // The two oldest (recorded tail first: 3, 2) are pinned, one in another object group.
     let mut pinned = key(2, "free");
@@ -247,7 +269,7 @@ fn pinned_keys_are_never_planned() {
 #[test]
 fn large_batches_are_admitted_whole_and_applied_in_slices() {
     let n = 2 * SLICE_OPS as u64 + 7;
-    let mut m = Model::new(ModelConfig {
+    let mut m = allowlist(ModelConfig {
         max_tracked_keys: 100_000,
         ..config()
     });

@@ -70,6 +70,10 @@ pub(crate) struct CoordinatorArgs {
     /// [env …_METADATA_PATH; ""].
     #[arg(long)]
     metadata_path: Option<String>,
+    /// Default quota in GiB of salts without one, at start (0: the seed document's
+    /// allowlist; unset: exempt, as LMCache 0.5.6) [env …_DEFAULT_QUOTA_GB; unset].
+    #[arg(long, allow_hyphen_values = true)]
+    default_quota_gb: Option<String>,
     /// `--cluster`: a hot standby on NATS JetStream until it holds the coordinator lease
     /// (docs/CLUSTER.md); read from `KVPLANE_CLUSTER*`, as `serve` reads them.
     #[command(flatten)]
@@ -281,6 +285,19 @@ impl CoordinatorArgs {
             .map(|t| t.trim().to_owned())
             .filter(|t| !t.is_empty())
             .map(std::path::PathBuf::from);
+        c.default_quota_gb = match s.text(&self.default_quota_gb, "DEFAULT_QUOTA_GB") {
+            None => None,
+            Some(t) if t.trim().is_empty() || t.trim() == "null" => None,
+            Some(t) => match t.trim().parse::<f64>() {
+                Ok(gb) if gb.is_finite() && (0.0..8.0e9).contains(&gb) => Some(gb),
+                _ => {
+                    return Err(ConfigError::Value {
+                        flag: "default-quota-gb",
+                        detail: format!("{t:?} is not a limit in GiB (0 up to 8e9, or null)"),
+                    })
+                }
+            },
+        };
         Ok((c, resync))
     }
 }
@@ -392,6 +409,24 @@ mod tests {
         assert_eq!(c.metadata_path, Some("/var/lib/meta.json".into()));
         let (c, _) = validate(&["--metadata-path", ""], &env).unwrap();
         assert_eq!(c.metadata_path, None);
+    }
+
+    #[test]
+    fn default_quota_is_unset_unless_given() {
+        assert_eq!(validate(&[], &[]).unwrap().0.default_quota_gb, None);
+        let (c, _) = validate(&["--default-quota-gb", "0"], &[]).unwrap();
+        assert_eq!(c.default_quota_gb, Some(0.0));
+        let env = [
+            ("LMCACHE_MP_COORDINATOR_DEFAULT_QUOTA_GB", "3"),
+            ("KVPLANE_COORDINATOR_DEFAULT_QUOTA_GB", "1.5"),
+        ];
+        assert_eq!(validate(&[], &env).unwrap().0.default_quota_gb, Some(1.5));
+        let env = [("LMCACHE_MP_COORDINATOR_DEFAULT_QUOTA_GB", "null")];
+        assert_eq!(validate(&[], &env).unwrap().0.default_quota_gb, None);
+        for bad in ["-1", "x", "NaN", "inf", "1e300"] {
+            let e = validate(&["--default-quota-gb", bad], &[]).unwrap_err();
+            assert!(e.to_string().starts_with("--default-quota-gb"), "{e}");
+        }
     }
 
     #[test]
