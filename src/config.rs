@@ -90,8 +90,11 @@ pub mod defaults {
         pub const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
         /// Most JSON values in one request body (an event entry is about eight).
         pub const MAX_BODY_ITEMS: usize = 1 << 20;
-        /// Most HTTP connections served at once (one or two per MP server).
-        pub const MAX_HTTP_CONNECTIONS: usize = 1024;
+        /// Most HTTP connections served at once: an MP server keeps one keep-alive connection
+        /// (registration, heartbeats and events share it), so 10,000 servers plus operators and
+        /// routers fit with room; at the cap a new connection closes the least recently active
+        /// idle one. About one open file each (`RLIMIT_NOFILE` is raised to its hard limit).
+        pub const MAX_HTTP_CONNECTIONS: usize = 16_384;
         /// Seconds to send a request's headers (also the keep-alive idle time), then its body.
         pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
         /// Most events in one request.

@@ -1,5 +1,6 @@
 //! The coordinator's HTTP limits over real sockets on 127.0.0.1: body bytes (announced and
-//! streamed), JSON values per body, the connection cap and the read timeout. Each refusal is
+//! streamed), JSON values per body, the connection cap (idle keep-alive connections make room
+//! for new ones) and the read timeout. Each refusal is
 //! answered with its code, names its flag, and is counted exactly once in `/metrics`.
 
 mod common;
@@ -121,35 +122,123 @@ async fn read_response(s: &mut TcpStream) -> String {
     head
 }
 
-#[tokio::test]
-async fn connections_beyond_the_cap_wait_and_are_counted() {
-    let c = start(|c| c.http.max_connections = 2).await;
-    let addr = c.addr;
+async fn connect(addr: SocketAddr) -> TcpStream {
+    within("connect", TcpStream::connect(addr))
+        .await
+        .expect("connect")
+}
+
+/// One `GET /healthz` on a kept-alive connection, answered 200.
+async fn healthz(s: &mut TcpStream, addr: SocketAddr) {
     let get = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(get.as_bytes()).await.expect("write");
+    let head = within("answer", read_response(s)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+}
+
+/// Whether the server closed `s` (EOF or reset), within a bounded wait.
+async fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_never_block_a_new_one() {
+    const CAP: usize = 4;
+    let c = start(|c| c.http.max_connections = CAP).await;
+    let addr = c.addr;
+    // CAP idle keep-alive connections (as MP servers between heartbeats), oldest first.
     let mut held = Vec::new();
-    for _ in 0..2 {
-        let mut s = within("connect", TcpStream::connect(addr))
-            .await
-            .expect("connect");
-        s.write_all(get.as_bytes()).await.expect("write");
-        let head = within("answer", read_response(&mut s)).await;
-        assert!(head.starts_with("http/1.1 200"), "{head}");
+    for _ in 0..CAP {
+        let mut s = connect(addr).await;
+        healthz(&mut s, addr).await;
         held.push(s);
     }
-    // A third peer is queued by the kernel but not served while both slots are held.
-    let mut third = within("connect", TcpStream::connect(addr))
+    // Refresh all but the first: it is now the least recently active.
+    for s in &mut held[1..] {
+        healthz(s, addr).await;
+    }
+    // One more: served, by closing the idle connection that was quiet the longest.
+    let mut new = connect(addr).await;
+    healthz(&mut new, addr).await;
+    assert!(closed_by_server(&mut held[0]).await, "oldest idle closed");
+    // The others were left alone and still answer on their own connections.
+    for s in &mut held[1..] {
+        healthz(s, addr).await;
+    }
+    let text = metrics_on(&mut new, addr).await;
+    assert_eq!(
+        sample(&text, "kvplane_coordinator_http_idle_closed_total"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(refused(&text, "connections"), 0.0, "{text}");
+    drop((held, new));
+    within("stop", c.stop()).await;
+}
+
+/// `/metrics` over an already open connection (a new one would take a slot).
+async fn metrics_on(s: &mut TcpStream, addr: SocketAddr) -> String {
+    let get = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(get.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
+        out.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; len];
+    within("metrics body", s.read_exact(&mut body))
         .await
-        .expect("connect");
+        .expect("body");
+    String::from_utf8(body).expect("utf-8")
+}
+
+#[tokio::test]
+async fn a_new_connection_waits_only_while_every_slot_is_busy_with_a_request() {
+    let c = start(|c| c.http.max_connections = 2).await;
+    let addr = c.addr;
+    // Both slots mid-request: headers started, not finished.
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut s = connect(addr).await;
+        s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n").as_bytes())
+            .await
+            .expect("write");
+        busy.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A third peer is not served while both are busy.
+    let mut third = connect(addr).await;
+    let get = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     third.write_all(get.as_bytes()).await.expect("write");
     let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut third)).await;
     assert!(early.is_err(), "served beyond the cap");
-    drop(held.pop());
-    let head = within("served once a slot is free", read_response(&mut third)).await;
+    // One request completes: its connection is answered, turns idle and is closed for the
+    // waiting one, which is then served.
+    busy[0].write_all(b"\r\n").await.expect("write");
+    let head = within("busy one answered", read_response(&mut busy[0])).await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
-    drop(third);
-    drop(held);
-    let text = metrics(addr).await;
-    assert!(refused(&text, "connections") >= 1.0, "{text}");
+    let head = within("served once a slot turns idle", read_response(&mut third)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(closed_by_server(&mut busy[0]).await, "the idle one closed");
+    let text = metrics_on(&mut third, addr).await;
+    assert_eq!(refused(&text, "connections"), 1.0, "{text}");
+    assert_eq!(
+        sample(&text, "kvplane_coordinator_http_idle_closed_total"),
+        1.0,
+        "{text}"
+    );
+    drop((busy, third));
     within("stop", c.stop()).await;
 }
 

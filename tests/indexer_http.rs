@@ -46,9 +46,10 @@ async fn an_oversize_body_gets_413_before_it_is_read() {
 }
 
 #[tokio::test]
-async fn a_client_beyond_the_connection_cap_waits_for_a_slot() {
+async fn a_client_beyond_the_connection_cap_waits_only_while_the_slot_is_busy() {
     let server = indexer(|c| c.max_http_connections = 1).await;
-    a_second_client_waits_for_the_slot(server.addr, "/healthz").await;
-    assert!(counted(&server, "http_connections", 1.0).await >= 1.0);
+    a_second_client_waits_only_while_the_slot_is_busy(server.addr, "/healthz").await;
+    assert_eq!(counted(&server, "http_connections", 1.0).await, 1.0);
+    assert!(counted(&server, "http_idle_closed", 1.0).await >= 1.0);
     server.stop().await;
 }

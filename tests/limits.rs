@@ -423,12 +423,21 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> String {
 }
 
 #[tokio::test]
-async fn connections_beyond_the_cap_wait_for_a_free_slot() {
-    use tokio::io::AsyncWriteExt;
+async fn connections_beyond_the_cap_wait_only_while_every_slot_is_busy() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = server_with(|c| c.max_http_connections = 2).await;
     let addr = server.addrs.http;
     let get = format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n");
-    // Two kept-alive connections, each served once: they hold both slots.
+    let hits = |label: &str| {
+        server
+            .shared
+            .metrics
+            .limit_hits
+            .with_label_values(&[label])
+            .get()
+    };
+    // Two kept-alive connections, each served once, then idle: a third is admitted by
+    // closing the one idle the longest.
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = within("connect", tokio::net::TcpStream::connect(addr))
@@ -439,26 +448,47 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
         assert!(head.starts_with("http/1.1 200"), "{head}");
         held.push(s);
     }
-    let hits = || {
-        server
-            .shared
-            .metrics
-            .limit_hits
-            .with_label_values(&["http_connections"])
-            .get()
-    };
-    eventually("the cap is counted", STEP, || hits() >= 1).await;
-    // A third peer connects (the kernel queues it) but is not served while both are held.
     let mut third = within("connect", tokio::net::TcpStream::connect(addr))
         .await
         .expect("connect");
     third.write_all(get.as_bytes()).await.expect("write");
-    let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut third)).await;
-    assert!(early.is_err(), "served beyond the cap");
-    // Freeing a slot serves it.
-    drop(held.pop());
-    let head = within("answer once a slot is free", read_response(&mut third)).await;
+    let head = within("served at once", read_response(&mut third)).await;
     assert!(head.starts_with("http/1.1 200"), "{head}");
+    let mut rest = Vec::new();
+    within(
+        "the oldest idle one is closed",
+        held[0].read_to_end(&mut rest),
+    )
+    .await
+    .expect("read");
+    eventually("the close is counted", STEP, || {
+        hits("http_idle_closed") == 1
+    })
+    .await;
+    // Both slots busy with requests (headers started): a fourth waits for one.
+    for s in [&mut held[1], &mut third] {
+        s.write_all(b"GET /healthz HTTP/1.1\r\n")
+            .await
+            .expect("write");
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut fourth = within("connect", tokio::net::TcpStream::connect(addr))
+        .await
+        .expect("connect");
+    fourth.write_all(get.as_bytes()).await.expect("write");
+    let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut fourth)).await;
+    assert!(early.is_err(), "served beyond the cap");
+    eventually("the wait is counted", STEP, || {
+        hits("http_connections") == 1
+    })
+    .await;
+    // One request finishes: answered, then closed for the waiting one, which is served.
+    held[1].write_all(b"\r\n").await.expect("write");
+    let head = within("answered", read_response(&mut held[1])).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let head = within("answer once a slot turns idle", read_response(&mut fourth)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(hits("http_idle_closed"), 2);
     server.stop().await;
 }
 

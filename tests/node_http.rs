@@ -37,9 +37,11 @@ async fn an_oversize_delete_gets_413_before_its_body_is_read() {
 }
 
 #[tokio::test]
-async fn a_client_beyond_the_connection_cap_waits_for_a_slot() {
+async fn a_client_beyond_the_connection_cap_waits_only_while_the_slot_is_busy() {
     let node = node_with(|c| c.http.max_connections = 1).await;
-    a_second_client_waits_for_the_slot(node.addrs.http.expect("http"), "/healthz").await;
-    assert!(counted(&node, "http_connections", 1.0).await >= 1.0);
+    a_second_client_waits_only_while_the_slot_is_busy(node.addrs.http.expect("http"), "/healthz")
+        .await;
+    assert_eq!(counted(&node, "http_connections", 1.0).await, 1.0);
+    assert!(counted(&node, "http_idle_closed", 1.0).await >= 1.0);
     node.stop().await;
 }

@@ -38,11 +38,13 @@ pub enum Limit {
     HttpBodyItems,
     /// `--max-http-connections`: a connection waited for a free slot.
     HttpConnections,
+    /// `--max-http-connections`: an idle keep-alive connection was closed to admit a new one.
+    HttpIdleClosed,
     /// `--http-read-timeout`: a client too slow sending a request was cut off.
     HttpReadTimeout,
 }
 
-const ALL: [Limit; 9] = [
+const ALL: [Limit; 10] = [
     Limit::Workers,
     Limit::KeysPerWorker,
     Limit::BatchOps,
@@ -51,6 +53,7 @@ const ALL: [Limit; 9] = [
     Limit::SyncRanges,
     Limit::HttpBodyItems,
     Limit::HttpConnections,
+    Limit::HttpIdleClosed,
     Limit::HttpReadTimeout,
 ];
 
@@ -60,6 +63,7 @@ impl From<WebLimit> for Limit {
             WebLimit::BodyBytes => Limit::HttpBodyBytes,
             WebLimit::BodyItems => Limit::HttpBodyItems,
             WebLimit::Connections => Limit::HttpConnections,
+            WebLimit::IdleClosed => Limit::HttpIdleClosed,
             WebLimit::ReadTimeout => Limit::HttpReadTimeout,
         }
     }
@@ -77,6 +81,7 @@ impl Limit {
             Limit::HttpBodyBytes
             | Limit::HttpBodyItems
             | Limit::HttpConnections
+            | Limit::HttpIdleClosed
             | Limit::HttpReadTimeout => self.web().label(),
         }
     }
@@ -92,6 +97,7 @@ impl Limit {
             Limit::HttpBodyBytes
             | Limit::HttpBodyItems
             | Limit::HttpConnections
+            | Limit::HttpIdleClosed
             | Limit::HttpReadTimeout => self.web().flag(),
         }
     }
@@ -101,6 +107,7 @@ impl Limit {
         match self {
             Limit::HttpBodyItems => WebLimit::BodyItems,
             Limit::HttpConnections => WebLimit::Connections,
+            Limit::HttpIdleClosed => WebLimit::IdleClosed,
             Limit::HttpReadTimeout => WebLimit::ReadTimeout,
             _ => WebLimit::BodyBytes,
         }

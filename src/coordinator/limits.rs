@@ -31,8 +31,10 @@ pub struct Refused {
     pub body_bytes: AtomicU64,
     /// Bodies over `--max-body-items` JSON values (413).
     pub body_items: AtomicU64,
-    /// Connections that waited for a slot at `--max-http-connections`.
+    /// Connections that waited for a slot at `--max-http-connections` (every slot busy).
     pub connections: AtomicU64,
+    /// Idle keep-alive connections closed at `--max-http-connections` to admit a new one.
+    pub idle_closed: AtomicU64,
     /// Peers cut off by `--http-read-timeout`.
     pub read_timeout: AtomicU64,
 }
@@ -44,6 +46,7 @@ impl Refused {
             WebLimit::BodyBytes => &self.body_bytes,
             WebLimit::BodyItems => &self.body_items,
             WebLimit::Connections => &self.connections,
+            WebLimit::IdleClosed => &self.idle_closed,
             WebLimit::ReadTimeout => &self.read_timeout,
         };
         counter.fetch_add(1, Ordering::Relaxed);

@@ -270,8 +270,15 @@ pub fn render(
         &mut out,
         "counter",
         "refused_connections_total",
-        "Connections that waited for a slot at --max-http-connections.",
+        "Connections that waited for a slot at --max-http-connections (every slot busy).",
         ld(&refused.connections),
+    );
+    series(
+        &mut out,
+        "counter",
+        "http_idle_closed_total",
+        "Idle keep-alive connections closed at --max-http-connections to admit a new one.",
+        ld(&refused.idle_closed),
     );
     series(
         &mut out,

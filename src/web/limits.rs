@@ -19,8 +19,11 @@ pub enum WebLimit {
     BodyBytes,
     /// `--max-body-items`: a request got 413 before its body was parsed.
     BodyItems,
-    /// `--max-http-connections`: a connection waited in the accept queue for a free slot.
+    /// `--max-http-connections`: every slot was busy with a request, so a new connection
+    /// waited for one.
     Connections,
+    /// `--max-http-connections`: an idle keep-alive connection was closed to admit a new one.
+    IdleClosed,
     /// `--http-read-timeout`: a peer too slow sending its headers or body was cut off.
     ReadTimeout,
 }
@@ -32,6 +35,7 @@ impl WebLimit {
             WebLimit::BodyBytes => "http_body_bytes",
             WebLimit::BodyItems => "http_body_items",
             WebLimit::Connections => "http_connections",
+            WebLimit::IdleClosed => "http_idle_closed",
             WebLimit::ReadTimeout => "http_read_timeout",
         }
     }
@@ -41,7 +45,7 @@ impl WebLimit {
         match self {
             WebLimit::BodyBytes => "--max-body-bytes",
             WebLimit::BodyItems => "--max-body-items",
-            WebLimit::Connections => "--max-http-connections",
+            WebLimit::Connections | WebLimit::IdleClosed => "--max-http-connections",
             WebLimit::ReadTimeout => "--http-read-timeout",
         }
     }
@@ -68,7 +72,8 @@ pub struct HttpLimits {
     pub max_body_bytes: usize,
     /// Most JSON values in a request body.
     pub max_body_items: usize,
-    /// Most connections served at once; more wait in the kernel's accept queue.
+    /// Most connections served at once; at the cap a new one closes the least recently active
+    /// idle one, or waits for a slot when every one is busy with a request.
     pub max_connections: usize,
     /// Time allowed to send a request's headers (from when the connection waits for one, so
     /// also the keep-alive idle timeout), and then its body.

@@ -1,9 +1,15 @@
 //! The HTTP server loop every kvplane service runs its router on, with the limits a hostile
 //! peer must not get past:
 //!
-//! * at most `max_connections` connections are served at once; the accept loop stops
-//!   accepting at the cap, so further peers wait in the kernel's accept queue (and are
-//!   refused by the kernel once that is full); each wait is one `http_connections` hit;
+//! * at most `max_connections` connections are served at once. A new connection at the cap
+//!   is admitted by closing the least recently active *idle* one (a keep-alive connection
+//!   waiting for its next request's headers: hyper's graceful shutdown, so a request that
+//!   races in is still answered), one `http_idle_closed` hit; only when every slot is busy
+//!   with a request does the new one wait for a slot (further peers wait in the kernel's
+//!   accept queue), one `http_connections` hit. So an idle keep-alive connection (an MP server
+//!   between heartbeats) never blocks a new one;
+//! * at the first start the process's `RLIMIT_NOFILE` soft limit is raised to its hard limit
+//!   (logged): a server needs about one descriptor per connection plus a few dozen.
 //! * a request's headers must arrive within `read_timeout` of the connection waiting for
 //!   them (hyper's header timer, which starts as soon as a connection is idle: it is also the
 //!   keep-alive idle timeout), and its body within `read_timeout` of the headers; a peer too
@@ -18,12 +24,13 @@ use axum::body::{Body, Bytes};
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -66,28 +73,11 @@ pub async fn serve(
     on_limit: LimitHook,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    raise_fd_limit(limits.max_connections);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let idle = Arc::new(IdleSet::default());
     let connections = TaskTracker::new();
     loop {
-        let permit = match Arc::clone(&slots).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                on_limit(
-                    LimitHit {
-                        limit: WebLimit::Connections,
-                        value: limits.max_connections as u64,
-                    },
-                    "all connection slots busy: new connections wait in the accept queue",
-                );
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    permit = Arc::clone(&slots).acquire_owned() => match permit {
-                        Ok(permit) => permit,
-                        Err(_) => break, // never closed
-                    },
-                }
-            }
-        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
@@ -100,10 +90,13 @@ pub async fn serve(
                 continue;
             }
         };
-        let (router, on_limit, shutdown) =
-            (router.clone(), Arc::clone(&on_limit), shutdown.clone());
+        let Some(permit) = admit(&slots, &idle, peer, &limits, &on_limit, &shutdown).await else {
+            break;
+        };
+        let tracked = Tracked::new(Arc::clone(&idle), shutdown.child_token());
+        let (router, on_limit) = (router.clone(), Arc::clone(&on_limit));
         connections.spawn(async move {
-            connection(stream, peer, router, limits, on_limit, shutdown).await;
+            connection(stream, peer, router, limits, on_limit, tracked).await;
             drop(permit);
         });
     }
@@ -112,6 +105,183 @@ pub async fn serve(
     Ok(())
 }
 
+/// A slot for a new connection from `peer`: a free one, else the one of the least recently
+/// active idle connection (closed for it), else (every slot busy with a request) the first
+/// that frees or turns idle. `None` on shutdown.
+async fn admit(
+    slots: &Arc<Semaphore>,
+    idle: &IdleSet,
+    peer: SocketAddr,
+    limits: &HttpLimits,
+    on_limit: &LimitHook,
+    shutdown: &CancellationToken,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if let Ok(permit) = Arc::clone(slots).try_acquire_owned() {
+        return Some(permit);
+    }
+    let hit = |limit, detail: &str| {
+        on_limit(
+            LimitHit {
+                limit,
+                value: limits.max_connections as u64,
+            },
+            detail,
+        );
+    };
+    let mut waited = false;
+    loop {
+        if idle.close_oldest() {
+            hit(
+                WebLimit::IdleClosed,
+                &format!(
+                    "all connection slots taken: closed the least recently active idle \
+                     keep-alive connection to admit {peer}"
+                ),
+            );
+            // Its slot frees once it has closed (at once when idle; a request that raced
+            // in is answered first).
+            return tokio::select! {
+                _ = shutdown.cancelled() => None,
+                permit = Arc::clone(slots).acquire_owned() => permit.ok(),
+            };
+        }
+        if !waited {
+            waited = true;
+            hit(
+                WebLimit::Connections,
+                &format!(
+                    "all connection slots busy with requests: {peer} waits for one (later \
+                     peers wait in the accept queue)"
+                ),
+            );
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            permit = Arc::clone(slots).acquire_owned() => return permit.ok(),
+            () = idle.turned_idle.notified() => {}
+        }
+    }
+}
+
+/// The idle connections (waiting for a request's headers), oldest first, so that a new
+/// connection at the cap can close the least recently active one. Each connection moves in
+/// and out once per request (a lock and a B-tree insert or removal, well under a
+/// microsecond), and a close costs O(log n).
+#[derive(Default)]
+struct IdleSet {
+    inner: Mutex<IdleInner>,
+    /// Signalled when a connection turns idle (for a new connection waiting at the cap).
+    turned_idle: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct IdleInner {
+    /// Stamps only grow: the smallest key is the connection idle the longest.
+    next_stamp: u64,
+    idle: BTreeMap<u64, CancellationToken>,
+}
+
+impl IdleSet {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdleInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Enters `close` as idle from now; returns its stamp (never 0).
+    fn enter(&self, close: &CancellationToken) -> u64 {
+        let mut inner = self.lock();
+        inner.next_stamp += 1;
+        let stamp = inner.next_stamp;
+        inner.idle.insert(stamp, close.clone());
+        drop(inner);
+        self.turned_idle.notify_one();
+        stamp
+    }
+
+    fn leave(&self, stamp: u64) {
+        if stamp != 0 {
+            self.lock().idle.remove(&stamp);
+        }
+    }
+
+    /// Asks the connection idle the longest to close; false when none is idle.
+    fn close_oldest(&self) -> bool {
+        let oldest = self.lock().idle.pop_first();
+        match oldest {
+            Some((_, close)) => {
+                close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One connection's place in the [`IdleSet`] and the token that closes it (a child of the
+/// server's shutdown token).
+struct Tracked {
+    set: Arc<IdleSet>,
+    close: CancellationToken,
+    /// Its stamp in the set while idle, 0 while a request is being read or answered.
+    stamp: AtomicU64,
+}
+
+impl Tracked {
+    /// A new connection: idle (it has not sent its first request yet).
+    fn new(set: Arc<IdleSet>, close: CancellationToken) -> Arc<Self> {
+        let stamp = AtomicU64::new(set.enter(&close));
+        Arc::new(Tracked { set, close, stamp })
+    }
+
+    fn busy(&self) {
+        self.set.leave(self.stamp.swap(0, Ordering::Relaxed));
+    }
+
+    fn idle(&self) {
+        let stamp = self.set.enter(&self.close);
+        self.set.leave(self.stamp.swap(stamp, Ordering::Relaxed));
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.set.leave(*self.stamp.get_mut());
+    }
+}
+
+/// Raises `RLIMIT_NOFILE`'s soft limit to its hard limit, once per process, and logs it: a
+/// server with `max_connections` slots needs about that many descriptors plus a few dozen
+/// (listeners, files, outbound connections). Warns when even the hard limit is lower.
+pub fn raise_fd_limit(max_connections: usize) {
+    static RAISED: OnceLock<u64> = OnceLock::new();
+    let limit = *RAISED.get_or_init(|| {
+        let before = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(soft, _)| soft);
+        match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(soft) => {
+                tracing::info!("open-file limit (RLIMIT_NOFILE): soft {soft} (was {before})");
+                soft
+            }
+            Err(e) => {
+                tracing::warn!("could not raise the open-file limit (RLIMIT_NOFILE {before}): {e}");
+                before
+            }
+        }
+    });
+    let need = max_connections as u64 + FD_RESERVE;
+    if limit != 0 && limit < need {
+        tracing::warn!(
+            "open-file limit {limit} is below what --max-http-connections {max_connections} \
+             needs (~{need}): past it new connections fail to be accepted; raise the hard \
+             limit (ulimit -Hn, LimitNOFILE=) or lower --max-http-connections"
+        );
+    }
+}
+
+/// Descriptors a server needs besides its HTTP connections (listeners, outbound clients,
+/// files), for [`raise_fd_limit`]'s warning.
+const FD_RESERVE: u64 = 64;
+
 /// Serves one connection.
 async fn connection(
     stream: TcpStream,
@@ -119,14 +289,17 @@ async fn connection(
     router: Router,
     limits: HttpLimits,
     on_limit: LimitHook,
-    shutdown: CancellationToken,
+    tracked: Arc<Tracked>,
 ) {
     // Set when request bytes arrive, cleared when a response is written: tells a peer cut
-    // off mid-request (a limit hit) from an idle keep-alive connection closed by the timer.
+    // off mid-request (a limit hit) from an idle keep-alive connection closed by the timer,
+    // and keeps the connection's place in the idle set.
     let mid_request = Arc::new(AtomicBool::new(false));
+    let close = tracked.close.clone();
     let io = TokioIo::new(Watched {
         inner: stream,
         mid_request: Arc::clone(&mid_request),
+        tracked,
     });
     let body_hook = Arc::clone(&on_limit);
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
@@ -158,7 +331,9 @@ async fn connection(
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
-        _ = shutdown.cancelled() => {
+        // Server shutdown, or closed to admit a new connection: an idle connection closes at
+        // once, a request in flight is answered first.
+        _ = close.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.as_mut().await
         }
@@ -225,6 +400,21 @@ impl hyper::body::Body for TimedBody {
 struct Watched {
     inner: TcpStream,
     mid_request: Arc<AtomicBool>,
+    tracked: Arc<Tracked>,
+}
+
+impl Watched {
+    fn started_request(&self) {
+        if !self.mid_request.swap(true, Ordering::Relaxed) {
+            self.tracked.busy();
+        }
+    }
+
+    fn answered(&self) {
+        if self.mid_request.swap(false, Ordering::Relaxed) {
+            self.tracked.idle();
+        }
+    }
 }
 
 impl AsyncRead for Watched {
@@ -236,7 +426,7 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let poll = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            self.mid_request.store(true, Ordering::Relaxed);
+            self.started_request();
         }
         poll
     }
@@ -250,7 +440,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
         if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
-            self.mid_request.store(false, Ordering::Relaxed);
+            self.answered();
         }
         poll
     }
@@ -270,7 +460,7 @@ impl AsyncWrite for Watched {
     ) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
-            self.mid_request.store(false, Ordering::Relaxed);
+            self.answered();
         }
         poll
     }

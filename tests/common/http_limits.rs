@@ -58,29 +58,40 @@ pub async fn announced_oversize_gets_413(addr: SocketAddr, head: &str, max: usiz
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
-/// With one connection slot held by a kept-alive client, a second client is not served until
-/// the first leaves. `GET path` must answer 200.
-pub async fn a_second_client_waits_for_the_slot(addr: SocketAddr, path: &str) {
+/// At a cap of one connection: while the slot is busy with a request (headers started, not
+/// finished) a second client waits; once that request is answered its now idle keep-alive
+/// connection is closed to admit the second, which is served. `GET path` must answer 200.
+/// The caller checks one `http_connections` and one `http_idle_closed` hit.
+pub async fn a_second_client_waits_only_while_the_slot_is_busy(addr: SocketAddr, path: &str) {
     let get = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
     let mut held = within("connect", TcpStream::connect(addr))
         .await
         .expect("connect");
-    held.write_all(get.as_bytes()).await.expect("write");
-    let mut head = [0u8; 12];
-    within("first answer", held.read_exact(&mut head))
-        .await
-        .expect("read");
-    assert_eq!(&head, b"HTTP/1.1 200");
+    let (start, end) = get.split_at(get.len() - 2);
+    held.write_all(start.as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut second = within("connect", TcpStream::connect(addr))
         .await
         .expect("connect");
     second.write_all(get.as_bytes()).await.expect("write");
+    let mut head = [0u8; 12];
     let early =
         tokio::time::timeout(Duration::from_millis(300), second.read_exact(&mut head)).await;
     assert!(early.is_err(), "served beyond the cap");
-    drop(held);
-    within("served once the slot is free", second.read_exact(&mut head))
+    held.write_all(end.as_bytes()).await.expect("write");
+    within("first answer", held.read_exact(&mut head))
         .await
         .expect("read");
     assert_eq!(&head, b"HTTP/1.1 200");
+    within(
+        "served once the first is idle",
+        second.read_exact(&mut head),
+    )
+    .await
+    .expect("read");
+    assert_eq!(&head, b"HTTP/1.1 200");
+    let mut rest = Vec::new();
+    within("the idle one is closed", held.read_to_end(&mut rest))
+        .await
+        .expect("read");
 }
