@@ -14,6 +14,9 @@ export KVPLANE_VLLM_PUBLISHERS
 echo "== nats-server (Debian's package) for the cluster tests"
 KVPLANE_NATS_SERVER="$(bash scripts/setup-nats.sh)"
 export KVPLANE_NATS_SERVER
+echo "== a real LMCache 0.5.6 MP fleet (the real torch; ~5 GB venv) for tests/coordinator_fleet.rs"
+KVPLANE_MP_FLEET_VENV="$(bash scripts/setup-mp-fleet.sh)"
+export KVPLANE_MP_FLEET_VENV
 
 echo "== cargo fmt --check"
 cargo fmt --check

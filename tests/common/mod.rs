@@ -12,6 +12,7 @@ pub mod browser;
 pub mod http;
 pub mod http_limits;
 pub mod lmcache;
+pub mod mp_fleet;
 pub mod nats;
 pub mod node;
 pub mod zmtp;
