@@ -75,6 +75,13 @@ pub struct NodeConfig {
     pub coordinator: Option<CoordinatorLinkConfig>,
     /// Tokens per chunk (LMCache's `chunk_size`), for warm prefetch's token → key hashing.
     pub chunk_size: usize,
+    /// The chain's starting hash when the controller's commands name tokens (LMCache's
+    /// `NONE_HASH`; the controller's `--lookup-none-hash`).
+    pub lookup_none_hash: crate::protocol::ChunkHash,
+    /// The `peer_init_url` registered with the controller (`host:port` of the `lm://`
+    /// listener, where other nodes PUT what a `/move` sends); `None`: the advertised ip and
+    /// the bound port.
+    pub peer_url: Option<String>,
     /// Warm prefetch jobs remembered at once (running and completed, oldest completed
     /// forgotten first).
     pub max_prefetch_jobs: usize,
@@ -150,6 +157,10 @@ impl NodeConfig {
             controller: None,
             coordinator: None,
             chunk_size: d::CHUNK_SIZE,
+            lookup_none_hash: crate::protocol::ChunkHash::from_i64(
+                crate::config::defaults::LOOKUP_NONE_HASH,
+            ),
+            peer_url: None,
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
         }
     }

@@ -338,9 +338,15 @@ pub(crate) async fn run(ctx: LinkContext, shutdown: CancellationToken) {
 
 /// The local address of the route to the coordinator (`127.0.0.1` when it is on loopback).
 async fn advertised_ip(host: &str, port: u16) -> String {
+    route_ip(&crate::net::host_port(host, port)).await
+}
+
+/// The local address of the route to `endpoint` (`host:port`; `127.0.0.1` when it is on
+/// loopback or cannot be resolved).
+pub(crate) async fn route_ip(endpoint: &str) -> String {
     let peer = tokio::time::timeout(
         Duration::from_secs(2),
-        tokio::net::lookup_host(crate::net::host_port(host, port)),
+        tokio::net::lookup_host(endpoint.to_owned()),
     )
     .await
     .ok()

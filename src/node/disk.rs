@@ -7,6 +7,7 @@
 //! policy (what to keep, what to evict) lives in `lru` and `tiers`, not here.
 
 use super::codec::{ObjectMeta, MAX_KEY_LEN};
+use super::compress::Codec;
 use bytes::{Bytes, BytesMut};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -15,8 +16,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 const MAGIC: &[u8; 8] = b"KVPLOBJ1";
-/// Fixed header bytes before the key: magic, key length, reserved, 7 × i32 of meta, body
-/// length, body CRC-32, header CRC-32.
+/// Fixed header bytes before the key: magic, key length, the body's codec (0 = as PUT; a
+/// `compress` command's codec otherwise), 7 × i32 of meta, body length, body CRC-32, header
+/// CRC-32.
 pub(crate) const FIXED_HEADER: usize = 8 + 2 + 2 + 28 + 8 + 4 + 4;
 /// Object files end in this.
 const EXT: &str = "kvo";
@@ -55,6 +57,8 @@ pub(crate) struct FileHeader {
     pub(crate) key: String,
     pub(crate) meta: ObjectMeta,
     pub(crate) body_len: u64,
+    /// How the body is encoded.
+    pub(crate) codec: Codec,
     body_crc: u32,
 }
 
@@ -83,13 +87,13 @@ pub(crate) fn object_path(root: &Path, key: &str) -> PathBuf {
 }
 
 /// Encodes the header for `key`, `meta` and `body`.
-pub(crate) fn encode_header(key: &str, meta: &ObjectMeta, body: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_header(key: &str, meta: &ObjectMeta, codec: Codec, body: &[u8]) -> Vec<u8> {
     let k = key.as_bytes();
     let mut h = Vec::with_capacity(FIXED_HEADER + k.len());
     h.extend_from_slice(MAGIC);
     // Keys are at most 150 bytes (the wire's field); the cast cannot truncate.
     h.extend_from_slice(&u16::try_from(k.len()).unwrap_or(u16::MAX).to_le_bytes());
-    h.extend_from_slice(&0u16.to_le_bytes());
+    h.extend_from_slice(&codec.id().to_le_bytes());
     for v in [meta.fmt, meta.dtype, meta.location]
         .iter()
         .chain(meta.shape.iter())
@@ -125,6 +129,8 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<(FileHeader, usize), DiskError
     if key_len == 0 || key_len > MAX_KEY_LEN || buf.len() < FIXED_HEADER + key_len {
         return Err(DiskError::Corrupt("bad_header"));
     }
+    let codec = Codec::from_id(u16::from_le_bytes([buf[10], buf[11]]))
+        .ok_or(DiskError::Corrupt("bad_header"))?;
     let ints: Vec<i32> = (0..7).map(|i| le_i32(buf, 12 + 4 * i)).collect();
     let mut len8 = [0u8; 8];
     len8.copy_from_slice(&buf[40..48]);
@@ -155,6 +161,7 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<(FileHeader, usize), DiskError
             key,
             meta,
             body_len,
+            codec,
             body_crc,
         },
         FIXED_HEADER + key_len,
@@ -188,10 +195,11 @@ pub(crate) fn write_object(
     root: &Path,
     key: &str,
     meta: &ObjectMeta,
+    codec: Codec,
     body: &[u8],
     fsync: bool,
 ) -> io::Result<u64> {
-    let header = encode_header(key, meta, body);
+    let header = encode_header(key, meta, codec, body);
     let tmp = root.join(TMP_DIR).join(format!(
         "{}-{}.tmp",
         std::process::id(),
@@ -222,7 +230,7 @@ pub(crate) fn write_object(
 
 /// Reads and verifies `key`'s object: one buffer sized from the file, the body split off
 /// without a copy.
-pub(crate) fn read_object(root: &Path, key: &str) -> Result<(ObjectMeta, Bytes), DiskError> {
+pub(crate) fn read_object(root: &Path, key: &str) -> Result<(ObjectMeta, Codec, Bytes), DiskError> {
     let path = object_path(root, key);
     let mut f = File::open(&path)?;
     let size = usize::try_from(f.metadata()?.len()).map_err(|_| DiskError::Corrupt("size"))?;
@@ -239,7 +247,7 @@ pub(crate) fn read_object(root: &Path, key: &str) -> Result<(ObjectMeta, Bytes),
     if crc32fast::hash(&body) != header.body_crc {
         return Err(DiskError::Corrupt("bad_checksum"));
     }
-    Ok((header.meta, body))
+    Ok((header.meta, header.codec, body))
 }
 
 /// Deletes `key`'s object file (absent is fine).
@@ -248,6 +256,61 @@ pub(crate) fn delete_object(root: &Path, key: &str) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// The file listing L2's held keys (the controller's pins), one key's hex per line.
+const PINS_FILE: &str = "pins";
+
+fn unhex(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// The keys held in L2 when the pins file was last written (none if it is absent; lines
+/// that do not decode are skipped).
+pub(crate) fn read_pins(root: &Path) -> io::Result<Vec<String>> {
+    match fs::read_to_string(root.join(PINS_FILE)) {
+        Ok(text) => Ok(text.lines().filter_map(unhex).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces the pins file with `keys` (temp file, fsync, rename: never torn).
+pub(crate) fn write_pins(root: &Path, keys: &[String], fsync: bool) -> io::Result<()> {
+    let mut text = String::with_capacity(keys.iter().map(|k| 2 * k.len() + 1).sum());
+    for k in keys {
+        text.push_str(&hex(k.as_bytes()));
+        text.push('\n');
+    }
+    let tmp = root.join(TMP_DIR).join(format!(
+        "{}-{}.pins",
+        std::process::id(),
+        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        if fsync {
+            f.sync_all()?;
+        }
+        drop(f);
+        fs::rename(&tmp, root.join(PINS_FILE))?;
+        if fsync {
+            File::open(root)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// An object found by [`scan`].
@@ -329,6 +392,20 @@ pub(crate) fn scan(root: &Path) -> io::Result<ScanReport> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn pins_file_round_trips_and_is_absent_at_first() {
+        let root = std::env::temp_dir().join(format!("kvplane-pins-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        prepare_root(&root).expect("root");
+        assert!(read_pins(&root).expect("absent is empty").is_empty());
+        let keys = vec!["m@1@0@aa@bf16".to_owned(), "k\nwith newline".to_owned()];
+        write_pins(&root, &keys, true).expect("write");
+        assert_eq!(read_pins(&root).expect("read"), keys);
+        write_pins(&root, &[], false).expect("write");
+        assert!(read_pins(&root).expect("read").is_empty());
+        let _ = fs::remove_dir_all(&root);
+    }
+
     fn tempdir(name: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!(
             "kvplane-disk-{name}-{}-{}",
@@ -352,8 +429,8 @@ mod tests {
         prepare_root(&root).expect("root");
         let long = "k/é".repeat(37); // 148 bytes, slashes and non-ASCII
         for (key, body) in [("a/b", &b"hello"[..]), (long.as_str(), &[7u8; 1000][..])] {
-            write_object(&root, key, &META, body, true).expect("write");
-            let (meta, got) = read_object(&root, key).expect("read");
+            write_object(&root, key, &META, Codec::Raw, body, true).expect("write");
+            let (meta, _, got) = read_object(&root, key).expect("read");
             assert_eq!((meta, &got[..]), (META, body));
         }
         assert!(object_path(&root, &long)
@@ -371,9 +448,9 @@ mod tests {
     fn torn_truncated_and_corrupt_files_are_discarded() {
         let root = tempdir("torn");
         prepare_root(&root).expect("root");
-        write_object(&root, "good", &META, b"0123456789", false).expect("write");
-        write_object(&root, "short", &META, b"0123456789", false).expect("write");
-        write_object(&root, "flipped", &META, b"0123456789", false).expect("write");
+        write_object(&root, "good", &META, Codec::Raw, b"0123456789", false).expect("write");
+        write_object(&root, "short", &META, Codec::Raw, b"0123456789", false).expect("write");
+        write_object(&root, "flipped", &META, Codec::Raw, b"0123456789", false).expect("write");
         // Truncated body under a real name.
         let p = object_path(&root, "short");
         let len = fs::metadata(&p).expect("md").len();
@@ -405,7 +482,7 @@ mod tests {
         let err = read_object(&root, "flipped").expect_err("corrupt");
         assert_eq!(err.reason(), "bad_checksum");
         assert_eq!(
-            read_object(&root, "good").expect("ok").1,
+            read_object(&root, "good").expect("ok").2,
             &b"0123456789"[..]
         );
         let _ = fs::remove_dir_all(&root);

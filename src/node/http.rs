@@ -1,6 +1,7 @@
 //! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
 //! at scrape), `/healthz`, the coordinator's `GET`/`DELETE /cache/objects` (`objects`), warm prefetch
-//! (`POST /cache/prefetches`, `GET /cache/prefetches/{request}`: `prefetch`), and the
+//! (`POST /cache/prefetches`, `GET /cache/prefetches/{request}`: `prefetch`), the
+//! controller's pins (`GET /pins`, `POST /unpin`: `pins`), and the
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 use super::metrics::NodeMetrics;
@@ -20,6 +21,7 @@ struct AppState {
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
+    chunks: super::commands::TokenChunks,
 }
 
 /// The node's HTTP routes.
@@ -27,6 +29,7 @@ pub(crate) fn router(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
+    chunks: super::commands::TokenChunks,
     max_body_bytes: usize,
 ) -> Router {
     let counter = refusals(Arc::clone(&metrics));
@@ -48,6 +51,16 @@ pub(crate) fn router(
             ),
         )
         .route(
+            "/pins",
+            get(|State(s): State<AppState>| super::pins::list(s.tiers)),
+        )
+        .route(
+            "/unpin",
+            post(|State(s): State<AppState>, body: axum::body::Bytes| {
+                super::pins::unpin(s.tiers, s.chunks, body)
+            }),
+        )
+        .route(
             "/cache/prefetches",
             post(|State(s): State<AppState>, body: axum::body::Bytes| {
                 super::prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
@@ -65,6 +78,7 @@ pub(crate) fn router(
             tiers,
             metrics,
             prefetches,
+            chunks,
         });
     crate::web::limits::with_body_limits(routes, max_body_bytes, counter).layer(
         axum::middleware::from_fn(crate::web::guard::same_origin_only),
@@ -100,6 +114,13 @@ async fn metrics_route(State(s): State<AppState>) -> impl IntoResponse {
     m.tier_objects
         .with_label_values(&["l2"])
         .set(clamp(u.l2_objects as u64));
+    let (l1_held, l2_held) = s.tiers.held_counts();
+    m.pinned_objects
+        .with_label_values(&["l1"])
+        .set(clamp(l1_held as u64));
+    m.pinned_objects
+        .with_label_values(&["l2"])
+        .set(clamp(l2_held as u64));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         m.render(),

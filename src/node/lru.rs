@@ -8,7 +8,9 @@
 //!   unpinned entries until it fits; if it cannot fit, it is refused;
 //! - after an insert, when `used > trigger_watermark × budget`, one eviction cycle removes at
 //!   least `eviction_ratio × used` bytes, least recently used first, skipping pinned entries;
-//! - a pinned entry (being read) is never evicted; replacing it keeps its pins.
+//! - a pinned entry (being read) is never evicted; replacing it keeps its pins;
+//! - a held entry (the controller's `pin` command) is never evicted until released; replacing
+//!   it keeps it held.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -36,6 +38,14 @@ struct Slot<V> {
     value: V,
     tick: u64,
     pins: u32,
+    held: bool,
+}
+
+impl<V> Slot<V> {
+    /// Neither pinned by a read nor held by a pin command.
+    fn evictable(&self) -> bool {
+        self.pins == 0 && !self.held
+    }
 }
 
 /// The result of an insert.
@@ -54,6 +64,8 @@ pub(crate) enum Insert<V> {
 pub(crate) struct TierIndex<V> {
     policy: EvictionPolicy,
     used: u64,
+    /// Entries held (kept here so reading it is O(1)).
+    held: usize,
     clock: u64,
     slots: HashMap<String, Slot<V>>,
     order: BTreeMap<u64, String>,
@@ -65,6 +77,7 @@ impl<V: Weighted> TierIndex<V> {
         TierIndex {
             policy,
             used: 0,
+            held: 0,
             clock: 0,
             slots: HashMap::new(),
             order: BTreeMap::new(),
@@ -129,14 +142,53 @@ impl<V: Weighted> TierIndex<V> {
         }
     }
 
-    /// Pins held on `key`.
+    /// Pins held on `key` (a hold counts as one).
     pub(crate) fn pins(&self, key: &str) -> u32 {
+        self.slots
+            .get(key)
+            .map_or(0, |s| s.pins + u32::from(s.held))
+    }
+
+    /// Holds (`on`) or releases `key` (the controller's pin): a held entry is never evicted.
+    /// Returns whether `key` is present.
+    pub(crate) fn set_held(&mut self, key: &str, on: bool) -> bool {
+        match self.slots.get_mut(key) {
+            Some(s) => {
+                if s.held != on {
+                    s.held = on;
+                    if on {
+                        self.held += 1;
+                    } else {
+                        self.held -= 1;
+                    }
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether `key` is held.
+    pub(crate) fn is_held(&self, key: &str) -> bool {
+        self.slots.get(key).is_some_and(|s| s.held)
+    }
+
+    /// Held entries.
+    pub(crate) fn held_count(&self) -> usize {
+        self.held
+    }
+
+    /// Reads in progress on `key` (pins other than the hold).
+    pub(crate) fn reading(&self, key: &str) -> u32 {
         self.slots.get(key).map_or(0, |s| s.pins)
     }
 
     /// Removes `key`, pinned or not.
     pub(crate) fn remove(&mut self, key: &str) -> Option<V> {
         let slot = self.slots.remove(key)?;
+        if slot.held {
+            self.held -= 1;
+        }
         self.order.remove(&slot.tick);
         self.used -= slot.value.bytes();
         Some(slot.value)
@@ -153,7 +205,7 @@ impl<V: Weighted> TierIndex<V> {
             .order
             .values()
             .filter(|k| skip != Some(k.as_str()))
-            .filter(|k| self.slots.get(k.as_str()).is_some_and(|s| s.pins == 0))
+            .filter(|k| self.slots.get(k.as_str()).is_some_and(Slot::evictable))
             .scan(0u64, |acc, k| {
                 if *acc >= needed {
                     return None;
@@ -183,7 +235,7 @@ impl<V: Weighted> TierIndex<V> {
             let evictable: u64 = self
                 .slots
                 .iter()
-                .filter(|(k, s)| s.pins == 0 && k.as_str() != key)
+                .filter(|(k, s)| s.evictable() && k.as_str() != key)
                 .map(|(_, s)| s.value.bytes())
                 .sum();
             if !self.policy.lru || after - evictable > self.policy.budget {
@@ -202,6 +254,7 @@ impl<V: Weighted> TierIndex<V> {
                         value,
                         tick,
                         pins: old.pins,
+                        held: old.held,
                     },
                 );
             }
@@ -212,6 +265,7 @@ impl<V: Weighted> TierIndex<V> {
                         value,
                         tick,
                         pins: 0,
+                        held: false,
                     },
                 );
             }
@@ -328,6 +382,33 @@ mod tests {
         t.unpin("a");
         assert_eq!(evicted_keys(&t.evict_if_triggered()), ["a"]);
         assert_eq!(t.used(), 0);
+    }
+
+    #[test]
+    fn held_entries_stay_through_reads_replacement_and_pressure_until_released() {
+        let mut t = tier(100, 0.5, 1.0);
+        t.insert("a", 30);
+        t.insert("b", 30);
+        assert!(t.set_held("a", true));
+        assert!(!t.set_held("zz", true), "absent");
+        // A read's pin and release do not release the hold.
+        assert!(t.pin("a"));
+        t.unpin("a");
+        assert_eq!(evicted_keys(&t.evict_if_triggered()), ["b"]);
+        match t.insert("a", 40) {
+            Insert::Stored { .. } => {}
+            Insert::Refused(_) => panic!("fits"),
+        }
+        assert!(t.is_held("a"), "replacement keeps the hold");
+        // A store that could only fit by evicting the held entry is refused.
+        assert!(matches!(t.insert("c", 70), Insert::Refused(_)));
+        assert_eq!(t.held_count(), 1);
+        assert!(t.set_held("a", false));
+        assert_eq!(t.held_count(), 0);
+        match t.insert("c", 70) {
+            Insert::Stored { evicted } => assert_eq!(evicted_keys(&evicted), ["a"]),
+            Insert::Refused(_) => panic!("a is released"),
+        }
     }
 
     #[test]

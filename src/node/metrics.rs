@@ -72,6 +72,11 @@ pub struct NodeMetrics {
     /// Objects a warm prefetch found, by `where` (`l1`: already there, `l2`: loaded into L1,
     /// `missing`).
     pub prefetched_keys: IntCounterVec,
+    /// The controller's commands, by `command` (`pin`, `move`, `compress`, `decompress`,
+    /// `clear`) and `outcome` (`ok`, `error`).
+    pub controller_commands: IntCounterVec,
+    /// Objects held by the controller's `pin`, by `tier` (set at scrape).
+    pub pinned_objects: IntGaugeVec,
 }
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(registry: &Registry, c: T) -> T {
@@ -217,6 +222,15 @@ impl NodeMetrics {
                 "prefetched_keys_total",
                 "Objects a warm prefetch looked for, by where it found them.",
                 &["where"],
+            ),
+            controller_commands: counter_vec(
+                "controller_commands_total",
+                "The controller's commands run on the node, by command and outcome.",
+                &["command", "outcome"],
+            ),
+            pinned_objects: gauge_vec(
+                "pinned_objects",
+                "Objects held by the controller's pin command, by tier.",
             ),
             registry,
         }

@@ -18,6 +18,7 @@
 mod buffers;
 pub mod codec;
 mod commands;
+mod compress;
 pub mod config;
 mod coordinator_link;
 mod dashboard;
@@ -26,6 +27,8 @@ mod http;
 mod lru;
 pub mod metrics;
 mod objects;
+mod peer;
+mod pins;
 mod prefetch;
 mod report;
 mod server;
@@ -238,6 +241,10 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
     })?;
     let tiers = Arc::new(tiers);
 
+    let chunks = commands::TokenChunks {
+        chunk_size: config.chunk_size,
+        none_hash: config.lookup_none_hash,
+    };
     let lm_addr = host_port(&config.host, config.port);
     let bind_err = |what, addr: &String| {
         let addr = addr.clone();
@@ -263,6 +270,7 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
                 Arc::clone(&tiers),
                 Arc::clone(&metrics),
                 prefetches,
+                chunks,
                 config.http.max_body_bytes,
             );
             let served = crate::web::serve(
@@ -296,15 +304,30 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         tasks.clone(),
     ));
     if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
+        let peer_url = match &config.peer_url {
+            Some(u) => u.clone(),
+            None => {
+                let ip = match &wc.advertise_ip {
+                    Some(ip) => ip.clone(),
+                    None => coordinator_link::route_ip(&wc.controller_reply).await,
+                };
+                host_port(&ip, lm.port())
+            }
+        };
+        let mut wc = wc.clone();
+        wc.peer_init_url = Some(peer_url.clone());
+        let commands = commands::NodeCommands {
+            tiers: Arc::clone(&tiers),
+            metrics: Arc::clone(&metrics),
+            config: Arc::new(commands::CommandConfig {
+                chunks,
+                peer_url,
+                peer_timeout: config.read_timeout,
+            }),
+            rank: None,
+        };
         let keys = report::ReportedKeys(Arc::clone(r));
-        let worker = crate::worker::Worker::start(
-            wc.clone(),
-            commands::NodeCommands {
-                tiers: Arc::clone(&tiers),
-            },
-            keys,
-        )
-        .await?;
+        let worker = crate::worker::Worker::start(wc, commands, keys).await?;
         r.attach(worker);
     }
     let link_stop = CancellationToken::new();

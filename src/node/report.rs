@@ -62,6 +62,15 @@ pub(crate) fn chunk_hash(key: &str) -> Option<ChunkHash> {
         .map(ChunkHash::from_u64)
 }
 
+/// The TP rank of an LMCache key string: its third `@` field (`worker_id`). `None` for keys
+/// of another shape.
+pub(crate) fn key_rank(key: &str) -> Option<u32> {
+    let mut parts = key.split('@');
+    parts.next()?;
+    parts.next()?.parse::<u32>().ok()?;
+    parts.next()?.parse::<u32>().ok()
+}
+
 /// Holders per (tier, hash); the worker once it is started.
 pub(crate) struct Reporter {
     counts: Mutex<HashMap<(TierId, ChunkHash), u32>>,

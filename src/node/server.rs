@@ -198,13 +198,7 @@ async fn handle(stream: &mut TcpStream, ctx: &ConnContext, req: Request) -> Resu
             }
             ctx.metrics.put_bytes.inc_by(req.length as u64);
             ctx.tiers
-                .put(
-                    req.key,
-                    Object {
-                        meta: req.meta,
-                        data: body.freeze(),
-                    },
-                )
+                .put(req.key, Object::raw(req.meta, body.freeze()))
                 .await;
             count(ctx, Command::Put, "ok");
             Ok(())

@@ -4,6 +4,7 @@
 //! rules themselves are `lru`'s; the file format is `disk`'s. No sockets here.
 
 use super::codec::ObjectMeta;
+use super::compress::Codec;
 use super::config::{L2Config, PrefetchPolicy, StorePolicy};
 use super::disk;
 use super::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
@@ -17,14 +18,31 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
+#[path = "tier_ops.rs"]
+mod ops;
+pub(crate) use ops::Resolved;
+
 /// A stored object: the opaque fields and the body, shared (never copied) between L1, L2
 /// writes and GET replies.
 #[derive(Debug, Clone)]
 pub(crate) struct Object {
     /// Fields returned unchanged on GET.
     pub(crate) meta: ObjectMeta,
-    /// The body.
+    /// The body, as `codec` encodes it (as PUT unless a `compress` command re-encoded it).
     pub(crate) data: Bytes,
+    /// How `data` is encoded.
+    pub(crate) codec: Codec,
+}
+
+impl Object {
+    /// An object as PUT.
+    pub(crate) fn raw(meta: ObjectMeta, data: Bytes) -> Self {
+        Object {
+            meta,
+            data,
+            codec: Codec::Raw,
+        }
+    }
 }
 
 impl Weighted for Object {
@@ -166,6 +184,20 @@ pub struct Recovery {
     pub discarded: usize,
 }
 
+/// The object with its body as PUT (decoded off the async threads).
+pub(crate) async fn decode(obj: Object) -> Result<Object, super::compress::DecodeError> {
+    if obj.codec == Codec::Raw {
+        return Ok(obj);
+    }
+    let Object { meta, data, codec } = obj;
+    // The wire's length is an int32: nothing larger was ever PUT.
+    let limit = i32::MAX as usize;
+    tokio::task::spawn_blocking(move || codec.decode(&data, limit))
+        .await
+        .unwrap_or_else(|e| Err(super::compress::DecodeError::new(e.to_string())))
+        .map(|data| Object::raw(meta, data))
+}
+
 /// Permits of the pending-write budget for `bytes` (the semaphore's ceiling applies).
 fn pending_permits(bytes: u64) -> usize {
     usize::try_from(bytes)
@@ -250,6 +282,11 @@ impl Tiers {
                         .l2_discarded
                         .with_label_values(&["over_budget"])
                         .inc();
+                }
+                // The controller's pins survive a restart (a pinned key that is gone is
+                // forgotten; the next pin change rewrites the file).
+                for key in disk::read_pins(&c.path)? {
+                    index.set_held(&key, true);
                 }
                 for key in index.keys() {
                     let bytes = index.peek(key).map_or(0, |e| e.file_bytes);
@@ -353,16 +390,50 @@ impl Tiers {
     /// this waits only while the pending-write budget is used up (backpressure).
     pub(crate) async fn put(self: &Arc<Self>, key: String, obj: Object) {
         self.put_l1(&key, obj.clone());
-        let Some(l2) = &self.l2 else { return };
+        let Some((permit, generation)) = self.begin_l2(&key, &obj).await else {
+            return;
+        };
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            this.write_l2(key, obj, generation, true).await;
+            drop(permit);
+        });
+    }
+
+    /// Writes `obj` to L2 only (a move from L1, or a re-encoded L2 object) and waits for its
+    /// file; returns whether it is in place.
+    pub(crate) async fn store_l2(self: &Arc<Self>, key: &str, obj: Object) -> bool {
+        let Some((permit, generation)) = self.begin_l2(key, &obj).await else {
+            return false;
+        };
+        Arc::clone(self)
+            .write_l2(key.to_owned(), obj, generation, false)
+            .await;
+        drop(permit);
+        self.l2.as_ref().is_some_and(|l2| {
+            l2.index
+                .lock()
+                .peek(key)
+                .is_some_and(|e| e.ready && e.generation == generation)
+        })
+    }
+
+    /// Enters `key` in L2's index as being written (pinned by the writer) and makes its
+    /// object readable from memory until the file is in place; `None` without L2 or when
+    /// L2 refuses it. Waits while the pending-write budget is used up.
+    async fn begin_l2(
+        self: &Arc<Self>,
+        key: &str,
+        obj: &Object,
+    ) -> Option<(tokio::sync::OwnedSemaphorePermit, u64)> {
+        let l2 = self.l2.as_ref()?;
         // `pending_total` fits a u32 (see `pending_permits`); a larger object takes it all.
         let permits =
             u32::try_from((obj.data.len() as u64).min(l2.pending_total)).unwrap_or(u32::MAX);
-        let Ok(permit) = Arc::clone(&l2.pending_bytes)
+        let permit = Arc::clone(&l2.pending_bytes)
             .acquire_many_owned(permits)
             .await
-        else {
-            return;
-        };
+            .ok()?;
         let file_bytes = (disk::FIXED_HEADER + key.len()) as u64 + obj.data.len() as u64;
         let generation = l2
             .generation
@@ -377,44 +448,43 @@ impl Tiers {
         let evicted = {
             let mut index = l2.index.lock();
             // A replaced key stays announced: it never left L2.
-            entry.announced = index.peek(&key).is_some_and(|e| e.announced);
-            match index.insert(&key, entry) {
+            entry.announced = index.peek(key).is_some_and(|e| e.announced);
+            match index.insert(key, entry) {
                 Insert::Stored { evicted, .. } => {
                     // The writer holds a pin until its file is in place.
-                    index.pin(&key);
+                    index.pin(key);
                     self.left(TierId::L2, &evicted);
                     evicted
                 }
                 Insert::Refused(_) => {
                     self.metrics.stores_refused.with_label_values(&["l2"]).inc();
-                    return;
+                    return None;
                 }
             }
         };
         self.drop_files(evicted);
         l2.pending
             .lock()
-            .insert(key.clone(), (generation, obj.clone()));
-        let this = Arc::clone(self);
-        self.tasks.spawn(async move {
-            this.write_l2(key, obj, generation).await;
-            drop(permit);
-        });
+            .insert(key.to_owned(), (generation, obj.clone()));
+        Some((permit, generation))
     }
 
-    async fn write_l2(self: Arc<Self>, key: String, obj: Object, generation: u64) {
+    /// Writes a file `begin_l2` entered; `from_put`: the store policy applies (`skip_l1`
+    /// drops the L1 copy once the file is in place).
+    async fn write_l2(self: Arc<Self>, key: String, obj: Object, generation: u64, from_put: bool) {
         let Some(l2) = &self.l2 else { return };
         let written = match l2.io.acquire().await {
             Ok(_permit) => {
-                let (root, k, meta, data, fsync) = (
+                let (root, k, meta, codec, data, fsync) = (
                     l2.root.clone(),
                     key.clone(),
                     obj.meta,
+                    obj.codec,
                     obj.data.clone(),
                     l2.fsync,
                 );
                 tokio::task::spawn_blocking(move || {
-                    disk::write_object(&root, &k, &meta, &data, fsync)
+                    disk::write_object(&root, &k, &meta, codec, &data, fsync)
                 })
                 .await
                 .unwrap_or_else(|e| Err(io::Error::other(e)))
@@ -456,7 +526,7 @@ impl Tiers {
         match written {
             Ok(_) => {
                 self.metrics.l2_writes.with_label_values(&["ok"]).inc();
-                if l2.store_policy == StorePolicy::SkipL1 {
+                if from_put && l2.store_policy == StorePolicy::SkipL1 {
                     let mut l1 = self.l1.lock();
                     let same = l1
                         .peek(&key)
@@ -502,6 +572,27 @@ impl Tiers {
     /// Looks `key` up: L1 first (the object stays pinned until the returned [`Pin`] drops),
     /// then L2 (read and verified off the async threads; promoted to L1 under `retain`).
     pub(crate) async fn get(self: &Arc<Self>, key: &str) -> Option<(Object, Option<Pin>)> {
+        let (obj, pin) = self.get_stored(key).await?;
+        if obj.codec == Codec::Raw {
+            return Some((obj, pin));
+        }
+        // The decoded copy is the reply's own: the stored object needs no pin.
+        drop(pin);
+        match decode(obj).await {
+            Ok(o) => Some((o, None)),
+            Err(e) => {
+                tracing::warn!(key, "stored object not served: {e}");
+                self.metrics
+                    .l2_discarded
+                    .with_label_values(&["bad_codec"])
+                    .inc();
+                None
+            }
+        }
+    }
+
+    /// As [`Tiers::get`], the object as stored (still encoded by a `compress` command).
+    pub(crate) async fn get_stored(self: &Arc<Self>, key: &str) -> Option<(Object, Option<Pin>)> {
         {
             let mut l1 = self.l1.lock();
             if l1.pin(key) {
@@ -601,9 +692,9 @@ impl Tiers {
             }
         }
         match read {
-            Ok((meta, data)) => {
+            Ok((meta, codec, data)) => {
                 self.metrics.l2_reads.with_label_values(&["ok"]).inc();
-                Some(Object { meta, data })
+                Some(Object { meta, data, codec })
             }
             Err(e) => {
                 tracing::warn!(key, "L2 object discarded: {e}");

@@ -9,6 +9,7 @@ mod fast;
 mod hash;
 mod messages;
 mod ops;
+pub mod token_hash;
 
 pub use codec::{decode, encode, encode_json, peek_tag, DecodeError};
 pub use fast::{decode_batch, BatchView};

@@ -117,9 +117,24 @@ pub(crate) struct NodeArgs {
     /// Seconds any call to the coordinator may take.
     #[arg(long, env = "KVPLANE_COORDINATOR_TIMEOUT", default_value_t = d::COORDINATOR_TIMEOUT_S)]
     coordinator_timeout: f64,
-    /// Tokens per chunk (LMCache's `chunk_size`), for warm prefetch's token hashing.
+    /// Tokens per chunk (LMCache's `chunk_size`), for warm prefetch's token hashing and the
+    /// controller's commands that name tokens.
     #[arg(long, env = "KVPLANE_CHUNK_SIZE", default_value_t = d::CHUNK_SIZE)]
     chunk_size: usize,
+    /// Prefix hash of the first chunk when a controller command's tokens are hashed
+    /// (LMCache's `NONE_HASH`; the controller's `--lookup-none-hash`).
+    #[arg(
+        long,
+        env = "KVPLANE_LOOKUP_NONE_HASH",
+        default_value_t = config::defaults::LOOKUP_NONE_HASH.to_string(),
+        allow_hyphen_values = true
+    )]
+    lookup_none_hash: String,
+    /// The `peer_init_url` registered with the controller, `HOST:PORT` of this node's
+    /// LMCache listener (where another node's `/move` PUTs objects); default: the advertised
+    /// ip and `--port`.
+    #[arg(long, env = "KVPLANE_PEER_URL")]
+    peer_url: Option<String>,
 }
 
 /// `kvplane-node-<hostname>-<port>` (hostname from `HOSTNAME` or /etc/hostname).
@@ -296,6 +311,8 @@ impl NodeArgs {
             controller,
             coordinator,
             chunk_size: config::at_least_one("chunk-size", self.chunk_size)?,
+            lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
+            peer_url: self.peer_url.clone(),
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
             host: self.host.clone(),
             port: self.port,

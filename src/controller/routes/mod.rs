@@ -7,7 +7,7 @@
 //! * `lookup` — the index queries (`/lookup /query_instance /query_worker_info`);
 //! * `fleet` — the fleet and process reads (`/controller/*`, `/healthz`, `/readyz`,
 //!   `/metrics`);
-//! * `lookup_hash` — CPython's builtin hash of token chunks, as LMCache workers compute it;
+//! * `lookup_hash` (`crate::protocol::token_hash`, shared with the node) — CPython's builtin hash of token chunks, as LMCache workers compute it;
 //! * `failure` — how a downlink error becomes a [`crate::web::error::WorkerFailure`];
 //! * `openapi` — the OpenAPI 3.0 document of every route;
 //! * `dashboard` — the embedded web UI and its JSON feed;
@@ -27,7 +27,7 @@ mod failure;
 mod fleet;
 pub mod history;
 mod lookup;
-pub mod lookup_hash;
+pub use crate::protocol::token_hash as lookup_hash;
 mod openapi;
 mod orchestration;
 

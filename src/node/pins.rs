@@ -1,0 +1,102 @@
+//! The controller's pins on the node's HTTP port: `GET /pins` counts them per tier (and
+//! names up to 1,000 keys each), `POST /unpin` releases them. The controller's protocol has
+//! no unpin (an LMCache worker's pins end with the request that made them), so a node, whose
+//! pins last until released, takes the release here.
+
+use super::commands::{tier_of, TokenChunks};
+use super::report::location;
+use super::tiers::{TierId, Tiers};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Keys named per tier in `GET /pins`.
+const LISTED_KEYS: usize = 1000;
+
+/// `POST /unpin`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UnpinBody {
+    /// `LocalCPUBackend` or `LocalDiskBackend`; absent: both.
+    location: Option<String>,
+    /// The tokens a `/pin` named (their prefix's objects, every rank); absent: every pinned
+    /// object of the location.
+    tokens: Option<Vec<i64>>,
+}
+
+fn detail(status: StatusCode, text: String) -> Response {
+    (status, Json(json!({ "detail": text }))).into_response()
+}
+
+/// `GET /pins` → `{"LocalCPUBackend": {"count": n, "keys": [...]}, "LocalDiskBackend": …}`.
+pub(crate) async fn list(tiers: Arc<Tiers>) -> Response {
+    let mut out = serde_json::Map::new();
+    for tier in [TierId::L1, TierId::L2] {
+        let keys = tiers.held_keys(tier);
+        out.insert(
+            location(tier).to_owned(),
+            json!({
+                "count": keys.len(),
+                "keys": keys.iter().take(LISTED_KEYS).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    Json(serde_json::Value::Object(out)).into_response()
+}
+
+/// `POST /unpin {"location"?, "tokens"?}` → `{"released": objects, "num_tokens": prefix}`.
+pub(crate) async fn unpin(tiers: Arc<Tiers>, chunks: TokenChunks, body: Bytes) -> Response {
+    let parsed: UnpinBody = if body.is_empty() {
+        UnpinBody {
+            location: None,
+            tokens: None,
+        }
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => return detail(StatusCode::UNPROCESSABLE_ENTITY, format!("body: {e}")),
+        }
+    };
+    let which: Vec<TierId> = match parsed.location.as_deref() {
+        None => vec![TierId::L1, TierId::L2],
+        Some(loc) => match tier_of(loc) {
+            Some(t) => vec![t],
+            None => {
+                return detail(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "unknown location {loc:?}: {} or {}",
+                        location(TierId::L1),
+                        location(TierId::L2)
+                    ),
+                )
+            }
+        },
+    };
+    let mut released = 0;
+    let mut num_tokens = 0;
+    for tier in which {
+        let keys = match &parsed.tokens {
+            Some(tokens) => {
+                let found = tiers.resolve(tier, &chunks.of(tokens), None);
+                num_tokens = num_tokens.max(found.tokens);
+                found.keys
+            }
+            None => tiers.held_keys(tier),
+        };
+        match tiers.hold(tier, &keys, false).await {
+            Ok(n) => released += n,
+            Err(e) => {
+                return detail(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot record the release: {e}"),
+                )
+            }
+        }
+    }
+    Json(json!({ "released": released, "num_tokens": num_tokens })).into_response()
+}
