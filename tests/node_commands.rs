@@ -9,7 +9,7 @@ mod common;
 
 use common::http::http;
 use common::node::*;
-use common::{eventually, server, worker_config, STEP};
+use common::{eventually, server, STEP};
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use kvplane::node::Node;
 use kvplane::protocol::token_hash::chunk_hashes;
@@ -46,14 +46,7 @@ fn chunk_keys(tokens: &[i64], world: u32, rank: u32) -> Vec<String> {
 
 /// A node reporting to `server` as `instance` (chunk size 4, L2 under `dir`).
 async fn node_at(server: &Server, instance: &str, dir: &Path, l1: u64, l2_budget: u64) -> Node {
-    let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
-    let w = worker_config(
-        port(server.addrs.pull),
-        port(server.addrs.reply),
-        instance,
-        0,
-    );
-    let node = node_with(|c| {
+    controller_node(server, instance, |c| {
         c.chunk_size = CHUNK;
         c.l1.budget = l1;
         c.l2 = Some(l2(
@@ -62,13 +55,8 @@ async fn node_at(server: &Server, instance: &str, dir: &Path, l1: u64, l2_budget
             PrefetchPolicy::Default,
             StorePolicy::Default,
         ));
-        c.controller = Some(w);
     })
-    .await;
-    node.controller_ready(STEP)
-        .await
-        .expect("the node registers with the controller");
-    node
+    .await
 }
 
 async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16, Value) {

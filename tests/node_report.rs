@@ -40,15 +40,7 @@ async fn reporting_node(
     l1_budget: u64,
     tweak: impl FnOnce(&mut kvplane::worker::WorkerConfig),
 ) -> Node {
-    let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
-    let mut w = worker_config(
-        port(server.addrs.pull),
-        port(server.addrs.reply),
-        instance,
-        0,
-    );
-    tweak(&mut w);
-    let node = node_with(|c| {
+    controller_node(server, instance, |c| {
         c.l1.budget = l1_budget;
         c.l2 = Some(l2(
             dir,
@@ -56,13 +48,11 @@ async fn reporting_node(
             PrefetchPolicy::Default,
             StorePolicy::Default,
         ));
-        c.controller = Some(w);
+        if let Some(w) = c.controller.as_mut() {
+            tweak(w);
+        }
     })
-    .await;
-    node.controller_ready(STEP)
-        .await
-        .expect("the node registers with the controller");
-    node
+    .await
 }
 
 fn key(hash: u64) -> String {

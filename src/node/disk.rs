@@ -200,6 +200,13 @@ pub(crate) fn write_object(
     fsync: bool,
 ) -> io::Result<u64> {
     let header = encode_header(key, meta, codec, body);
+    replace_file(root, &object_path(root, key), &[&header, body], fsync)?;
+    Ok((header.len() + body.len()) as u64)
+}
+
+/// Writes `parts` to `dest` without ever leaving it torn: a temp file under `tmp/`, optional
+/// fsync, rename into place (creating its directory), optional fsync of the directory.
+fn replace_file(root: &Path, dest: &Path, parts: &[&[u8]], fsync: bool) -> io::Result<()> {
     let tmp = root.join(TMP_DIR).join(format!(
         "{}-{}.tmp",
         std::process::id(),
@@ -207,20 +214,20 @@ pub(crate) fn write_object(
     ));
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(&header)?;
-        f.write_all(body)?;
+        for part in parts {
+            f.write_all(part)?;
+        }
         if fsync {
             f.sync_all()?;
         }
         drop(f);
-        let dest = object_path(root, key);
         let dir = dest.parent().unwrap_or(root);
         fs::create_dir_all(dir)?;
-        fs::rename(&tmp, &dest)?;
+        fs::rename(&tmp, dest)?;
         if fsync {
             File::open(dir)?.sync_all()?;
         }
-        Ok((header.len() + body.len()) as u64)
+        Ok(())
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -289,28 +296,7 @@ pub(crate) fn write_pins(root: &Path, keys: &[String], fsync: bool) -> io::Resul
         text.push_str(&hex(k.as_bytes()));
         text.push('\n');
     }
-    let tmp = root.join(TMP_DIR).join(format!(
-        "{}-{}.pins",
-        std::process::id(),
-        TMP_SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        if fsync {
-            f.sync_all()?;
-        }
-        drop(f);
-        fs::rename(&tmp, root.join(PINS_FILE))?;
-        if fsync {
-            File::open(root)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    replace_file(root, &root.join(PINS_FILE), &[text.as_bytes()], fsync)
 }
 
 /// An object found by [`scan`].

@@ -59,6 +59,32 @@ pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> Node {
         .expect("node starts")
 }
 
+/// A node reporting to `server`'s controller as worker 0 of `instance` (`tweak` sees the
+/// configuration with `controller` set), once it is registered.
+#[allow(dead_code)] // not every test binary uses it
+pub async fn controller_node(
+    server: &kvplane::Server,
+    instance: &str,
+    tweak: impl FnOnce(&mut NodeConfig),
+) -> Node {
+    let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
+    let w = super::worker_config(
+        port(server.addrs.pull),
+        port(server.addrs.reply),
+        instance,
+        0,
+    );
+    let node = node_with(|c| {
+        c.controller = Some(w);
+        tweak(c);
+    })
+    .await;
+    node.controller_ready(STEP)
+        .await
+        .expect("the node registers with the controller");
+    node
+}
+
 /// Deterministic body bytes for `seed`.
 pub fn body(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
