@@ -358,3 +358,103 @@ async fn compressed_objects_read_back_identical_from_both_tiers() {
     }
     node.stop().await;
 }
+
+/// An engine's worker of TP rank `rank` (instance "engine"), registered.
+async fn engine_worker(server: &Server, rank: i64) -> kvplane::worker::WorkerHandle {
+    let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
+    let w = common::worker_config(
+        port(server.addrs.pull),
+        port(server.addrs.reply),
+        "engine",
+        rank,
+    );
+    let handle = common::within(
+        "engine worker",
+        kvplane::worker::Worker::start(
+            w,
+            kvplane::worker::NoCommands,
+            kvplane::worker::MemoryKeys::new(),
+        ),
+    )
+    .await
+    .expect("engine worker starts");
+    handle.wait_ready(STEP).await.expect("engine registers");
+    handle
+}
+
+#[tokio::test]
+async fn each_tp_rank_registers_as_its_own_worker() {
+    let server = server().await;
+    let dir = tempdir("ranks");
+    let node = node_at(&server, "node-a", &dir, 1 << 20, 1 << 20).await;
+    // Rank 0 holds the chain of 1..=12, rank 1 the chain of 101..=112 (and both the first).
+    let other: Vec<i64> = (101..=112).collect();
+    let rank0 = chunk_keys(&tokens(), 2, 0);
+    let rank1 = chunk_keys(&other, 2, 1);
+    let mut all = rank0.clone();
+    all.extend(rank1.iter().cloned());
+    put_all(&node, &all, 500).await;
+    eventually("a worker per rank", STEP, || {
+        node.controller_ranks() == vec![0, 1]
+    })
+    .await;
+    node.controller_ready(STEP).await.expect("both ranks ready");
+    node.flush_reports(STEP).await;
+    let hashes = |t: &[i64]| -> Vec<ChunkHash> {
+        chunk_hashes(t, CHUNK, ChunkHash::from_i64(0))
+            .iter()
+            .map(|c| c.hash)
+            .collect()
+    };
+    let (h0, h1) = (hashes(&tokens()), hashes(&other));
+    eventually("each rank's keys under its worker", STEP, || {
+        let held = |w| server.shared.index().keys_of("node-a", w, CPU);
+        held(0).len() == 3 && held(1).len() == 3 && held(1).contains(&h1[0])
+    })
+    .await;
+
+    // A P2P lookup from each engine rank finds the node (LMCache 0.5.6's controller, which
+    // kvplane's follows, ignores the requester's rank; the index above keeps ranks apart).
+    let (e0, e1) = (
+        engine_worker(&server, 0).await,
+        engine_worker(&server, 1).await,
+    );
+    let lookup = |w: &kvplane::worker::WorkerHandle, h: Vec<ChunkHash>| {
+        let w = w.clone();
+        async move {
+            common::within("p2p lookup", w.p2p_lookup(&h))
+                .await
+                .expect("answered")
+        }
+    };
+    let hit = lookup(&e1, h1.clone()).await.expect("rank 1 finds rank 1");
+    assert_eq!(
+        (hit.instance_id.as_str(), hit.num_hit_chunks),
+        ("node-a", 3)
+    );
+    assert_eq!(hit.peer_init_url, node.addrs.lm.to_string());
+    let hit = lookup(&e0, h0.clone()).await.expect("rank 0 finds rank 0");
+    assert_eq!(hit.num_hit_chunks, 3);
+
+    // Commands go rank by rank: a pin of rank 0's chain pins rank 0's keys only.
+    let answer = command(
+        &server,
+        "/pin",
+        json!({"instance_id": "node-a", "location": CPU, "tokens": tokens()}),
+        0,
+    )
+    .await;
+    assert_eq!(answer["num_tokens_by_worker"]["0"], 12, "{answer}");
+    assert_eq!(answer["num_tokens_by_worker"]["1"], 0, "{answer}");
+    let (_, pins) = http(node.addrs.http.expect("http"), "GET", "/pins", None, &[]).await;
+    assert_eq!(pins[CPU]["count"], 3, "{pins}");
+
+    for w in [e0, e1] {
+        w.shutdown().await.expect("engine stops");
+    }
+    node.stop().await;
+    // A restarted node registers the ranks its recovered L2 names at once.
+    let node = node_at(&server, "node-a", &dir, 1 << 20, 1 << 20).await;
+    assert_eq!(node.controller_ranks(), vec![0, 1]);
+    node.stop().await;
+}

@@ -134,34 +134,50 @@ impl Node {
         self.background.reopen();
     }
 
-    /// The controller worker's state and counters, if the node reports to a controller.
+    /// The state and counters of TP rank 0's controller worker, if the node reports to a
+    /// controller.
     #[must_use]
     pub fn controller_status(&self) -> Option<crate::worker::WorkerStatus> {
         self.reporter
             .as_ref()
             .and_then(|r| r.worker())
-            .map(crate::worker::WorkerHandle::status)
+            .map(|w| w.status())
     }
 
-    /// Waits (bounded) until the controller worker is registered with nothing held back.
+    /// Waits (bounded) until every controller worker started so far (one per TP rank) is
+    /// registered with nothing held back.
     ///
     /// # Errors
-    /// The worker's error after `timeout`; [`crate::worker::WorkerError::Closed`] without a
+    /// A worker's error after `timeout`; [`crate::worker::WorkerError::Closed`] without a
     /// controller.
     pub async fn controller_ready(
         &self,
         timeout: Duration,
     ) -> Result<(), crate::worker::WorkerError> {
-        match self.reporter.as_ref().and_then(|r| r.worker()) {
-            Some(w) => w.wait_ready(timeout).await,
-            None => Err(crate::worker::WorkerError::Closed),
+        let Some(r) = &self.reporter else {
+            return Err(crate::worker::WorkerError::Closed);
+        };
+        for (_, w) in r.workers() {
+            w.wait_ready(timeout).await?;
         }
+        Ok(())
+    }
+
+    /// The TP ranks with a controller worker.
+    #[must_use]
+    pub fn controller_ranks(&self) -> Vec<u32> {
+        self.reporter
+            .as_ref()
+            .map(|r| r.workers().into_iter().map(|(rank, _)| rank).collect())
+            .unwrap_or_default()
     }
 
     /// Sends the controller every report queued so far (bounded by `timeout`).
     pub async fn flush_reports(&self, timeout: Duration) {
-        if let Some(w) = self.reporter.as_ref().and_then(|r| r.worker()) {
-            let _ = tokio::time::timeout(timeout, w.flush()).await;
+        if let Some(r) = &self.reporter {
+            for (_, w) in r.workers() {
+                let _ = tokio::time::timeout(timeout, w.flush()).await;
+            }
         }
     }
 
@@ -184,11 +200,48 @@ impl Node {
                 tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
             }
         }
-        if let Some(w) = self.reporter.as_ref().and_then(|r| r.worker()) {
-            if let Err(e) = w.clone().shutdown().await {
-                tracing::warn!("controller worker shutdown: {e}");
+        if let Some(r) = &self.reporter {
+            for (rank, w) in r.workers() {
+                if let Err(e) = w.shutdown().await {
+                    tracing::warn!(rank, "controller worker shutdown: {e}");
+                }
             }
         }
+    }
+}
+
+/// Starts the controller worker of one TP rank: worker id = the rank, commands and full
+/// syncs limited to that rank's keys. Rank 0 binds `--controller-command-port`, the others
+/// a free port each.
+struct RankWorkers {
+    config: crate::worker::WorkerConfig,
+    tiers: Arc<tiers::Tiers>,
+    metrics: Arc<NodeMetrics>,
+    commands: Arc<commands::CommandConfig>,
+    reporter: Arc<report::Reporter>,
+}
+
+impl RankWorkers {
+    async fn start(&self, rank: u32) -> Result<(), crate::worker::WorkerError> {
+        let mut wc = self.config.clone();
+        wc.worker_id = i64::from(rank);
+        if rank != 0 {
+            wc.command_port = 0;
+        }
+        let handler = commands::NodeCommands {
+            tiers: Arc::clone(&self.tiers),
+            metrics: Arc::clone(&self.metrics),
+            config: Arc::clone(&self.commands),
+            rank: Some(rank),
+        };
+        let keys = report::ReportedKeys {
+            reporter: Arc::clone(&self.reporter),
+            rank,
+        };
+        let worker = crate::worker::Worker::start(wc, handler, keys).await?;
+        tracing::info!(rank, "controller worker started for TP rank {rank}");
+        self.reporter.attach(rank, worker);
+        Ok(())
     }
 }
 
@@ -316,19 +369,40 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         };
         let mut wc = wc.clone();
         wc.peer_init_url = Some(peer_url.clone());
-        let commands = commands::NodeCommands {
+        let ranks = Arc::new(RankWorkers {
+            config: wc,
             tiers: Arc::clone(&tiers),
             metrics: Arc::clone(&metrics),
-            config: Arc::new(commands::CommandConfig {
+            commands: Arc::new(commands::CommandConfig {
                 chunks,
                 peer_url,
                 peer_timeout: config.read_timeout,
             }),
-            rank: None,
-        };
-        let keys = report::ReportedKeys(Arc::clone(r));
-        let worker = crate::worker::Worker::start(wc, commands, keys).await?;
-        r.attach(worker);
+            reporter: Arc::clone(r),
+        });
+        // Rank 0 always (the node registers even when empty), then every rank its keys name:
+        // those recovered from L2 now, later ones as they arrive.
+        r.request(0);
+        ranks.start(0).await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for rank in r.on_new_ranks(tx) {
+            ranks.start(rank).await?;
+        }
+        let stop = shutdown.clone();
+        tasks.spawn(async move {
+            loop {
+                let rank = tokio::select! {
+                    () = stop.cancelled() => return,
+                    r = rx.recv() => match r { Some(r) => r, None => return },
+                };
+                if let Err(e) = ranks.start(rank).await {
+                    tracing::error!(
+                        rank,
+                        "cannot start the controller worker of TP rank {rank}: {e}"
+                    );
+                }
+            }
+        });
     }
     let link_stop = CancellationToken::new();
     let link = match (&config.coordinator, events, http) {

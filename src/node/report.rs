@@ -19,9 +19,10 @@ use super::metrics::NodeMetrics;
 use super::tiers::{TierId, TierObserver};
 use crate::protocol::ChunkHash;
 use crate::worker::{KeySource, WorkerError, WorkerHandle, LOCAL_CPU_BACKEND};
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc;
 
 /// LMCache's name of its local-disk backend (`str(LocalDiskBackend)`), the L2 location.
 pub(crate) const LOCAL_DISK_BACKEND: &str = "LocalDiskBackend";
@@ -71,34 +72,71 @@ pub(crate) fn key_rank(key: &str) -> Option<u32> {
     parts.next()?.parse::<u32>().ok()
 }
 
-/// Holders per (tier, hash); the worker once it is started.
+/// Most TP ranks the node registers a worker for; keys of higher ranks are not reported.
+pub(crate) const MAX_RANKS: u32 = 256;
+
+/// Holders per (rank, tier, hash); one worker per rank once it is started.
 pub(crate) struct Reporter {
-    counts: Mutex<HashMap<(TierId, ChunkHash), u32>>,
-    worker: OnceLock<WorkerHandle>,
+    counts: Mutex<HashMap<(u32, TierId, ChunkHash), u32>>,
+    workers: RwLock<HashMap<u32, WorkerHandle>>,
+    /// Ranks asked for (started or starting).
+    requested: Mutex<HashSet<u32>>,
+    /// Where a rank seen for the first time is sent, to start its worker.
+    new_ranks: OnceLock<mpsc::UnboundedSender<u32>>,
     metrics: Arc<NodeMetrics>,
     l2: bool,
 }
 
 impl Reporter {
-    /// A reporter with no worker yet (ops before [`Reporter::attach`] only update the counts,
-    /// which the first registration's full sync sends).
+    /// A reporter with no worker yet (ops before a rank's worker starts only update the
+    /// counts, which its first registration's full sync sends).
     pub(crate) fn new(metrics: Arc<NodeMetrics>, l2: bool) -> Self {
         Reporter {
             counts: Mutex::new(HashMap::new()),
-            worker: OnceLock::new(),
+            workers: RwLock::new(HashMap::new()),
+            requested: Mutex::new(HashSet::new()),
+            new_ranks: OnceLock::new(),
             metrics,
             l2,
         }
     }
 
-    /// Routes later ops to `worker`.
-    pub(crate) fn attach(&self, worker: WorkerHandle) {
-        let _ = self.worker.set(worker);
+    /// Routes ranks seen for the first time to `starter` (which starts their workers);
+    /// returns the ranks seen so far.
+    pub(crate) fn on_new_ranks(&self, starter: mpsc::UnboundedSender<u32>) -> Vec<u32> {
+        let _ = self.new_ranks.set(starter);
+        let seen: HashSet<u32> = self.counts.lock().keys().map(|(r, _, _)| *r).collect();
+        let mut requested = self.requested.lock();
+        let mut out: Vec<u32> = seen.into_iter().filter(|r| requested.insert(*r)).collect();
+        out.sort_unstable();
+        out
     }
 
-    /// The worker, once attached.
-    pub(crate) fn worker(&self) -> Option<&WorkerHandle> {
-        self.worker.get()
+    /// Marks `rank` requested (a worker is being started for it); `false` if it already was.
+    pub(crate) fn request(&self, rank: u32) -> bool {
+        self.requested.lock().insert(rank)
+    }
+
+    /// Routes `rank`'s later ops to `worker`.
+    pub(crate) fn attach(&self, rank: u32, worker: WorkerHandle) {
+        self.workers.write().insert(rank, worker);
+    }
+
+    /// Every worker, by rank.
+    pub(crate) fn workers(&self) -> Vec<(u32, WorkerHandle)> {
+        let mut w: Vec<(u32, WorkerHandle)> = self
+            .workers
+            .read()
+            .iter()
+            .map(|(r, h)| (*r, h.clone()))
+            .collect();
+        w.sort_by_key(|(r, _)| *r);
+        w
+    }
+
+    /// Rank 0's worker (the node's first).
+    pub(crate) fn worker(&self) -> Option<WorkerHandle> {
+        self.workers.read().get(&0).cloned()
     }
 
     fn count(&self, outcome: &str) {
@@ -111,23 +149,24 @@ impl Reporter {
 
 impl TierObserver for Reporter {
     fn changed(&self, tier: TierId, key: &str, _bytes: u64, admitted: bool) {
-        let Some(hash) = chunk_hash(key) else {
+        let (Some(hash), Some(rank)) = (chunk_hash(key), key_rank(key).filter(|r| *r < MAX_RANKS))
+        else {
             self.count("unreportable_key");
             return;
         };
         let mut counts = self.counts.lock();
         let first_or_last = if admitted {
-            let n = counts.entry((tier, hash)).or_insert(0);
+            let n = counts.entry((rank, tier, hash)).or_insert(0);
             *n += 1;
             *n == 1
         } else {
-            match counts.get_mut(&(tier, hash)) {
+            match counts.get_mut(&(rank, tier, hash)) {
                 Some(n) if *n > 1 => {
                     *n -= 1;
                     false
                 }
                 Some(_) => {
-                    counts.remove(&(tier, hash));
+                    counts.remove(&(rank, tier, hash));
                     true
                 }
                 None => false,
@@ -137,7 +176,14 @@ impl TierObserver for Reporter {
             return;
         }
         // Under the counts' lock, so the worker's queue sees ops in the counts' order.
-        let Some(worker) = self.worker.get() else {
+        let workers = self.workers.read();
+        let Some(worker) = workers.get(&rank) else {
+            // Its worker's first full sync will carry it; start one if none is coming.
+            if let Some(starter) = self.new_ranks.get() {
+                if self.request(rank) {
+                    let _ = starter.send(rank);
+                }
+            }
             return;
         };
         let sent = if admitted {
@@ -153,13 +199,16 @@ impl TierObserver for Reporter {
     }
 }
 
-/// The reporter's counts, for full syncs.
-pub(crate) struct ReportedKeys(pub(crate) Arc<Reporter>);
+/// One rank's share of the reporter's counts, for its worker's full syncs.
+pub(crate) struct ReportedKeys {
+    pub(crate) reporter: Arc<Reporter>,
+    pub(crate) rank: u32,
+}
 
 impl KeySource for ReportedKeys {
     fn locations(&self) -> Vec<String> {
         let mut l = vec![LOCAL_CPU_BACKEND.to_owned()];
-        if self.0.l2 {
+        if self.reporter.l2 {
             l.push(LOCAL_DISK_BACKEND.to_owned());
         }
         l
@@ -173,12 +222,12 @@ impl KeySource for ReportedKeys {
         } else {
             return Vec::new();
         };
-        self.0
+        self.reporter
             .counts
             .lock()
             .keys()
-            .filter(|(t, _)| *t == tier)
-            .map(|(_, h)| *h)
+            .filter(|(r, t, _)| *r == self.rank && *t == tier)
+            .map(|(_, _, h)| *h)
             .collect()
     }
 }
@@ -223,29 +272,38 @@ mod tests {
     }
 
     #[test]
-    fn counts_holders_per_hash_and_tier() {
-        let r = Reporter::new(Arc::new(NodeMetrics::new()), true);
+    fn counts_holders_per_rank_hash_and_tier() {
+        let r = Arc::new(Reporter::new(Arc::new(NodeMetrics::new()), true));
         r.changed(TierId::L1, "m@2@0@aa@bf16", 1, true);
+        r.changed(TierId::L1, "m@2@0@aa@fp8", 1, true);
         r.changed(TierId::L1, "m@2@1@aa@bf16", 1, true);
         r.changed(TierId::L2, "m@2@0@aa@bf16", 1, true);
-        let keys = ReportedKeys(Arc::new(r));
+        let rank = |rank| ReportedKeys {
+            reporter: Arc::clone(&r),
+            rank,
+        };
+        let aa = vec![ChunkHash::from_u64(0xaa)];
+        assert_eq!(rank(0).keys(LOCAL_CPU_BACKEND), aa);
+        assert_eq!(rank(1).keys(LOCAL_CPU_BACKEND), aa);
+        r.changed(TierId::L1, "m@2@0@aa@bf16", 1, false);
         assert_eq!(
-            keys.keys(LOCAL_CPU_BACKEND),
-            vec![ChunkHash::from_u64(0xaa)]
+            rank(0).keys(LOCAL_CPU_BACKEND),
+            aa,
+            "the fp8 key still holds it"
         );
-        keys.0.changed(TierId::L1, "m@2@0@aa@bf16", 1, false);
+        r.changed(TierId::L1, "m@2@0@aa@fp8", 1, false);
+        r.changed(TierId::L1, "m@2@0@aa@fp8", 1, false);
+        assert!(rank(0).keys(LOCAL_CPU_BACKEND).is_empty());
+        assert_eq!(rank(1).keys(LOCAL_CPU_BACKEND), aa);
+        assert_eq!(rank(0).keys(LOCAL_DISK_BACKEND), aa);
+        assert!(rank(1).keys(LOCAL_DISK_BACKEND).is_empty());
         assert_eq!(
-            keys.keys(LOCAL_CPU_BACKEND).len(),
-            1,
-            "rank 1 still holds it"
-        );
-        keys.0.changed(TierId::L1, "m@2@1@aa@bf16", 1, false);
-        keys.0.changed(TierId::L1, "m@2@1@aa@bf16", 1, false);
-        assert!(keys.keys(LOCAL_CPU_BACKEND).is_empty());
-        assert_eq!(keys.keys(LOCAL_DISK_BACKEND).len(), 1);
-        assert_eq!(
-            keys.locations(),
+            rank(0).locations(),
             vec![LOCAL_CPU_BACKEND.to_owned(), LOCAL_DISK_BACKEND.to_owned()]
         );
+        // A rank seen before the starter is attached is handed to it then.
+        let (tx, _rx) = mpsc::unbounded_channel();
+        assert_eq!(r.on_new_ranks(tx), vec![0, 1]);
+        assert!(!r.request(1), "already requested");
     }
 }
