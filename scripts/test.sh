@@ -11,6 +11,9 @@ bash scripts/setup-browser.sh
 echo "== vLLM's real KV-event publisher (0.23.0, 0.33.0) for tests/indexer_vllm.rs"
 KVPLANE_VLLM_PUBLISHERS="$(bash scripts/setup-vllm-publishers.sh)"
 export KVPLANE_VLLM_PUBLISHERS
+echo "== the tokenizers library and transformers, the reference of tests/router.rs's parity test"
+KVPLANE_TOKENIZERS_PYTHON="$(bash scripts/setup-tokenizers.sh)"
+export KVPLANE_TOKENIZERS_PYTHON
 echo "== nats-server (Debian's package) for the cluster tests"
 KVPLANE_NATS_SERVER="$(bash scripts/setup-nats.sh)"
 export KVPLANE_NATS_SERVER

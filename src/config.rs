@@ -137,6 +137,30 @@ pub mod defaults {
         pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
     }
 
+    /// Defaults of `kvplane router` (docs/ROUTER.md).
+    pub mod router {
+        /// The router's HTTP port (clear of the controller's 9000, the coordinator's 9300,
+        /// the indexer's 13333, the node's 65432 and vLLM's 8000).
+        pub const PORT: u16 = 9500;
+        /// Tokens per KV block (vLLM's default).
+        pub const BLOCK_SIZE: u32 = 16;
+        /// Seconds to connect to an engine.
+        pub const CONNECT_TIMEOUT_S: f64 = 2.0;
+        /// Seconds to the response head (a non-streaming answer comes whole, after its last
+        /// token: long generations need a long deadline).
+        pub const RESPONSE_TIMEOUT_S: f64 = 600.0;
+        /// Seconds between two chunks of a body passed through.
+        pub const STREAM_IDLE_TIMEOUT_S: f64 = 120.0;
+        /// Seconds between health probes of every engine.
+        pub const HEALTH_INTERVAL_S: f64 = 5.0;
+        /// Largest request body.
+        pub const MAX_BODY_BYTES: usize = 32 << 20;
+        /// Largest non-streaming answer read whole.
+        pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
+        /// HTTP connections served at once.
+        pub const MAX_HTTP_CONNECTIONS: usize = 4096;
+    }
+
     /// Defaults of `--cluster` (docs/CLUSTER.md).
     pub mod cluster {
         /// The cluster's name.

@@ -33,6 +33,8 @@
 //!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
 //! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
 //!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
+//! - [`router`] — `kvplane router`, the cache-aware OpenAI-compatible router in front of
+//!   vLLM/SGLang engines (see docs/ROUTER.md); it runs the indexer's index in process.
 //! - [`worker`] — the library workers link to join a kvplane or LMCache controller
 //!   (protocol + transport only; see docs/WORKER.md).
 //!
@@ -67,6 +69,8 @@ pub mod memory;
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod node;
+#[cfg(feature = "server")]
+pub mod router;
 #[cfg(feature = "server")]
 pub mod web;
 

@@ -40,6 +40,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["cluster", "config", "memory", "net", "transport", "web"],
     ),
     ("coordinator", &["cluster", "config", "net", "web"]),
+    // The router runs the indexer's index in process (the one service-to-service edge: a
+    // router is the indexer's client, embedded).
+    ("router", &["config", "indexer", "web"]),
     // The node reports what it holds as a worker does, through the worker library.
     (
         "node",

@@ -9,12 +9,14 @@
 #![allow(unreachable_pub)]
 
 pub mod browser;
+pub mod engine;
 pub mod http;
 pub mod http_limits;
 pub mod lmcache;
 pub mod mp_fleet;
 pub mod nats;
 pub mod node;
+pub mod vllm_pub;
 pub mod zmtp;
 
 #[allow(unused_imports)] // not every test binary uses them

@@ -23,6 +23,9 @@ pub(crate) enum Command {
     Bench(kvplane::bench::BenchArgs),
     /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
     Indexer(kvplane::indexer::service::IndexerArgs),
+    /// Run the cache-aware router: an OpenAI-compatible front over vLLM/SGLang engines
+    /// (docs/ROUTER.md).
+    Router(kvplane::router::RouterArgs),
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
     Coordinator(crate::coordinator::CoordinatorArgs),
     /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
@@ -291,6 +294,7 @@ mod tests {
             Command::Serve(a) => a.validate().map_err(|e| e.to_string()),
             Command::Bench(_)
             | Command::Indexer(_)
+            | Command::Router(_)
             | Command::Coordinator(_)
             | Command::Node(_) => Err("not serve".into()),
         }
@@ -360,6 +364,55 @@ mod tests {
                 .map(|_| ())
                 .expect_err("refused");
             assert!(err.to_string().contains("from 1 to 268435453"), "{err}");
+        }
+    }
+
+    #[test]
+    fn router_engines_weights_and_refusals() {
+        let router = |args: &[&str]| {
+            let mut full = vec!["kvplane", "router", "--model", "m"];
+            full.extend_from_slice(args);
+            match Cli::try_parse_from(full).map(|c| c.command) {
+                Ok(Command::Router(a)) => a.config(),
+                Err(e) => Err(e.to_string()),
+                other => panic!("not router: {other:?}"),
+            }
+        };
+        let c = router(&[
+            "--engine",
+            "http://10.0.0.5:8000/",
+            "--engine",
+            "http://h:8001,instance=v1,events=tcp://h:5557,replay=tcp://h:5558,dp_rank=2,type=sglang",
+        ])
+        .expect("valid");
+        assert_eq!((c.port, c.block_size), (9500, 16));
+        assert_eq!(c.engines[0].url, "http://10.0.0.5:8000");
+        assert_eq!(c.engines[0].instance, "10.0.0.5:8000");
+        assert_eq!(c.engines[1].instance, "v1");
+        assert_eq!(c.engines[1].events.as_deref(), Some("tcp://h:5557"));
+        assert_eq!(c.engines[1].replay.as_deref(), Some("tcp://h:5558"));
+        assert_eq!(c.engines[1].dp_rank, 2);
+        assert_eq!(c.weights, kvplane::router::score::Weights::default());
+        for (bad, says) in [
+            (vec!["--engine", "10.0.0.5:8000"], "must start with http://"),
+            (
+                vec!["--engine", "http://h:1,color=red"],
+                "unknown or invalid",
+            ),
+            (
+                vec!["--engine", "http://h:1,events=h:5557"],
+                "unknown or invalid",
+            ),
+            (
+                vec!["--engine", "http://h:1", "--cpu-tier-weight", "2"],
+                "within 0..=1",
+            ),
+            (vec!["--engine", "http://h:1", "--temperature=-1"], "≥ 0"),
+            (vec!["--engine", "http://h:1", "--block-size", "0"], "> 0"),
+            (vec![], "--engine"),
+        ] {
+            let err = router(&bad).expect_err("refused");
+            assert!(err.contains(says), "{bad:?}: {err}");
         }
     }
 

@@ -112,6 +112,14 @@ fn main() -> anyhow::Result<()> {
                 kvplane::indexer::service::run(args.config(), shutdown).await
             })?;
         }
+        Command::Router(args) => {
+            let config = args.config().map_err(anyhow::Error::msg)?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                kvplane::router::run(config, shutdown).await
+            })?;
+        }
         Command::Node(args) => {
             let config = args.validate()?;
             runtime.block_on(async {

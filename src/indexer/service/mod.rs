@@ -380,6 +380,31 @@ impl IndexerState {
         Ok(())
     }
 
+    /// Answers a `/query` in process (an embedding router asks this instead of HTTP): every
+    /// registered instance of the scope's tenant, model and block size, with its matched
+    /// tokens per tier. Holds the index's read lock for the walk only.
+    pub fn query_tokens(
+        &self,
+        scope: &crate::indexer::index::QueryScope<'_>,
+        tokens: &[u32],
+    ) -> BTreeMap<String, crate::indexer::index::InstanceMatch> {
+        self.core.read().index.query_tokens(scope, tokens)
+    }
+
+    /// The XXH3 seed of the index's standard hashes.
+    pub fn hash_seed(&self) -> u64 {
+        self.config.index.seed
+    }
+
+    /// Whether the publisher feeding `endpoint` is connected now (`None`: not registered).
+    pub fn publisher_connected(&self, endpoint: &str) -> Option<bool> {
+        let registry = self.registry.lock();
+        registry
+            .publishers
+            .get(endpoint)
+            .map(|p| p.status.connected.load(Ordering::Relaxed))
+    }
+
     /// Registers a stream (idempotent; 409 on a conflicting one).
     ///
     /// # Errors

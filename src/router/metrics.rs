@@ -1,0 +1,204 @@
+//! The router's metrics (`kvplane_router_*`): every name and help text is here.
+
+use super::accounting::Totals;
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Counters the routes bump; gauges are set at render time.
+pub struct RouterMetrics {
+    registry: Registry,
+    /// Requests answered, by engine (`none` when no engine took it) and status class.
+    pub requests: IntCounterVec,
+    /// Engine calls that failed, by engine and kind (`connect`, `timeout`, `broken`).
+    pub engine_errors: IntCounterVec,
+    /// Prompts tokenized, by source (`local`, `engine`, `ids`) or `failed`.
+    pub tokenized: IntCounterVec,
+    /// Time to decide (tokenize, query, score), seconds.
+    pub decision_seconds: HistogramVec,
+    /// Answers whose `usage.prompt_tokens` differs from the router's token count.
+    pub prompt_mismatch: IntCounterVec,
+    /// Answers without `usage.prompt_tokens_details.cached_tokens` (nothing to account).
+    pub usage_missing: IntCounterVec,
+    /// Requests refused by a router limit, by limit.
+    pub limits_hit: IntCounterVec,
+    in_flight: IntGaugeVec,
+    waiting: IntGaugeVec,
+    up: IntGaugeVec,
+    cached: IntGaugeVec,
+    missed: IntGaugeVec,
+    ratio: GaugeVec,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        let r = Registry::new();
+        let decision_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "kvplane_router_decision_seconds",
+                "Time to route a request: tokenize, query the index, score",
+            )
+            .buckets(vec![
+                1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25, 1.0,
+            ]),
+            &["tokenizer"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(decision_seconds.clone()))
+            .expect("unique metric");
+        let ratio = GaugeVec::new(
+            Opts::new(
+                "kvplane_router_cached_tokens_delivered_ratio",
+                "Delivered over predicted cached tokens, a ratio of sums (engine=\"all\": every engine)",
+            ),
+            &["engine"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(ratio.clone())).expect("unique metric");
+        Self {
+            requests: counter(
+                &r,
+                "kvplane_router_requests_total",
+                "Requests answered, by engine and status class",
+                &["engine", "status"],
+            ),
+            engine_errors: counter(
+                &r,
+                "kvplane_router_engine_errors_total",
+                "Engine calls that failed: connect (retried on another engine), timeout, broken",
+                &["engine", "kind"],
+            ),
+            tokenized: counter(
+                &r,
+                "kvplane_router_tokenized_total",
+                "Prompts tokenized, by source: local (tokenizer.json), engine (/tokenize), ids (given), failed",
+                &["source"],
+            ),
+            decision_seconds,
+            prompt_mismatch: counter(
+                &r,
+                "kvplane_router_prompt_tokens_mismatch_total",
+                "Answers whose usage.prompt_tokens differs from the router's own count (a tokenizer mismatch)",
+                &["engine"],
+            ),
+            usage_missing: counter(
+                &r,
+                "kvplane_router_usage_missing_total",
+                "Answers without usage.prompt_tokens_details.cached_tokens (not accounted)",
+                &["engine"],
+            ),
+            limits_hit: counter(
+                &r,
+                "kvplane_router_limits_hit_total",
+                "Requests refused by a router limit",
+                &["limit"],
+            ),
+            in_flight: gauge(
+                &r,
+                "kvplane_router_in_flight",
+                "Requests sent to the engine and not finished",
+                &["engine"],
+            ),
+            waiting: gauge(
+                &r,
+                "kvplane_router_waiting",
+                "Requests sent to the engine without a response yet",
+                &["engine"],
+            ),
+            up: gauge(
+                &r,
+                "kvplane_router_engine_up",
+                "1 when the engine is routed to (last call and health probe answered)",
+                &["engine"],
+            ),
+            cached: gauge(
+                &r,
+                "kvplane_router_cached_tokens_total",
+                "Cached prompt tokens summed over answered requests: reusable, predicted, delivered, unpredicted",
+                &["engine", "kind"],
+            ),
+            missed: gauge(
+                &r,
+                "kvplane_router_missed_cached_tokens_total",
+                "Reusable tokens not reused, by cause: no_reuse_possible, routed_for_load, index_stale",
+                &["engine", "reason"],
+            ),
+            ratio,
+            registry: r,
+        }
+    }
+}
+
+/// One engine's live figures at render time.
+pub struct EngineGauges<'a> {
+    /// The engine's instance id.
+    pub name: &'a str,
+    /// In flight.
+    pub in_flight: u64,
+    /// Waiting for a first byte.
+    pub waiting: u64,
+    /// Routed to.
+    pub up: bool,
+}
+
+impl RouterMetrics {
+    fn totals(&self, engine: &str, t: &Totals) {
+        for (kind, v) in [
+            ("reusable", t.reusable),
+            ("predicted", t.predicted),
+            ("delivered", t.delivered),
+            ("unpredicted", t.unpredicted),
+        ] {
+            self.cached.with_label_values(&[engine, kind]).set(v as i64);
+        }
+        for (reason, v) in [
+            ("no_reuse_possible", t.misses.no_reuse_possible),
+            ("routed_for_load", t.misses.routed_for_load),
+            ("index_stale", t.misses.index_stale),
+        ] {
+            self.missed
+                .with_label_values(&[engine, reason])
+                .set(v as i64);
+        }
+        if let Some(r) = t.delivered_ratio() {
+            self.ratio.with_label_values(&[engine]).set(r);
+        }
+    }
+
+    /// The Prometheus text, gauges set from the engines and the accounting.
+    pub fn render<'a>(
+        &self,
+        engines: impl Iterator<Item = EngineGauges<'a>>,
+        accounting: &super::accounting::Accounting,
+    ) -> String {
+        for e in engines {
+            self.in_flight
+                .with_label_values(&[e.name])
+                .set(e.in_flight as i64);
+            self.waiting
+                .with_label_values(&[e.name])
+                .set(e.waiting as i64);
+            self.up.with_label_values(&[e.name]).set(i64::from(e.up));
+        }
+        for (engine, t) in accounting.per_engine() {
+            self.totals(engine, t);
+        }
+        self.totals("all", &accounting.overall());
+        let mut out = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+}

@@ -1,0 +1,498 @@
+//! `kvplane router` (issue 23, docs/ROUTER.md): an OpenAI-compatible front in front of N
+//! vLLM or SGLang engines that sends each request to the engine holding the most of its
+//! prompt's KV cache, weighed against the load it tracks.
+//!
+//! Pure: [`score`] (the decision) and [`accounting`] (predicted against delivered cached
+//! tokens). Driver: [`state`] (engines and their load, the in-process index, the tokenizer,
+//! reservations), [`tokenize`] (tokenizer.json and the chat template), [`upstream`] (engine
+//! calls with timeouts). Routes: [`routes`]. The index is the indexer's own
+//! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
+
+pub mod accounting;
+mod metrics;
+pub mod routes;
+pub mod score;
+pub mod state;
+pub mod tokenize;
+pub mod upstream;
+
+use crate::config::defaults::router as d;
+use crate::indexer::service::api::{EngineType, Registration};
+use crate::indexer::service::{IndexerConfig, IndexerServer, IndexerStartError};
+use state::RouterState;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// One engine: its OpenAI server and, optionally, its KV-event publisher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// `http://host:port`, no trailing slash.
+    pub url: String,
+    /// Its instance id in the index (default: `host:port` of the URL).
+    pub instance: String,
+    /// Its KV-event PUB endpoint (`tcp://host:port`), registered in the in-process index.
+    pub events: Option<String>,
+    /// Its replay endpoint.
+    pub replay: Option<String>,
+    /// Its data-parallel rank.
+    pub dp_rank: u32,
+    /// `vLLM` or `SGLang` (its events' format).
+    pub kind: EngineType,
+}
+
+impl std::str::FromStr for EngineSpec {
+    type Err = String;
+
+    /// `URL[,instance=ID][,events=tcp://H:P][,replay=tcp://H:P][,dp_rank=N][,type=vLLM|SGLang]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let url = parts.next().unwrap_or_default().trim_end_matches('/');
+        let authority = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{url}: the engine URL must start with http://"))?;
+        if authority.is_empty() || authority.contains('/') {
+            return Err(format!("{url}: expected http://host:port"));
+        }
+        let mut spec = EngineSpec {
+            url: url.to_owned(),
+            instance: authority.to_owned(),
+            events: None,
+            replay: None,
+            dp_rank: 0,
+            kind: EngineType::Vllm,
+        };
+        for part in parts {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part}: expected key=value"))?;
+            match k {
+                "instance" if !v.is_empty() => spec.instance = v.to_owned(),
+                "events" if v.starts_with("tcp://") => spec.events = Some(v.to_owned()),
+                "replay" if v.starts_with("tcp://") => spec.replay = Some(v.to_owned()),
+                "dp_rank" => spec.dp_rank = v.parse().map_err(|_| format!("dp_rank={v}"))?,
+                "type" => {
+                    spec.kind = match v.to_ascii_lowercase().as_str() {
+                        "vllm" => EngineType::Vllm,
+                        "sglang" => EngineType::Sglang,
+                        _ => return Err(format!("type={v}: vLLM or SGLang")),
+                    }
+                }
+                _ => return Err(format!("{part}: unknown or invalid engine option")),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Flags of `kvplane router`, each with a `KVPLANE_ROUTER_*` environment twin.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RouterArgs {
+    /// Address the HTTP server binds to.
+    #[arg(long, env = "KVPLANE_ROUTER_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "KVPLANE_ROUTER_PORT", default_value_t = d::PORT)]
+    pub port: u16,
+    /// An engine (repeat the flag; the env twin separates them with spaces):
+    /// `http://host:port[,instance=ID][,events=tcp://host:port][,replay=tcp://host:port][,dp_rank=N][,type=vLLM|SGLang]`.
+    #[arg(
+        long = "engine",
+        env = "KVPLANE_ROUTER_ENGINES",
+        value_delimiter = ' ',
+        required = true
+    )]
+    pub engines: Vec<EngineSpec>,
+    /// The served model name (the engines' `--served-model-name`); a request naming another
+    /// model names a LoRA adapter.
+    #[arg(long, env = "KVPLANE_ROUTER_MODEL")]
+    pub model: String,
+    /// The model directory holding tokenizer.json (and tokenizer_config.json with the chat
+    /// template); without it every prompt is tokenized by an engine's `/tokenize`.
+    #[arg(long, env = "KVPLANE_ROUTER_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Tokens per KV block (the engines' `--block-size`).
+    #[arg(long, env = "KVPLANE_ROUTER_BLOCK_SIZE", default_value_t = d::BLOCK_SIZE)]
+    pub block_size: u32,
+    /// XXH3 seed of the index's standard block hashes.
+    #[arg(long, env = "KVPLANE_ROUTER_HASH_SEED", default_value_t = crate::indexer::hash::DEFAULT_SEED)]
+    pub hash_seed: u64,
+    /// Weight of the cached fraction of the prompt in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_OVERLAP_WEIGHT", default_value_t = 1.0)]
+    pub overlap_weight: f64,
+    /// Weight of the relative load in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_LOAD_WEIGHT", default_value_t = 1.0)]
+    pub load_weight: f64,
+    /// Value of a cached token only in the CPU tier, relative to one in GPU memory.
+    #[arg(long, env = "KVPLANE_ROUTER_CPU_TIER_WEIGHT", default_value_t = 0.8)]
+    pub cpu_tier_weight: f64,
+    /// Value of a cached token only on disk, relative to one in GPU memory.
+    #[arg(long, env = "KVPLANE_ROUTER_DISK_TIER_WEIGHT", default_value_t = 0.5)]
+    pub disk_tier_weight: f64,
+    /// Load units (requests in flight, waiting ones twice) that weigh as much as a whole
+    /// prompt's overlap, unless an engine is busier (then the busiest one's units).
+    #[arg(long, env = "KVPLANE_ROUTER_LOAD_SCALE", default_value_t = 8.0)]
+    pub load_scale: f64,
+    /// Softmax temperature over the scores; 0 picks the best.
+    #[arg(long, env = "KVPLANE_ROUTER_TEMPERATURE", default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seconds to connect to an engine (a refused or timed-out connect goes to the next).
+    #[arg(long, env = "KVPLANE_ROUTER_CONNECT_TIMEOUT", default_value_t = d::CONNECT_TIMEOUT_S)]
+    pub connect_timeout: f64,
+    /// Seconds to an engine's response head (504 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_RESPONSE_TIMEOUT", default_value_t = d::RESPONSE_TIMEOUT_S)]
+    pub response_timeout: f64,
+    /// Seconds between two chunks of an engine's body (the stream is cut beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_STREAM_IDLE_TIMEOUT", default_value_t = d::STREAM_IDLE_TIMEOUT_S)]
+    pub stream_idle_timeout: f64,
+    /// Seconds between health probes (`GET /health`) of every engine.
+    #[arg(long, env = "KVPLANE_ROUTER_HEALTH_INTERVAL", default_value_t = d::HEALTH_INTERVAL_S)]
+    pub health_interval: f64,
+    /// Largest request body, bytes (413 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_BODY_BYTES", default_value_t = d::MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Largest non-streaming engine answer, bytes (502 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_RESPONSE_BYTES", default_value_t = d::MAX_RESPONSE_BYTES)]
+    pub max_response_bytes: usize,
+    /// HTTP connections served at once.
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_HTTP_CONNECTIONS", default_value_t = d::MAX_HTTP_CONNECTIONS)]
+    pub max_http_connections: usize,
+    /// Port of the in-process indexer's HTTP API (`/register`, `/query`, its dashboard) on
+    /// 127.0.0.1; 0 picks a free one (logged).
+    #[arg(long, env = "KVPLANE_ROUTER_INDEXER_PORT", default_value_t = 0)]
+    pub indexer_port: u16,
+}
+
+fn secs(v: f64, default: f64) -> Duration {
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .unwrap_or(Duration::from_secs_f64(default))
+}
+
+impl RouterArgs {
+    /// The validated configuration.
+    ///
+    /// # Errors
+    /// A weight out of range, or no engine.
+    pub fn config(&self) -> Result<RouterConfig, String> {
+        for (name, v) in [
+            ("--cpu-tier-weight", self.cpu_tier_weight),
+            ("--disk-tier-weight", self.disk_tier_weight),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be within 0..=1"));
+            }
+        }
+        for (name, v) in [
+            ("--overlap-weight", self.overlap_weight),
+            ("--load-weight", self.load_weight),
+            ("--temperature", self.temperature),
+            ("--load-scale", self.load_scale),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("{name} must be a number ≥ 0"));
+            }
+        }
+        if self.block_size == 0 {
+            return Err("--block-size must be > 0".into());
+        }
+        Ok(RouterConfig {
+            host: self.host.clone(),
+            port: self.port,
+            engines: self.engines.clone(),
+            model: self.model.clone(),
+            model_dir: self.model_dir.clone(),
+            tenant: "default".into(),
+            block_size: self.block_size,
+            hash_seed: self.hash_seed,
+            weights: score::Weights {
+                overlap: self.overlap_weight,
+                load: self.load_weight,
+                cpu_tier: self.cpu_tier_weight,
+                disk_tier: self.disk_tier_weight,
+                temperature: self.temperature,
+                load_scale: self.load_scale.max(1.0),
+            },
+            connect_timeout: secs(self.connect_timeout, d::CONNECT_TIMEOUT_S),
+            response_timeout: secs(self.response_timeout, d::RESPONSE_TIMEOUT_S),
+            stream_idle_timeout: secs(self.stream_idle_timeout, d::STREAM_IDLE_TIMEOUT_S),
+            health_interval: secs(self.health_interval, d::HEALTH_INTERVAL_S),
+            max_body_bytes: self.max_body_bytes.max(1),
+            max_response_bytes: self.max_response_bytes.max(1),
+            max_http_connections: self.max_http_connections.max(1),
+            indexer_port: self.indexer_port,
+        })
+    }
+}
+
+/// The router's configuration.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// HTTP bind host.
+    pub host: String,
+    /// HTTP port (0: any).
+    pub port: u16,
+    /// The engines.
+    pub engines: Vec<EngineSpec>,
+    /// The served model name (the index's model).
+    pub model: String,
+    /// Where tokenizer.json is.
+    pub model_dir: Option<PathBuf>,
+    /// The index tenant the engines are registered under.
+    pub tenant: String,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The index's hash seed.
+    pub hash_seed: u64,
+    /// The score's weights and temperature.
+    pub weights: score::Weights,
+    /// Connect timeout per engine call.
+    pub connect_timeout: Duration,
+    /// Deadline for a response head.
+    pub response_timeout: Duration,
+    /// Most time between two chunks of a body.
+    pub stream_idle_timeout: Duration,
+    /// Time between health probes.
+    pub health_interval: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Largest non-streaming answer.
+    pub max_response_bytes: usize,
+    /// HTTP connections served at once.
+    pub max_http_connections: usize,
+    /// The in-process indexer's HTTP port on 127.0.0.1 (0: any).
+    pub indexer_port: u16,
+}
+
+impl RouterConfig {
+    /// A configuration with the defaults for `engines` serving `model` (tests, embedding).
+    pub fn new(model: &str, engines: Vec<EngineSpec>) -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 0,
+            engines,
+            model: model.into(),
+            model_dir: None,
+            tenant: "default".into(),
+            block_size: d::BLOCK_SIZE,
+            hash_seed: crate::indexer::hash::DEFAULT_SEED,
+            weights: score::Weights::default(),
+            connect_timeout: Duration::from_secs_f64(d::CONNECT_TIMEOUT_S),
+            response_timeout: Duration::from_secs_f64(d::RESPONSE_TIMEOUT_S),
+            stream_idle_timeout: Duration::from_secs_f64(d::STREAM_IDLE_TIMEOUT_S),
+            health_interval: Duration::from_secs_f64(d::HEALTH_INTERVAL_S),
+            max_body_bytes: d::MAX_BODY_BYTES,
+            max_response_bytes: d::MAX_RESPONSE_BYTES,
+            max_http_connections: d::MAX_HTTP_CONNECTIONS,
+            indexer_port: 0,
+        }
+    }
+}
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterStartError {
+    /// The HTTP port could not be bound.
+    #[error("cannot bind the router HTTP server on {addr}: {source}")]
+    Http {
+        /// The address tried.
+        addr: String,
+        /// The IO error.
+        source: std::io::Error,
+    },
+    /// The in-process indexer did not start.
+    #[error(transparent)]
+    Indexer(#[from] IndexerStartError),
+    /// The model directory could not be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenize::LoadError),
+    /// An engine's publisher could not be registered.
+    #[error("engine {engine}: {message}")]
+    Engine {
+        /// The engine's instance.
+        engine: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// A running router.
+pub struct RouterServer {
+    /// The bound HTTP address.
+    pub addr: SocketAddr,
+    /// The in-process indexer's HTTP address.
+    pub indexer_addr: SocketAddr,
+    /// The shared state.
+    pub state: Arc<RouterState>,
+    indexer: IndexerServer,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl RouterServer {
+    /// Stops every task and waits (a few seconds at most) for them.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.tasks.wait()).await;
+        self.indexer.stop().await;
+    }
+}
+
+/// Loads the tokenizer, starts the in-process indexer with every engine's publisher, binds
+/// the HTTP port and starts the health probes.
+///
+/// # Errors
+/// [`RouterStartError`].
+pub async fn start(config: RouterConfig) -> Result<RouterServer, RouterStartError> {
+    let tokenizer = match &config.model_dir {
+        Some(dir) => Some(tokenize::ModelTokenizer::load(dir)?),
+        None => None,
+    };
+    let index = crate::indexer::index::IndexConfig {
+        seed: config.hash_seed,
+        ..Default::default()
+    };
+    let indexer = crate::indexer::service::start(IndexerConfig {
+        host: "127.0.0.1".into(),
+        port: config.indexer_port,
+        index,
+        ..IndexerConfig::default()
+    })
+    .await?;
+    for e in &config.engines {
+        let Some(events) = &e.events else { continue };
+        let reg = Registration {
+            endpoint: events.clone(),
+            replay_endpoint: e.replay.clone(),
+            kind: e.kind,
+            model: config.model.clone(),
+            lora: String::new(),
+            tenant: config.tenant.clone(),
+            instance: e.instance.clone(),
+            block_size: config.block_size,
+            dp_rank: e.dp_rank,
+            salt: String::new(),
+        };
+        indexer
+            .state
+            .register(reg)
+            .map_err(|err| RouterStartError::Engine {
+                engine: e.instance.clone(),
+                message: err.message,
+            })?;
+    }
+    let addr = format!("{}:{}", config.host, config.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| RouterStartError::Http {
+            addr: addr.clone(),
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| RouterStartError::Http { addr, source })?;
+    let state = Arc::new(RouterState::new(
+        config,
+        Arc::clone(&indexer.state),
+        tokenizer,
+    ));
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    tasks.spawn(health_loop(Arc::clone(&state), shutdown.clone()));
+    let count = {
+        let st = Arc::clone(&state);
+        Arc::new(move |limit: crate::web::limits::WebLimit| {
+            st.metrics
+                .limits_hit
+                .with_label_values(&[limit.label()])
+                .inc();
+        }) as crate::web::limits::RefusalCounter
+    };
+    let app = crate::web::limits::with_body_limits(
+        routes::router(Arc::clone(&state)),
+        state.config.max_body_bytes,
+        Arc::clone(&count),
+    );
+    let limits = crate::web::HttpLimits {
+        max_body_bytes: state.config.max_body_bytes,
+        max_body_items: usize::MAX,
+        max_connections: state.config.max_http_connections,
+        // Clients of a router wait on long generations between requests; the read timeout
+        // covers sending a request, not waiting for the answer.
+        read_timeout: Duration::from_secs(30),
+    };
+    let served = crate::web::serve(
+        listener,
+        app,
+        limits,
+        crate::web::limits::counting_hook("router", count),
+        shutdown.clone(),
+    );
+    tasks.spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!("router HTTP server failed: {e}");
+        }
+    });
+    tracing::info!(http = %bound, indexer = %indexer.addr, engines = state.engines.len(), "kvplane router listening");
+    Ok(RouterServer {
+        addr: bound,
+        indexer_addr: indexer.addr,
+        state,
+        indexer,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Probes every engine's `GET /health` each interval: an answer (2xx) brings it back, a
+/// failure takes it out. Probes run concurrently, each bounded by the connect timeout twice.
+async fn health_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
+    // Engines start up; the first probe comes one interval in (a dead engine found sooner
+    // costs one refused connect, and the request goes to the next engine).
+    let every = st.config.health_interval;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let probes = st.engines.iter().map(|e| {
+            let st = Arc::clone(&st);
+            let e = Arc::clone(e);
+            async move {
+                let req = hyper::Request::get(format!("{}/health", e.spec.url))
+                    .body(axum::body::Body::empty());
+                let ok = match req {
+                    Ok(req) => upstream::send(&st.client, req, st.config.connect_timeout * 2)
+                        .await
+                        .is_ok_and(|r| r.status().is_success()),
+                    Err(_) => false,
+                };
+                if e.set_up(ok) != ok {
+                    tracing::info!(engine = %e.spec.instance, up = ok, "engine health changed");
+                }
+            }
+        });
+        futures_util::future::join_all(probes).await;
+    }
+}
+
+/// Serves until `shutdown` fires, then drains.
+///
+/// # Errors
+/// [`RouterStartError`] as [`start`].
+pub async fn run(
+    config: RouterConfig,
+    shutdown: CancellationToken,
+) -> Result<(), RouterStartError> {
+    let server = start(config).await?;
+    shutdown.cancelled().await;
+    server.stop().await;
+    Ok(())
+}

@@ -1,0 +1,391 @@
+//! The router's HTTP routes: the OpenAI-compatible front (`/v1/completions`,
+//! `/v1/chat/completions`, `/v1/models`), `/health`, `/metrics` and `/router/stats`.
+
+use super::metrics::EngineGauges;
+use super::state::{Decision, Kind, Reservation, RouterState};
+use super::upstream::{self, Failure, StreamObserver};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+type St = State<Arc<RouterState>>;
+
+/// The router's axum router.
+pub fn router(state: Arc<RouterState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/router/stats", get(stats))
+        .with_state(state)
+}
+
+/// An OpenAI-style error body.
+fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    let body = json!({"error": {"message": message.into(), "type": kind, "code": status.as_u16()}});
+    (status, Json(body)).into_response()
+}
+
+async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    proxy(st, Kind::Completion, headers, body).await
+}
+
+async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
+    proxy(st, Kind::Chat, headers, body).await
+}
+
+fn status_class(s: StatusCode) -> &'static str {
+    match s.as_u16() {
+        200..=299 => "2xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Tokenize, decide, then send to the engines in the decided order until one takes the
+/// request (only a refused connection moves on: anything later could have started work).
+async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
+    let path = match kind {
+        Kind::Completion => "/v1/completions",
+        Kind::Chat => "/v1/chat/completions",
+    };
+    let parsed: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "the body must be a JSON object",
+            )
+        }
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("invalid JSON: {e}"),
+            )
+        }
+    };
+    let started = std::time::Instant::now();
+    let tokens = st.tokens(kind, &parsed).await;
+    // A request naming a model other than the served one names a LoRA adapter (vLLM serves
+    // adapters under their own names): its blocks live in that adapter's namespace.
+    let lora = parsed
+        .get("model")
+        .and_then(Value::as_str)
+        .filter(|m| *m != st.config.model)
+        .unwrap_or("");
+    let salt = parsed
+        .get("cache_salt")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let draw = if st.config.weights.temperature > 0.0 {
+        rand::random::<f64>()
+    } else {
+        0.0
+    };
+    let (order, decision) = st.decide(tokens.as_deref(), lora, salt, draw);
+    let source = if st.tokenizer.is_some() {
+        "local"
+    } else {
+        "engine"
+    };
+    st.metrics
+        .decision_seconds
+        .with_label_values(&[source])
+        .observe(started.elapsed().as_secs_f64());
+    let stream = parsed.get("stream").and_then(Value::as_bool) == Some(true);
+    for i in order {
+        let engine = Arc::clone(&st.engines[i]);
+        let name = engine.spec.instance.clone();
+        let mut reservation = st.reserve(i);
+        let mut req = hyper::Request::post(format!("{}{path}", engine.spec.url));
+        for h in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
+            if let Some(v) = headers.get(&h) {
+                req = req.header(h, v);
+            }
+        }
+        if !headers.contains_key(header::CONTENT_TYPE) {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let Ok(req) = req.body(Body::from(body.clone())) else {
+            return error(StatusCode::BAD_GATEWAY, "router_error", "bad engine URL");
+        };
+        match upstream::send(&st.client, req, st.config.response_timeout).await {
+            Ok(resp) => {
+                reservation.answered();
+                return answer(&st, i, decision, reservation, resp, stream).await;
+            }
+            Err(f) => {
+                st.metrics
+                    .engine_errors
+                    .with_label_values(&[&name, f.label()])
+                    .inc();
+                if engine.set_up(false) {
+                    tracing::warn!(engine = %name, "engine failed ({}); not routed to until it answers a health probe", f.label());
+                }
+                if f != Failure::Connect {
+                    st.metrics.requests.with_label_values(&[&name, "5xx"]).inc();
+                    let status = if f == Failure::Timeout {
+                        StatusCode::GATEWAY_TIMEOUT
+                    } else {
+                        StatusCode::BAD_GATEWAY
+                    };
+                    return error(
+                        status,
+                        "engine_error",
+                        format!("engine {name}: {}", f.label()),
+                    );
+                }
+            }
+        }
+    }
+    st.metrics
+        .requests
+        .with_label_values(&["none", "5xx"])
+        .inc();
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_engine",
+        "no engine is up",
+    )
+}
+
+/// Passes the engine's answer on: an event stream chunk by chunk, anything else read whole
+/// (bounded) so its `usage` can be accounted.
+async fn answer(
+    st: &Arc<RouterState>,
+    engine: usize,
+    decision: Decision,
+    reservation: Reservation,
+    resp: hyper::Response<hyper::body::Incoming>,
+    stream: bool,
+) -> Response {
+    let name = st.engines[engine].spec.instance.clone();
+    let status = resp.status();
+    st.metrics
+        .requests
+        .with_label_values(&[&name, status_class(status)])
+        .inc();
+    let content_type = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/json"));
+    let sse = content_type
+        .to_str()
+        .is_ok_and(|c| c.starts_with("text/event-stream"));
+    let body = resp.into_body();
+    if stream || sse {
+        let observer = Observer {
+            st: Arc::clone(st),
+            engine,
+            decision,
+            line: Vec::new(),
+            usage: None,
+            _reservation: reservation,
+        };
+        let body = upstream::pass_through(body, observer, st.config.stream_idle_timeout);
+        return (status, [(header::CONTENT_TYPE, content_type)], body).into_response();
+    }
+    match upstream::read_body(
+        body,
+        st.config.max_response_bytes,
+        st.config.stream_idle_timeout,
+    )
+    .await
+    {
+        Ok(bytes) => {
+            drop(reservation);
+            if status.is_success() {
+                if let Some(usage) = serde_json::from_slice::<Value>(&bytes)
+                    .ok()
+                    .and_then(|mut v| v.get_mut("usage").map(Value::take))
+                {
+                    st.account(engine, &decision, &usage);
+                }
+            }
+            (status, [(header::CONTENT_TYPE, content_type)], bytes).into_response()
+        }
+        Err(f) => {
+            st.metrics
+                .engine_errors
+                .with_label_values(&[&name, f.label()])
+                .inc();
+            error(
+                StatusCode::BAD_GATEWAY,
+                "engine_error",
+                format!("engine {name}: body {}", f.label()),
+            )
+        }
+    }
+}
+
+/// The longest SSE line the observer buffers to find `usage` (longer lines pass unread).
+const MAX_SSE_LINE: usize = 1 << 20;
+
+/// Watches a passed-through event stream for the chunk carrying `usage` (vLLM sends it last
+/// when the request asks `stream_options.include_usage`), and releases the reservation at
+/// the end.
+struct Observer {
+    st: Arc<RouterState>,
+    engine: usize,
+    decision: Decision,
+    line: Vec<u8>,
+    usage: Option<Value>,
+    _reservation: Reservation,
+}
+
+impl Observer {
+    fn line_done(&mut self) {
+        let line = std::mem::take(&mut self.line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        if !data.windows(7).any(|w| w == b"\"usage\"") {
+            return;
+        }
+        if let Ok(mut v) = serde_json::from_slice::<Value>(data.trim_ascii()) {
+            if let Some(u) = v.get_mut("usage").map(Value::take).filter(|u| !u.is_null()) {
+                self.usage = Some(u);
+            }
+        }
+    }
+}
+
+impl StreamObserver for Observer {
+    fn chunk(&mut self, data: &[u8]) {
+        for &b in data {
+            if b == b'\n' {
+                self.line_done();
+            } else if self.line.len() < MAX_SSE_LINE {
+                self.line.push(b);
+            }
+        }
+    }
+
+    fn end(&mut self, result: Result<(), Failure>) {
+        self.line_done();
+        let name = &self.st.engines[self.engine].spec.instance;
+        if let Err(f) = result {
+            self.st
+                .metrics
+                .engine_errors
+                .with_label_values(&[name, f.label()])
+                .inc();
+            return;
+        }
+        match self.usage.take() {
+            Some(u) => self.st.account(self.engine, &self.decision, &u),
+            None => self
+                .st
+                .metrics
+                .usage_missing
+                .with_label_values(&[name])
+                .inc(),
+        }
+    }
+}
+
+/// The first engine up that answers `/v1/models`.
+async fn models(State(st): St) -> Response {
+    for engine in st.engines.iter().filter(|e| e.is_up()) {
+        let Ok(req) =
+            hyper::Request::get(format!("{}/v1/models", engine.spec.url)).body(Body::empty())
+        else {
+            continue;
+        };
+        let Ok(resp) = upstream::send(&st.client, req, st.config.connect_timeout * 2).await else {
+            continue;
+        };
+        let status = resp.status();
+        if let Ok(bytes) = upstream::read_body(
+            resp.into_body(),
+            st.config.max_response_bytes,
+            st.config.connect_timeout * 2,
+        )
+        .await
+        {
+            return (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response();
+        }
+    }
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_engine",
+        "no engine is up",
+    )
+}
+
+fn engines_json(st: &RouterState) -> Vec<Value> {
+    st.engines
+        .iter()
+        .map(|e| {
+            let load = e.load();
+            json!({"instance": e.spec.instance, "url": e.spec.url, "up": e.is_up(),
+                   "in_flight": load.in_flight, "waiting": load.waiting})
+        })
+        .collect()
+}
+
+/// 200 while at least one engine is up, 503 otherwise; the engines either way.
+async fn health(State(st): St) -> Response {
+    let up = st.engines.iter().any(|e| e.is_up());
+    let status = if up {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({"status": if up {"ok"} else {"no engine up"}, "engines": engines_json(&st)})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(st): St) -> Response {
+    let accounting = st.accounting.lock();
+    let text = st.metrics.render(
+        st.engines.iter().map(|e| {
+            let load = e.load();
+            EngineGauges {
+                name: &e.spec.instance,
+                in_flight: load.in_flight,
+                waiting: load.waiting,
+                up: e.is_up(),
+            }
+        }),
+        &accounting,
+    );
+    drop(accounting);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+fn totals_json(t: &super::accounting::Totals) -> Value {
+    json!({"requests": t.requests, "reusable": t.reusable, "predicted": t.predicted,
+           "delivered": t.delivered, "unpredicted": t.unpredicted,
+           "delivered_ratio": t.delivered_ratio(), "hit_ratio": t.hit_ratio(),
+           "missed": {"no_reuse_possible": t.misses.no_reuse_possible,
+                      "routed_for_load": t.misses.routed_for_load,
+                      "index_stale": t.misses.index_stale}})
+}
+
+/// Predicted against delivered cached tokens, per engine and overall, and the engines.
+async fn stats(State(st): St) -> Json<Value> {
+    let a = st.accounting.lock();
+    let per: Map<String, Value> = a
+        .per_engine()
+        .iter()
+        .map(|(k, t)| (k.clone(), totals_json(t)))
+        .collect();
+    Json(
+        json!({"overall": totals_json(&a.overall()), "per_engine": per,
+                "engines": engines_json(&st)}),
+    )
+}

@@ -1,0 +1,388 @@
+//! The router's driver: the engines with the load it tracks, the in-process index, the
+//! tokenizer, and the decision (tokens → index rows → [`super::score`]) with its reservation.
+
+use super::accounting::{Accounting, Outcome};
+use super::metrics::RouterMetrics;
+use super::score::{self, Candidate, Load, Matched};
+use super::tokenize::ModelTokenizer;
+use super::upstream::{self, HttpClient};
+use super::{EngineSpec, RouterConfig};
+use crate::indexer::index::{LoraNs, QueryScope};
+use crate::indexer::service::IndexerState;
+use axum::body::Body;
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// One engine and what the router tracks of it.
+#[derive(Debug)]
+pub struct Engine {
+    /// Its flag.
+    pub spec: EngineSpec,
+    in_flight: AtomicU64,
+    waiting: AtomicU64,
+    up: AtomicBool,
+}
+
+impl Engine {
+    fn new(spec: EngineSpec) -> Self {
+        Self {
+            spec,
+            in_flight: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            up: AtomicBool::new(true),
+        }
+    }
+
+    /// The load the router tracks.
+    pub fn load(&self) -> Load {
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether requests are routed to it.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Marks it up or down (a failed call, a health probe); returns the previous state.
+    pub fn set_up(&self, up: bool) -> bool {
+        self.up.swap(up, Ordering::Relaxed)
+    }
+}
+
+/// A routed request's share of an engine's load, released when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    engine: Arc<Engine>,
+    waiting: bool,
+}
+
+impl Reservation {
+    fn new(engine: Arc<Engine>) -> Self {
+        engine.in_flight.fetch_add(1, Ordering::Relaxed);
+        engine.waiting.fetch_add(1, Ordering::Relaxed);
+        Self {
+            engine,
+            waiting: true,
+        }
+    }
+
+    /// The engine answered: no longer waiting.
+    pub fn answered(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            self.engine.waiting.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.answered();
+        self.engine.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The routing decision for one request.
+#[derive(Debug)]
+pub struct Decision {
+    /// The prompt's tokens when known (`None`: not tokenized; routed on load only).
+    pub tokens: Option<usize>,
+    /// Per engine (same order as the engines): reusable cached tokens by the index.
+    pub predicted: Vec<u64>,
+    /// What the engine can reuse at most.
+    pub reusable: u64,
+}
+
+impl Decision {
+    /// The accounting figures once `engine` reported `delivered`.
+    pub fn outcome(&self, engine: usize, delivered: u64) -> Outcome {
+        Outcome {
+            reusable: self.reusable,
+            best: self.predicted.iter().copied().max().unwrap_or(0),
+            predicted: self.predicted.get(engine).copied().unwrap_or(0),
+            delivered,
+        }
+    }
+}
+
+/// Everything the router's routes and tasks share.
+pub struct RouterState {
+    /// The configuration.
+    pub config: RouterConfig,
+    /// The engines, in flag order.
+    pub engines: Vec<Arc<Engine>>,
+    /// The in-process index.
+    pub indexer: Arc<IndexerState>,
+    /// The model's tokenizer (`None`: every prompt goes to an engine's `/tokenize`).
+    pub tokenizer: Option<ModelTokenizer>,
+    /// The upstream client.
+    pub client: HttpClient,
+    /// Counters.
+    pub metrics: RouterMetrics,
+    /// Predicted against delivered.
+    pub accounting: Mutex<Accounting>,
+    rotate: AtomicUsize,
+}
+
+/// The request kinds the router routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/completions`.
+    Completion,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+impl RouterState {
+    /// The state for `config`, its index and tokenizer.
+    pub fn new(
+        config: RouterConfig,
+        indexer: Arc<IndexerState>,
+        tokenizer: Option<ModelTokenizer>,
+    ) -> Self {
+        let engines = config
+            .engines
+            .iter()
+            .cloned()
+            .map(|s| Arc::new(Engine::new(s)))
+            .collect();
+        let client = upstream::client(config.connect_timeout);
+        Self {
+            config,
+            engines,
+            indexer,
+            tokenizer,
+            client,
+            metrics: RouterMetrics::default(),
+            accounting: Mutex::new(Accounting::default()),
+            rotate: AtomicUsize::new(0),
+        }
+    }
+
+    /// The prompt's token ids: given ids as they are, text through the local tokenizer, else
+    /// through the first engine up that answers `/tokenize`. `None` when none could.
+    pub async fn tokens(&self, kind: Kind, body: &Map<String, Value>) -> Option<Vec<u32>> {
+        let prompt = match kind {
+            Kind::Completion => first_prompt(body.get("prompt")?)?,
+            Kind::Chat => Prompt::Chat,
+        };
+        if let Prompt::Ids(ids) = prompt {
+            self.metrics.tokenized.with_label_values(&["ids"]).inc();
+            return Some(ids);
+        }
+        if let Some(t) = &self.tokenizer {
+            let local = match &prompt {
+                Prompt::Text(text) => {
+                    let special = body
+                        .get("add_special_tokens")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(true);
+                    t.encode(text, special)
+                }
+                _ if t.has_chat_template() => t.encode_chat(body),
+                _ => Err("no chat template".into()),
+            };
+            match local {
+                Ok(ids) => {
+                    self.metrics.tokenized.with_label_values(&["local"]).inc();
+                    return Some(ids);
+                }
+                Err(e) => tracing::debug!("local tokenization failed: {e}"),
+            }
+        }
+        let ids = self.tokenize_remote(&prompt, body).await;
+        let source = if ids.is_some() { "engine" } else { "failed" };
+        self.metrics.tokenized.with_label_values(&[source]).inc();
+        ids
+    }
+
+    async fn tokenize_remote(
+        &self,
+        prompt: &Prompt,
+        body: &Map<String, Value>,
+    ) -> Option<Vec<u32>> {
+        let mut req = Map::new();
+        for key in [
+            "model",
+            "add_special_tokens",
+            "chat_template_kwargs",
+            "tools",
+            "add_generation_prompt",
+        ] {
+            if let Some(v) = body.get(key) {
+                req.insert(key.into(), v.clone());
+            }
+        }
+        match prompt {
+            Prompt::Text(t) => {
+                req.insert("prompt".into(), Value::String(t.clone()));
+            }
+            _ => {
+                req.insert("messages".into(), body.get("messages")?.clone());
+            }
+        }
+        let payload = serde_json::to_vec(&req).ok()?;
+        for engine in self.engines.iter().filter(|e| e.is_up()) {
+            let Ok(call) = hyper::Request::post(format!("{}/tokenize", engine.spec.url))
+                .header("content-type", "application/json")
+                .body(Body::from(payload.clone()))
+            else {
+                continue;
+            };
+            let deadline = self.config.connect_timeout * 2;
+            let Ok(resp) = upstream::send(&self.client, call, deadline).await else {
+                continue;
+            };
+            if !resp.status().is_success() {
+                continue;
+            }
+            let Ok(bytes) = upstream::read_body(resp.into_body(), 16 << 20, deadline).await else {
+                continue;
+            };
+            let v: Value = serde_json::from_slice(&bytes).ok()?;
+            return v
+                .get("tokens")?
+                .as_array()?
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect();
+        }
+        None
+    }
+
+    /// Scores every engine for `tokens` and returns the order to try them in (the chosen
+    /// one first, then the others by score) with the decision's figures.
+    pub fn decide(
+        &self,
+        tokens: Option<&[u32]>,
+        lora: &str,
+        salt: &str,
+        draw: f64,
+    ) -> (Vec<usize>, Decision) {
+        let n = self.engines.len();
+        let prompt_len = tokens.map_or(0, |t| t.len() as u64);
+        let rows = match tokens {
+            Some(t) if !t.is_empty() => self.indexer.query_tokens(
+                &QueryScope {
+                    tenant: &self.config.tenant,
+                    model: &self.config.model,
+                    lora: LoraNs::Name(lora.to_owned()),
+                    block_size: self.config.block_size,
+                    salt,
+                    instance: None,
+                },
+                t,
+            ),
+            _ => Default::default(),
+        };
+        let mut candidates: Vec<Candidate> = self
+            .engines
+            .iter()
+            .map(|e| {
+                let m = rows
+                    .get(&e.spec.instance)
+                    .map_or(Matched::default(), |r| Matched {
+                        gpu: r.gpu,
+                        cpu: r.cpu,
+                        disk: r.disk,
+                        longest: r.longest_matched,
+                    });
+                Candidate {
+                    matched: m,
+                    load: e.load(),
+                    up: e.is_up(),
+                }
+            })
+            .collect();
+        let reusable = score::reusable(prompt_len, prompt_len, self.config.block_size);
+        let predicted = candidates
+            .iter()
+            .map(|c| score::reusable(c.matched.longest, prompt_len, self.config.block_size))
+            .collect();
+        let rotate = self.rotate.fetch_add(1, Ordering::Relaxed) % n.max(1);
+        let mut order = Vec::with_capacity(n);
+        // The first pick, then the rest by picking again without the ones already taken (a
+        // connect failure moves on to the next best).
+        while order.len() < n {
+            let Some(i) =
+                score::choose(&candidates, prompt_len, &self.config.weights, rotate, draw)
+            else {
+                break;
+            };
+            order.push(i);
+            candidates[i].up = false;
+        }
+        (
+            order,
+            Decision {
+                tokens: tokens.map(<[u32]>::len),
+                predicted,
+                reusable,
+            },
+        )
+    }
+
+    /// Takes a share of `engine`'s load for one request.
+    pub fn reserve(&self, engine: usize) -> Reservation {
+        Reservation::new(Arc::clone(&self.engines[engine]))
+    }
+
+    /// Accounts an answer's `usage` against the decision.
+    pub fn account(&self, engine: usize, decision: &Decision, usage: &Value) {
+        let name = &self.engines[engine].spec.instance;
+        if let (Some(mine), Some(theirs)) = (
+            decision.tokens,
+            usage.get("prompt_tokens").and_then(Value::as_u64),
+        ) {
+            if mine as u64 != theirs {
+                self.metrics
+                    .prompt_mismatch
+                    .with_label_values(&[name])
+                    .inc();
+            }
+        }
+        let delivered = usage
+            .get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens"))
+            .and_then(Value::as_u64);
+        match (delivered, decision.tokens) {
+            (Some(d), Some(_)) => self
+                .accounting
+                .lock()
+                .record(name, &decision.outcome(engine, d)),
+            _ => self.metrics.usage_missing.with_label_values(&[name]).inc(),
+        }
+    }
+}
+
+/// The part of a completion's `prompt` the router routes on.
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Chat,
+}
+
+/// A string, token ids, or the first of a batch of either.
+fn first_prompt(v: &Value) -> Option<Prompt> {
+    match v {
+        Value::String(s) => Some(Prompt::Text(s.clone())),
+        Value::Array(items) => match items.first()? {
+            Value::Number(_) => items
+                .iter()
+                .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .map(Prompt::Ids),
+            first => first_prompt(first),
+        },
+        _ => None,
+    }
+}
