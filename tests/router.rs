@@ -486,6 +486,70 @@ async fn without_a_model_dir_the_engine_tokenizes() {
     r.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_doctor_names_block_size_and_salt_mismatches() {
+    let good = Engine::start("good", &model_dir(), BS).await;
+    // Blocks of 8 tokens where the router expects 4.
+    let wide = Engine::start("wide", &model_dir(), 2 * BS).await;
+    // A salt the router is not told about.
+    let salted = Engine::start("salted", &model_dir(), BS).await;
+    *salted.knobs.salt.lock().unwrap() = Some("w8a8".into());
+    // No events endpoint at all.
+    let silent = Engine::start("silent", &model_dir(), BS).await;
+    let silent_spec: EngineSpec = format!("http://{},instance=silent", silent.addr)
+        .parse()
+        .unwrap();
+    let specs = vec![
+        good.spec("good"),
+        wide.spec("wide"),
+        salted.spec("salted"),
+        silent_spec,
+        dead_url().parse().unwrap(),
+    ];
+    let mut config = RouterConfig::new("m", specs.clone());
+    config.model_dir = Some(model_dir());
+    config.block_size = BS as u32;
+    let verdicts = within(
+        "the doctor",
+        kvplane::router::doctor(config, Duration::from_secs(2)),
+    )
+    .await
+    .expect("doctor runs");
+    let status: Vec<(&str, &str)> = verdicts
+        .iter()
+        .map(|v| (v.instance.as_str(), v.status))
+        .collect();
+    assert_eq!(
+        status,
+        vec![
+            ("good", "ok"),
+            ("wide", "block_size"),
+            ("salted", "namespace"),
+            ("silent", "no_events"),
+            ("dead", "unreachable"),
+        ],
+        "{verdicts:#?}"
+    );
+    assert!(
+        verdicts[1].detail.contains("--block-size 4"),
+        "{}",
+        verdicts[1].detail
+    );
+    assert!(
+        verdicts[2].detail.contains("salt"),
+        "{}",
+        verdicts[2].detail
+    );
+    // The same check as a route of a running router: 409 naming the mismatches.
+    let r = router(specs, |c| c.connect_timeout = Duration::from_millis(500)).await;
+    let (status, body) = post(r.addr, "/router/doctor", json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["ok"], false);
+    assert_eq!(body["engines"][0]["status"], "ok", "{body}");
+    assert_eq!(body["engines"][1]["status"], "block_size", "{body}");
+    r.stop().await;
+}
+
 #[test]
 fn tokenizer_matches_python_tokenizers_and_transformers() {
     let Ok(python) = std::env::var("KVPLANE_TOKENIZERS_PYTHON") else {

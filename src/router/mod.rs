@@ -9,6 +9,7 @@
 //! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
 
 pub mod accounting;
+pub mod doctor;
 mod metrics;
 pub mod routes;
 pub mod score;
@@ -164,6 +165,13 @@ pub struct RouterArgs {
     /// 127.0.0.1; 0 picks a free one (logged).
     #[arg(long, env = "KVPLANE_ROUTER_INDEXER_PORT", default_value_t = 0)]
     pub indexer_port: u16,
+    /// Check hash parity with every engine and exit (0: all agree; 1: a mismatch, named):
+    /// a probe prompt per engine, its published blocks against the index's key, its reuse.
+    #[arg(long)]
+    pub doctor: bool,
+    /// Seconds the doctor waits for an engine's probe blocks to reach the index.
+    #[arg(long, env = "KVPLANE_ROUTER_DOCTOR_WAIT", default_value_t = 10.0)]
+    pub doctor_wait: f64,
 }
 
 fn secs(v: f64, default: f64) -> Duration {
@@ -481,6 +489,35 @@ async fn health_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
         });
         futures_util::future::join_all(probes).await;
     }
+}
+
+/// `--doctor`: starts the router's parts (bound as configured), waits for the engines'
+/// publishers to connect (at most `wait`), probes every engine, stops.
+///
+/// # Errors
+/// [`RouterStartError`] as [`start`].
+pub async fn doctor(
+    config: RouterConfig,
+    wait: Duration,
+) -> Result<Vec<doctor::Verdict>, RouterStartError> {
+    let server = start(config).await?;
+    let st = Arc::clone(&server.state);
+    let begin = tokio::time::Instant::now();
+    let connected = |st: &RouterState| {
+        st.engines.iter().all(|e| {
+            e.spec
+                .events
+                .as_deref()
+                .is_none_or(|ep| st.indexer.publisher_connected(ep) == Some(true))
+        })
+    };
+    while !connected(&st) && begin.elapsed() < wait {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let verdicts = doctor::run(&st, wait).await;
+    drop(st);
+    server.stop().await;
+    Ok(verdicts)
 }
 
 /// Serves until `shutdown` fires, then drains.

@@ -24,6 +24,7 @@ pub fn router(state: Arc<RouterState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/router/stats", get(stats))
+        .route("/router/doctor", post(doctor))
         .with_state(state)
 }
 
@@ -374,6 +375,19 @@ fn totals_json(t: &super::accounting::Totals) -> Value {
            "missed": {"no_reuse_possible": t.misses.no_reuse_possible,
                       "routed_for_load": t.misses.routed_for_load,
                       "index_stale": t.misses.index_stale}})
+}
+
+/// Runs the hash-parity doctor now (docs/ROUTER.md): 200 when every engine agrees, 409
+/// with the verdicts otherwise. Sends each engine two small probe completions.
+async fn doctor(State(st): St) -> Response {
+    let verdicts = super::doctor::run(&st, st.config.connect_timeout * 5).await;
+    let ok = verdicts.iter().all(super::doctor::Verdict::ok);
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::CONFLICT
+    };
+    (status, Json(json!({"ok": ok, "engines": verdicts}))).into_response()
 }
 
 /// Predicted against delivered cached tokens, per engine and overall, and the engines.

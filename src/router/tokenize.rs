@@ -137,6 +137,11 @@ impl ModelTokenizer {
         })
     }
 
+    /// Tokens in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> u32 {
+        u32::try_from(self.tokenizer.get_vocab_size(true)).unwrap_or(u32::MAX)
+    }
+
     /// Whether a chat template was found.
     pub fn has_chat_template(&self) -> bool {
         self.chat.is_some()

@@ -36,6 +36,9 @@ pub struct Knobs {
     pub stall: AtomicBool,
     /// Requests answered.
     pub served: AtomicU64,
+    /// A salt the engine adds to every request without `cache_salt` (a deployment salt the
+    /// router is not told about).
+    pub salt: std::sync::Mutex<Option<String>>,
 }
 
 struct Inner {
@@ -170,7 +173,11 @@ async fn answer(inner: Arc<Inner>, body: Map<String, Value>, chat: bool) -> Resp
     let tokens = prompt_tokens(&inner, &body, chat);
     let model = body["model"].as_str().unwrap_or("m").to_owned();
     let lora = (model != "m").then_some(model.as_str());
-    let salt = body.get("cache_salt").and_then(Value::as_str);
+    let default_salt = inner.knobs.salt.lock().unwrap().clone();
+    let salt = body
+        .get("cache_salt")
+        .and_then(Value::as_str)
+        .or(default_salt.as_deref());
     let cached = prefill(&inner, &tokens, lora, salt).await;
     let delay = inner.knobs.delay_ms.load(Ordering::Relaxed);
     if delay > 0 {

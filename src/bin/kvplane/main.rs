@@ -114,6 +114,25 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Router(args) => {
             let config = args.config().map_err(anyhow::Error::msg)?;
+            if args.doctor {
+                let wait = std::time::Duration::try_from_secs_f64(args.doctor_wait)
+                    .unwrap_or(std::time::Duration::from_secs(10));
+                let verdicts = runtime.block_on(kvplane::router::doctor(config, wait))?;
+                let ok = verdicts.iter().all(kvplane::router::doctor::Verdict::ok);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &serde_json::json!({"ok": ok, "engines": verdicts})
+                    )?
+                );
+                if !ok {
+                    for v in verdicts.iter().filter(|v| !v.ok()) {
+                        eprintln!("MISMATCH {}: {} — {}", v.instance, v.status, v.detail);
+                    }
+                    std::process::exit(1);
+                }
+                return Ok(());
+            }
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));

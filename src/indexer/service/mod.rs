@@ -391,6 +391,11 @@ impl IndexerState {
         self.core.read().index.query_tokens(scope, tokens)
     }
 
+    /// The index's counters (stored, shape mismatches, orphans, …) now.
+    pub fn index_counters(&self) -> crate::indexer::index::Counters {
+        self.core.read().index.counters()
+    }
+
     /// The XXH3 seed of the index's standard hashes.
     pub fn hash_seed(&self) -> u64 {
         self.config.index.seed
