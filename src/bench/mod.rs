@@ -18,6 +18,7 @@ mod http;
 pub mod indexer;
 mod indexer_stream;
 pub mod node;
+pub mod route_trace;
 mod scenarios;
 mod stats;
 
