@@ -108,6 +108,9 @@ pub mod defaults {
         /// Most keys pinned against eviction (`POST /cache/pins`); an eviction cycle looks
         /// past at most this many pinned candidates per salt.
         pub const MAX_PINNED_KEYS: usize = 100_000;
+        /// Seconds a server that left (deregistered or timed out) keeps its private L2 copies
+        /// tracked (not counted) for its return with the same id; then they are dropped.
+        pub const DEPARTED_L2_TTL_S: f64 = 3_600.0;
         /// Seconds between registration checks of the startup resync.
         pub const RESYNC_POLL_INTERVAL_S: f64 = 1.0;
         /// Seconds the startup resync waits for a first server.

@@ -209,7 +209,8 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     ok(port, "PUT", "/quota/kept", json!({"limit_gb": 10})).await;
     ok(port, "PUT", "/quota/hot", json!({"limit_gb": 0})).await;
     // Usage events of both bodies: a capacity declaration, L2 and L1 stores, then a legacy
-    // store, lookup and delete.
+    // store, lookup and delete (the documented form's shared L2: its delete of "a3" leaves
+    // mp-1's private copy in "fs", as copies are per holder).
     let mut declare = wire_batch(1, "config", "l2", "fs", Vec::new());
     declare["capacity_bytes"] = json!(1u64 << 30);
     declare["capacity_revision"] = json!(1);
@@ -245,7 +246,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
         before["/quota/kept"]["usage_gb"]
             .as_f64()
             .map(|g| (g * 1073741824.0).round()),
-        Some(2500.0),
+        Some(3500.0),
         "{before}"
     );
     assert_eq!(before["/cache/pins"]["total"], 2, "{before}");
@@ -290,7 +291,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
         kept["usage_gb"]
             .as_f64()
             .map(|g| (g * 1073741824.0).round()),
-        Some(3500.0),
+        Some(4500.0),
         "{kept}"
     );
     ok(port, "PUT", "/instances/mp-1/heartbeat", json!({})).await;

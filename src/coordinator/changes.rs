@@ -156,8 +156,20 @@ pub enum Change {
     },
     /// One page of the startup resync was seeded.
     Seed {
+        /// The server listed.
+        instance_id: String,
+        /// Its adapter (`backend`).
+        backend: String,
+        /// A fleet-shared adapter.
+        shared: bool,
         /// Keys and sizes.
         entries: Vec<(EncodedKey, u64)>,
+    },
+    /// The eviction cycle dropped the L2 copies of the servers that left at or before
+    /// `cutoff` (the leader's wall clock, Unix seconds).
+    Expire {
+        /// The cutoff.
+        cutoff: f64,
     },
     /// The operator state (quotas, default quota, pins) as a whole, or a further part of it.
     Metadata {
@@ -233,9 +245,20 @@ impl Change {
                 let (a, b) = halves(keys)?;
                 (Change::DropPins { keys: a }, Change::DropPins { keys: b })
             }
-            Change::Seed { entries } => {
+            Change::Seed {
+                instance_id,
+                backend,
+                shared,
+                entries,
+            } => {
                 let (a, b) = halves(entries)?;
-                (Change::Seed { entries: a }, Change::Seed { entries: b })
+                let part = |entries| Change::Seed {
+                    instance_id: instance_id.clone(),
+                    backend: backend.clone(),
+                    shared: *shared,
+                    entries,
+                };
+                (part(a), part(b))
             }
             Change::Metadata { replace, doc } => {
                 // The first part keeps `replace` and the quotas; both set the default quota.
@@ -268,7 +291,8 @@ impl Change {
             | Change::Deregister { .. }
             | Change::DefaultQuota { .. }
             | Change::SetQuota { .. }
-            | Change::RemoveQuota { .. } => return None,
+            | Change::RemoveQuota { .. }
+            | Change::Expire { .. } => return None,
         };
         Some(pair)
     }
@@ -412,7 +436,7 @@ fn apply_change(state: &mut Replica, change: Change, now: f64, at: Instant) {
         Change::TimedOut { instance_ids } => fleet.time_out(&instance_ids),
         Change::Forget { instance_ids } => {
             for id in &instance_ids {
-                model.forget_instance(id);
+                model.forget_instance(id, now);
             }
         }
         Change::Admit { batches } => {
@@ -436,8 +460,16 @@ fn apply_change(state: &mut Replica, change: Change, now: f64, at: Instant) {
         }
         Change::Unpin { keys } => model.pins.unpin(&keys),
         Change::DropPins { keys } => model.pins.drop_pins(&keys),
-        Change::Seed { entries } => {
-            model.seed(entries);
+        Change::Seed {
+            instance_id,
+            backend,
+            shared,
+            entries,
+        } => {
+            model.seed(&instance_id, &backend, shared, entries);
+        }
+        Change::Expire { cutoff } => {
+            model.expire_departed(cutoff);
         }
         Change::Metadata { replace, doc } => {
             if replace {

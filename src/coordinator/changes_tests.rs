@@ -230,6 +230,9 @@ fn busy_leader() -> Leader {
             keys: vec![key(9, "t")],
         },
         Change::Seed {
+            instance_id: "a".into(),
+            backend: "fs".into(),
+            shared: false,
             entries: vec![(key(100, "s"), 7), (key(3, "t"), 999)],
         },
         Change::Deregister {
@@ -459,6 +462,9 @@ fn a_cut_change_applies_as_the_whole() {
         },
         Change::Apply { batch: applied_l1 },
         Change::Seed {
+            instance_id: "a".into(),
+            backend: "s3".into(),
+            shared: true,
             entries: (0..7).map(|n| (key(n, "s"), n + 1)).collect(),
         },
         Change::Pin {

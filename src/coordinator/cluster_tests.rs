@@ -114,9 +114,14 @@ async fn a_standby_fed_the_leaders_log_holds_the_same_state() {
     h.unpin(vec![key(3, "t")]).await.unwrap();
     h.drop_pins(vec![key(1, "u")]).await.unwrap();
     assert_eq!(
-        h.seed(vec![(key(40, "s"), 5), (key(2, "t"), 1)])
-            .await
-            .unwrap(),
+        h.seed(
+            "a".into(),
+            "fs".into(),
+            false,
+            vec![(key(40, "s"), 5), (key(2, "t"), 1)]
+        )
+        .await
+        .unwrap(),
         1
     );
     h.deregister("b".into()).await.unwrap();
@@ -245,6 +250,7 @@ async fn a_lapsed_lease_refuses_dispatches() {
         instance_id: "a".into(),
         ip: "127.0.0.1".into(),
         http_port: 1,
+        adapter: Some("fs".into()),
         keys: vec![key(1, "t")],
     };
     assert!(guard.held());

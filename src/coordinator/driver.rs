@@ -11,7 +11,7 @@
 //!
 //! The owners talk through jobs too: the sweep's departed instances are sent to the key
 //! owner to forget their event cursors, and an eviction cycle's victims are sent to the
-//! instance the fleet owner picks. Effects leave the owners: eviction dispatches are spawned
+//! servers holding them, at the addresses the fleet owner has. Effects leave the owners: eviction dispatches are spawned
 //! through a [`Dispatcher`] (the outbound HTTP call in production, a recorder in tests), each
 //! with its own timeout, so a slow MP server never blocks the API. While a cycle's
 //! dispatches are in flight the next cycle is skipped (counted), which bounds outbound work
@@ -25,7 +25,7 @@
 use super::changes::{Change, Replica};
 use super::cluster::ChangeLog;
 use super::fleet::Fleet;
-use super::model::{dispatches, Dispatch, Model};
+use super::model::{dispatches, Dispatch, Model, Victims};
 use super::outbound;
 use std::future::Future;
 use std::pin::Pin;
@@ -63,7 +63,7 @@ pub struct LoopStats {
     pub dispatches_ok: AtomicU64,
     /// Dispatches that failed (transport, timeout or non-2xx).
     pub dispatches_failed: AtomicU64,
-    /// Dispatches in flight now (a cycle's instance pick counts as one).
+    /// Dispatches in flight now (a cycle's address lookup counts as one).
     pub dispatches_in_flight: AtomicUsize,
     /// Health sweeps run.
     pub sweeps: AtomicU64,
@@ -268,6 +268,15 @@ async fn key_owner(
                 }
                 stats.eviction_cycles.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
+                // Servers gone longer than the grace: their private L2 copies are dropped.
+                let cutoff = wall_now() - crate::config::defaults::coordinator::DEPARTED_L2_TTL_S;
+                if model.has_departed_before(cutoff) {
+                    if let Some(log) = &handle.log {
+                        log.record(wall_now(), &Change::Expire { cutoff });
+                    }
+                    let gone = model.expire_departed(cutoff);
+                    tracing::info!(instances = ?gone, "dropped the L2 copies of servers gone for good");
+                }
                 let victims = model.plan_evictions();
                 record_longest(&stats.key_owner_longest_job_us, started);
                 if victims.is_empty() {
@@ -280,38 +289,51 @@ async fn key_owner(
     }
 }
 
-/// Sends a cycle's victims to the instance the fleet owner picks, one spawned dispatch per
-/// chunk; holds one in-flight count until the dispatches are spawned.
+/// Sends a cycle's victims to the servers holding them (addresses from the fleet owner), one
+/// spawned dispatch per call; a failed one's keys may be planned again at once. Holds one
+/// in-flight count until the dispatches are spawned.
 async fn send_victims(
-    victims: Vec<super::keys::EncodedKey>,
+    victims: Vec<Victims>,
     handle: Handle,
     dispatcher: Dispatcher,
     tasks: TaskTracker,
 ) {
     let stats = Arc::clone(&handle.stats);
-    let pick: u64 = rand::random();
-    match handle.fleet(move |f, _, _| f.pick(pick).cloned()).await {
-        Ok(Some(target)) => {
-            for d in dispatches(&victims, &target) {
-                stats.dispatches_in_flight.fetch_add(1, Ordering::AcqRel);
-                let (stats, dispatcher) = (Arc::clone(&stats), Arc::clone(&dispatcher));
-                tasks.spawn(async move {
-                    let (target, n) = (d.instance_id.clone(), d.keys.len());
-                    match dispatcher(d).await {
-                        Ok(()) => stats.dispatches_ok.fetch_add(1, Ordering::Relaxed),
-                        Err(e) => {
-                            tracing::warn!(instance_id = %target, keys = n, "eviction dispatch failed: {e}");
-                            stats.dispatches_failed.fetch_add(1, Ordering::Relaxed)
-                        }
-                    };
-                    stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
-                });
-            }
-        }
-        Ok(None) => {
+    let ids: Vec<String> = victims.iter().map(|v| v.instance_id.clone()).collect();
+    let found = handle
+        .fleet(move |f, _, _| {
+            ids.iter()
+                .filter_map(|id| f.get(id).cloned())
+                .map(|i| (i.instance_id.clone(), i))
+                .collect::<std::collections::HashMap<_, _>>()
+        })
+        .await;
+    if let Ok(found) = found {
+        let (calls, unknown) = dispatches(victims, |id| found.get(id).cloned());
+        if !unknown.is_empty() {
+            // Held by servers not registered now: planned again after the in-flight cycles.
             stats.eviction_no_instance.fetch_add(1, Ordering::Relaxed);
         }
-        Err(Stopped) => {}
+        for d in calls {
+            stats.dispatches_in_flight.fetch_add(1, Ordering::AcqRel);
+            let (stats, dispatcher, h) =
+                (Arc::clone(&stats), Arc::clone(&dispatcher), handle.clone());
+            tasks.spawn(async move {
+                let (target, n) = (d.instance_id.clone(), d.keys.len());
+                let keys = d.keys.clone();
+                match dispatcher(d).await {
+                    Ok(()) => {
+                        stats.dispatches_ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(instance_id = %target, keys = n, "eviction dispatch failed: {e}");
+                        stats.dispatches_failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = h.release(keys).await;
+                    }
+                }
+                stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
     }
     stats.dispatches_in_flight.fetch_sub(1, Ordering::AcqRel);
 }
@@ -356,13 +378,17 @@ async fn fleet_owner(
     }
 }
 
-/// The production dispatcher: `DELETE http://ip:port/cache/objects {"keys": [...]}` with
-/// `timeout`; any 2xx is success.
+/// The production dispatcher: `DELETE http://ip:port/cache/objects {"keys": [...], "tier":
+/// "l2", "adapter": ...}` with `timeout` (no `adapter` for the primary one); a 2xx is
+/// success unless its body says `"ok": false` (an adapter error on a 0.5.6 server).
 pub fn http_dispatcher(timeout: Duration) -> Dispatcher {
     Arc::new(move |d: Dispatch| {
         Box::pin(async move {
-            let body = serde_json::to_vec(&serde_json::json!({ "keys": d.keys }))
-                .map_err(|e| e.to_string())?;
+            let mut body = serde_json::json!({ "keys": d.keys, "tier": "l2" });
+            if let Some(adapter) = &d.adapter {
+                body["adapter"] = serde_json::json!(adapter);
+            }
+            let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
             let reply = outbound::call(
                 &d.ip,
                 d.http_port,
@@ -374,6 +400,11 @@ pub fn http_dispatcher(timeout: Duration) -> Dispatcher {
             .await
             .map_err(|e| e.to_string())?;
             if (200..300).contains(&reply.status) {
+                let said: serde_json::Value =
+                    serde_json::from_slice(&reply.body).unwrap_or_default();
+                if said["ok"] == serde_json::json!(false) {
+                    return Err(format!("not deleted: {}", said["error"]));
+                }
                 Ok(())
             } else {
                 Err(format!("status {}", reply.status))
@@ -472,7 +503,8 @@ mod tests {
         let tasks = TaskTracker::new();
         let (dispatcher, mut seen) = recorder();
         let h = spawn(model(), evicting(), dispatcher, shutdown.clone(), &tasks);
-        h.fleet(|f, now, wall| f.register(reg("s1"), String::new, now, wall))
+        // "a" holds the copies (its events stored them): the victims go to it.
+        h.fleet(|f, now, wall| f.register(reg("a"), String::new, now, wall))
             .await
             .unwrap()
             .unwrap();
@@ -485,22 +517,34 @@ mod tests {
             .unwrap()
             .unwrap();
         // No quota for "t" and the allowlist on: every key goes.
-        assert_eq!((d.instance_id.as_str(), d.keys.len()), ("s1", 4));
+        assert_eq!((d.instance_id.as_str(), d.keys.len()), ("a", 4));
+        assert_eq!(d.adapter.as_deref(), Some("fs"));
         // Two more periods (at 10 s and 15 s) with the dispatch unreleased: both skipped.
         tokio::time::sleep(Duration::from_secs(12)).await;
         assert!(seen.try_recv().is_err());
         assert_eq!(h.stats.eviction_cycles_skipped.load(Ordering::Relaxed), 2);
         done.send(()).unwrap();
-        // Usage never came back down (no delete events): the next cycle re-plans (at least once).
-        let (again, done2) = tokio::time::timeout(Duration::from_secs(6), seen.recv())
+        // Usage never came back down (no delete events): once the keys' in-flight cycles
+        // (planned at the cycle of 5 s; 20 s and 25 s pass them over) are over, the cycle of
+        // 30 s plans them again (at least once).
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert!(seen.try_recv().is_err());
+        let (again, done2) = tokio::time::timeout(Duration::from_secs(2), seen.recv())
             .await
             .unwrap()
             .unwrap();
         assert_eq!(again.keys.len(), 4);
+        // A failed dispatch releases its keys: the very next cycle (35 s) plans them again.
         drop(done2);
+        let (third, done3) = tokio::time::timeout(Duration::from_secs(6), seen.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(third.keys.len(), 4);
+        drop(done3);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(h.stats.dispatches_ok.load(Ordering::Relaxed), 1);
-        assert_eq!(h.stats.dispatches_failed.load(Ordering::Relaxed), 1);
+        assert_eq!(h.stats.dispatches_failed.load(Ordering::Relaxed), 2);
         shutdown.cancel();
         tasks.close();
         tokio::time::timeout(Duration::from_secs(5), tasks.wait())

@@ -201,7 +201,9 @@ impl From<LegacyEvents> for Batch {
             seq: b.seq,
             tier: b.tier,
             backend: "default".into(),
-            shared: false,
+            // The documented (≤ 0.5.2) fleet shares one L2: its usage is per key, whoever
+            // reports it, and a victim goes to one server.
+            shared: true,
             capacity: None,
             ops,
         }

@@ -1,27 +1,36 @@
-//! Tracked L2 keys: per-salt usage and an LRU per salt, at ≤ 64 bytes per key.
+//! Tracked L2 keys and their placements: per-salt usage and an LRU list per salt.
 //!
-//! Owns the compact key representation ([`CompactKey`]), the slot arena and the per-salt hash
-//! tables and LRU lists. It knows nothing about HTTP, instances, quotas or time: the quota
-//! module asks it for the oldest keys of a salt, the event module feeds it stores, accesses
-//! and deletes.
+//! Owns the compact key representation ([`CompactKey`]), the slot arena, the per-salt hash
+//! tables and LRU lists, and where each key is held (`Placement`: a holder — an MP server's
+//! private L2, or the fleet for a shared backend — a backend and a size; see [`super::holders`]).
+//! It knows nothing about HTTP, quotas or time: the model asks it for a salt's oldest keys and
+//! feeds it stores, accesses and deletes.
 //!
-//! Layout: every tracked key is one 48-byte `Slot` in a segmented arena (segments of
+//! Layout: every tracked key is one 56-byte `Slot` in a segmented arena (segments of
 //! [`SEGMENT`] slots, so growth never copies and never doubles), holding the chunk hash
-//! inline (≤ 32 bytes), the size, the packed `kv_rank`, an interned model name, the object
-//! group and its last-use tick. Recency is a per-store monotonic `u32` tick (renumbered
-//! densely before it would wrap), so the LRU needs no links: the eviction cycle selects the
-//! `n` smallest ticks of a salt (`select_nth_unstable`, O(keys of the salt) every few
-//! seconds). Each salt has `hashbrown::HashTable<u32>`s of slot indices (5 bytes per bucket,
-//! load ≥ 7/16 after a resize), so a key costs 48 + at most ~11.5 + ~1 (segment slack) bytes.
+//! inline (≤ 32 bytes), the packed `kv_rank`, an interned model name, the object group, its
+//! two LRU links and its first placement (8 bytes). A key held in more places keeps the others
+//! in a side table (`more`: slot → placements, 8 bytes each), bounded by
+//! `max_extra_placements`. Recency is an intrusive doubly linked list per salt over the slots
+//! (oldest at the head), so a touch is O(1) and picking the `n` oldest walks `n` slots (plus
+//! the pinned and departed ones it passes), never the whole salt. Each salt has
+//! `hashbrown::HashTable<u32>`s of slot indices (5 bytes per bucket, load ≥ 7/16 after a
+//! resize), so a key with one placement costs 56 + at most ~11.5 + ~1 (segment slack) bytes.
+//!
+//! Usage: a placement counts its size in its salt's total while its holder is live, once per
+//! holder (a private copy per server, a shared backend once for the fleet); a delete removes
+//! one placement, never another holder's, and the key goes with its last placement.
 //!
 //! No big resize: a salt starts with one table and, when it reaches [`SPLIT_AT`] keys, is
 //! split once into [`SHARDS`] tables by bits of the key's hash. A table doubles on its own, so
 //! the longest single resize moves `max(SPLIT_AT, keys of the salt / SHARDS)` entries (~65k
-//! at the 16 Mi key limit: milliseconds) instead of every key of the salt (hundreds of
-//! milliseconds at millions of keys, on the owner task).
+//! at the 16 Mi key limit: milliseconds) instead of every key of the salt.
 //! [`KeyStore::memory_bytes`] counts the real allocations; the `memory_per_key` test asserts
 //! the bound.
 
+use super::holders::{HolderDump, Holders, FLEET};
+pub(crate) use super::objkey::{lookup_compact, CompactKey, HEX};
+pub use super::objkey::{EncodedKey, KeyError};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use indexmap::IndexSet;
 use std::hash::BuildHasher;
@@ -32,71 +41,47 @@ pub(crate) const SEGMENT: usize = 4 * 1024;
 pub(crate) const SPLIT_AT: usize = 64 * 1024;
 /// Tables of a split salt (a power of two).
 pub(crate) const SHARDS: usize = 256;
-/// Longest chunk hash kept inline (blake3 and sha256 are 32 bytes).
-pub(crate) const MAX_HASH_BYTES: usize = 32;
+pub(crate) use super::objkey::MAX_HASH_BYTES;
 
-/// Why an event key cannot be tracked.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum KeyError {
-    /// `chunk_hash_hex` is not an even-length hex string.
-    #[error("chunk_hash_hex is not hex")]
-    BadHex,
-    /// The chunk hash is longer than 32 bytes.
-    #[error("chunk_hash_hex is longer than {MAX_HASH_BYTES} bytes")]
-    HashTooLong,
-    /// `kv_rank`, `object_group_id` or the size does not fit the compact form.
-    #[error("{0} out of range")]
-    OutOfRange(&'static str),
-    /// Too many distinct model names.
-    #[error("too many distinct model names")]
-    TooManyModels,
-    /// `model_name` contains `@` or `cache_salt` contains `@ / \ NUL` or is too long.
-    #[error("invalid {0}")]
-    Invalid(&'static str),
-}
+/// No slot (the end of an LRU list).
+const NIL: u32 = u32::MAX;
 
-/// An object key in LMCache's JSON form (`EncodedObjectKey`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
-pub struct EncodedKey {
-    /// Hex of the chunk hash (any case on input; lowercase on output).
-    pub chunk_hash_hex: String,
-    /// Model name (no `@`).
-    pub model_name: String,
-    /// Bit-packed `world_size<<24 | global_rank<<16 | local_world_size<<8 | local_rank`.
-    pub kv_rank: i64,
-    /// Object group (default 0).
-    #[serde(default)]
-    pub object_group_id: i64,
-    /// Tenant salt (default "").
-    #[serde(default)]
-    pub cache_salt: String,
-}
-
-/// A key without its salt, in fixed size: what a slot stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct CompactKey {
-    hash: [u8; MAX_HASH_BYTES],
-    hash_len: u8,
-    group: u8,
-    model: u16,
-    kv_rank: u32,
+/// One copy of a key: its holder, backend and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// Holder index ([`super::holders`]; [`FLEET`] for a shared backend).
+    pub(crate) holder: u16,
+    /// Backend index.
+    pub(crate) backend: u8,
+    /// In a slot's first placement: 1 when more placements are in the side table.
+    more: u8,
+    /// Bytes.
+    pub(crate) size: u32,
 }
 
 #[derive(Clone, Copy)]
 struct Slot {
     key: CompactKey,
-    size: u32,
-    tick: u32,
+    /// Older neighbour in the salt's LRU list.
+    prev: u32,
+    /// Newer neighbour.
+    next: u32,
+    first: Placement,
 }
 
-/// One salt's keys: its hash tables (one, or [`SHARDS`] once split) and byte total.
+/// One salt's keys: its hash tables (one, or [`SHARDS`] once split), LRU list and byte total.
 struct SaltKeys {
     tables: Vec<HashTable<u32>>,
     len: usize,
+    /// Bytes of its placements with a live holder.
     bytes: u64,
     /// Object groups a key of this salt was ever stored in (bit per group; never cleared,
     /// so it may list a group with no key left: lookups then find nothing).
     groups: [u64; 4],
+    /// Least recently used slot.
+    head: u32,
+    /// Most recently used slot.
+    tail: u32,
 }
 
 impl Default for SaltKeys {
@@ -106,6 +91,8 @@ impl Default for SaltKeys {
             len: 0,
             bytes: 0,
             groups: [0; 4],
+            head: NIL,
+            tail: NIL,
         }
     }
 }
@@ -131,6 +118,65 @@ impl SaltKeys {
     }
 }
 
+fn at(segments: &[Vec<Slot>], i: u32) -> &Slot {
+    let i = i as usize;
+    &segments[i / SEGMENT][i % SEGMENT]
+}
+
+fn at_mut(segments: &mut [Vec<Slot>], i: u32) -> &mut Slot {
+    let i = i as usize;
+    &mut segments[i / SEGMENT][i % SEGMENT]
+}
+
+/// Takes slot `i` out of its salt's LRU list.
+fn unlink(segments: &mut [Vec<Slot>], s: &mut SaltKeys, i: u32) {
+    let Slot { prev, next, .. } = *at(segments, i);
+    if prev == NIL {
+        s.head = next;
+    } else {
+        at_mut(segments, prev).next = next;
+    }
+    if next == NIL {
+        s.tail = prev;
+    } else {
+        at_mut(segments, next).prev = prev;
+    }
+}
+
+/// Puts slot `i` at the most recent end of its salt's LRU list.
+fn push_newest(segments: &mut [Vec<Slot>], s: &mut SaltKeys, i: u32) {
+    let tail = s.tail;
+    {
+        let slot = at_mut(segments, i);
+        slot.prev = tail;
+        slot.next = NIL;
+    }
+    if tail == NIL {
+        s.head = i;
+    } else {
+        at_mut(segments, tail).next = i;
+    }
+    s.tail = i;
+}
+
+/// Why a store was not tracked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A new key at the tracked-key limit.
+    Keys,
+    /// Another placement at the placement limit, or the holder or backend table is full.
+    Placements,
+}
+
+/// The key store's limits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// Most keys.
+    pub(crate) keys: usize,
+    /// Most placements beyond each key's first.
+    pub(crate) extra_placements: usize,
+}
+
 /// Every tracked key of every salt.
 pub(crate) struct KeyStore {
     segments: Vec<Vec<Slot>>,
@@ -139,40 +185,40 @@ pub(crate) struct KeyStore {
     salts: indexmap::IndexMap<String, SaltKeys>,
     models: IndexSet<String>,
     hasher: DefaultHashBuilder,
-    /// The next last-use tick.
-    clock: u32,
-    /// Where the clock is renumbered (a field so tests can lower it).
-    clock_limit: u32,
+    /// Placements after a key's first, as `(slot, placement)` entries hashed by slot, in
+    /// [`SHARDS`] tables (so no resize moves more than 1/[`SHARDS`] of them).
+    more: Vec<HashTable<(u32, Placement)>>,
+    /// Placements in `more`.
+    extra: usize,
+    /// Holders and backends.
+    pub(crate) holders: Holders,
 }
 
 /// The key store's content in a snapshot: model names in interning order (keys refer to them
-/// by index), and each salt in order with its object-group bits and its keys, least recently
-/// used first (the ticks themselves are not kept: a restore numbers them anew in that order).
+/// by index), the holder and backend tables, and each salt in order with its object-group
+/// bits and its keys, least recently used first, each with its placements.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct KeysDump {
     models: Vec<String>,
+    holders: Vec<HolderDump>,
+    backends: Vec<String>,
     salts: Vec<SaltDump>,
 }
+
+/// `(hash, group, model index, kv_rank, [(holder, backend, size)])`.
+type KeyDump = (serde_bytes::ByteBuf, u8, u16, u32, Vec<(u16, u8, u32)>);
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct SaltDump {
     salt: String,
     groups: [u64; 4],
-    /// `(hash, group, model index, kv_rank, size)`, least recently used first.
-    keys: Vec<(serde_bytes::ByteBuf, u8, u16, u32, u32)>,
-}
-
-/// What a store did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stored {
-    /// A new key.
-    New,
-    /// A known key, size updated (from the size given) and moved to most recently used.
-    Updated(u32),
+    /// Least recently used first.
+    keys: Vec<KeyDump>,
 }
 
 impl KeyStore {
-    pub(crate) fn new() -> Self {
+    /// Empty; at most `max_holders` holders (the fleet included).
+    pub(crate) fn new(max_holders: usize) -> Self {
         KeyStore {
             segments: Vec::new(),
             free: Vec::new(),
@@ -180,8 +226,9 @@ impl KeyStore {
             salts: indexmap::IndexMap::new(),
             models: IndexSet::new(),
             hasher: DefaultHashBuilder::default(),
-            clock: 0,
-            clock_limit: u32::MAX - 1,
+            more: (0..SHARDS).map(|_| HashTable::new()).collect(),
+            extra: 0,
+            holders: Holders::new(max_holders),
         }
     }
 
@@ -191,18 +238,25 @@ impl KeyStore {
             .salts
             .iter()
             .map(|(salt, s)| {
-                let mut order: Vec<(u32, u32)> =
-                    s.indices().map(|i| (self.slot(i).tick, i)).collect();
-                order.sort_unstable();
-                let keys = order
-                    .into_iter()
-                    .map(|(_, i)| {
-                        let Slot { key, size, .. } = *self.slot(i);
-                        let hash = key.hash[..usize::from(key.hash_len)].to_vec();
-                        let hash = serde_bytes::ByteBuf::from(hash);
-                        (hash, key.group, key.model, key.kv_rank, size)
-                    })
-                    .collect();
+                let mut keys = Vec::with_capacity(s.len);
+                let mut i = s.head;
+                while i != NIL {
+                    let slot = self.slot(i);
+                    let key = slot.key;
+                    let hash = key.hash[..usize::from(key.hash_len)].to_vec();
+                    let places = self
+                        .placements(i)
+                        .map(|p| (p.holder, p.backend, p.size))
+                        .collect();
+                    keys.push((
+                        serde_bytes::ByteBuf::from(hash),
+                        key.group,
+                        key.model,
+                        key.kv_rank,
+                        places,
+                    ));
+                    i = slot.next;
+                }
                 SaltDump {
                     salt: salt.clone(),
                     groups: s.groups,
@@ -210,23 +264,31 @@ impl KeyStore {
                 }
             })
             .collect();
+        let (holders, backends) = self.holders.dump();
         KeysDump {
             models: self.models.iter().cloned().collect(),
+            holders,
+            backends,
             salts,
         }
     }
 
-    /// A store holding `dump`'s keys in its LRU order, at most `limit` of them.
+    /// A store holding `dump`'s keys in its LRU order, within `limits`.
     ///
     /// # Errors
-    /// A key that does not fit (a bad hash or model index) or more than `limit` keys.
-    pub(crate) fn restore(dump: KeysDump, limit: usize) -> Result<Self, String> {
-        let mut store = KeyStore::new();
+    /// A key that does not fit (a bad hash, model, holder or backend index) or a limit.
+    pub(crate) fn restore(
+        dump: KeysDump,
+        limits: Limits,
+        max_holders: usize,
+    ) -> Result<Self, String> {
+        let mut store = KeyStore::new(max_holders);
+        store.holders = Holders::restore(max_holders, dump.holders, dump.backends)?;
         for m in dump.models {
             store.models.insert(m);
         }
         for s in dump.salts {
-            for (hash, group, model, kv_rank, size) in s.keys {
+            for (hash, group, model, kv_rank, places) in s.keys {
                 if hash.len() > MAX_HASH_BYTES || usize::from(model) >= store.models.len() {
                     return Err(format!("a key of salt {:?} does not fit", s.salt));
                 }
@@ -238,8 +300,15 @@ impl KeyStore {
                     kv_rank,
                 };
                 key.hash[..hash.len()].copy_from_slice(&hash);
-                if store.store(&s.salt, key, size, limit).is_none() {
-                    return Err(format!("more than {limit} keys"));
+                for (holder, backend, size) in places {
+                    let known = store.holders.get(holder).is_some()
+                        && usize::from(backend) < store.holders.backends.len();
+                    if !known {
+                        return Err(format!("a placement of salt {:?} does not fit", s.salt));
+                    }
+                    store
+                        .store(&s.salt, key, holder, backend, size, limits)
+                        .map_err(|e| format!("{e:?} limit reached"))?;
                 }
             }
             if let Some(salt) = store.salts.get_mut(&s.salt) {
@@ -254,7 +323,12 @@ impl KeyStore {
         self.len
     }
 
-    /// Bytes used by `salt` (sum of the sizes of its tracked keys).
+    /// Placements tracked (every key's first and the others).
+    pub(crate) fn placement_count(&self) -> usize {
+        self.len + self.extra
+    }
+
+    /// Bytes used by `salt`: its placements with a live holder.
     pub(crate) fn salt_bytes(&self, salt: &str) -> u64 {
         self.salts.get(salt).map_or(0, |s| s.bytes)
     }
@@ -321,13 +395,7 @@ impl KeyStore {
     }
 
     fn slot(&self, i: u32) -> &Slot {
-        let i = i as usize;
-        &self.segments[i / SEGMENT][i % SEGMENT]
-    }
-
-    fn slot_mut(&mut self, i: u32) -> &mut Slot {
-        let i = i as usize;
-        &mut self.segments[i / SEGMENT][i % SEGMENT]
+        at(&self.segments, i)
     }
 
     fn hash_of(hasher: &DefaultHashBuilder, key: &CompactKey) -> u64 {
@@ -340,62 +408,84 @@ impl KeyStore {
         s.table(h).find(h, |&i| self.slot(i).key == *key).copied()
     }
 
-    /// The next tick, renumbering every slot's tick densely first if the clock is spent.
-    fn tick(&mut self) -> u32 {
-        if self.clock >= self.clock_limit {
-            self.renumber();
-        }
-        let t = self.clock;
-        self.clock += 1;
-        t
+    /// The hash and shard of slot `i` in the side table.
+    fn more_hash(&self, i: u32) -> (u64, usize) {
+        let h = self.hasher.hash_one(i);
+        (h, (h >> 40) as usize & (SHARDS - 1))
     }
 
-    /// Renumbers the live ticks 0..len in their order (keeps every salt's LRU order).
-    fn renumber(&mut self) {
-        let mut live: Vec<(u32, u32)> = Vec::with_capacity(self.len);
-        for s in self.salts.values() {
-            for i in s.indices() {
-                live.push((self.slot(i).tick, i));
+    /// Slot `i`'s placements, its first one first.
+    fn placements(&self, i: u32) -> impl Iterator<Item = Placement> + '_ {
+        let first = self.slot(i).first;
+        let (h, shard) = self.more_hash(i);
+        let more = (first.more == 1).then(|| {
+            self.more[shard]
+                .iter_hash(h)
+                .filter(move |(j, _)| *j == i)
+                .map(|(_, p)| *p)
+        });
+        std::iter::once(first).chain(more.into_iter().flatten())
+    }
+
+    /// Moves `delta` bytes of `holder` in `salt` (its own total, and the salt's if live).
+    fn account(&mut self, salt: &str, holder: u16, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        let Some(h) = self.holders.get_mut(holder) else {
+            return;
+        };
+        let live = h.live();
+        let b = h.salt_bytes.entry_ref(salt).or_insert(0);
+        *b = b.saturating_add_signed(delta);
+        if *b == 0 {
+            h.salt_bytes.remove(salt);
+        }
+        if live {
+            if let Some(s) = self.salts.get_mut(salt) {
+                s.bytes = s.bytes.saturating_add_signed(delta);
             }
         }
-        live.sort_unstable();
-        for (rank, &(_, i)) in live.iter().enumerate() {
-            self.slot_mut(i).tick = u32::try_from(rank).unwrap_or(u32::MAX);
-        }
-        self.clock = u32::try_from(live.len()).unwrap_or(u32::MAX);
     }
 
-    /// Records a store of `size` bytes; the key becomes the most recently used of its salt.
-    /// Returns `None` when the key is new and `limit` keys are already tracked.
+    /// Records a store of `size` bytes by `holder` into `backend`; the key becomes the most
+    /// recently used of its salt. Returns how much the placement's bytes moved.
     pub(crate) fn store(
         &mut self,
         salt: &str,
         key: CompactKey,
+        holder: u16,
+        backend: u8,
         size: u32,
-        limit: usize,
-    ) -> Option<Stored> {
+        limits: Limits,
+    ) -> Result<i64, Refused> {
+        let placement = Placement {
+            holder,
+            backend,
+            more: 0,
+            size,
+        };
         if let Some(i) = self.find(salt, &key) {
-            let tick = self.tick();
-            let slot = self.slot_mut(i);
-            let old = slot.size;
-            slot.size = size;
-            slot.tick = tick;
+            let delta = self.upsert(i, placement, limits)?;
             if let Some(s) = self.salts.get_mut(salt) {
-                s.bytes = s.bytes - u64::from(old) + u64::from(size);
+                unlink(&mut self.segments, s, i);
+                push_newest(&mut self.segments, s, i);
             }
-            return Some(Stored::Updated(old));
+            self.account(salt, holder, delta);
+            return Ok(delta);
         }
-        if self.len >= limit {
-            return None;
+        if self.len >= limits.keys {
+            return Err(Refused::Keys);
         }
         let slot = Slot {
             key,
-            size,
-            tick: self.tick(),
+            prev: NIL,
+            next: NIL,
+            first: placement,
         };
         let i = match self.free.pop() {
             Some(i) => {
-                *self.slot_mut(i) = slot;
+                *at_mut(&mut self.segments, i) = slot;
                 i
             }
             None => {
@@ -404,7 +494,7 @@ impl KeyStore {
                 }
                 let i =
                     (self.segments.len() - 1) * SEGMENT + self.segments.last().map_or(0, Vec::len);
-                let i = u32::try_from(i).ok()?;
+                let i = u32::try_from(i).map_err(|_| Refused::Keys)?;
                 if let Some(seg) = self.segments.last_mut() {
                     seg.push(slot);
                 }
@@ -413,26 +503,60 @@ impl KeyStore {
         };
         self.len += 1;
         let h = Self::hash_of(&self.hasher, &key);
-        let (segments, hasher) = (&self.segments, &self.hasher);
-        let rehash = |&j: &u32| {
-            let j = j as usize;
-            Self::hash_of(hasher, &segments[j / SEGMENT][j % SEGMENT].key)
-        };
+        let (segments, hasher) = (&mut self.segments, &self.hasher);
         let s = self.salts.entry(salt.to_owned()).or_default();
-        if s.len == SPLIT_AT && s.tables.len() == 1 {
-            // One-time split into SHARDS tables (moves SPLIT_AT entries).
-            let one = std::mem::take(&mut s.tables[0]);
-            s.tables = (0..SHARDS).map(|_| HashTable::new()).collect();
-            for j in one {
-                let hj = rehash(&j);
-                s.table_mut(hj).insert_unique(hj, j, rehash);
+        {
+            let segs: &[Vec<Slot>] = segments;
+            let rehash = |&j: &u32| Self::hash_of(hasher, &at(segs, j).key);
+            if s.len == SPLIT_AT && s.tables.len() == 1 {
+                // One-time split into SHARDS tables (moves SPLIT_AT entries).
+                let one = std::mem::take(&mut s.tables[0]);
+                s.tables = (0..SHARDS).map(|_| HashTable::new()).collect();
+                for j in one {
+                    let hj = rehash(&j);
+                    s.table_mut(hj).insert_unique(hj, j, rehash);
+                }
             }
+            s.table_mut(h).insert_unique(h, i, rehash);
         }
-        s.table_mut(h).insert_unique(h, i, rehash);
+        push_newest(segments, s, i);
         s.groups[usize::from(key.group / 64)] |= 1 << (key.group % 64);
         s.len += 1;
-        s.bytes += u64::from(size);
-        Some(Stored::New)
+        if let Some(h) = self.holders.get_mut(holder) {
+            h.placements += 1;
+        }
+        self.account(salt, holder, i64::from(size));
+        Ok(i64::from(size))
+    }
+
+    /// Sets slot `i`'s placement of `(p.holder, p.backend)` to `p.size`, adding it if new;
+    /// returns the size's change.
+    fn upsert(&mut self, i: u32, p: Placement, limits: Limits) -> Result<i64, Refused> {
+        let same = |q: &Placement| q.holder == p.holder && q.backend == p.backend;
+        let first = at_mut(&mut self.segments, i);
+        if same(&first.first) {
+            let old = std::mem::replace(&mut first.first.size, p.size);
+            return Ok(i64::from(p.size) - i64::from(old));
+        }
+        let has_more = first.first.more == 1;
+        let (h, shard) = self.more_hash(i);
+        if has_more {
+            if let Some((_, q)) = self.more[shard].find_mut(h, |(j, q)| *j == i && same(q)) {
+                let old = std::mem::replace(&mut q.size, p.size);
+                return Ok(i64::from(p.size) - i64::from(old));
+            }
+        }
+        if self.extra >= limits.extra_placements {
+            return Err(Refused::Placements);
+        }
+        at_mut(&mut self.segments, i).first.more = 1;
+        let hasher = &self.hasher;
+        self.more[shard].insert_unique(h, (i, p), |(j, _)| hasher.hash_one(*j));
+        self.extra += 1;
+        if let Some(h) = self.holders.get_mut(p.holder) {
+            h.placements += 1;
+        }
+        Ok(i64::from(p.size))
     }
 
     /// True if the key is tracked.
@@ -442,33 +566,148 @@ impl KeyStore {
 
     /// Marks a key most recently used; false if it is not tracked.
     pub(crate) fn touch(&mut self, salt: &str, key: &CompactKey) -> bool {
-        match self.find(salt, key) {
-            Some(i) => {
-                let tick = self.tick();
-                self.slot_mut(i).tick = tick;
-                true
-            }
-            None => false,
+        let Some(i) = self.find(salt, key) else {
+            return false;
+        };
+        if let Some(s) = self.salts.get_mut(salt) {
+            unlink(&mut self.segments, s, i);
+            push_newest(&mut self.segments, s, i);
         }
+        true
     }
 
-    /// Forgets a key; returns its size, or `None` if it was not tracked.
-    pub(crate) fn remove(&mut self, salt: &str, key: &CompactKey) -> Option<u32> {
+    /// Removes `holder`'s copy of a key in `backend` (no other holder's); the key goes with
+    /// its last copy. Returns the copy's size, or `None` if there was no such copy.
+    pub(crate) fn delete(
+        &mut self,
+        salt: &str,
+        key: &CompactKey,
+        holder: u16,
+        backend: u8,
+    ) -> Option<u32> {
         let i = self.find(salt, key)?;
-        let h = Self::hash_of(&self.hasher, key);
-        let size = self.slot(i).size;
+        let size = self.remove_placement(salt, i, holder, backend)?;
+        self.account(salt, holder, -i64::from(size));
+        if let Some(h) = self.holders.get_mut(holder) {
+            h.placements -= 1;
+        }
+        self.holders.release_if_unused(holder);
+        Some(size)
+    }
+
+    /// Takes one placement off slot `i` (the slot goes with its last); its size.
+    fn remove_placement(&mut self, salt: &str, i: u32, holder: u16, backend: u8) -> Option<u32> {
+        let same = |q: &Placement| q.holder == holder && q.backend == backend;
+        let first = self.slot(i).first;
+        if first.more == 1 {
+            let (h, shard) = self.more_hash(i);
+            let table = &mut self.more[shard];
+            // The copy to drop: an other one, or (dropping the first) any other one, which
+            // then becomes the first.
+            let entry = if same(&first) {
+                table.find_entry(h, |(j, _)| *j == i)
+            } else {
+                table.find_entry(h, |(j, q)| *j == i && same(q))
+            };
+            let ((_, taken), _) = entry.ok()?.remove();
+            self.extra -= 1;
+            let left = table.find(h, |(j, _)| *j == i).is_some();
+            let slot = at_mut(&mut self.segments, i);
+            if same(&first) {
+                slot.first = taken;
+            }
+            slot.first.more = u8::from(left);
+            return Some(if same(&first) { first.size } else { taken.size });
+        }
+        if !same(&first) {
+            return None;
+        }
+        let key = self.slot(i).key;
+        let h = Self::hash_of(&self.hasher, &key);
         let s = self.salts.get_mut(salt)?;
         if let Ok(entry) = s.table_mut(h).find_entry(h, |&j| j == i) {
             entry.remove();
             s.len -= 1;
         }
-        s.bytes -= u64::from(size);
+        unlink(&mut self.segments, s, i);
         if s.len == 0 {
             self.salts.shift_remove(salt);
         }
         self.free.push(i);
         self.len -= 1;
-        Some(size)
+        Some(first.size)
+    }
+
+    /// Holder `id` left at `now`: its placements stop counting (and are no victims) until it
+    /// comes back ([`KeyStore::revive`]) or they expire ([`KeyStore::expire`]).
+    pub(crate) fn depart(&mut self, id: &str, now: f64) {
+        let Some(i) = self.holders.find(id).filter(|&i| i != FLEET) else {
+            return;
+        };
+        if let Some(h) = self.holders.get(i).filter(|h| h.live()) {
+            for (salt, bytes) in &h.salt_bytes {
+                if let Some(s) = self.salts.get_mut(salt.as_str()) {
+                    s.bytes -= bytes;
+                }
+            }
+        }
+        self.holders.leave(i, now);
+    }
+
+    /// Holder `id` is back (it sent events): its placements count again.
+    pub(crate) fn revive(&mut self, id: &str) {
+        let Some(h) = self.holders.find(id).and_then(|i| self.holders.get_mut(i)) else {
+            return;
+        };
+        if h.departed_at.take().is_none() {
+            return;
+        }
+        for (salt, bytes) in &h.salt_bytes {
+            if let Some(s) = self.salts.get_mut(salt.as_str()) {
+                s.bytes += bytes;
+            }
+        }
+    }
+
+    /// Drops every placement of the departed holders that left at or before `cutoff` (one
+    /// pass over all keys) and frees them; returns `(holder id, backend, bytes)` of what
+    /// was dropped, per holder and backend, for the per-instance usage.
+    pub(crate) fn expire(&mut self, cutoff: f64) -> Vec<(String, String, u64)> {
+        let gone = self.holders.departed_before(cutoff);
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let mut hits: Vec<(String, u32, u16, u8)> = Vec::new();
+        for (salt, s) in &self.salts {
+            for i in s.indices() {
+                for p in self.placements(i).filter(|p| gone.contains(&p.holder)) {
+                    hits.push((salt.clone(), i, p.holder, p.backend));
+                }
+            }
+        }
+        let mut dropped: Vec<(String, String, u64)> = Vec::new();
+        for (salt, i, holder, backend) in hits {
+            let Some(size) = self.remove_placement(&salt, i, holder, backend) else {
+                continue;
+            };
+            self.account(&salt, holder, -i64::from(size));
+            if let Some(h) = self.holders.get_mut(holder) {
+                h.placements -= 1;
+            }
+            let id = self.holders.get(holder).map_or("", |h| h.id.as_str());
+            let name = self.holders.backend_name(backend);
+            match dropped.iter_mut().find(|(d, b, _)| d == id && b == name) {
+                Some(row) => row.2 += u64::from(size),
+                None => dropped.push((id.to_owned(), name.to_owned(), u64::from(size))),
+            }
+        }
+        for i in gone {
+            if let Some(h) = self.holders.get_mut(i) {
+                h.shared_member = [0; 4];
+            }
+            self.holders.release_if_unused(i);
+        }
+        dropped
     }
 
     /// The tracked keys that differ from `key` only in object group, by ascending group
@@ -495,34 +734,59 @@ impl KeyStore {
         out
     }
 
-    /// Up to `n` least recently used keys of `salt`, oldest first.
-    pub(crate) fn oldest(&self, salt: &str, n: usize) -> Vec<CompactKey> {
-        let Some(s) = self.salts.get(salt) else {
-            return Vec::new();
-        };
-        if n == 0 {
-            return Vec::new();
-        }
-        // A max-heap of the n oldest seen so far: O(keys · log n) time, 8n bytes of memory
-        // (never a copy of the whole salt).
-        let mut heap: std::collections::BinaryHeap<(u32, u32)> =
-            std::collections::BinaryHeap::with_capacity(n.min(s.len));
-        for i in s.indices() {
-            let t = (self.slot(i).tick, i);
-            if heap.len() < n {
-                heap.push(t);
-            } else if heap.peek().is_some_and(|&top| t < top) {
-                heap.pop();
-                heap.push(t);
-            }
-        }
-        heap.into_sorted_vec()
-            .into_iter()
-            .map(|(_, i)| self.slot(i).key)
-            .collect()
+    /// The slot of a tracked key (stable while the key is tracked).
+    pub(crate) fn slot_of(&self, salt: &str, key: &CompactKey) -> Option<u32> {
+        self.find(salt, key)
     }
 
-    /// Bytes allocated for tracked keys: arena segments, free list and hash tables.
+    /// Up to `n` least recently used keys of `salt` with a live placement, oldest first, with
+    /// their slots and those placements; `skip` (a pinned key, one in flight) passes a key
+    /// over. At most `budget` keys are looked at. A key with no live placement met on the way
+    /// (its holders left) moves to the most recent end: it counts nothing and no server can
+    /// delete it, so the next walk does not pass it again. O(keys looked at), whatever the
+    /// salt's size.
+    pub(crate) fn oldest_live(
+        &mut self,
+        salt: &str,
+        n: usize,
+        budget: usize,
+        skip: impl Fn(&KeyStore, u32, &CompactKey) -> bool,
+    ) -> Vec<(u32, CompactKey, Vec<Placement>)> {
+        let mut out = Vec::new();
+        let Some(s) = self.salts.get(salt) else {
+            return out;
+        };
+        let (mut i, mut looked) = (s.head, 0);
+        let mut dead = Vec::new();
+        while i != NIL && out.len() < n && looked < budget {
+            looked += 1;
+            let slot = *self.slot(i);
+            let here = i;
+            i = slot.next;
+            if skip(self, here, &slot.key) {
+                continue;
+            }
+            let live: Vec<Placement> = self
+                .placements(here)
+                .filter(|p| self.holders.live(p.holder))
+                .collect();
+            if live.is_empty() {
+                dead.push(here);
+            } else {
+                out.push((here, slot.key, live));
+            }
+        }
+        if let Some(s) = self.salts.get_mut(salt) {
+            for j in dead {
+                unlink(&mut self.segments, s, j);
+                push_newest(&mut self.segments, s, j);
+            }
+        }
+        out
+    }
+
+    /// Bytes allocated for tracked keys: arena segments, free list, hash tables, the other
+    /// placements and the holder tables.
     pub(crate) fn memory_bytes(&self) -> usize {
         let arena: usize = self
             .segments
@@ -535,258 +799,15 @@ impl KeyStore {
             .flat_map(|s| &s.tables)
             .map(|t| t.allocation_size() + std::mem::size_of::<HashTable<u32>>())
             .sum();
-        arena + tables + self.free.capacity() * 4
-    }
-}
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
-
-/// The model-independent part of [`KeyStore::compact`] (model left 0).
-fn lookup_compact(key: &EncodedKey) -> Result<CompactKey, KeyError> {
-    let hex = key.chunk_hash_hex.as_bytes();
-    if !hex.len().is_multiple_of(2) {
-        return Err(KeyError::BadHex);
-    }
-    if hex.len() / 2 > MAX_HASH_BYTES {
-        return Err(KeyError::HashTooLong);
-    }
-    let mut hash = [0u8; MAX_HASH_BYTES];
-    for (i, pair) in hex.chunks_exact(2).enumerate() {
-        let hi = nibble(pair[0]).ok_or(KeyError::BadHex)?;
-        let lo = nibble(pair[1]).ok_or(KeyError::BadHex)?;
-        hash[i] = hi << 4 | lo;
-    }
-    let salt = &key.cache_salt;
-    if salt.len() > 128 || salt.contains(['@', '/', '\\', '\0']) {
-        return Err(KeyError::Invalid("cache_salt"));
-    }
-    Ok(CompactKey {
-        hash,
-        hash_len: u8::try_from(hex.len() / 2).map_err(|_| KeyError::HashTooLong)?,
-        group: u8::try_from(key.object_group_id)
-            .map_err(|_| KeyError::OutOfRange("object_group_id"))?,
-        model: 0,
-        kv_rank: u32::try_from(key.kv_rank).map_err(|_| KeyError::OutOfRange("kv_rank"))?,
-    })
-}
-
-fn nibble(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
+        let more: usize = self
+            .more
+            .iter()
+            .map(|t| t.allocation_size() + std::mem::size_of::<HashTable<(u32, Placement)>>())
+            .sum();
+        arena + tables + more + self.free.capacity() * 4 + self.holders.memory_bytes()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    pub(crate) fn key(n: u64, salt: &str) -> EncodedKey {
-        EncodedKey {
-            chunk_hash_hex: format!("{n:064x}"),
-            model_name: "m".into(),
-            kv_rank: 16_777_472,
-            object_group_id: 0,
-            cache_salt: salt.into(),
-        }
-    }
-
-    #[test]
-    fn store_touch_remove_keep_usage_and_lru_order() {
-        let mut ks = KeyStore::new();
-        for n in 0..4 {
-            let k = ks.compact(&key(n, "a")).unwrap();
-            assert_eq!(ks.store("a", k, 100, 10), Some(Stored::New));
-        }
-        assert_eq!(ks.salt_bytes("a"), 400);
-        let k1 = ks.compact(&key(1, "a")).unwrap();
-        assert!(ks.touch("a", &k1));
-        let k0 = ks.compact(&key(0, "a")).unwrap();
-        assert_eq!(ks.store("a", k0, 50, 10), Some(Stored::Updated(100)));
-        assert_eq!(ks.salt_bytes("a"), 350);
-        let order: Vec<_> = ks
-            .oldest("a", 10)
-            .iter()
-            .map(|k| ks.encode("a", k).chunk_hash_hex)
-            .collect();
-        let want: Vec<_> = [2u64, 3, 1, 0]
-            .iter()
-            .map(|n| format!("{n:064x}"))
-            .collect();
-        assert_eq!(order, want);
-        assert_eq!(ks.remove("a", &k1), Some(100));
-        assert_eq!(ks.remove("a", &k1), None);
-        assert_eq!(ks.salt_bytes("a"), 250);
-        assert_eq!(ks.oldest("a", 2).len(), 2);
-        // Another salt with the same key is a different key.
-        assert!(!ks.touch("b", &k0));
-        assert_eq!(ks.store("b", k0, 1, 10), Some(Stored::New));
-        assert_eq!(ks.len(), 4);
-        // The limit applies to new keys only.
-        let mut full = KeyStore::new();
-        let a = full.compact(&key(1, "")).unwrap();
-        let b = full.compact(&key(2, "")).unwrap();
-        assert_eq!(full.store("", a, 1, 1), Some(Stored::New));
-        assert_eq!(full.store("", b, 1, 1), None);
-        assert_eq!(full.store("", a, 2, 1), Some(Stored::Updated(1)));
-    }
-
-    #[test]
-    fn removing_the_last_key_forgets_the_salt_and_reuses_the_slot() {
-        let mut ks = KeyStore::new();
-        let k = ks.compact(&key(7, "s")).unwrap();
-        ks.store("s", k, 9, 10);
-        ks.remove("s", &k);
-        assert_eq!(ks.salts().count(), 0);
-        ks.store("t", k, 9, 10);
-        assert_eq!(ks.segments.iter().map(Vec::len).sum::<usize>(), 1);
-        assert_eq!(ks.oldest("t", 5), vec![k]);
-    }
-
-    #[test]
-    fn renumbering_the_clock_keeps_the_lru_order() {
-        let mut ks = KeyStore::new();
-        ks.clock_limit = 8;
-        let keys: Vec<_> = (0..5).map(|n| ks.compact(&key(n, "a")).unwrap()).collect();
-        for k in &keys {
-            ks.store("a", *k, 1, 100);
-        }
-        for _ in 0..10 {
-            // Touch 0 then 1 repeatedly: the clock passes its limit several times.
-            ks.touch("a", &keys[0]);
-            ks.touch("a", &keys[1]);
-        }
-        assert!(ks.clock <= 8);
-        assert_eq!(
-            ks.oldest("a", 5),
-            vec![keys[2], keys[3], keys[4], keys[0], keys[1]]
-        );
-    }
-
-    #[test]
-    fn encode_round_trips_and_normalises_case() {
-        let mut ks = KeyStore::new();
-        let mut wire = key(0xABCD, "user-a");
-        wire.chunk_hash_hex = "0ABCDEF1".into();
-        wire.object_group_id = 3;
-        let k = ks.compact(&wire).unwrap();
-        let back = ks.encode("user-a", &k);
-        assert_eq!(back.chunk_hash_hex, "0abcdef1");
-        assert_eq!(back.object_group_id, 3);
-        assert_eq!(back.kv_rank, 16_777_472);
-        assert_eq!(back.model_name, "m");
-        assert_eq!(back.cache_salt, "user-a");
-        // The empty hash is valid.
-        wire.chunk_hash_hex.clear();
-        assert!(ks.compact(&wire).is_ok());
-    }
-
-    #[test]
-    fn bad_keys_are_rejected_with_the_reason() {
-        let mut ks = KeyStore::new();
-        type Case = (fn(&mut EncodedKey), KeyError);
-        let cases: [Case; 7] = [
-            (|k| k.chunk_hash_hex = "abc".into(), KeyError::BadHex),
-            (|k| k.chunk_hash_hex = "zz".into(), KeyError::BadHex),
-            (
-                |k| k.chunk_hash_hex = "00".repeat(33),
-                KeyError::HashTooLong,
-            ),
-            (|k| k.kv_rank = -1, KeyError::OutOfRange("kv_rank")),
-            (
-                |k| k.object_group_id = 256,
-                KeyError::OutOfRange("object_group_id"),
-            ),
-            (
-                |k| k.model_name = "a@b".into(),
-                KeyError::Invalid("model_name"),
-            ),
-            (
-                |k| k.cache_salt = "a/b".into(),
-                KeyError::Invalid("cache_salt"),
-            ),
-        ];
-        for (mutate, want) in cases {
-            let mut k = key(1, "");
-            mutate(&mut k);
-            assert_eq!(ks.compact(&k), Err(want));
-        }
-    }
-
-    #[test]
-    fn copies_in_other_object_groups_are_found() {
-        let mut ks = KeyStore::new();
-        let mut g3 = key(1, "s");
-        g3.object_group_id = 3;
-        let mut g200 = key(1, "s");
-        g200.object_group_id = 200;
-        for k in [&g200, &g3, &key(2, "s")] {
-            let c = ks.compact(k).unwrap();
-            ks.store("s", c, 1, 100);
-        }
-        // Key 1 in group 0 is not tracked itself; its copies are, by ascending group.
-        assert_eq!(
-            ks.in_other_groups(&key(1, "s")),
-            vec![g3.clone(), g200.clone()]
-        );
-        assert_eq!(ks.in_other_groups(&g3), vec![g200]);
-        assert!(ks.in_other_groups(&key(2, "s")).is_empty());
-        assert!(ks.in_other_groups(&key(1, "other")).is_empty());
-    }
-
-    /// A salt past [`SPLIT_AT`] keys is split into [`SHARDS`] tables: every key stays
-    /// findable, removable and in LRU order across the split.
-    #[test]
-    fn a_large_salt_is_split_and_keeps_its_keys_and_order() {
-        let mut ks = KeyStore::new();
-        let n = (SPLIT_AT + 1_000) as u64;
-        let keys: Vec<_> = (0..n)
-            .map(|i| ks.compact(&key(i, "big")).unwrap())
-            .collect();
-        for k in &keys {
-            assert_eq!(ks.store("big", *k, 2, usize::MAX), Some(Stored::New));
-        }
-        assert_eq!(ks.salts["big"].tables.len(), SHARDS);
-        assert_eq!(ks.salt_len("big"), n as usize);
-        assert!(ks.salts["big"].tables.iter().all(|t| !t.is_empty()));
-        assert!(keys.iter().all(|k| ks.contains("big", k)));
-        // Updates find the key in its shard (no duplicate); removes shrink the salt.
-        assert_eq!(
-            ks.store("big", keys[0], 3, usize::MAX),
-            Some(Stored::Updated(2))
-        );
-        for k in &keys[1..1_001] {
-            assert_eq!(ks.remove("big", k), Some(2));
-        }
-        assert_eq!(ks.salt_len("big"), n as usize - 1_000);
-        assert_eq!(ks.salt_bytes("big"), 2 * (n - 1_001) + 3);
-        // Oldest: 1_001, 1_002, … (0 was stored again last).
-        assert_eq!(ks.oldest("big", 2), vec![keys[1_001], keys[1_002]]);
-        assert_eq!(ks.oldest("big", n as usize).last(), Some(&keys[0]));
-        ks.renumber();
-        assert_eq!(ks.oldest("big", 1), vec![keys[1_001]]);
-    }
-
-    /// The ≤ 64 bytes per tracked key bound, measured from the real allocations (arena
-    /// segments and hash tables) at sizes just before and just after a table resize.
-    #[test]
-    fn memory_per_key() {
-        assert_eq!(std::mem::size_of::<Slot>(), 48);
-        let mut ks = KeyStore::new();
-        let mut worst = 0.0f64;
-        for n in 0..300_000u64 {
-            let k = ks.compact(&key(n, "")).unwrap();
-            ks.store("", k, 1, usize::MAX);
-            let len = n + 1;
-            if len >= 50_000 && (len % 4_096 == 1 || len % 7_919 == 0) {
-                let per_key = ks.memory_bytes() as f64 / len as f64;
-                worst = worst.max(per_key);
-            }
-        }
-        eprintln!("worst bytes per tracked key: {worst:.1}");
-        assert!(worst <= 64.0, "worst bytes per tracked key: {worst:.1}");
-        assert!(worst > 48.0, "measured {worst:.1}: the arena alone is 48");
-    }
-}
+#[path = "keys_tests.rs"]
+mod tests;

@@ -35,6 +35,8 @@ pub struct Snapshot {
     counters: Counters,
     fleet: FleetNumbers,
     tracked_keys: usize,
+    tracked_placements: usize,
+    l2_holders: usize,
     tracked_key_bytes: usize,
     usage_untracked: u64,
     l1_placements: usize,
@@ -49,6 +51,8 @@ impl Snapshot {
             counters: m.counters.clone(),
             fleet,
             tracked_keys: m.tracked_keys(),
+            tracked_placements: m.tracked_placements(),
+            l2_holders: m.l2_holders(),
             tracked_key_bytes: m.tracked_key_memory(),
             usage_untracked: m.usage.untracked,
             l1_placements: m.usage.l1_placements(),
@@ -82,7 +86,7 @@ pub fn render(
 ) -> String {
     let mut out = String::new();
     let c = &s.counters;
-    let counters: [(&str, &str, u64); 16] = [
+    let counters: [(&str, &str, u64); 19] = [
         (
             "instances_refused_total",
             "Registrations refused at the instance limit.",
@@ -139,8 +143,23 @@ pub fn render(
             c.keys_refused,
         ),
         (
+            "placements_refused_total",
+            "L2 copies not tracked (the placement, holder or backend limit).",
+            c.placements_refused,
+        ),
+        (
+            "placements_expired_total",
+            "L2 copies dropped because their server left more than an hour ago.",
+            c.placements_expired,
+        ),
+        (
+            "eviction_copies_unreachable_total",
+            "Planned copies on a shared backend with no live member to send them to.",
+            c.eviction_copies_unreachable,
+        ),
+        (
             "eviction_no_instance_total",
-            "Eviction cycles with victims but no instance.",
+            "Eviction cycles with victims held by servers not registered now.",
             loops.eviction_no_instance.load(Ordering::Relaxed),
         ),
         (
@@ -293,6 +312,20 @@ pub fn render(
         "instances",
         "Registered MP servers.",
         s.fleet.instances as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "l2_placements",
+        "L2 copies tracked (per holder and backend; a shared backend's once).",
+        s.tracked_placements as f64,
+    );
+    series(
+        &mut out,
+        "gauge",
+        "l2_holders",
+        "Holders of tracked L2 copies (servers, departed ones included, and the fleet).",
+        s.l2_holders as f64,
     );
     series(
         &mut out,

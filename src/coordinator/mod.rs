@@ -3,7 +3,10 @@
 //! docs/COORDINATOR.md.
 //!
 //! Layout, pure first (no I/O, no clock: `now` is passed in):
-//! - [`keys`] — tracked L2 keys: compact 48-byte slots, per-salt usage and LRU order.
+//! - [`objkey`] — object keys: the wire form and the compact one.
+//! - [`keys`] — tracked L2 keys and their copies per holder and backend: compact 56-byte
+//!   slots, per-salt usage and LRU lists.
+//! - [`holders`] — the servers (live or departed) and the fleet holding copies; backends.
 //! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
 //! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
 //!   `POST /events`) and the per-instance sequence gate.
@@ -45,11 +48,13 @@ pub mod dashboard;
 pub mod driver;
 pub mod events;
 pub mod fleet;
+pub mod holders;
 pub mod keys;
 pub mod limits;
 pub mod metadata;
 pub mod metrics;
 pub mod model;
+pub mod objkey;
 pub mod openapi;
 pub mod outbound;
 pub mod pins;

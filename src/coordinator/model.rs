@@ -3,15 +3,17 @@
 //! is the [`Fleet`](super::fleet::Fleet), owned by its own small task so that heartbeats
 //! never wait behind this model's work.
 //!
-//! No I/O and no clock: the eviction decision is returned as a list of victim keys, which
-//! the driver sends to an instance the fleet picks ([`dispatches`]). One task owns a
+//! No I/O and no clock (the wall-clock time of a departure is passed in): the eviction
+//! decision (`eviction.rs`) is returned as victim keys per holding server and backend, which
+//! the driver sends to those servers ([`dispatches`]). One task owns a
 //! [`Model`]; nothing else touches it. Event batches are admitted whole and applied in
 //! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
 //! owner answers other requests between the slices of a large request.
 
 use super::events::{Admit, Batch, Gate, Op, Tier};
 use super::fleet::Instance;
-use super::keys::{EncodedKey, KeyError, KeyStore, Stored};
+use super::holders::FLEET;
+use super::keys::{EncodedKey, KeyError, KeyStore, Limits, Refused};
 use super::pins::Pins;
 use super::usage::{FleetStatus, InstanceStatus, Module, Usage};
 use serde::Serialize;
@@ -26,6 +28,9 @@ pub const MAX_KEYS_PER_DISPATCH: usize = 10_000;
 pub const MAX_VICTIMS_PER_CYCLE: usize = 10 * MAX_KEYS_PER_DISPATCH;
 /// Most events applied in one step of the owner ([`Model::apply_slice`]).
 pub const SLICE_OPS: usize = 4_096;
+/// Eviction cycles a planned key stays out of later plans (its delete in flight: the
+/// server's delete events normally come back within a second), unless its dispatch failed.
+pub const IN_FLIGHT_CYCLES: u64 = 2;
 
 /// Limits and eviction settings of the model.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +74,18 @@ pub struct Counters {
     pub eviction_keys_planned: u64,
     /// Cycles that hit [`MAX_VICTIMS_PER_CYCLE`] (more victims wait for the next cycle).
     pub eviction_cycles_capped: u64,
+    /// Placements not tracked: another copy of a key past the placement limit, or the
+    /// holder or backend table full (a key's first placement at the key limit is
+    /// `keys_refused`).
+    #[serde(default)]
+    pub placements_refused: u64,
+    /// Planned copies on a shared backend with no live member to send them to.
+    #[serde(default)]
+    pub eviction_copies_unreachable: u64,
+    /// Placements dropped because their holder left more than
+    /// [`crate::config::defaults::coordinator::DEPARTED_L2_TTL_S`] ago.
+    #[serde(default)]
+    pub placements_expired: u64,
 }
 
 /// Why a quota cannot be set.
@@ -129,19 +146,6 @@ pub struct Ingested {
     pub recorded: u64,
 }
 
-/// One eviction call for the driver: `DELETE http://ip:port/cache/objects {"keys": [...]}`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Dispatch {
-    /// Target instance.
-    pub instance_id: String,
-    /// Its host.
-    pub ip: String,
-    /// Its HTTP port.
-    pub http_port: u16,
-    /// The victims, at most [`MAX_KEYS_PER_DISPATCH`].
-    pub keys: Vec<EncodedKey>,
-}
-
 /// A [`Model`] in a snapshot: everything but its configuration (the restoring process's own).
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct ModelDump {
@@ -173,6 +177,11 @@ pub struct Model {
     pub usage: Usage,
     /// Counters for the metrics.
     pub counters: Counters,
+    /// Keys (by slot) planned for eviction, with the cycle that planned them: not planned
+    /// again for [`IN_FLIGHT_CYCLES`] (Q7). The leader's own: not logged, not in snapshots.
+    in_flight: hashbrown::HashMap<u32, u64>,
+    /// Eviction cycles planned.
+    cycle: u64,
 }
 
 impl Model {
@@ -180,7 +189,7 @@ impl Model {
     pub fn new(config: ModelConfig) -> Self {
         Model {
             gate: Gate::new(config.max_instances),
-            keys: KeyStore::new(),
+            keys: KeyStore::new(max_holders(&config)),
             quotas: BTreeMap::new(),
             default_limit: None,
             pins: Pins::default(),
@@ -189,7 +198,16 @@ impl Model {
                 config.max_tracked_keys / 4,
             ),
             counters: Counters::default(),
+            in_flight: hashbrown::HashMap::new(),
+            cycle: 0,
             config,
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            keys: self.config.max_tracked_keys,
+            extra_placements: self.config.max_tracked_keys,
         }
     }
 
@@ -211,7 +229,7 @@ impl Model {
     pub fn restore(config: ModelConfig, dump: ModelDump) -> Result<Self, String> {
         let mut model = Model::new(config);
         model.gate = Gate::restore(model.config.max_instances, dump.cursors);
-        model.keys = KeyStore::restore(dump.keys, model.config.max_tracked_keys)?;
+        model.keys = KeyStore::restore(dump.keys, model.limits(), max_holders(&model.config))?;
         model.restore_metadata(
             dump.metadata,
             crate::config::defaults::coordinator::MAX_PINNED_KEYS,
@@ -239,16 +257,51 @@ impl Model {
         self.keys.len()
     }
 
-    /// Bytes allocated for tracked keys.
+    /// Bytes allocated for tracked keys (with their placements and the holder tables).
     pub fn tracked_key_memory(&self) -> usize {
         self.keys.memory_bytes()
     }
 
-    /// An instance left (`DELETE /instances/{id}` or the sweep): forgets its event cursor,
-    /// its declared capacities and its L1 bytes (its L2 bytes stay).
-    pub fn forget_instance(&mut self, id: &str) {
+    /// L2 placements tracked (copies of keys, per holder and backend).
+    pub fn tracked_placements(&self) -> usize {
+        self.keys.placement_count()
+    }
+
+    /// Holders of tracked L2 copies (servers, departed ones included, and the fleet).
+    pub fn l2_holders(&self) -> usize {
+        self.keys.holders.len()
+    }
+
+    /// An instance left at `now` (`DELETE /instances/{id}` or the sweep; wall-clock
+    /// seconds): forgets its event cursor, its declared capacities and its L1 bytes. Its
+    /// private L2 copies stay but stop counting in any salt's usage (no server can evict
+    /// them) until it sends events again or they expire ([`Model::expire_departed`]).
+    pub fn forget_instance(&mut self, id: &str, now: f64) {
         self.gate.forget(id);
         self.usage.forget(id);
+        self.keys.depart(id, now);
+    }
+
+    /// Drops the private L2 copies of servers that left at or before `cutoff` (wall-clock
+    /// seconds) and did not come back; their bytes leave `/instances/usage` too. One pass over
+    /// the tracked keys, only when some server's time is up; returns the instances expired.
+    pub fn expire_departed(&mut self, cutoff: f64) -> Vec<String> {
+        let dropped = self.keys.expire(cutoff);
+        let mut ids: Vec<String> = Vec::new();
+        for (id, backend, bytes) in dropped {
+            let n = i64::try_from(bytes).unwrap_or(i64::MAX);
+            self.usage.adjust(&id, Tier::L2, &backend, -n);
+            self.counters.placements_expired += 1;
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    /// Whether some server left at or before `cutoff` still has copies to expire.
+    pub fn has_departed_before(&self, cutoff: f64) -> bool {
+        !self.keys.holders.departed_before(cutoff).is_empty()
     }
 
     /// `GET /instances/{id}/usage` (`None`: unknown).
@@ -439,9 +492,12 @@ impl Model {
                 Admit::InOrder => {}
             }
             if before.is_some_and(|inc| inc < b.incarnation) {
-                // A restarted server: what it held in memory is gone.
+                // A restarted server: what it held in memory is gone. Its L2 copies are
+                // keyed by instance id, not incarnation: a re-store updates them.
                 self.usage.fence_l1(&b.instance_id);
             }
+            // A server that left and talks again: its L2 copies count again.
+            self.keys.revive(&b.instance_id);
             out.applied += 1;
             out.recorded += b.ops.len() as u64;
             self.counters.batches_applied += 1;
@@ -453,6 +509,9 @@ impl Model {
     /// Applies one slice from [`Model::admit`], its events in the order given.
     pub fn apply_slice(&mut self, b: Batch) {
         let owner = if b.shared { "" } else { b.instance_id.as_str() };
+        if b.shared && b.tier == Tier::L2 {
+            self.keys.holders.note_shared(&b.instance_id, &b.backend);
+        }
         if let Some((capacity_bytes, revision)) = b.capacity {
             self.counters.capacity_declarations += 1;
             let module = Module {
@@ -471,7 +530,8 @@ impl Model {
                 match op {
                     Op::Store(key, size) => self.usage.l1_store(owner, &b.backend, key, *size),
                     Op::Delete(key) => self.usage.l1_delete(owner, &b.backend, key),
-                    Op::Access(_) => {}
+                    // A hit in L1 refreshes the key's L2 recency too (0.5.6 ignores it, Q3).
+                    Op::Access(key) => self.touch(key),
                 }
             }
             return;
@@ -484,126 +544,105 @@ impl Model {
         }
     }
 
-    /// One L2 event; the bytes it moves are also counted for `owner`'s `backend`.
-    fn apply_op(&mut self, op: Op, owner: &str, backend: &str) -> Result<(), KeyError> {
-        match op {
-            Op::Store(key, size) => {
-                let size = u32::try_from(size).map_err(|_| KeyError::OutOfRange("size_bytes"))?;
-                let k = self.keys.compact(&key)?;
-                let old =
-                    match self
-                        .keys
-                        .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
-                    {
-                        Some(Stored::New) => 0,
-                        Some(Stored::Updated(old)) => old,
-                        None => {
-                            self.counters.keys_refused += 1;
-                            return Ok(());
-                        }
-                    };
-                let delta = i64::from(size) - i64::from(old);
+    /// Marks a tracked key most recently used (an untracked or bad key is ignored).
+    fn touch(&mut self, key: &EncodedKey) {
+        if let Ok(Some(k)) = self.keys.find_compact(key) {
+            self.keys.touch(&key.cache_salt, &k);
+        }
+    }
+
+    /// Records `owner`'s copy (`""`: the fleet's shared one) of a key in `backend`; the bytes
+    /// it moves are also counted for the owner's compartment. Refusals are counted.
+    fn place(
+        &mut self,
+        key: &EncodedKey,
+        owner: &str,
+        backend: &str,
+        size: u64,
+    ) -> Result<(), KeyError> {
+        let size = u32::try_from(size).map_err(|_| KeyError::OutOfRange("size_bytes"))?;
+        let k = self.keys.compact(key)?;
+        let holder = if owner.is_empty() {
+            Some(FLEET)
+        } else {
+            self.keys.holders.intern(owner)
+        };
+        let (Some(holder), Some(b)) = (holder, self.keys.holders.backend(backend)) else {
+            self.counters.placements_refused += 1;
+            return Ok(());
+        };
+        let limits = self.limits();
+        match self.keys.store(&key.cache_salt, k, holder, b, size, limits) {
+            Ok(delta) => {
                 self.usage.adjust(owner, Tier::L2, backend, delta);
             }
+            Err(Refused::Keys) => self.counters.keys_refused += 1,
+            Err(Refused::Placements) => self.counters.placements_refused += 1,
+        }
+        Ok(())
+    }
+
+    /// One L2 event of `owner` (`""`: a shared backend) in `backend`.
+    fn apply_op(&mut self, op: Op, owner: &str, backend: &str) -> Result<(), KeyError> {
+        match op {
+            Op::Store(key, size) => self.place(&key, owner, backend, size)?,
             Op::Access(key) => {
-                if let Some(k) = self.keys.find_compact(&key)? {
-                    self.keys.touch(&key.cache_salt, &k);
-                }
+                self.keys.find_compact(&key)?;
+                self.touch(&key);
             }
             Op::Delete(key) => {
-                if let Some(k) = self.keys.find_compact(&key)? {
-                    if let Some(size) = self.keys.remove(&key.cache_salt, &k) {
-                        self.usage
-                            .adjust(owner, Tier::L2, backend, -i64::from(size));
-                    }
+                let Some(k) = self.keys.find_compact(&key)? else {
+                    return Ok(());
+                };
+                let holder = self.keys.holders.find(owner);
+                let b = self.keys.holders.backends.get_index_of(backend);
+                let (Some(holder), Some(b)) = (holder, b.and_then(|b| u8::try_from(b).ok())) else {
+                    return Ok(());
+                };
+                if let Some(size) = self.keys.delete(&key.cache_salt, &k, holder, b) {
+                    self.usage
+                        .adjust(owner, Tier::L2, backend, -i64::from(size));
                 }
             }
         }
         Ok(())
     }
 
-    /// Startup resync: tracks keys listed by a server that no event has reported yet (known
-    /// keys keep their size and recency: events are fresher). Returns how many were added.
-    pub fn seed(&mut self, entries: Vec<(EncodedKey, u64)>) -> u64 {
+    /// Startup resync: records the copies that `instance_id`'s listing of `backend` shows
+    /// (`shared`: the fleet's), except those events already reported (events are fresher).
+    /// Returns how many were added.
+    pub fn seed(
+        &mut self,
+        instance_id: &str,
+        backend: &str,
+        shared: bool,
+        entries: Vec<(EncodedKey, u64)>,
+    ) -> u64 {
+        let owner = if shared { "" } else { instance_id };
+        if shared {
+            self.keys.holders.note_shared(instance_id, backend);
+        }
         let mut added = 0;
         for (key, size) in entries {
-            let Ok(size) = u32::try_from(size) else {
-                self.counters.keys_rejected += 1;
-                continue;
-            };
-            let k = match self.keys.compact(&key) {
-                Ok(k) => k,
+            let known = match self.keys.find_compact(&key) {
+                Ok(Some(k)) => self.keys.contains(&key.cache_salt, &k),
+                Ok(None) => false,
                 Err(_) => {
                     self.counters.keys_rejected += 1;
                     continue;
                 }
             };
-            if self.keys.contains(&key.cache_salt, &k) {
+            if known {
                 continue;
             }
-            match self
-                .keys
-                .store(&key.cache_salt, k, size, self.config.max_tracked_keys)
-            {
-                Some(_) => added += 1,
-                None => self.counters.keys_refused += 1,
+            let before = self.keys.placement_count();
+            match self.place(&key, owner, backend, size) {
+                Ok(()) if self.keys.placement_count() > before => added += 1,
+                Ok(()) => {}
+                Err(_) => self.counters.keys_rejected += 1,
             }
         }
         added
-    }
-
-    /// The eviction decision: every salt whose usage is at least `trigger_watermark` × its
-    /// quota (no quota: the default limit, 0 bytes unless `PUT /quota/config` changed it;
-    /// exempt when that is `None`) gives up its least recently used keys (`eviction_ratio` of
-    /// them, all of them at a 0 quota, at least one), at most [`MAX_VICTIMS_PER_CYCLE`]; all
-    /// victims go to the one instance
-    /// the driver has the fleet pick ([`dispatches`]). Nothing changes here: usage drops
-    /// when the servers' delete events come back.
-    pub fn plan_evictions(&mut self) -> Vec<EncodedKey> {
-        let mut victims = Vec::new();
-        let over: Vec<(String, u64)> = self
-            .keys
-            .salts()
-            .filter(|&(_, used)| used > 0)
-            .map(|(s, used)| (s.to_owned(), used))
-            .collect();
-        for (salt, used) in over {
-            let Some(limit) = self.quotas.get(&salt).copied().or(self.default_limit) else {
-                continue; // no quota and no default: exempt
-            };
-            if (used as f64) < self.config.trigger_watermark * limit as f64 {
-                continue;
-            }
-            let ratio = if limit == 0 {
-                1.0
-            } else {
-                self.config.eviction_ratio
-            };
-            let tracked = self.keys.salt_len(&salt);
-            let want = ((tracked as f64 * ratio) as usize).clamp(1, tracked);
-            let room = MAX_VICTIMS_PER_CYCLE - victims.len();
-            if want > room {
-                self.counters.eviction_cycles_capped += 1;
-            }
-            let n = want.min(room);
-            if n == 0 {
-                break;
-            }
-            // Pinned keys are skipped: take up to `n` more candidates, at most the pin count.
-            let extra = self.pins.len().min(tracked.saturating_sub(n));
-            let before = victims.len();
-            for k in self.keys.oldest(&salt, n + extra) {
-                if victims.len() - before == n {
-                    break;
-                }
-                let key = self.keys.encode(&salt, &k);
-                if !self.pins.contains(&key) {
-                    victims.push(key);
-                }
-            }
-        }
-        self.counters.eviction_keys_planned += victims.len() as u64;
-        victims
     }
 }
 
@@ -645,19 +684,19 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
     }
 }
 
-/// The eviction calls for `victims` to `target`, at most [`MAX_KEYS_PER_DISPATCH`] keys each.
-pub fn dispatches(victims: &[EncodedKey], target: &Instance) -> Vec<Dispatch> {
-    victims
-        .chunks(MAX_KEYS_PER_DISPATCH)
-        .map(|keys| Dispatch {
-            instance_id: target.instance_id.clone(),
-            ip: target.ip.clone(),
-            http_port: target.http_port,
-            keys: keys.to_vec(),
-        })
-        .collect()
+/// Most holders of L2 copies: every instance twice (registered and departed) and the fleet.
+fn max_holders(config: &ModelConfig) -> usize {
+    config.max_instances.saturating_mul(2).saturating_add(1)
 }
+
+#[path = "eviction.rs"]
+mod eviction;
+pub use eviction::{dispatches, Dispatch, Victims};
 
 #[cfg(test)]
 #[path = "model_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "placements_tests.rs"]
+mod placements_tests;

@@ -28,6 +28,12 @@ pub struct ResyncConfig {
 
 #[derive(Deserialize)]
 struct Page {
+    /// The adapter listed (its `type_name`, the events' `backend`).
+    #[serde(default)]
+    adapter: Option<String>,
+    /// A fleet-shared adapter.
+    #[serde(default)]
+    shared: bool,
     #[serde(default)]
     entries: Vec<PageEntry>,
     #[serde(default)]
@@ -129,7 +135,10 @@ pub async fn run(
             .into_iter()
             .map(|e| (e.key, e.size_bytes))
             .collect();
-        match handle.seed(entries).await {
+        // An adapter-less listing (the documented form) is the `default` backend, as the
+        // documented events are.
+        let backend = page.adapter.unwrap_or_else(|| "default".into());
+        match handle.seed(id.clone(), backend, page.shared, entries).await {
             Ok(n) => seeded += n,
             Err(_) => return seeded,
         }

@@ -96,7 +96,7 @@ impl Handle {
         let log = self.log.clone();
         self.with(move |m, _, wall| {
             for id in &ids {
-                m.forget_instance(id);
+                m.forget_instance(id, wall);
             }
             record(&log, wall, || Change::Forget { instance_ids: ids });
         })
@@ -251,21 +251,42 @@ impl Handle {
         .await
     }
 
-    /// The startup resync seeds one page; returns how many keys were added.
+    /// The startup resync seeds one page of `instance_id`'s listing of `backend`; returns
+    /// how many copies were added.
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
-    pub async fn seed(&self, entries: Vec<(EncodedKey, u64)>) -> Result<u64, Stopped> {
+    pub async fn seed(
+        &self,
+        instance_id: String,
+        backend: String,
+        shared: bool,
+        entries: Vec<(EncodedKey, u64)>,
+    ) -> Result<u64, Stopped> {
         let log = self.log.clone();
         self.with(move |m, _, wall| {
             let kept = log.as_ref().map(|_| entries.clone());
-            let added = m.seed(entries);
+            let added = m.seed(&instance_id, &backend, shared, entries);
             if let Some(entries) = kept {
-                record(&log, wall, || Change::Seed { entries });
+                record(&log, wall, || Change::Seed {
+                    instance_id,
+                    backend,
+                    shared,
+                    entries,
+                });
             }
             added
         })
         .await
+    }
+
+    /// A failed eviction dispatch: its keys may be planned again (not logged: which keys are
+    /// in flight is the leader's own).
+    ///
+    /// # Errors
+    /// [`Stopped`] after shutdown.
+    pub async fn release(&self, keys: Vec<EncodedKey>) -> Result<(), Stopped> {
+        self.with(move |m, _, _| m.release(&keys)).await
     }
 
     /// Logs the whole operator state (quotas, default quota, pins), replacing a follower's: a
