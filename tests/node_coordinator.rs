@@ -529,3 +529,102 @@ async fn a_silent_coordinator_never_blocks_the_data_path() {
     drop(silent);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A coordinator with a quota on the node's salt evicts its least recently *read* keys first:
+/// the node posts its L2 reads as access events, which move a key up the salt's LRU.
+#[tokio::test]
+async fn quota_eviction_takes_the_least_recently_read_keys_first() {
+    let server =
+        quiet_coordinator(|c| c.eviction_check_interval = Some(Duration::from_millis(50))).await;
+    let coord = server.addr;
+    let dir = tempdir("lru-read");
+    let node = node_with(|n| {
+        // skip_l1: every GET reads L2, so every read is an L2 access.
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::SkipL1,
+        ));
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-r");
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let key = |i: u64| format!("m@1@0@{:04x}@bfloat16", 0xd0 + i);
+    let file = 4096.0 + 56.0 + 19.0;
+    let gib = f64::from(1u32 << 30);
+    let usage = || async {
+        let (_, v) = common::http::http(coord, "GET", "/quota/_default", None, &[]).await;
+        v["usage_gb"].as_f64().unwrap_or(-1.0)
+    };
+    let wait_usage = |files: f64| async move {
+        let mut seen = 0.0;
+        for _ in 0..500 {
+            seen = usage().await;
+            if (seen - files * file / gib).abs() < 1e-12 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("usage {seen} GiB, want {files} files");
+    };
+    let mut client = Client::connect(&node).await;
+    // Stored oldest first: 0..6.
+    for i in 0..6 {
+        client.put(&key(i), &body(i, 4096)).await;
+    }
+    client.health().await;
+    node.flush().await;
+    wait_usage(6.0).await;
+    // Read 0, 1, 2: now the least recently used are 3, 4, 5.
+    for i in 0..3 {
+        assert!(client.get(&key(i)).await.is_some(), "{}", key(i));
+    }
+    // A later store: once the coordinator counts it, the reads before it were applied.
+    client.put(&key(6), &body(6, 4096)).await;
+    client.health().await;
+    node.flush().await;
+    wait_usage(7.0).await;
+
+    // A quota of five objects: the eviction loop deletes from the LRU end.
+    let limit = 5.0 * file / gib;
+    let (status, v) = common::http::http(
+        coord,
+        "PUT",
+        "/quota/_default",
+        Some(&serde_json::json!({"limit_gb": limit}).to_string()),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut gone = Vec::new();
+    for _ in 0..500 {
+        gone.clear();
+        for i in 0..7 {
+            if !client.exists(&key(i)).await {
+                gone.push(i);
+            }
+        }
+        if gone.len() >= 2 && usage().await < limit {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(usage().await < limit, "evicted under the quota: {gone:?}");
+    // The unread keys go first; the most recently read and the newest stay.
+    for i in 3..6 {
+        assert!(
+            gone.contains(&i),
+            "unread {} evicted first: gone {gone:?}",
+            key(i)
+        );
+    }
+    for i in [2, 6] {
+        assert!(!gone.contains(&i), "{} stays: gone {gone:?}", key(i));
+    }
+    node.stop().await;
+    common::within("stop", server.stop()).await;
+}

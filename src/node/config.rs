@@ -101,6 +101,9 @@ pub struct CoordinatorLinkConfig {
     pub advertise_ip: Option<String>,
     /// Period of `PUT /instances/{id}/heartbeat` (and of registration retries).
     pub heartbeat_interval: Duration,
+    /// Post cache events (`POST /events`); `false`: register and heartbeat only (LMCache's
+    /// `--coordinator-event-reporting`, which the binary leaves off by default as 0.5.6 does).
+    pub event_reporting: bool,
     /// Period of `POST /events` flushes.
     pub event_flush_interval: Duration,
     /// Bound on every call to the coordinator.
@@ -114,7 +117,7 @@ pub struct CoordinatorLinkConfig {
 
 impl CoordinatorLinkConfig {
     /// A link to `host:port` as `instance_id` with LMCache's timings (heartbeat 5 s, flush
-    /// 1 s) and kvplane's bounds.
+    /// 1 s), event reporting on, and kvplane's bounds.
     #[must_use]
     pub fn new(host: impl Into<String>, port: u16, instance_id: impl Into<String>) -> Self {
         CoordinatorLinkConfig {
@@ -123,6 +126,7 @@ impl CoordinatorLinkConfig {
             instance_id: instance_id.into(),
             advertise_ip: None,
             heartbeat_interval: Duration::from_secs_f64(d::COORDINATOR_HEARTBEAT_INTERVAL_S),
+            event_reporting: true,
             event_flush_interval: Duration::from_secs_f64(d::COORDINATOR_EVENT_FLUSH_INTERVAL_S),
             timeout: Duration::from_secs_f64(d::COORDINATOR_TIMEOUT_S),
             max_queued_events: d::COORDINATOR_MAX_QUEUED_EVENTS,

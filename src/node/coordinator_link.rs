@@ -1,7 +1,8 @@
 //! The node as a coordinator's MP server (`--coordinator-url`): it registers
 //! (`POST /instances`, the body LMCache 0.5.6's registrar sends), heartbeats
 //! (`PUT /instances/{id}/heartbeat`; a 404 means the coordinator forgot it, and it registers
-//! again at once), posts its L1 and L2 stores and deletes as 0.5.6 cache-event batches
+//! again at once), posts its L1 and L2 stores, deletes and reads (accesses) as 0.5.6
+//! cache-event batches
 //! (`POST /events`, per-batch sequence numbers under one incarnation), and deregisters
 //! (`DELETE /instances/{id}`) when it stops.
 //!
@@ -29,10 +30,18 @@ pub(crate) const L2_BACKEND: &str = "fs";
 const L1_BACKEND: &str = "dram";
 const USER_AGENT: &str = "kvplane-node";
 
+/// What happened to a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Store,
+    Delete,
+    Access,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Event {
     tier: TierId,
-    store: bool,
+    kind: Kind,
     key: EncodedKey,
     bytes: u64,
 }
@@ -68,8 +77,8 @@ impl EventQueue {
     }
 }
 
-impl TierObserver for EventQueue {
-    fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
+impl EventQueue {
+    fn push(&self, tier: TierId, kind: Kind, key: &str, bytes: u64) {
         let Some(key) = encode(key) else {
             self.count("unreportable_key");
             return;
@@ -82,12 +91,23 @@ impl TierObserver for EventQueue {
         }
         q.push_back(Event {
             tier,
-            store: admitted,
+            kind,
             key,
             bytes,
         });
         drop(q);
         self.count("queued");
+    }
+}
+
+impl TierObserver for EventQueue {
+    fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
+        let kind = if admitted { Kind::Store } else { Kind::Delete };
+        self.push(tier, kind, key, bytes);
+    }
+
+    fn accessed(&self, tier: TierId, key: &str) {
+        self.push(tier, Kind::Access, key, 0);
     }
 }
 
@@ -176,12 +196,18 @@ impl Link {
         })
     }
 
-    /// A `store` or `delete` batch of one tier: L1 as `l1`/`dram`, L2 as `l2`/`fs`.
-    fn run_batch(&mut self, (tier, store): (TierId, bool), entries: Vec<Value>) -> Value {
-        let kind = if store { "store" } else { "delete" };
-        match tier {
-            TierId::L1 => self.batch(kind, "l1", L1_BACKEND, entries),
-            TierId::L2 => self.batch(kind, "l2", L2_BACKEND, entries),
+    /// A `store`, `delete` or `access` batch of one tier: L1 as `l1`/`dram` (an access:
+    /// backend `""`, as 0.5.6 sends it), L2 as `l2`/`fs`.
+    fn run_batch(&mut self, (tier, kind): (TierId, Kind), entries: Vec<Value>) -> Value {
+        let name = match kind {
+            Kind::Store => "store",
+            Kind::Delete => "delete",
+            Kind::Access => "access",
+        };
+        match (tier, kind) {
+            (TierId::L1, Kind::Access) => self.batch(name, "l1", "", entries),
+            (TierId::L1, _) => self.batch(name, "l1", L1_BACKEND, entries),
+            (TierId::L2, _) => self.batch(name, "l2", L2_BACKEND, entries),
         }
     }
 
@@ -202,7 +228,7 @@ impl Link {
             tracing::info!(id = %self.ctx.config.instance_id, "registered with the coordinator");
         }
         self.registered = ok;
-        if ok {
+        if ok && self.ctx.config.event_reporting {
             // As 0.5.6 does after every (re-)registration: declare the tiers' capacities.
             self.capacity_revision += 1;
             let (l1, l2) = self.ctx.capacity;
@@ -251,16 +277,16 @@ impl Link {
         let mut run: Vec<Value> = Vec::new();
         let mut run_of = None;
         for e in events {
-            if run_of != Some((e.tier, e.store)) || run.len() >= max {
+            if run_of != Some((e.tier, e.kind)) || run.len() >= max {
                 if let Some(of) = run_of {
                     let b = self.run_batch(of, std::mem::take(&mut run));
                     self.unsent.push(b);
                 }
-                run_of = Some((e.tier, e.store));
+                run_of = Some((e.tier, e.kind));
             }
             run.push(json!({
                 "key": e.key,
-                "size_bytes": if e.store { e.bytes } else { 0 },
+                "size_bytes": if e.kind == Kind::Store { e.bytes } else { 0 },
                 "token_ids": [],
                 "token_offset": -1,
             }));
@@ -412,12 +438,16 @@ mod tests {
         q.changed(TierId::L2, "m@1@0@aa@bf16", 5, true);
         q.changed(TierId::L2, "not-a-key", 5, true);
         q.changed(TierId::L2, "m@1@0@ab@bf16", 5, false);
-        q.changed(TierId::L2, "m@1@0@ac@bf16", 5, true);
+        q.accessed(TierId::L2, "m@1@0@ac@bf16");
         let taken = q.take(10);
         assert_eq!(taken.len(), 3);
         assert_eq!(
-            taken.iter().map(|e| (e.tier, e.store)).collect::<Vec<_>>(),
-            [(TierId::L1, true), (TierId::L2, true), (TierId::L2, false)]
+            taken.iter().map(|e| (e.tier, e.kind)).collect::<Vec<_>>(),
+            [
+                (TierId::L1, Kind::Store),
+                (TierId::L2, Kind::Store),
+                (TierId::L2, Kind::Delete)
+            ]
         );
         assert_eq!(taken[2].key.chunk_hash_hex, "ab");
         let text = q.metrics.render();
@@ -425,5 +455,8 @@ mod tests {
             text.contains(r#"kvplane_node_reports_total{outcome="dropped",sink="coordinator"} 1"#),
             "{text}"
         );
+        let q = EventQueue::new(3, Arc::new(NodeMetrics::new()));
+        q.accessed(TierId::L1, "m@1@0@ac@bf16");
+        assert_eq!(q.take(1)[0].kind, Kind::Access);
     }
 }

@@ -275,8 +275,11 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
             Arc::clone(&metrics),
         ))
     });
-    if let Some(q) = &events {
-        observers.push(Arc::clone(q) as Arc<dyn tiers::TierObserver>);
+    if let (Some(q), Some(c)) = (&events, &config.coordinator) {
+        // Reporting off: the queue stays empty, the link only registers and heartbeats.
+        if c.event_reporting {
+            observers.push(Arc::clone(q) as Arc<dyn tiers::TierObserver>);
+        }
     }
     let (l1, l2) = (config.l1, config.l2.clone());
     let (m, t) = (Arc::clone(&metrics), background.clone());

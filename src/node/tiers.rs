@@ -157,6 +157,11 @@ pub(crate) trait TierObserver: Send + Sync {
     /// `key` entered (`admitted`) or left `tier`; `bytes` is its size there (body bytes in
     /// L1, file bytes in L2).
     fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool);
+
+    /// `key` was read from `tier` (a GET hit, or a warm prefetch); by default nothing.
+    fn accessed(&self, tier: TierId, key: &str) {
+        let _ = (tier, key);
+    }
 }
 
 /// The observers of one node (none, the controller reporter, the coordinator reporter).
@@ -365,6 +370,13 @@ impl Tiers {
         drop(l1);
         self.count_evicted("l1", &evicted);
         admitted
+    }
+
+    /// Tells every observer `key` was read from `tier`.
+    fn read_from(&self, tier: TierId, key: &str) {
+        for o in &self.observers {
+            o.accessed(tier, key);
+        }
     }
 
     /// Tells every observer (call under the tier's lock).
@@ -598,6 +610,7 @@ impl Tiers {
             if l1.pin(key) {
                 let obj = l1.peek(key).cloned();
                 drop(l1);
+                self.read_from(TierId::L1, key);
                 let pin = Pin {
                     tiers: Arc::clone(self),
                     key: key.to_owned(),
@@ -606,6 +619,7 @@ impl Tiers {
             }
         }
         let obj = self.read_l2(key).await?;
+        self.read_from(TierId::L2, key);
         if self
             .l2
             .as_ref()
@@ -621,11 +635,13 @@ impl Tiers {
     /// object is kept in L1 (subject to L1's eviction like any other).
     pub(crate) async fn warm(self: &Arc<Self>, key: &str) -> Warmed {
         if self.l1.lock().touch(key).is_some() {
+            self.read_from(TierId::L1, key);
             return Warmed::InL1;
         }
         let Some(obj) = self.read_l2(key).await else {
             return Warmed::Missing;
         };
+        self.read_from(TierId::L2, key);
         if self.put_l1(key, obj) {
             self.metrics.l2_promotions.inc();
             Warmed::Loaded

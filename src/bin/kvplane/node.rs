@@ -111,8 +111,16 @@ pub(crate) struct NodeArgs {
     /// Seconds between heartbeats to the coordinator.
     #[arg(long, env = "KVPLANE_COORDINATOR_HEARTBEAT_INTERVAL", default_value_t = d::COORDINATOR_HEARTBEAT_INTERVAL_S)]
     coordinator_heartbeat_interval: f64,
-    /// Seconds between usage-event posts to the coordinator.
-    #[arg(long, env = "KVPLANE_COORDINATOR_EVENT_FLUSH_INTERVAL", default_value_t = d::COORDINATOR_EVENT_FLUSH_INTERVAL_S)]
+    /// Post cache store, access and delete events to the coordinator (LMCache's switch, off
+    /// by default as in 0.5.6: without it the node only registers and heartbeats).
+    #[arg(long, env = "KVPLANE_COORDINATOR_EVENT_REPORTING")]
+    coordinator_event_reporting: bool,
+    /// Deprecated spelling of `--coordinator-event-reporting` (LMCache before 0.5.3).
+    #[arg(long, hide = true)]
+    coordinator_l2_event_reporting: bool,
+    /// Seconds between cache-event posts to the coordinator (also accepted as the deprecated
+    /// `--coordinator-l2-event-flush-interval`).
+    #[arg(long, alias = "coordinator-l2-event-flush-interval", env = "KVPLANE_COORDINATOR_EVENT_FLUSH_INTERVAL", default_value_t = d::COORDINATOR_EVENT_FLUSH_INTERVAL_S)]
     coordinator_event_flush_interval: f64,
     /// Seconds any call to the coordinator may take.
     #[arg(long, env = "KVPLANE_COORDINATOR_TIMEOUT", default_value_t = d::COORDINATOR_TIMEOUT_S)]
@@ -297,6 +305,14 @@ impl NodeArgs {
                 c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
                 c.heartbeat_interval = coordinator_heartbeat;
                 c.event_flush_interval = coordinator_flush;
+                if self.coordinator_l2_event_reporting && !self.coordinator_event_reporting {
+                    tracing::warn!(
+                        "--coordinator-l2-event-reporting is deprecated, use \
+                         --coordinator-event-reporting instead"
+                    );
+                }
+                c.event_reporting =
+                    self.coordinator_event_reporting || self.coordinator_l2_event_reporting;
                 c.timeout = coordinator_timeout;
                 if self.no_http {
                     return Err(ConfigError::Value {
@@ -401,6 +417,25 @@ mod tests {
             ("127.0.0.1", 9300, "n1")
         );
         assert_eq!(k.heartbeat_interval, std::time::Duration::from_millis(500));
+        assert!(!k.event_reporting, "off unless asked, as in LMCache 0.5.6");
+        let url = ["--coordinator-url", "http://c:1"];
+        let on = parse(&[url[0], url[1], "--coordinator-event-reporting"]).expect("valid");
+        assert!(on.coordinator.expect("coordinator").event_reporting);
+        // LMCache's deprecated pre-0.5.3 spellings still work.
+        let old = parse(&[
+            url[0],
+            url[1],
+            "--coordinator-l2-event-reporting",
+            "--coordinator-l2-event-flush-interval",
+            "0.25",
+        ])
+        .expect("deprecated spellings");
+        let k = old.coordinator.expect("coordinator");
+        assert!(k.event_reporting);
+        assert_eq!(
+            k.event_flush_interval,
+            std::time::Duration::from_millis(250)
+        );
         let c = parse(&[]).expect("defaults");
         assert!(c.controller.is_none() && c.coordinator.is_none());
         assert!(parse(&["--coordinator-url", "http://c:1", "--no-http"]).is_err());
