@@ -364,7 +364,7 @@ mod tests {
         assert_eq!(c.resync.map(|r| r.page_size), Some(1000));
         assert_eq!(c.http.max_body_bytes, 16 << 20);
         assert_eq!(c.http.max_body_items, 1 << 20);
-        assert_eq!(c.http.max_connections, 1024);
+        assert_eq!(c.http.max_connections, 16_384);
         assert_eq!(c.http.read_timeout, Duration::from_secs(30));
     }
 
