@@ -591,6 +591,9 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
         .collect();
     hashes.sort();
     assert_eq!(hashes, ["01", "02"]);
+    // L2, the server's primary adapter (the documented form names none: backend `default`).
+    assert_eq!(deleted["tier"], "l2", "{deleted}");
+    assert!(deleted.get("adapter").is_none(), "{deleted}");
     assert!(
         h.stats
             .dispatches_ok
