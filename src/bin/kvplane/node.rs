@@ -49,9 +49,15 @@ pub(crate) struct NodeArgs {
     /// L2 prefetch policy: default (an L2 hit is served, not kept in L1) or retain.
     #[arg(long, env = "KVPLANE_L2_PREFETCH_POLICY", default_value = d::L2_PREFETCH_POLICY)]
     l2_prefetch_policy: String,
-    /// L2 file reads and writes in flight at once.
-    #[arg(long, env = "KVPLANE_L2_MAX_IN_FLIGHT", default_value_t = d::L2_MAX_IN_FLIGHT)]
+    /// L2 file reads and writes in flight at once (also accepted as LMCache's
+    /// `--l2-prefetch-max-in-flight`).
+    #[arg(long, alias = "l2-prefetch-max-in-flight", env = "KVPLANE_L2_MAX_IN_FLIGHT", default_value_t = d::L2_MAX_IN_FLIGHT)]
     l2_max_in_flight: usize,
+    /// LMCache's L2 adapter JSON, e.g. '{"type":"fs","base_path":"/data/l2"}' (the `fs`
+    /// adapter's fields and `eviction`); instead of `--l2-path`. A node has one L2: given
+    /// more than once, or with another type, it is refused at start.
+    #[arg(long, env = "KVPLANE_L2_ADAPTER")]
+    l2_adapter: Vec<String>,
     /// L2 eviction policy: LRU or noop.
     #[arg(long, env = "KVPLANE_L2_EVICTION_POLICY", default_value = d::EVICTION_POLICY)]
     l2_eviction_policy: String,
@@ -225,10 +231,33 @@ impl NodeArgs {
                 })
             }
         };
-        let l2 = match &self.l2_path {
+        let adapter_err = |detail: String| ConfigError::Value {
+            flag: "l2-adapter",
+            detail,
+        };
+        let adapter = match self.l2_adapter.as_slice() {
+            [] => None,
+            [one] => Some(kvplane::node::config::parse_l2_adapter(one).map_err(adapter_err)?),
+            more => {
+                return Err(adapter_err(format!(
+                    "{} adapters given: a node has one L2 tier (an L2 cascade is not built)",
+                    more.len()
+                )))
+            }
+        };
+        if adapter.is_some() && self.l2_path.is_some() {
+            return Err(adapter_err(
+                "give --l2-path or --l2-adapter, not both".into(),
+            ));
+        }
+        let l2_path = adapter
+            .as_ref()
+            .map(|a| a.path.clone())
+            .or_else(|| self.l2_path.clone());
+        let l2 = match l2_path {
             None => None,
             Some(path) => Some(L2Config {
-                path: path.clone(),
+                path,
                 eviction: EvictionPolicy {
                     budget: size("l2-size-gb", self.l2_size_gb)?,
                     trigger_watermark: ratio(
@@ -244,6 +273,14 @@ impl NodeArgs {
                 fsync: !self.l2_no_fsync,
             }),
         };
+        let l2 = l2.map(|mut c| {
+            if let Some((lru, watermark, ratio)) = adapter.as_ref().and_then(|a| a.eviction) {
+                c.eviction.lru = lru;
+                c.eviction.trigger_watermark = watermark;
+                c.eviction.eviction_ratio = ratio;
+            }
+            c
+        });
         let max_object_bytes = config::at_least_one("max-object-bytes", self.max_object_bytes)?;
         if i32::try_from(max_object_bytes).is_err() {
             return Err(ConfigError::Value {
@@ -438,6 +475,26 @@ mod tests {
         );
         let c = parse(&[]).expect("defaults");
         assert!(c.controller.is_none() && c.coordinator.is_none());
+        // LMCache's MP-server forms: the fs adapter's JSON, the prefetch flag's name.
+        let c = parse(&[
+            "--l2-adapter",
+            r#"{"type":"fs","base_path":"/tmp/l2","eviction":{"eviction_policy":"LRU","eviction_ratio":0.5}}"#,
+            "--l2-prefetch-max-in-flight",
+            "3",
+        ])
+        .expect("LMCache's forms");
+        let l2 = c.l2.expect("l2");
+        assert_eq!(l2.path, std::path::PathBuf::from("/tmp/l2"));
+        assert_eq!((l2.max_in_flight, l2.eviction.eviction_ratio), (3, 0.5));
+        let fs = r#"{"type":"fs","base_path":"/a"}"#;
+        for bad in [
+            vec!["--l2-adapter", r#"{"type":"s3"}"#],
+            vec!["--l2-adapter", fs, "--l2-adapter", fs],
+            vec!["--l2-adapter", fs, "--l2-path", "/b"],
+        ] {
+            let e = parse(&bad).expect_err("refused");
+            assert!(e.contains("l2-adapter"), "{e}");
+        }
         assert!(parse(&["--coordinator-url", "http://c:1", "--no-http"]).is_err());
     }
 
