@@ -228,6 +228,42 @@ async fn streams_pass_through_chunk_by_chunk() {
         r.state.engines[0].load().in_flight == 0
     })
     .await;
+    // A stream that does not ask for usage: the router asks on its behalf, accounts it, and
+    // the client sees exactly the events it asked for.
+    engine.knobs.gate.store(false, Ordering::Relaxed);
+    let req = hyper::Request::post(format!("http://{}/v1/completions", r.addr))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(
+            json!({"model": "m", "prompt": PROMPT, "stream": true}).to_string(),
+        ))
+        .unwrap();
+    let resp = within("the second stream", client.request(req))
+        .await
+        .expect("answer");
+    let all = within("its body", resp.into_body().collect())
+        .await
+        .expect("body")
+        .to_bytes();
+    let text = std::str::from_utf8(&all).unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(
+        events.len(),
+        4,
+        "3 tokens and [DONE], no usage event: {text}"
+    );
+    assert!(!text.contains("\"choices\":[]"), "{text}");
+    assert_eq!(events[3], "data: [DONE]");
+    eventually(
+        "the second stream accounted",
+        Duration::from_secs(5),
+        || r.state.accounting.lock().overall().requests == 2,
+    )
+    .await;
+    let predicted = r.state.accounting.lock().overall();
+    assert!(
+        predicted.delivered > 0,
+        "the second stream reused the first's blocks: {predicted:?}"
+    );
     r.stop().await;
 }
 

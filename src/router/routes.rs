@@ -103,6 +103,15 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
         .with_label_values(&[source])
         .observe(started.elapsed().as_secs_f64());
     let stream = parsed.get("stream").and_then(Value::as_bool) == Some(true);
+    // A stream reports its usage only when asked: ask on the client's behalf (so every
+    // answer is accounted) and take the usage-only event out of what the client sees.
+    let mut parsed = parsed;
+    let strip_usage = stream && ask_for_usage(&mut parsed);
+    let body = if strip_usage {
+        Bytes::from(serde_json::to_vec(&parsed).unwrap_or_else(|_| body.to_vec()))
+    } else {
+        body
+    };
     for i in order {
         let engine = Arc::clone(&st.engines[i]);
         let name = engine.spec.instance.clone();
@@ -122,7 +131,7 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
         match upstream::send(&st.client, req, st.config.response_timeout).await {
             Ok(resp) => {
                 reservation.answered();
-                return answer(&st, i, decision, reservation, resp, stream).await;
+                return answer(&st, i, decision, reservation, resp, stream, strip_usage).await;
             }
             Err(f) => {
                 st.metrics
@@ -159,6 +168,24 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     )
 }
 
+/// Sets `stream_options.include_usage` unless the request set it; whether it did.
+fn ask_for_usage(body: &mut Map<String, Value>) -> bool {
+    let options = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if options.is_null() {
+        *options = Value::Object(Map::new());
+    }
+    let Some(options) = options.as_object_mut() else {
+        return false;
+    };
+    if options.get("include_usage").and_then(Value::as_bool) == Some(true) {
+        return false;
+    }
+    options.insert("include_usage".into(), Value::Bool(true));
+    true
+}
+
 /// Passes the engine's answer on: an event stream chunk by chunk, anything else read whole
 /// (bounded) so its `usage` can be accounted.
 async fn answer(
@@ -168,6 +195,7 @@ async fn answer(
     reservation: Reservation,
     resp: hyper::Response<hyper::body::Incoming>,
     stream: bool,
+    strip_usage: bool,
 ) -> Response {
     let name = st.engines[engine].spec.instance.clone();
     let status = resp.status();
@@ -189,7 +217,9 @@ async fn answer(
             st: Arc::clone(st),
             engine,
             decision,
-            line: Vec::new(),
+            pending: Vec::new(),
+            raw: false,
+            strip_usage,
             usage: None,
             _reservation: reservation,
         };
@@ -229,51 +259,91 @@ async fn answer(
     }
 }
 
-/// The longest SSE line the observer buffers to find `usage` (longer lines pass unread).
-const MAX_SSE_LINE: usize = 1 << 20;
+/// The longest SSE event the observer holds back to read (a longer one passes unread, and
+/// so does the rest of that stream).
+const MAX_SSE_EVENT: usize = 1 << 20;
 
-/// Watches a passed-through event stream for the chunk carrying `usage` (vLLM sends it last
-/// when the request asks `stream_options.include_usage`), and releases the reservation at
-/// the end.
+/// Passes a stream on event by event (`\n\n`-separated, as vLLM and SGLang write them),
+/// reading the event that carries `usage` (vLLM sends it last when the request asks
+/// `stream_options.include_usage`). When the router asked for it on the client's behalf
+/// (`strip_usage`), that usage-only event (`choices: []`) is not passed on. Releases the
+/// reservation at the end.
 struct Observer {
     st: Arc<RouterState>,
     engine: usize,
     decision: Decision,
-    line: Vec<u8>,
+    pending: Vec<u8>,
+    /// An event outgrew [`MAX_SSE_EVENT`]: pass everything on unread.
+    raw: bool,
+    strip_usage: bool,
     usage: Option<Value>,
     _reservation: Reservation,
 }
 
 impl Observer {
-    fn line_done(&mut self) {
-        let line = std::mem::take(&mut self.line);
-        let Some(data) = line.strip_prefix(b"data:") else {
-            return;
+    /// Reads one whole event; whether it goes to the client.
+    fn event(&mut self, event: &[u8]) -> bool {
+        let Some(data) = event
+            .split(|b| *b == b'\n')
+            .find_map(|l| l.strip_prefix(b"data:"))
+        else {
+            return true;
         };
         if !data.windows(7).any(|w| w == b"\"usage\"") {
-            return;
+            return true;
         }
-        if let Ok(mut v) = serde_json::from_slice::<Value>(data.trim_ascii()) {
-            if let Some(u) = v.get_mut("usage").map(Value::take).filter(|u| !u.is_null()) {
-                self.usage = Some(u);
-            }
-        }
+        let Ok(mut v) = serde_json::from_slice::<Value>(data.trim_ascii()) else {
+            return true;
+        };
+        let Some(u) = v.get_mut("usage").map(Value::take).filter(|u| !u.is_null()) else {
+            return true;
+        };
+        self.usage = Some(u);
+        let usage_only = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty);
+        !(self.strip_usage && usage_only)
     }
 }
 
 impl StreamObserver for Observer {
-    fn chunk(&mut self, data: &[u8]) {
-        for &b in data {
-            if b == b'\n' {
-                self.line_done();
-            } else if self.line.len() < MAX_SSE_LINE {
-                self.line.push(b);
-            }
+    fn chunk(&mut self, data: Bytes) -> Bytes {
+        if self.raw {
+            return data;
         }
+        self.pending.extend_from_slice(&data);
+        let Some(end) = self.pending.windows(2).rposition(|w| w == b"\n\n") else {
+            if self.pending.len() > MAX_SSE_EVENT {
+                self.raw = true;
+                return Bytes::from(std::mem::take(&mut self.pending));
+            }
+            return Bytes::new();
+        };
+        let rest = self.pending.split_off(end + 2);
+        let whole = std::mem::replace(&mut self.pending, rest);
+        let mut out = Vec::with_capacity(whole.len());
+        let mut start = 0;
+        while let Some(at) = whole[start..].windows(2).position(|w| w == b"\n\n") {
+            let event = &whole[start..start + at + 2];
+            if self.event(event) {
+                out.extend_from_slice(event);
+            }
+            start += at + 2;
+        }
+        Bytes::from(out)
+    }
+
+    fn finish(&mut self) -> Bytes {
+        let tail = std::mem::take(&mut self.pending);
+        if !self.raw && !tail.is_empty() {
+            // A last event without its blank line: read it, and pass it on.
+            self.event(&tail);
+        }
+        Bytes::from(tail)
     }
 
     fn end(&mut self, result: Result<(), Failure>) {
-        self.line_done();
         let name = &self.st.engines[self.engine].spec.instance;
         if let Err(f) = result {
             self.st

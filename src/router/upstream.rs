@@ -90,8 +90,11 @@ pub async fn read_body(mut body: Incoming, max: usize, idle: Duration) -> Result
 
 /// What a passed-through body reports when it ends.
 pub trait StreamObserver: Send + 'static {
-    /// Each chunk, as it goes to the client.
-    fn chunk(&mut self, data: &[u8]);
+    /// Each chunk from the engine; returns what goes to the client now (the observer may
+    /// hold back a partial event, or drop one).
+    fn chunk(&mut self, data: Bytes) -> Bytes;
+    /// At the engine's end of body: what the observer still holds, for the client.
+    fn finish(&mut self) -> Bytes;
     /// The end: `Ok` when the engine finished the body, the failure otherwise. Also called
     /// (with [`Failure::Broken`]) when the client goes away first.
     fn end(&mut self, result: Result<(), Failure>);
@@ -127,14 +130,14 @@ pub fn pass_through<O: StreamObserver>(body: Incoming, observer: O, idle: Durati
         }
         match tokio::time::timeout(st.idle, st.body.frame()).await {
             Ok(Some(Ok(frame))) => {
-                let data = frame.into_data().unwrap_or_default();
-                st.observer.chunk(&data);
+                let data = st.observer.chunk(frame.into_data().unwrap_or_default());
                 Some((Ok::<Bytes, std::io::Error>(data), st))
             }
             Ok(None) => {
                 st.ended = true;
+                let tail = st.observer.finish();
                 st.observer.end(Ok(()));
-                None
+                (!tail.is_empty()).then_some((Ok(tail), st))
             }
             Ok(Some(Err(e))) => {
                 st.ended = true;
