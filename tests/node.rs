@@ -673,3 +673,55 @@ async fn coordinator_routes_page_and_delete_objects() {
         "{metrics}"
     );
 }
+
+/// `force` on the coordinator's delete removes an L1 object a client is still reading (the
+/// reply in flight finishes, byte for byte, from its own reference); without it the object
+/// is skipped.
+#[tokio::test]
+async fn force_deletes_an_object_mid_read_and_the_read_completes() {
+    use common::http::http;
+    let node = node_with(|_| {}).await;
+    let addr = node.addrs.http.expect("http");
+    let key = "m@1@0@00e0@bfloat16";
+    // 32 MiB: far more than the socket buffers hold, so the reply stays in flight.
+    let data = body(7, 32 << 20);
+    let mut writer = Client::connect(&node).await;
+    writer.put(key, &data).await;
+    writer.health().await;
+    let mut reader = Client::connect(&node).await;
+    reader.send_header(Command::Get, key, 0, META).await;
+    let mut hits = 0.0;
+    for _ in 0..500 {
+        hits = sample(
+            &scrape(&node).await,
+            r#"kvplane_node_requests_total{command="get",outcome="hit"}"#,
+        );
+        if hits >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(hits, 1.0, "the GET is being answered");
+    let delete =
+        |force: bool| serde_json::json!({"keys": [key], "tier": "l1", "force": force}).to_string();
+    let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&delete(false)), &[]).await;
+    assert_eq!(
+        (status, reply["skipped"].as_u64()),
+        (200, Some(1)),
+        "{reply}"
+    );
+    let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&delete(true)), &[]).await;
+    assert_eq!(
+        (status, reply["deleted"].as_u64()),
+        (200, Some(1)),
+        "{reply}"
+    );
+    let head = reader.reply().await;
+    assert_eq!((head.code, head.length), (CODE_SUCCESS, data.len()));
+    assert!(
+        reader.body(data.len()).await == data,
+        "the read finished intact"
+    );
+    assert!(!writer.exists(key).await, "deleted");
+    node.stop().await;
+}

@@ -231,9 +231,9 @@ impl CommandHandler for NodeCommands {
                 l2: tier == TierId::L2,
             };
             let rank = self.rank;
-            let removed = self
-                .tiers
-                .delete_in(which, |k| rank.is_none_or(|r| key_rank(k) == Some(r)));
+            let removed = self.tiers.delete_in(which, false, |k| {
+                rank.is_none_or(|r| key_rank(k) == Some(r))
+            });
             tracing::info!(
                 location = req.location,
                 objects = removed.keys,

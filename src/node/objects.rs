@@ -174,9 +174,11 @@ struct DeleteBody {
     /// `l1`, `l2` or `all`; 0.5.6's default is `l2` (what its eviction loop means).
     #[serde(default)]
     tier: Option<String>,
-    // 0.5.6's `force` (delete L1 keys even while locked) and `adapter` (which L2) are accepted
-    // and ignored: the node never removes an object mid-read (those count in `skipped`), and
-    // it has one L2.
+    /// 0.5.6's `force`: delete objects even while a client reads them (an L1 reply in flight
+    /// finishes from its own reference; an L2 read not yet at its file misses). Pinned
+    /// objects stay either way. `adapter` is accepted and ignored: a node has one L2.
+    #[serde(default)]
+    force: bool,
 }
 
 /// The tiers a delete's `tier` names (0.5.6's default: `l2`).
@@ -275,7 +277,7 @@ pub(crate) async fn delete(
         }
     }
     let deleted = tiers
-        .delete_in(which, |k| {
+        .delete_in(which, parsed.force, |k| {
             raw.contains(k)
                 || (!encoded.is_empty() && encode(k).is_some_and(|e| encoded.contains(&e)))
         })

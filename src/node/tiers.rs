@@ -880,13 +880,15 @@ impl Tiers {
         }
     }
 
-    /// Deletes every key for which `matches` holds from the tiers `which` names (pinned L1
-    /// objects and L2 files still being written are left alone); counts the distinct keys
+    /// Deletes every key for which `matches` holds from the tiers `which` names (objects being
+    /// read — unless `force` —, L2 files still being written and objects the controller
+    /// pinned are left alone); counts the distinct keys
     /// removed (an object in both tiers once) and the tokens removed, tier by tier (an object
     /// removed from both tiers counts in each, as LMCache sums its backends' clears).
     pub(crate) fn delete_in(
         self: &Arc<Self>,
         which: TierSet,
+        force: bool,
         matches: impl Fn(&str) -> bool,
     ) -> Removed {
         let mut removed = std::collections::HashSet::new();
@@ -895,7 +897,14 @@ impl Tiers {
             let mut l1 = self.l1.lock();
             let victims: Vec<String> = l1
                 .keys()
-                .filter(|k| matches(k) && l1.pins(k) == 0)
+                .filter(|k| {
+                    matches(k)
+                        && if force {
+                            !l1.is_held(k)
+                        } else {
+                            l1.pins(k) == 0
+                        }
+                })
                 .map(str::to_owned)
                 .collect();
             for k in victims {
@@ -918,7 +927,13 @@ impl Tiers {
             let victims: Vec<String> = index
                 .keys()
                 .filter(|k| {
-                    matches(k) && index.pins(k) == 0 && index.peek(k).is_some_and(|e| e.ready)
+                    // A file being written holds its writer's pin, and is not `ready`.
+                    let free = if force {
+                        !index.is_held(k)
+                    } else {
+                        index.pins(k) == 0
+                    };
+                    matches(k) && free && index.peek(k).is_some_and(|e| e.ready)
                 })
                 .map(str::to_owned)
                 .collect();
