@@ -64,6 +64,7 @@ impl Model {
             .retain(|_, planned| cycle - *planned < IN_FLIGHT_CYCLES + 1);
         let mut groups: indexmap::IndexMap<(String, u8, bool), Victims> = indexmap::IndexMap::new();
         let mut planned = 0usize;
+        let mut members: hashbrown::HashMap<u8, Option<String>> = hashbrown::HashMap::new();
         let over: Vec<(String, u64)> = self
             .keys
             .salts()
@@ -107,7 +108,13 @@ impl Model {
                 planned += 1;
                 for p in placements {
                     let target = if p.holder == FLEET {
-                        self.keys.holders.shared_member(p.backend, 0)
+                        // One member per shared backend and cycle (looked up once: a scan of
+                        // the holders).
+                        let holders = &self.keys.holders;
+                        members
+                            .entry(p.backend)
+                            .or_insert_with(|| holders.shared_member(p.backend).map(str::to_owned))
+                            .as_deref()
                     } else {
                         self.keys.holders.get(p.holder).map(|h| h.id.as_str())
                     };

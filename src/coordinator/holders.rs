@@ -150,21 +150,16 @@ impl Holders {
         }
     }
 
-    /// A live member of shared backend `b` other than the fleet, the `turn`-th of them
-    /// (rotating the choice between cycles).
-    pub(crate) fn shared_member(&self, b: u8, turn: usize) -> Option<&str> {
+    /// A live member of shared backend `b` (the first by holder index), if any: a scan of
+    /// the holders.
+    pub(crate) fn shared_member(&self, b: u8) -> Option<&str> {
         let bit = |h: &&Holder| h.shared_member[usize::from(b / 64)] & (1 << (b % 64)) != 0;
-        let members: Vec<&Holder> = self
-            .slots
+        self.slots
             .iter()
             .flatten()
             .filter(|h| h.live() && !h.id.is_empty())
-            .filter(bit)
-            .collect();
-        if members.is_empty() {
-            return None;
-        }
-        Some(members[turn % members.len()].id.as_str())
+            .find(bit)
+            .map(|h| h.id.as_str())
     }
 
     /// Frees holder `i` if it holds nothing, has left and is no shared member (the fleet

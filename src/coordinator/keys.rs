@@ -673,7 +673,8 @@ impl KeyStore {
     /// pass over all keys) and frees them; returns `(holder id, backend, bytes)` of what
     /// was dropped, per holder and backend, for the per-instance usage.
     pub(crate) fn expire(&mut self, cutoff: f64) -> Vec<(String, String, u64)> {
-        let gone = self.holders.departed_before(cutoff);
+        let gone: hashbrown::HashSet<u16> =
+            self.holders.departed_before(cutoff).into_iter().collect();
         if gone.is_empty() {
             return Vec::new();
         }
