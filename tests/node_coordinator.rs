@@ -628,3 +628,87 @@ async fn quota_eviction_takes_the_least_recently_read_keys_first() {
     node.stop().await;
     common::within("stop", server.stop()).await;
 }
+
+/// Keys tagged with LMCache's `cache_salt` tag carry that salt: a salted warm prefetch finds
+/// them (and not the same chunks without the salt), and their L2 usage counts under the salt.
+#[tokio::test]
+async fn salted_keys_are_prefetched_and_counted_under_their_salt() {
+    const CHUNK: usize = 16;
+    let server = quiet_coordinator(|c| c.chunk_size = CHUNK).await;
+    let coord = server.addr;
+    let dir = tempdir("salt");
+    let node = node_with(|n| {
+        n.l2 = Some(l2(
+            &dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::SkipL1,
+        ));
+        n.chunk_size = CHUNK;
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-s");
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await;
+    let tokens: Vec<u32> = (0..(2 * CHUNK as u32)).map(|t| t * 3 + 5).collect();
+    let (keys, _) =
+        coordinator::pins::resolve("m", 1, &tokens, "tenant-a", CHUNK).expect("resolves");
+    let mut client = Client::connect(&node).await;
+    // Chunk 0 under the salt, chunk 1 without it.
+    let salted = format!(
+        "m@1@0@{}@bfloat16@cache_salt%tenant-a",
+        keys[0].chunk_hash_hex
+    );
+    let plain = format!("m@1@0@{}@bfloat16", keys[1].chunk_hash_hex);
+    client.put(&salted, &body(1, 2048)).await;
+    client.put(&plain, &body(2, 2048)).await;
+    client.health().await;
+    node.flush().await;
+    let http = node.addrs.http.expect("http");
+    let submit = serde_json::json!({
+        "model_name": "m", "world_size": 1, "token_ids": tokens, "cache_salt": "tenant-a",
+    });
+    let (status, reply) = common::http::http(
+        http,
+        "POST",
+        "/cache/prefetches",
+        Some(&submit.to_string()),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(status, 202, "{reply}");
+    let id = reply["request_id"].as_str().expect("id").to_owned();
+    let mut done = serde_json::Value::Null;
+    for _ in 0..300 {
+        let (_, v) =
+            common::http::http(http, "GET", &format!("/cache/prefetches/{id}"), None, &[]).await;
+        if v["status"] == "completed" {
+            done = v;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        (done["found_keys"].as_u64(), done["total_keys"].as_u64()),
+        (Some(1), Some(2)),
+        "{done}"
+    );
+    assert!(node.in_l1(&salted), "the salted chunk was loaded");
+    assert!(!node.in_l1(&plain), "the unsalted one is another tenant's");
+    // Its L2 file counts under the salt's quota.
+    let mut usage = 0.0;
+    for _ in 0..300 {
+        let (_, v) = common::http::http(coord, "GET", "/quota/tenant-a", None, &[]).await;
+        usage = v["usage_gb"].as_f64().unwrap_or(0.0);
+        if usage > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(usage > 0.0, "tenant-a's usage counts the salted key");
+    node.stop().await;
+    common::within("stop", server.stop()).await;
+}

@@ -59,6 +59,10 @@ fn norm_hex(h: &str) -> Option<String> {
     Some(s)
 }
 
+/// The key tag carrying a salt: LMCache writes request config `lmcache.tag.cache_salt = S`
+/// into the key as `@cache_salt%S`.
+pub(crate) const SALT_TAG: &str = "cache_salt%";
+
 /// The coordinator's form of an LMCache key string, if it has one.
 pub(crate) fn encode(key: &str) -> Option<EncodedKey> {
     let mut parts = key.split('@');
@@ -69,12 +73,23 @@ pub(crate) fn encode(key: &str) -> Option<EncodedKey> {
     if model.is_empty() || !(0..256).contains(&world) || !(0..256).contains(&worker) {
         return None;
     }
+    // The rest: the dtype, a layer id, then LMCache's tags `name%value` (request configs
+    // `lmcache.tag.name`); the tag `cache_salt` is the key's salt.
+    let mut cache_salt = String::new();
+    for part in parts {
+        if let Some(salt) = part.strip_prefix(SALT_TAG) {
+            if salt.len() > 128 || salt.contains(['/', '\\', '\0']) {
+                return None;
+            }
+            salt.clone_into(&mut cache_salt);
+        }
+    }
     Some(EncodedKey {
         chunk_hash_hex: hash,
         model_name: model.to_owned(),
         kv_rank: (world << 24) | (worker << 16) | (world << 8) | worker,
         object_group_id: 0,
-        cache_salt: String::new(),
+        cache_salt,
     })
 }
 
@@ -308,5 +323,18 @@ mod tests {
         assert!(encode("plain-key").is_none());
         assert!(encode("m@x@1@ab").is_none());
         assert!(encode("m@1@1@zz").is_none());
+        assert_eq!(e.cache_salt, "");
+        // LMCache's tag `lmcache.tag.cache_salt` names the salt; other tags do not.
+        let salted = encode("m@1@0@ab@bfloat16@user%7@cache_salt%tenant-a").expect("salted");
+        assert_eq!(salted.cache_salt, "tenant-a");
+        assert_eq!(salted.chunk_hash_hex, "ab");
+        assert_eq!(
+            encode("m@1@0@ab@bfloat16@user%7").map(|e| e.cache_salt),
+            Some(String::new())
+        );
+        assert!(
+            encode("m@1@0@ab@bf16@cache_salt%a/b").is_none(),
+            "a salt LMCache refuses"
+        );
     }
 }
