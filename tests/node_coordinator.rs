@@ -22,6 +22,32 @@ async fn quiet_coordinator(tweak: impl FnOnce(&mut CoordinatorConfig)) -> coordi
         .expect("coordinator starts")
 }
 
+/// A node with an L2 under `dir` (`skip_l1`: objects live on L2 only once written, so every
+/// GET reads L2) linked to the coordinator at `coord` as `id`, heartbeats every 50 ms, events
+/// every 20 ms, `chunk` tokens per chunk.
+async fn skip_l1_linked_node(
+    coord: std::net::SocketAddr,
+    id: &str,
+    dir: &std::path::Path,
+    chunk: usize,
+) -> kvplane::node::Node {
+    node_with(|n| {
+        n.l2 = Some(l2(
+            dir,
+            1 << 30,
+            PrefetchPolicy::Default,
+            StorePolicy::SkipL1,
+        ));
+        n.chunk_size = chunk;
+        let mut link =
+            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), id);
+        link.heartbeat_interval = Duration::from_millis(50);
+        link.event_flush_interval = Duration::from_millis(20);
+        n.coordinator = Some(link);
+    })
+    .await
+}
+
 #[tokio::test]
 async fn coordinator_resync_counts_the_nodes_l2_objects() {
     resync_then(None).await;
@@ -302,21 +328,7 @@ async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     let server = quiet_coordinator(|c| c.chunk_size = CHUNK).await;
     let coord = server.addr;
     let dir = tempdir("prefetch");
-    let node = node_with(|n| {
-        // skip_l1: once written, objects live on L2 only; a GET would not promote them.
-        n.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::SkipL1,
-        ));
-        n.chunk_size = CHUNK;
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-p");
-        link.heartbeat_interval = Duration::from_millis(50);
-        n.coordinator = Some(link);
-    })
-    .await;
+    let node = skip_l1_linked_node(coord, "node-p", &dir, CHUNK).await;
     let tokens: Vec<u32> = (0..(3 * CHUNK as u32)).map(|t| t * 7 + 1).collect();
     let (keys, chunks) = coordinator::pins::resolve("m", 1, &tokens, "", CHUNK).expect("resolves");
     assert_eq!(chunks, 3);
@@ -538,21 +550,7 @@ async fn quota_eviction_takes_the_least_recently_read_keys_first() {
         quiet_coordinator(|c| c.eviction_check_interval = Some(Duration::from_millis(50))).await;
     let coord = server.addr;
     let dir = tempdir("lru-read");
-    let node = node_with(|n| {
-        // skip_l1: every GET reads L2, so every read is an L2 access.
-        n.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::SkipL1,
-        ));
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-r");
-        link.heartbeat_interval = Duration::from_millis(50);
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
-    })
-    .await;
+    let node = skip_l1_linked_node(coord, "node-r", &dir, 256).await;
     let key = |i: u64| format!("m@1@0@{:04x}@bfloat16", 0xd0 + i);
     let file = 4096.0 + 56.0 + 19.0;
     let gib = f64::from(1u32 << 30);
@@ -637,21 +635,7 @@ async fn salted_keys_are_prefetched_and_counted_under_their_salt() {
     let server = quiet_coordinator(|c| c.chunk_size = CHUNK).await;
     let coord = server.addr;
     let dir = tempdir("salt");
-    let node = node_with(|n| {
-        n.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::SkipL1,
-        ));
-        n.chunk_size = CHUNK;
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-s");
-        link.heartbeat_interval = Duration::from_millis(50);
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
-    })
-    .await;
+    let node = skip_l1_linked_node(coord, "node-s", &dir, CHUNK).await;
     let tokens: Vec<u32> = (0..(2 * CHUNK as u32)).map(|t| t * 3 + 5).collect();
     let (keys, _) =
         coordinator::pins::resolve("m", 1, &tokens, "tenant-a", CHUNK).expect("resolves");
