@@ -45,6 +45,12 @@ pub struct ApiState {
     pub metadata: super::metadata::Persister,
     /// This coordinator's place in its cluster (`--cluster`; `None`: standalone).
     pub cluster: Option<Arc<super::cluster::ClusterStatus>>,
+    /// `--checkpoint-path` (`None`: off).
+    pub checkpoint: Option<Arc<super::checkpoint::Checkpointer>>,
+    /// `--enable-blend-lookup`: `(chunk_size, probe_stride)` (`None`: off).
+    pub blend: Option<(usize, usize)>,
+    /// Which optional routes are served (`--extra-config`, `--disable-metrics`).
+    pub features: super::Features,
 }
 
 /// Every error a route returns.
@@ -114,8 +120,10 @@ pub(crate) type Shared = Arc<ApiState>;
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
     let limits = state.http;
-    let routes = Router::new()
+    let features = state.features;
+    let mut routes = Router::new()
         .merge(super::dashboard::routes(&state))
+        .merge(super::directory_api::routes())
         .route("/instances", post(register).get(list_instances))
         .route("/instances/usage", get(fleet_usage))
         .route("/instances/{id}/usage", get(instance_usage))
@@ -125,33 +133,39 @@ pub fn router(state: Shared) -> Router {
             "/healthz",
             get(|| async { Json(json!({"status": "healthy"})) }),
         )
-        .route("/quota", get(list_quota))
-        .route("/quota/config", put(set_quota_config).get(get_quota_config))
         .route("/quota/events", post(legacy_events))
-        .route(
-            "/quota/{salt}",
-            put(set_quota).get(get_quota).delete(remove_quota),
-        )
         .route("/events", post(events))
         .route("/cache/prefetches", post(prefetch))
         .route(
             "/cache/prefetches/{instance}/{request}",
             get(prefetch_status),
         )
-        .route(
-            "/cache/pins",
-            post(cache_api::pin)
-                .delete(cache_api::unpin)
-                .get(cache_api::list),
-        )
         .route("/cache/delete", post(cache_api::delete))
-        .route("/metrics", get(metrics_text))
         .route("/coordinator/cluster", get(cluster_status))
         .route(
             "/openapi.json",
             get(|| async { Json(super::openapi::document()) }),
-        )
-        .layer(axum::middleware::from_fn(
+        );
+    if features.eviction_controller {
+        // 0.5.6's FleetEvictionController owns these (`disabled_controllers` removes them).
+        routes = routes
+            .route("/quota", get(list_quota))
+            .route("/quota/config", put(set_quota_config).get(get_quota_config))
+            .route(
+                "/quota/{salt}",
+                put(set_quota).get(get_quota).delete(remove_quota),
+            )
+            .route(
+                "/cache/pins",
+                post(cache_api::pin)
+                    .delete(cache_api::unpin)
+                    .get(cache_api::list),
+            );
+    }
+    if features.metrics {
+        routes = routes.route("/metrics", get(metrics_text));
+    }
+    let routes = routes.layer(axum::middleware::from_fn(
             crate::web::guard::same_origin_only,
         ));
     crate::web::limits::with_body_limits(routes, limits.max_body_bytes, limits::refusals(&state))
@@ -681,6 +695,10 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
         .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
         .await?;
     let mut text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
+    text.push_str(&s.handle.with(|m, _, _| super::directory_api::metrics_text(m)).await?);
+    if let Some(c) = &s.checkpoint {
+        text.push_str(&c.metrics_text());
+    }
     if let Some(c) = &s.cluster {
         text.push_str(&c.metrics_text());
     }

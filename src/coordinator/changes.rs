@@ -70,6 +70,7 @@ impl Admitted {
             shared: false,
             capacity: None,
             ops: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 }
@@ -201,8 +202,9 @@ impl Change {
         let pair = match self {
             Change::Apply { batch } => {
                 let (a, b) = halves(&batch.ops)?;
-                let part = |ops| Change::Apply {
+                let part = |ops: Vec<_>| Change::Apply {
                     batch: Batch {
+                        tokens: super::tokens::for_ops(&batch.tokens, &ops),
                         instance_id: batch.instance_id.clone(),
                         incarnation: batch.incarnation,
                         seq: batch.seq,

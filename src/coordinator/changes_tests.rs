@@ -64,6 +64,7 @@ pub(crate) fn batch(id: &str, seq: u64, tier: Tier, ops: Vec<Op>) -> Batch {
         shared: false,
         capacity: None,
         ops,
+        tokens: Vec::new(),
     }
 }
 

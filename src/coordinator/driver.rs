@@ -454,6 +454,7 @@ mod tests {
             backend: "fs".into(),
             shared: false,
             capacity: None,
+            tokens: Vec::new(),
             ops: (0..n)
                 .map(|i| {
                     Op::Store(

@@ -48,6 +48,13 @@ pub struct Entry {
     /// Stored size (store only).
     #[serde(default)]
     pub size_bytes: u64,
+    /// The chunk's token ids (store only; `None` when one is outside `u32`: accepted, not
+    /// kept, as 0.5.6 does).
+    #[serde(default)]
+    pub token_ids: super::tokens::WireTokens,
+    /// The chunk's first token's position in its sequence (-1: unknown).
+    #[serde(default = "super::tokens::unknown_offset")]
+    pub token_offset: i64,
 }
 
 /// One batch of a 0.5.6 `POST /events` body (unknown fields such as `token_ids` ignored).
@@ -155,12 +162,20 @@ pub struct Batch {
     pub capacity: Option<(u64, u64)>,
     /// The operations, in order.
     pub ops: Vec<Op>,
+    /// Token ids of the stored chunks, one per chunk hash (for the key directory).
+    #[serde(default)]
+    pub tokens: Vec<super::tokens::ChunkTokens>,
 }
 
 impl From<WireBatch> for Batch {
     fn from(b: WireBatch) -> Self {
         let capacity =
             (b.event_type == EventType::Config).then_some((b.capacity_bytes, b.capacity_revision));
+        let tokens = if b.event_type == EventType::Store {
+            super::tokens::of_entries(&b.entries)
+        } else {
+            Vec::new()
+        };
         let ops = match b.event_type {
             EventType::Config => Vec::new(),
             EventType::Store => b
@@ -180,6 +195,7 @@ impl From<WireBatch> for Batch {
             shared: b.shared,
             capacity,
             ops,
+            tokens,
         }
     }
 }
@@ -206,6 +222,7 @@ impl From<LegacyEvents> for Batch {
             shared: true,
             capacity: None,
             ops,
+            tokens: Vec::new(),
         }
     }
 }

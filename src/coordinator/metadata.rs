@@ -85,6 +85,88 @@ pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
     Ok(Some(doc))
 }
 
+/// Reads `path` in either format: kvplane's own ([`load`]) or LMCache 0.5.6's metadata
+/// document (`{"version": 1, "saved_at", "components": {"quotas": {"limits": {salt: bytes},
+/// "default_limit_bytes"}, "pins": {"entries": [{"key", "count"}]}}}`), so a fleet moving
+/// from LMCache's coordinator keeps its quotas and pins. `Ok(None)` when there is no file.
+///
+/// # Errors
+/// [`LoadError`] for an unreadable, oversized or malformed file (in both formats).
+pub fn load_any(path: &Path) -> Result<Option<Metadata>, LoadError> {
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if file.metadata()?.len() > MAX_FILE_BYTES {
+        return Err(LoadError::TooLarge);
+    }
+    let v: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
+        .map_err(|e| LoadError::Format(e.to_string()))?;
+    if v.get("components").is_some() {
+        return from_lmcache(v).map(Some);
+    }
+    load(path)
+}
+
+/// LMCache 0.5.6's metadata document (sections it does not know are ignored, as 0.5.6 does).
+fn from_lmcache(v: serde_json::Value) -> Result<Metadata, LoadError> {
+    #[derive(Deserialize)]
+    struct Doc {
+        version: u32,
+        saved_at: f64,
+        components: Components,
+    }
+    #[derive(Deserialize)]
+    struct Components {
+        #[serde(default)]
+        quotas: Option<Quotas>,
+        #[serde(default)]
+        pins: Option<PinSection>,
+    }
+    #[derive(Deserialize)]
+    struct Quotas {
+        limits: BTreeMap<String, u64>,
+        default_limit_bytes: Option<u64>,
+    }
+    #[derive(Deserialize)]
+    struct PinSection {
+        entries: Vec<Entry>,
+    }
+    #[derive(Deserialize)]
+    struct Entry {
+        key: EncodedKey,
+        count: u64,
+    }
+    let d: Doc = serde_json::from_value(v)
+        .map_err(|e| LoadError::Format(format!("an LMCache 0.5.6 metadata document: {e}")))?;
+    if d.version != 1 {
+        return Err(LoadError::Format(format!(
+            "LMCache metadata version {} (this build reads 1)",
+            d.version
+        )));
+    }
+    let quotas = d.components.quotas;
+    Ok(Metadata {
+        version: VERSION,
+        saved_at: d.saved_at,
+        default_limit_bytes: quotas.as_ref().and_then(|q| q.default_limit_bytes),
+        quotas: quotas.map(|q| q.limits).unwrap_or_default(),
+        pins: d
+            .components
+            .pins
+            .map(|p| p.entries)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.count > 0)
+            .map(|e| PinRow {
+                key: e.key,
+                pin_count: e.count,
+            })
+            .collect(),
+    })
+}
+
 /// Writes `doc` to `path` atomically (temporary file, fsync, rename).
 ///
 /// # Errors
@@ -195,6 +277,33 @@ mod tests {
         v9["version"] = 9.into();
         std::fs::write(&path, v9.to_string()).unwrap();
         assert!(matches!(load(&path), Err(LoadError::Format(m)) if m.contains("version 9")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_lmcache_056_document_loads() {
+        let dir = std::env::temp_dir().join(format!("kvplane-meta-{}", rand::random::<u64>()));
+        let path = dir.join("lmcache.json");
+        std::fs::create_dir_all(&dir).unwrap();
+        // As LMCache 0.5.6's MetadataPersister writes it (spec §3.3).
+        std::fs::write(
+            &path,
+            r#"{"version": 1, "saved_at": 1795378696.8, "components": {
+              "pins": {"entries": [{"key": {"chunk_hash_hex": "ab", "model_name": "m",
+                 "kv_rank": 1, "object_group_id": 0, "cache_salt": "a"}, "count": 2},
+                 {"key": {"chunk_hash_hex": "cd", "model_name": "m", "kv_rank": 1,
+                 "object_group_id": 0, "cache_salt": "a"}, "count": 0}]},
+              "quotas": {"limits": {"a": 1024, "": 0}, "default_limit_bytes": null}}}"#,
+        )
+        .unwrap();
+        let mut want = doc();
+        want.saved_at = 1_795_378_696.8;
+        assert_eq!(load_any(&path).unwrap(), Some(want));
+        std::fs::write(&path, r#"{"version": 2, "saved_at": 1, "components": {}}"#).unwrap();
+        assert!(matches!(load_any(&path), Err(LoadError::Format(m)) if m.contains("version 2")));
+        // kvplane's own format still loads through the same call.
+        write(&path, &doc()).unwrap();
+        assert_eq!(load_any(&path).unwrap(), Some(doc()));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

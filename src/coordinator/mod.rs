@@ -41,10 +41,14 @@
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
+pub mod checkpoint;
+pub mod blend;
 pub mod cache_api;
 pub mod changes;
 pub mod cluster;
 pub mod dashboard;
+pub mod directory;
+pub mod directory_api;
 pub mod driver;
 pub mod events;
 pub mod fleet;
@@ -60,6 +64,7 @@ pub mod outbound;
 pub mod pins;
 pub mod resync;
 pub mod snapshot;
+pub mod tokens;
 pub mod usage;
 pub mod writes;
 
@@ -105,6 +110,32 @@ pub struct CoordinatorConfig {
     /// are exempt, 0.5.6's boot state; `Some(0.0)`: the seed document's allowlist). A
     /// `--metadata-path` file that holds a default quota replaces it.
     pub default_quota_gb: Option<f64>,
+    /// `--enable-blend-lookup`: the probe stride (`None`: off).
+    pub blend_probe_stride: Option<usize>,
+    /// `--checkpoint-path` / `--checkpoint-interval` (`None`: off).
+    pub checkpoint: Option<checkpoint::CheckpointConfig>,
+    /// Optional parts (`--extra-config`, `--disable-metrics`).
+    pub features: Features,
+}
+
+/// Parts of the coordinator an operator can turn off, as in 0.5.6.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// The eviction loop and the `/quota*`, `/cache/pins` routes (0.5.6's
+    /// `FleetEvictionController`; off with `--extra-config
+    /// '{"disabled_controllers": ["FleetEvictionController"]}'`).
+    pub eviction_controller: bool,
+    /// `GET /metrics` (off with `--disable-metrics`).
+    pub metrics: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            eviction_controller: true,
+            metrics: true,
+        }
+    }
 }
 
 impl CoordinatorConfig {
@@ -141,6 +172,9 @@ impl CoordinatorConfig {
             }),
             metadata_path: None,
             default_quota_gb: None,
+            blend_probe_stride: None,
+            checkpoint: None,
+            features: Features::default(),
         }
     }
 }
@@ -168,18 +202,29 @@ pub struct Coordinator {
     /// The model's owner, for tests and embedding.
     pub handle: driver::Handle,
     shutdown: CancellationToken,
+    /// Stops the HTTP server alone (before the last checkpoint).
+    http_stop: CancellationToken,
+    checkpoint: Option<Arc<checkpoint::Checkpointer>>,
     tasks: TaskTracker,
 }
 
 impl Coordinator {
-    /// Stops serving and waits (at most a few seconds) for the tasks.
+    /// Stops serving and waits (at most a few seconds) for the tasks; with
+    /// `--checkpoint-path`, the HTTP server stops first and a last checkpoint is written.
     pub async fn stop(self) {
         let Coordinator {
             handle,
             shutdown,
+            http_stop,
+            checkpoint,
             tasks,
             ..
         } = self;
+        http_stop.cancel();
+        if let Some(c) = checkpoint {
+            c.write(&handle).await;
+            tracing::info!("checkpoint written to {} at stop", c.config().path.display());
+        }
         // A cluster leader's publisher ends once every handle is gone (after sending what
         // its log queued).
         drop(handle);
@@ -213,6 +258,12 @@ fn state_with(
         max_events_per_request: config.max_events_per_request,
         refused: limits::Refused::default(),
         metadata: metadata::Persister::new(config.metadata_path.clone()),
+        checkpoint: config
+            .checkpoint
+            .clone()
+            .map(|c| Arc::new(checkpoint::Checkpointer::new(c))),
+        blend: config.blend_probe_stride.map(|s| (config.chunk_size, s)),
+        features: config.features,
     })
 }
 
@@ -250,21 +301,34 @@ pub(crate) async fn bind(
     Ok((listener, bound))
 }
 
-/// A new model, with the quotas and pins of `--metadata-path` if there are any.
+/// A new model — the state of `--checkpoint-path` if there is one — with the quotas and
+/// pins of `--metadata-path` (fresher than the checkpoint's) if there are any.
 pub(crate) fn initial_model(config: &CoordinatorConfig) -> model::Model {
-    let mut model = model::Model::new(config.model.clone());
-    if let Err(e) = model.set_default_limit(config.default_quota_gb) {
-        // The flag is validated at startup; a value that still fails leaves salts exempt.
-        tracing::warn!(
-            "ignoring the default quota {:?}: {e}",
-            config.default_quota_gb
-        );
-    }
+    let restored = config
+        .checkpoint
+        .as_ref()
+        .and_then(|c| checkpoint_model(config, c));
+    let mut model = match restored {
+        Some(m) => m,
+        None => {
+            let mut model = model::Model::new(config.model.clone());
+            if let Err(e) = model.set_default_limit(config.default_quota_gb) {
+                // The flag is validated at startup; a value that still fails leaves salts
+                // exempt.
+                tracing::warn!(
+                    "ignoring the default quota {:?}: {e}",
+                    config.default_quota_gb
+                );
+            }
+            model
+        }
+    };
     if let Some(path) = &config.metadata_path {
-        match metadata::load(path) {
+        match metadata::load_any(path) {
             Ok(None) => tracing::info!("no metadata at {}; starting empty", path.display()),
             Ok(Some(doc)) => {
                 let flag = model.default_limit_gb();
+                model.clear_metadata();
                 let (quotas, pins) = model
                     .restore_metadata(doc, crate::config::defaults::coordinator::MAX_PINNED_KEYS);
                 if model.default_limit_gb() != flag {
@@ -281,6 +345,36 @@ pub(crate) fn initial_model(config: &CoordinatorConfig) -> model::Model {
         }
     }
     model
+}
+
+/// The model saved at `c.path`, if there is a readable one (otherwise logged: start cold).
+fn checkpoint_model(config: &CoordinatorConfig, c: &checkpoint::CheckpointConfig) -> Option<model::Model> {
+    let path = c.path.display();
+    match checkpoint::load(&c.path, c.max_bytes) {
+        Ok(None) => {
+            tracing::info!("no checkpoint at {path}; starting cold");
+            None
+        }
+        Ok(Some(doc)) => match model::Model::restore(config.model.clone(), doc.model) {
+            Ok(m) => {
+                tracing::info!(
+                    keys = m.tracked_keys(),
+                    directory_keys = m.directory.len(),
+                    saved_at = doc.saved_at,
+                    "restored the checkpoint {path}"
+                );
+                Some(m)
+            }
+            Err(e) => {
+                tracing::warn!("ignoring the checkpoint {path}: {e}; starting cold");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::warn!("ignoring the checkpoint {path}: {e}; starting cold");
+            None
+        }
+    }
 }
 
 /// A cluster leader's part in [`serve`].
@@ -305,10 +399,18 @@ pub(crate) fn serve(
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) -> Coordinator {
+    let mut state = state;
+    if let Some(stride) = config.blend_probe_stride {
+        state.model.directory.enable_blend(config.chunk_size, stride);
+    }
+    let restored_keys = state.model.tracked_keys() as u64;
     let timing = driver::Timing {
         instance_timeout: config.instance_timeout,
         health_check_interval: config.health_check_interval,
-        eviction_check_interval: config.eviction_check_interval,
+        // 0.5.6's FleetEvictionController runs the loop (`--extra-config` can disable it).
+        eviction_check_interval: config
+            .eviction_check_interval
+            .filter(|_| config.features.eviction_controller),
     };
     let mut dispatcher = driver::http_dispatcher(config.outbound_timeout);
     if let Some(l) = &leading {
@@ -370,12 +472,31 @@ pub(crate) fn serve(
             }
         });
     }
+    if let Some(c) = &state.checkpoint {
+        if c.config().path.exists() {
+            c.restored_keys
+                .store(restored_keys, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let Some(every) = c.config().interval {
+            let (c, h, stop) = (Arc::clone(c), handle.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(every) => {}
+                    }
+                    c.write(&h).await;
+                }
+            });
+        }
+    }
+    let http_stop = shutdown.child_token();
     let served = crate::web::serve(
         listener,
         api::router(Arc::clone(&state)),
         config.http,
         crate::web::limits::counting_hook("coordinator", limits::refusals(&state)),
-        shutdown.clone(),
+        http_stop.clone(),
     );
     tasks.spawn(async move {
         if let Err(e) = served.await {
@@ -387,6 +508,8 @@ pub(crate) fn serve(
         addr: bound,
         handle,
         shutdown,
+        http_stop,
+        checkpoint: state.checkpoint.clone(),
         tasks,
     }
 }

@@ -159,6 +159,9 @@ pub struct ModelDump {
     pub usage: super::usage::UsageDump,
     /// The metrics' counters.
     pub counters: Counters,
+    /// The key directory (placements, access counts, token ids).
+    #[serde(default)]
+    pub directory: super::directory::DirectoryDump,
 }
 
 /// The coordinator state.
@@ -182,6 +185,8 @@ pub struct Model {
     in_flight: hashbrown::HashMap<u32, u64>,
     /// Eviction cycles planned.
     cycle: u64,
+    /// The key directory (`/directory/*`), fed by the same admitted batches.
+    pub directory: super::directory::Directory,
 }
 
 impl Model {
@@ -200,6 +205,7 @@ impl Model {
             counters: Counters::default(),
             in_flight: hashbrown::HashMap::new(),
             cycle: 0,
+            directory: super::directory::Directory::new(super::directory::config_for(&config)),
             config,
         }
     }
@@ -219,6 +225,7 @@ impl Model {
             metadata: self.capture_metadata(0.0),
             usage: self.usage.dump(),
             counters: self.counters.clone(),
+            directory: self.directory.dump(),
         }
     }
 
@@ -244,6 +251,10 @@ impl Model {
             dump.usage,
         );
         model.counters = dump.counters;
+        model.directory = super::directory::Directory::restore(
+            super::directory::config_for(&model.config),
+            dump.directory,
+        );
         Ok(model)
     }
 
@@ -280,6 +291,7 @@ impl Model {
         self.gate.forget(id);
         self.usage.forget(id);
         self.keys.depart(id, now);
+        self.directory.fence(id);
     }
 
     /// Drops the private L2 copies of servers that left at or before `cutoff` (wall-clock
@@ -495,6 +507,7 @@ impl Model {
                 // A restarted server: what it held in memory is gone. Its L2 copies are
                 // keyed by instance id, not incarnation: a re-store updates them.
                 self.usage.fence_l1(&b.instance_id);
+                self.directory.fence(&b.instance_id);
             }
             // A server that left and talks again: its L2 copies count again.
             self.keys.revive(&b.instance_id);
@@ -508,6 +521,7 @@ impl Model {
 
     /// Applies one slice from [`Model::admit`], its events in the order given.
     pub fn apply_slice(&mut self, b: Batch) {
+        self.directory.apply(&b);
         let owner = if b.shared { "" } else { b.instance_id.as_str() };
         if b.shared && b.tier == Tier::L2 {
             self.keys.holders.note_shared(&b.instance_id, &b.backend);
@@ -660,11 +674,13 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
         shared,
         capacity,
         mut ops,
+        tokens,
     } = b;
     if ops.iter().all(|op| matches!(op, Op::Store(..))) {
         ops.reverse();
     }
     let slice = |ops: Vec<Op>| Batch {
+        tokens: super::tokens::for_ops(&tokens, &ops),
         instance_id: instance_id.clone(),
         incarnation,
         seq,

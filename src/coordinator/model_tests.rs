@@ -38,6 +38,7 @@ fn batch(id: &str, inc: u64, seq: u64, tier: Tier, ops: Vec<Op>) -> Batch {
         shared: false,
         capacity: None,
         ops,
+        tokens: Vec::new(),
     }
 }
 

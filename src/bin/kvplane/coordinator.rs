@@ -11,6 +11,9 @@ use kvplane::config::{self, defaults::coordinator as d, ConfigError};
 use kvplane::coordinator::resync::ResyncConfig;
 use kvplane::coordinator::CoordinatorConfig;
 
+#[path = "coordinator_056.rs"]
+mod v056;
+
 /// Flags of `kvplane coordinator` (the LMCache MP coordinator), as given.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct CoordinatorArgs {
@@ -74,6 +77,10 @@ pub(crate) struct CoordinatorArgs {
     /// allowlist; unset: exempt, as LMCache 0.5.6) [env …_DEFAULT_QUOTA_GB; unset].
     #[arg(long, allow_hyphen_values = true)]
     default_quota_gb: Option<String>,
+    /// LMCache 0.5.6's further flags (checkpoint, blend, hash, extra config, metrics,
+    /// transport).
+    #[command(flatten)]
+    v056: v056::Args056,
     /// `--cluster`: a hot standby on NATS JetStream until it holds the coordinator lease
     /// (docs/CLUSTER.md); read from `KVPLANE_CLUSTER*`, as `serve` reads them.
     #[command(flatten)]
@@ -200,6 +207,8 @@ impl CoordinatorArgs {
             "chunk-size",
             s.parse(&self.chunk_size, "CHUNK_SIZE", "chunk-size", d::CHUNK_SIZE)?,
         )?;
+        let chunk_size_given = s.text(&self.chunk_size, "CHUNK_SIZE").is_some();
+        self.v056.apply(&s, chunk_size_given, &mut c)?;
         c.http.max_body_bytes = config::at_least_one(
             "max-body-bytes",
             s.parse(

@@ -1,0 +1,946 @@
+//! The key directory (LMCache 0.5.6's `KeyDirectory`, `/directory/*`): for every key some
+//! server reported, which servers hold it on which tier and backend (its *placements*), how
+//! often it was read, and the chunk's token ids; plus the CacheBlend content index
+//! ([`super::blend`]). Built from the admitted event stream, L1 and L2 alike (the model's
+//! usage view is separate); a restarted server's L1 placements are fenced, L2 ones stay.
+//!
+//! Compact: a key is a 48-byte [`DirKey`] (hash inline, interned model, salt, kv_rank,
+//! group) in a segmented slab with its placements (24 bytes each: interned instance and
+//! backend, incarnation, size), reached through 256 hash tables of slot indices (no resize
+//! moves more than 1/256 of the keys). Token ids are `u32`, kept **once per chunk hash**
+//! (shared by every rank and object group of the chunk) with the slots of the keys sharing
+//! them. Bounded: at most `max_keys` keys and `max_token_ids` token ids; names (instances,
+//! backends, salts) interned within limits; whatever a limit keeps out is counted
+//! ([`DirCounters`]). Pure: no I/O, no clock.
+
+use super::blend::{self, BlendIndex, BlendStats, Namespace};
+use super::events::{Batch, Op, Tier};
+use super::keys::EncodedKey;
+use super::tokens::UNKNOWN_OFFSET;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use indexmap::{IndexMap, IndexSet};
+use serde::{Deserialize, Serialize};
+use std::hash::BuildHasher;
+
+#[path = "directory_names.rs"]
+mod names;
+use names::Names;
+
+const SEGMENT: usize = 4096;
+const SHARDS: usize = 256;
+/// Most token ids the directory keeps over all chunks (1 GiB as `u32`: 1 Mi chunks of 256
+/// tokens); a chunk beyond is kept without its tokens (`tokens_refused`).
+pub const MAX_TOKEN_IDS: usize = 256 << 20;
+
+/// The directory's limits for a model of `m`: as many keys as the model tracks, names for
+/// four times the instance limit (restarted servers with fresh ids), blend off.
+pub fn config_for(m: &super::model::ModelConfig) -> DirectoryConfig {
+    DirectoryConfig {
+        max_keys: m.max_tracked_keys,
+        max_token_ids: MAX_TOKEN_IDS,
+        max_names: m.max_instances.saturating_mul(4).saturating_add(64),
+        blend: None,
+    }
+}
+
+/// Limits of the directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DirectoryConfig {
+    /// Most keys.
+    pub max_keys: usize,
+    /// Most token ids over all chunks.
+    pub max_token_ids: usize,
+    /// Most distinct instance ids, backends and salts (each).
+    pub max_names: usize,
+    /// `--enable-blend-lookup`: `(chunk_size, probe_stride)`.
+    pub blend: Option<(usize, usize)>,
+}
+
+/// What the directory's limits kept out (monotonic), and its live totals.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirCounters {
+    /// New keys not kept at `max_keys`.
+    pub keys_refused: u64,
+    /// Keys that do not fit the compact form (hash > 32 bytes, rank, group, bad hex).
+    pub keys_rejected: u64,
+    /// Placements not kept because a name table was full.
+    pub names_refused: u64,
+    /// Chunks whose token ids were not kept at `max_token_ids`.
+    pub tokens_refused: u64,
+}
+
+/// A chunk hash, inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Hash32 {
+    bytes: [u8; 32],
+    len: u8,
+}
+
+impl Hash32 {
+    /// From hex (any case); `None` if not even-length hex of at most 32 bytes.
+    pub fn parse(hex: &str) -> Option<Self> {
+        let raw = hex.as_bytes();
+        if raw.len() % 2 != 0 || raw.len() > 64 {
+            return None;
+        }
+        let mut h = Hash32 {
+            bytes: [0; 32],
+            len: u8::try_from(raw.len() / 2).ok()?,
+        };
+        for (i, pair) in raw.chunks_exact(2).enumerate() {
+            let s = std::str::from_utf8(pair).ok()?;
+            h.bytes[i] = u8::from_str_radix(s, 16).ok()?;
+        }
+        Some(h)
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Self> {
+        let mut h = Hash32 {
+            bytes: [0; 32],
+            len: u8::try_from(b.len()).ok().filter(|&l| l <= 32)?,
+        };
+        h.bytes[..b.len()].copy_from_slice(b);
+        Some(h)
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Lowercase hex.
+    pub fn hex(&self) -> String {
+        self.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct DirKey {
+    hash: Hash32,
+    group: u8,
+    model: u16,
+    salt: u32,
+    kv_rank: u32,
+}
+
+impl DirKey {
+    fn namespace(&self) -> Namespace {
+        (self.model, self.salt, (self.kv_rank >> 24) as u8)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Placement {
+    incarnation: u64,
+    size: u64,
+    instance: u32,
+    backend: u16,
+    tier: Tier,
+    shared: bool,
+}
+
+#[derive(Debug)]
+struct Record {
+    key: DirKey,
+    access: u32,
+    placements: Vec<Placement>,
+}
+
+#[derive(Debug, Default)]
+struct Binding {
+    tokens: Box<[u32]>,
+    offset: i64,
+    /// Slots of the keys of this chunk.
+    keys: Vec<u32>,
+}
+
+/// One placement as the routes show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlacementView {
+    /// The reporting server (for a shared pool, the latest reporter).
+    pub instance_id: String,
+    /// Its incarnation when it reported.
+    pub incarnation: u64,
+    /// `l1` or `l2`.
+    pub tier: Tier,
+    /// The medium or adapter (`dram`, `fs`, …).
+    pub backend: String,
+    /// Bytes stored.
+    pub size_bytes: u64,
+    /// A fleet-shared pool.
+    pub shared: bool,
+}
+
+/// What the directory knows of one key (`POST /directory/lookup`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyView {
+    /// Placements by (instance, tier, backend).
+    pub placements: Vec<PlacementView>,
+    /// The chunk's token ids (empty: unknown).
+    pub token_ids: Vec<u32>,
+    /// Access events applied since the key appeared.
+    pub access_count: u64,
+}
+
+/// `GET /directory/stats` (0.5.6's field order).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DirectoryStats {
+    /// Keys with at least one placement.
+    pub num_keys: usize,
+    /// Placements over all keys.
+    pub num_placements: usize,
+    /// Keys each instance holds in L1, for every instance that reported since its last fence.
+    pub l1_keys_by_instance: IndexMap<String, usize>,
+    /// The blend index.
+    pub blend: BlendStats,
+    /// L1 placements.
+    pub l1_count: usize,
+    /// Their bytes.
+    pub l1_size_bytes: u64,
+    /// L2 placements.
+    pub l2_count: usize,
+    /// Their bytes.
+    pub l2_size_bytes: u64,
+}
+
+/// `GET /directory/keys`'s filter.
+#[derive(Clone, Debug, Default)]
+pub struct KeyFilter {
+    /// `None`: every tier.
+    pub tier: Option<Tier>,
+    /// Empty: every instance.
+    pub instance_id: String,
+    /// Empty: every backend.
+    pub backend: String,
+}
+
+/// One listed key (`GET /directory/keys`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ListedKey {
+    /// The key.
+    pub key: EncodedKey,
+    /// Its placements that match the filter.
+    pub placements: Vec<PlacementView>,
+    /// Token ids known for its chunk.
+    pub num_tokens: usize,
+    /// Access events applied.
+    pub access_count: u64,
+}
+
+/// A paged scan in progress (run over several owner jobs).
+#[derive(Debug, Default)]
+pub struct Scan {
+    /// Next slot to look at.
+    pub next_slot: usize,
+    /// Matching keys seen so far.
+    pub total: usize,
+    /// The page being filled.
+    pub page: Vec<ListedKey>,
+}
+
+/// The directory.
+#[derive(Debug)]
+pub struct Directory {
+    config: DirectoryConfig,
+    segments: Vec<Vec<Record>>,
+    free: Vec<u32>,
+    live: usize,
+    tables: Vec<HashTable<u32>>,
+    bindings: Vec<HashMap<Hash32, Binding>>,
+    hasher: DefaultHashBuilder,
+    token_ids: usize,
+    models: IndexSet<String>,
+    salts: Names,
+    instances: Names,
+    backends: Names,
+    /// Instance → L1 key slots, in first-report order.
+    l1: IndexMap<u32, hashbrown::HashSet<u32>>,
+    totals: [(usize, u64); 2],
+    blend: Option<BlendIndex>,
+    /// What the limits kept out.
+    pub counters: DirCounters,
+}
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::L1 => 0,
+        Tier::L2 => 1,
+    }
+}
+
+impl Directory {
+    /// An empty directory.
+    pub fn new(config: DirectoryConfig) -> Self {
+        Directory {
+            segments: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            tables: (0..SHARDS).map(|_| HashTable::new()).collect(),
+            bindings: (0..SHARDS).map(|_| HashMap::new()).collect(),
+            hasher: DefaultHashBuilder::default(),
+            token_ids: 0,
+            models: IndexSet::new(),
+            salts: Names::new(config.max_names),
+            instances: Names::new(config.max_names),
+            backends: Names::new(usize::from(u16::MAX).min(config.max_names)),
+            l1: IndexMap::new(),
+            totals: [(0, 0); 2],
+            blend: config.blend.map(|(c, s)| BlendIndex::new(c, s)),
+            counters: DirCounters::default(),
+            config,
+        }
+    }
+
+    /// The limits.
+    pub fn config(&self) -> &DirectoryConfig {
+        &self.config
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// True when no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Token ids held (over all chunks).
+    pub fn token_ids(&self) -> usize {
+        self.token_ids
+    }
+
+    fn rec(&self, slot: u32) -> &Record {
+        &self.segments[slot as usize / SEGMENT][slot as usize % SEGMENT]
+    }
+
+    fn rec_mut(&mut self, slot: u32) -> &mut Record {
+        &mut self.segments[slot as usize / SEGMENT][slot as usize % SEGMENT]
+    }
+
+    fn shard(h: u64) -> usize {
+        (h >> 56) as usize % SHARDS
+    }
+
+    fn find(&self, key: &DirKey) -> Option<u32> {
+        let h = self.hasher.hash_one(key);
+        self.tables[Self::shard(h)]
+            .find(h, |&s| self.rec(s).key == *key)
+            .copied()
+    }
+
+    fn binding(&self, hash: &Hash32) -> Option<&Binding> {
+        let h = self.hasher.hash_one(hash);
+        self.bindings[Self::shard(h)].get(hash)
+    }
+
+    fn binding_mut(&mut self, hash: &Hash32) -> Option<&mut Binding> {
+        let h = self.hasher.hash_one(hash);
+        self.bindings[Self::shard(h)].get_mut(hash)
+    }
+
+    /// A wire key in compact form without interning (`None`: never stored).
+    fn lookup_key(&self, k: &EncodedKey) -> Option<DirKey> {
+        Some(DirKey {
+            hash: Hash32::parse(&k.chunk_hash_hex)?,
+            group: u8::try_from(k.object_group_id).ok()?,
+            model: u16::try_from(self.models.get_index_of(k.model_name.as_str())?).ok()?,
+            salt: self.salts.get(&k.cache_salt)?,
+            kv_rank: u32::try_from(k.kv_rank).ok()?,
+        })
+    }
+
+    fn encode(&self, k: &DirKey) -> EncodedKey {
+        EncodedKey {
+            chunk_hash_hex: k.hash.hex(),
+            model_name: self
+                .models
+                .get_index(usize::from(k.model))
+                .cloned()
+                .unwrap_or_default(),
+            kv_rank: i64::from(k.kv_rank),
+            object_group_id: i64::from(k.group),
+            cache_salt: self.salts.name(k.salt).to_owned(),
+        }
+    }
+
+    fn view(&self, p: &Placement) -> PlacementView {
+        PlacementView {
+            instance_id: self.instances.name(p.instance).to_owned(),
+            incarnation: p.incarnation,
+            tier: p.tier,
+            backend: self.backends.name(u32::from(p.backend)).to_owned(),
+            size_bytes: p.size,
+            shared: p.shared,
+        }
+    }
+
+    fn sorted_views(&self, ps: &[Placement], keep: impl Fn(&Placement) -> bool) -> Vec<PlacementView> {
+        let mut v: Vec<PlacementView> = ps.iter().filter(|p| keep(p)).map(|p| self.view(p)).collect();
+        v.sort_by(|a, b| {
+            (a.instance_id.as_str(), a.tier, a.backend.as_str()).cmp(&(
+                b.instance_id.as_str(),
+                b.tier,
+                b.backend.as_str(),
+            ))
+        });
+        v
+    }
+
+    /// Applies one admitted batch (or slice): placements of its stores and deletes, access
+    /// counts, then its chunks' token ids. Every batch (a `config` one too) lists its sender
+    /// among the instances reporting L1 keys, as 0.5.6 does.
+    pub fn apply(&mut self, b: &Batch) {
+        let Some(inst) = self.instances.intern(&b.instance_id) else {
+            self.counters.names_refused += b.ops.len() as u64;
+            return;
+        };
+        if !self.l1.contains_key(&inst) {
+            self.instances.hold(inst);
+            self.l1.insert(inst, hashbrown::HashSet::new());
+        }
+        let backend = self.backends.intern(&b.backend);
+        for op in &b.ops {
+            match op {
+                Op::Store(key, size) => {
+                    let Some(backend) = backend.and_then(|x| u16::try_from(x).ok()) else {
+                        self.counters.names_refused += 1;
+                        continue;
+                    };
+                    let p = Placement {
+                        incarnation: b.incarnation,
+                        size: *size,
+                        instance: inst,
+                        backend,
+                        tier: b.tier,
+                        shared: b.shared,
+                    };
+                    self.store(key, p);
+                }
+                Op::Delete(key) => self.delete(key, inst, b),
+                Op::Access(key) => {
+                    if let Some(slot) = self.lookup_key(key).and_then(|k| self.find(&k)) {
+                        let r = self.rec_mut(slot);
+                        r.access = r.access.saturating_add(1);
+                    }
+                }
+            }
+        }
+        self.instances.release_if_unused(inst);
+        if let Some(x) = backend {
+            self.backends.release_if_unused(x);
+        }
+        for t in &b.tokens {
+            self.bind_tokens(t);
+        }
+    }
+
+    fn same(p: &Placement, q: &Placement) -> bool {
+        p.shared == q.shared
+            && (p.shared || p.instance == q.instance)
+            && p.tier == q.tier
+            && p.backend == q.backend
+    }
+
+    fn store(&mut self, key: &EncodedKey, p: Placement) {
+        let slot = match self.intern_key(key) {
+            Some(s) => s,
+            None => return,
+        };
+        self.instances.hold(p.instance);
+        self.backends.hold(u32::from(p.backend));
+        let r = self.rec_mut(slot);
+        let old = match r.placements.iter().position(|q| Self::same(q, &p)) {
+            Some(i) => Some(std::mem::replace(&mut r.placements[i], p)),
+            None => {
+                r.placements.push(p);
+                None
+            }
+        };
+        let t = &mut self.totals[tier_index(p.tier)];
+        t.1 += p.size;
+        if let Some(o) = old {
+            t.1 -= o.size;
+            self.instances.release(o.instance);
+            self.backends.release(u32::from(o.backend));
+        } else {
+            t.0 += 1;
+        }
+        if p.tier == Tier::L1 {
+            if let Some(set) = self.l1.get_mut(&p.instance) {
+                set.insert(slot);
+            }
+        }
+    }
+
+    fn delete(&mut self, key: &EncodedKey, inst: u32, b: &Batch) {
+        let Some(slot) = self.lookup_key(key).and_then(|k| self.find(&k)) else {
+            return;
+        };
+        let Some(backend) = self
+            .backends
+            .get(&b.backend)
+            .and_then(|x| u16::try_from(x).ok())
+        else {
+            return;
+        };
+        let probe = Placement {
+            incarnation: 0,
+            size: 0,
+            instance: inst,
+            backend,
+            tier: b.tier,
+            shared: b.shared,
+        };
+        let r = self.rec_mut(slot);
+        if let Some(i) = r.placements.iter().position(|q| Self::same(q, &probe)) {
+            let gone = r.placements.swap_remove(i);
+            self.drop_placement(&gone);
+        }
+        if b.tier == Tier::L1 {
+            let still = self
+                .rec(slot)
+                .placements
+                .iter()
+                .any(|p| p.tier == Tier::L1 && p.instance == inst);
+            if !still {
+                if let Some(set) = self.l1.get_mut(&inst) {
+                    set.remove(&slot);
+                }
+            }
+        }
+        if self.rec(slot).placements.is_empty() {
+            self.remove_key(slot);
+        }
+    }
+
+    fn drop_placement(&mut self, p: &Placement) {
+        let t = &mut self.totals[tier_index(p.tier)];
+        t.0 -= 1;
+        t.1 -= p.size;
+        self.instances.release(p.instance);
+        self.backends.release(u32::from(p.backend));
+    }
+
+    /// The slot of `key`, created (with its chunk's binding) if new; `None` when it cannot
+    /// be kept (counted).
+    fn intern_key(&mut self, key: &EncodedKey) -> Option<u32> {
+        let (Some(hash), Ok(group), Ok(kv_rank)) = (
+            Hash32::parse(&key.chunk_hash_hex),
+            u8::try_from(key.object_group_id),
+            u32::try_from(key.kv_rank),
+        ) else {
+            self.counters.keys_rejected += 1;
+            return None;
+        };
+        if let Some(k) = self.lookup_key(key) {
+            if let Some(slot) = self.find(&k) {
+                return Some(slot);
+            }
+        }
+        if self.live >= self.config.max_keys {
+            self.counters.keys_refused += 1;
+            return None;
+        }
+        let model = match self.models.get_index_of(key.model_name.as_str()) {
+            Some(m) => m,
+            None if self.models.len() <= usize::from(u16::MAX) => {
+                self.models.insert_full(key.model_name.clone()).0
+            }
+            None => {
+                self.counters.names_refused += 1;
+                return None;
+            }
+        };
+        let Some(salt) = self.salts.intern(&key.cache_salt) else {
+            self.counters.names_refused += 1;
+            return None;
+        };
+        self.salts.hold(salt);
+        let k = DirKey {
+            hash,
+            group,
+            model: u16::try_from(model).ok()?,
+            salt,
+            kv_rank,
+        };
+        let rec = Record {
+            key: k,
+            access: 0,
+            placements: Vec::with_capacity(1),
+        };
+        let slot = match self.free.pop() {
+            Some(s) => {
+                *self.rec_mut(s) = rec;
+                s
+            }
+            None => {
+                if self.segments.last().is_none_or(|s| s.len() == SEGMENT) {
+                    self.segments.push(Vec::with_capacity(SEGMENT));
+                }
+                let n = (self.segments.len() - 1) * SEGMENT;
+                let last = self.segments.last_mut()?;
+                last.push(rec);
+                u32::try_from(n + last.len() - 1).ok()?
+            }
+        };
+        self.live += 1;
+        let h = self.hasher.hash_one(k);
+        let segments = &self.segments;
+        self.tables[Self::shard(h)].insert_unique(h, slot, |&s| {
+            self.hasher
+                .hash_one(segments[s as usize / SEGMENT][s as usize % SEGMENT].key)
+        });
+        self.join_binding(slot, k);
+        Some(slot)
+    }
+
+    fn remove_key(&mut self, slot: u32) {
+        let k = self.rec(slot).key;
+        let h = self.hasher.hash_one(k);
+        if let Ok(e) = self.tables[Self::shard(h)].find_entry(h, |&s| s == slot) {
+            e.remove();
+        }
+        self.leave_binding(slot, k);
+        self.salts.release(k.salt);
+        let r = self.rec_mut(slot);
+        r.placements = Vec::new();
+        self.free.push(slot);
+        self.live -= 1;
+    }
+
+    fn indexed(&self, b: &Binding) -> bool {
+        self.blend
+            .as_ref()
+            .is_some_and(|x| x.indexable(&b.tokens, b.offset))
+    }
+
+    fn ns_held(&self, b: &Binding, ns: Namespace, except: u32) -> bool {
+        b.keys
+            .iter()
+            .any(|&s| s != except && self.rec(s).key.namespace() == ns)
+    }
+
+    fn join_binding(&mut self, slot: u32, k: DirKey) {
+        let h = self.hasher.hash_one(k.hash);
+        let b = self.bindings[Self::shard(h)]
+            .entry(k.hash)
+            .or_insert_with(|| Binding {
+                offset: UNKNOWN_OFFSET,
+                ..Binding::default()
+            });
+        b.keys.push(slot);
+        let Some(b) = self.binding(&k.hash) else { return };
+        let claim = self.indexed(b) && !self.ns_held(b, k.namespace(), slot);
+        if claim {
+            if let Some(x) = self.blend.as_mut() {
+                x.claim(k.namespace(), true);
+            }
+        }
+    }
+
+    fn leave_binding(&mut self, slot: u32, k: DirKey) {
+        let Some(b) = self.binding(&k.hash) else { return };
+        let unclaim = self.indexed(b) && !self.ns_held(b, k.namespace(), slot);
+        let last = b.keys.len() <= 1;
+        if unclaim {
+            if let Some(x) = self.blend.as_mut() {
+                x.claim(k.namespace(), false);
+            }
+        }
+        if last {
+            let h = self.hasher.hash_one(k.hash);
+            if let Some(b) = self.bindings[Self::shard(h)].remove(&k.hash) {
+                self.token_ids -= b.tokens.len();
+                if let Some(x) = self.blend.as_mut() {
+                    if x.indexable(&b.tokens, b.offset) {
+                        x.remove(&b.tokens, k.hash);
+                    }
+                }
+            }
+        } else if let Some(b) = self.binding_mut(&k.hash) {
+            if let Some(i) = b.keys.iter().position(|&s| s == slot) {
+                b.keys.swap_remove(i);
+            }
+        }
+    }
+
+    /// Sets a chunk's token ids (a chunk no kept key has is skipped, as in 0.5.6).
+    fn bind_tokens(&mut self, t: &super::tokens::ChunkTokens) {
+        let Some(hash) = Hash32::parse(&t.chunk_hash_hex) else {
+            return;
+        };
+        let Some(b) = self.binding(&hash) else { return };
+        if *b.tokens == t.token_ids[..] && b.offset == t.token_offset {
+            return;
+        }
+        let was_indexed = self.indexed(b);
+        let grow = t.token_ids.len().saturating_sub(b.tokens.len());
+        if self.token_ids + grow > self.config.max_token_ids {
+            self.counters.tokens_refused += 1;
+            return;
+        }
+        let namespaces = self.namespaces_of(b);
+        if was_indexed {
+            let old = b.tokens.clone();
+            if let Some(x) = self.blend.as_mut() {
+                x.remove(&old, hash);
+                namespaces.iter().for_each(|&ns| x.claim(ns, false));
+            }
+        }
+        let Some(b) = self.binding_mut(&hash) else { return };
+        let old_len = b.tokens.len();
+        b.tokens = t.token_ids.clone().into_boxed_slice();
+        b.offset = t.token_offset;
+        self.token_ids = self.token_ids - old_len + t.token_ids.len();
+        let Some(b) = self.binding(&hash) else { return };
+        if self.indexed(b) {
+            if let Some(x) = self.blend.as_mut() {
+                x.add(&t.token_ids, hash);
+                namespaces.iter().for_each(|&ns| x.claim(ns, true));
+            }
+        }
+    }
+
+    fn namespaces_of(&self, b: &Binding) -> Vec<Namespace> {
+        let mut v: Vec<Namespace> = b.keys.iter().map(|&s| self.rec(s).key.namespace()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// A server restarted or left: its L1 placements go (L2 ones stay), and it leaves the
+    /// list of instances reporting L1 keys.
+    pub fn fence(&mut self, instance_id: &str) {
+        let Some(inst) = self.instances.get(instance_id) else {
+            return;
+        };
+        let Some(slots) = self.l1.shift_remove(&inst) else {
+            return;
+        };
+        for slot in slots {
+            let r = self.rec_mut(slot);
+            let (gone, kept): (Vec<Placement>, Vec<Placement>) = r
+                .placements
+                .iter()
+                .partition(|p| p.tier == Tier::L1 && p.instance == inst);
+            r.placements = kept;
+            for p in &gone {
+                self.drop_placement(p);
+            }
+            if self.rec(slot).placements.is_empty() {
+                self.remove_key(slot);
+            }
+        }
+        self.instances.release(inst);
+    }
+
+    /// What the directory knows of each key, in order (unknown keys: empty).
+    pub fn lookup(&self, keys: &[EncodedKey]) -> Vec<KeyView> {
+        keys.iter()
+            .map(|k| {
+                let Some(slot) = self.lookup_key(k).and_then(|d| self.find(&d)) else {
+                    return KeyView::default();
+                };
+                let r = self.rec(slot);
+                KeyView {
+                    placements: self.sorted_views(&r.placements, |_| true),
+                    token_ids: self
+                        .binding(&r.key.hash)
+                        .map(|b| b.tokens.to_vec())
+                        .unwrap_or_default(),
+                    access_count: u64::from(r.access),
+                }
+            })
+            .collect()
+    }
+
+    /// Each key followed by the kept keys that differ from it only in object group, by
+    /// ascending group (0.5.6's token-addressed expansion); at most `max` keys in all.
+    pub fn across_groups(&self, keys: Vec<EncodedKey>, max: usize) -> Vec<EncodedKey> {
+        let mut out = Vec::with_capacity(keys.len());
+        let mut room = max.saturating_sub(keys.len());
+        for key in keys {
+            let mut all = vec![key];
+            if let Some(d) = self.lookup_key(&all[0]) {
+                if let Some(b) = self.binding(&d.hash) {
+                    for &s in &b.keys {
+                        let o = self.rec(s).key;
+                        if room > 0 && o.group != d.group && (DirKey { group: d.group, ..o }) == d {
+                            all.push(self.encode(&o));
+                            room -= 1;
+                        }
+                    }
+                }
+            }
+            all.sort_by_key(|k| k.object_group_id);
+            out.extend(all);
+        }
+        out
+    }
+
+    /// Scans up to `budget` slots of a `GET /directory/keys` listing; returns true when the
+    /// scan is complete. Order: slot order (insertion order until keys are deleted).
+    pub fn scan(&self, f: &KeyFilter, offset: usize, limit: usize, budget: usize, st: &mut Scan) -> bool {
+        let inst = if f.instance_id.is_empty() {
+            None
+        } else {
+            match self.instances.get(&f.instance_id) {
+                Some(i) => Some(i),
+                None => return true,
+            }
+        };
+        let backend = if f.backend.is_empty() {
+            None
+        } else {
+            match self.backends.get(&f.backend).and_then(|b| u16::try_from(b).ok()) {
+                Some(b) => Some(b),
+                None => return true,
+            }
+        };
+        let keep = |p: &Placement| {
+            f.tier.is_none_or(|t| p.tier == t)
+                && inst.is_none_or(|i| p.instance == i)
+                && backend.is_none_or(|b| p.backend == b)
+        };
+        let end = self.segments.iter().map(Vec::len).sum::<usize>();
+        let stop = (st.next_slot + budget).min(end);
+        for slot in st.next_slot..stop {
+            let r = self.rec(slot as u32);
+            if !r.placements.iter().any(keep) {
+                continue;
+            }
+            if st.total >= offset && st.page.len() < limit {
+                st.page.push(ListedKey {
+                    key: self.encode(&r.key),
+                    placements: self.sorted_views(&r.placements, keep),
+                    num_tokens: self.binding(&r.key.hash).map_or(0, |b| b.tokens.len()),
+                    access_count: u64::from(r.access),
+                });
+            }
+            st.total += 1;
+        }
+        st.next_slot = stop;
+        stop >= end
+    }
+
+    /// `GET /directory/stats`.
+    pub fn stats(&self) -> DirectoryStats {
+        let [(l1c, l1b), (l2c, l2b)] = self.totals;
+        DirectoryStats {
+            num_keys: self.live,
+            num_placements: l1c + l2c,
+            l1_keys_by_instance: self
+                .l1
+                .iter()
+                .map(|(&i, s)| (self.instances.name(i).to_owned(), s.len()))
+                .collect(),
+            blend: self
+                .blend
+                .as_ref()
+                .map_or_else(blend::disabled_stats, BlendIndex::stats),
+            l1_count: l1c,
+            l1_size_bytes: l1b,
+            l2_count: l2c,
+            l2_size_bytes: l2b,
+        }
+    }
+
+    /// Blend matches of a query in namespace (model, salt, world size): `(chunk hash hex,
+    /// stored position, query position)`, ascending by query position, one per chunk.
+    /// `probes` come from [`BlendIndex::probes`]. Empty without `--enable-blend-lookup`.
+    pub fn blend_match(
+        &self,
+        query: &[u32],
+        probes: &[(usize, u64)],
+        ns: (&str, &str, u8),
+    ) -> Vec<(String, i64, usize)> {
+        let Some(x) = &self.blend else { return Vec::new() };
+        let (Some(model), Some(salt)) = (
+            self.models.get_index_of(ns.0).and_then(|m| u16::try_from(m).ok()),
+            self.salts.get(ns.1),
+        ) else {
+            return Vec::new();
+        };
+        let want: Namespace = (model, salt, ns.2);
+        let w = x.chunk_size();
+        let mut seen = hashbrown::HashSet::new();
+        let mut out = Vec::new();
+        for &(pos, fp) in probes {
+            for h in x.holders(fp) {
+                let Some(b) = self.binding(h) else { continue };
+                if seen.contains(h) || !self.ns_held(b, want, u32::MAX) {
+                    continue;
+                }
+                if query.get(pos..pos + w) != Some(&b.tokens[..]) {
+                    break; // a fingerprint collision: the content differs
+                }
+                seen.insert(*h);
+                out.push((h.hex(), b.offset, pos));
+                break;
+            }
+        }
+        out
+    }
+
+    /// Turns on the blend index (`--enable-blend-lookup`) and indexes the chunks already held
+    /// (after a restore).
+    pub fn enable_blend(&mut self, chunk_size: usize, probe_stride: usize) {
+        let mut x = BlendIndex::new(chunk_size, probe_stride);
+        for shard in &self.bindings {
+            for (h, b) in shard {
+                if x.indexable(&b.tokens, b.offset) {
+                    x.add(&b.tokens, *h);
+                    for ns in self.namespaces_of(b) {
+                        x.claim(ns, true);
+                    }
+                }
+            }
+        }
+        self.config.blend = Some((chunk_size, probe_stride));
+        self.blend = Some(x);
+    }
+
+    /// The blend settings (`None`: off).
+    pub fn blend_settings(&self) -> Option<(usize, usize)> {
+        self.blend.as_ref().map(|x| (x.chunk_size(), x.probe_stride()))
+    }
+
+    /// Bytes allocated (slab, tables, bindings, tokens, names), from capacities.
+    pub fn memory_bytes(&self) -> usize {
+        let rec = std::mem::size_of::<Record>();
+        let place = std::mem::size_of::<Placement>();
+        let slab: usize = self
+            .segments
+            .iter()
+            .flat_map(|s| s.iter())
+            .map(|r| r.placements.capacity() * place)
+            .sum::<usize>()
+            + self.segments.iter().map(|s| s.capacity() * rec).sum::<usize>();
+        let tables: usize = self.tables.iter().map(|t| t.capacity() * 5).sum();
+        let bind = std::mem::size_of::<(Hash32, Binding)>() + 1;
+        let bindings: usize = self
+            .bindings
+            .iter()
+            .map(|m| {
+                m.capacity() * bind
+                    + m.values()
+                        .map(|b| b.keys.capacity() * 4 + b.tokens.len() * 4)
+                        .sum::<usize>()
+            })
+            .sum();
+        slab + tables
+            + bindings
+            + self.free.capacity() * 4
+            + self.blend.as_ref().map_or(0, BlendIndex::memory_bytes)
+    }
+}
+
+#[path = "directory_dump.rs"]
+mod dump;
+pub use dump::DirectoryDump;
+
+#[cfg(test)]
+#[path = "directory_tests.rs"]
+mod tests;
