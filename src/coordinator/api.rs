@@ -166,8 +166,8 @@ pub fn router(state: Shared) -> Router {
         routes = routes.route("/metrics", get(metrics_text));
     }
     let routes = routes.layer(axum::middleware::from_fn(
-            crate::web::guard::same_origin_only,
-        ));
+        crate::web::guard::same_origin_only,
+    ));
     crate::web::limits::with_body_limits(routes, limits.max_body_bytes, limits::refusals(&state))
         .with_state(state)
 }
@@ -695,7 +695,11 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
         .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
         .await?;
     let mut text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
-    text.push_str(&s.handle.with(|m, _, _| super::directory_api::metrics_text(m)).await?);
+    text.push_str(
+        &s.handle
+            .with(|m, _, _| super::directory_api::metrics_text(m))
+            .await?,
+    );
     if let Some(c) = &s.checkpoint {
         text.push_str(&c.metrics_text());
     }

@@ -49,9 +49,9 @@ pub struct BlendIndex {
 
 /// The fingerprint of `window` (its length is the chunk size).
 pub fn fingerprint(window: &[u32]) -> u64 {
-    window
-        .iter()
-        .fold(0u64, |h, &t| h.wrapping_mul(BASE).wrapping_add(u64::from(t)))
+    window.iter().fold(0u64, |h, &t| {
+        h.wrapping_mul(BASE).wrapping_add(u64::from(t))
+    })
 }
 
 impl BlendIndex {

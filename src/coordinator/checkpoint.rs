@@ -63,7 +63,9 @@ pub enum LoadError {
     #[error("larger than {0} bytes")]
     TooLarge(u64),
     /// LMCache's own checkpoint.
-    #[error("an LMCache coordinator checkpoint (msgpack of Python objects); kvplane reads only its own")]
+    #[error(
+        "an LMCache coordinator checkpoint (msgpack of Python objects); kvplane reads only its own"
+    )]
     Lmcache,
     /// Not a kvplane checkpoint.
     #[error("not a kvplane coordinator checkpoint (bad magic)")]
@@ -106,7 +108,8 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointDoc, LoadError> {
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return Err(LoadError::Magic);
     }
-    let word = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+    let word =
+        |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
     let version = word(8);
     if version != VERSION {
         return Err(LoadError::Version(version));
@@ -241,7 +244,9 @@ impl Checkpointer {
             }
             Ok(Err(Err(n))) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("checkpoint not written to {path}: {n} bytes is over the limit of {max}");
+                tracing::warn!(
+                    "checkpoint not written to {path}: {n} bytes is over the limit of {max}"
+                );
             }
             Ok(Err(Ok(e))) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
@@ -263,11 +268,36 @@ impl Checkpointer {
             ));
         };
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        line("checkpoints_written_total", "counter", "Checkpoints written (--checkpoint-path).", n(&self.written));
-        line("checkpoint_failures_total", "counter", "Checkpoint writes that failed.", n(&self.failed));
-        line("checkpoints_refused_total", "counter", "Checkpoints not written: over the size limit.", n(&self.refused));
-        line("checkpoint_bytes", "gauge", "Size of the last checkpoint written.", n(&self.last_bytes));
-        line("checkpoint_restored_keys", "gauge", "Tracked keys restored from the checkpoint at start.", n(&self.restored_keys));
+        line(
+            "checkpoints_written_total",
+            "counter",
+            "Checkpoints written (--checkpoint-path).",
+            n(&self.written),
+        );
+        line(
+            "checkpoint_failures_total",
+            "counter",
+            "Checkpoint writes that failed.",
+            n(&self.failed),
+        );
+        line(
+            "checkpoints_refused_total",
+            "counter",
+            "Checkpoints not written: over the size limit.",
+            n(&self.refused),
+        );
+        line(
+            "checkpoint_bytes",
+            "gauge",
+            "Size of the last checkpoint written.",
+            n(&self.last_bytes),
+        );
+        line(
+            "checkpoint_restored_keys",
+            "gauge",
+            "Tracked keys restored from the checkpoint at start.",
+            n(&self.restored_keys),
+        );
         out
     }
 }
@@ -303,8 +333,14 @@ mod tests {
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
         assert!(matches!(decode(&flipped), Err(LoadError::Corrupt(_))));
-        assert!(matches!(decode(&bytes[..bytes.len() - 1]), Err(LoadError::Corrupt(_))));
-        assert!(matches!(decode(b"LMCKPT\0\0\x01\0\0\0"), Err(LoadError::Lmcache)));
+        assert!(matches!(
+            decode(&bytes[..bytes.len() - 1]),
+            Err(LoadError::Corrupt(_))
+        ));
+        assert!(matches!(
+            decode(b"LMCKPT\0\0\x01\0\0\0"),
+            Err(LoadError::Lmcache)
+        ));
         assert!(matches!(decode(b"{}"), Err(LoadError::Magic)));
 
         let dir = std::env::temp_dir().join(format!("kvplane-ckpt-{}", rand::random::<u64>()));

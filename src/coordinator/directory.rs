@@ -376,8 +376,16 @@ impl Directory {
         }
     }
 
-    fn sorted_views(&self, ps: &[Placement], keep: impl Fn(&Placement) -> bool) -> Vec<PlacementView> {
-        let mut v: Vec<PlacementView> = ps.iter().filter(|p| keep(p)).map(|p| self.view(p)).collect();
+    fn sorted_views(
+        &self,
+        ps: &[Placement],
+        keep: impl Fn(&Placement) -> bool,
+    ) -> Vec<PlacementView> {
+        let mut v: Vec<PlacementView> = ps
+            .iter()
+            .filter(|p| keep(p))
+            .map(|p| self.view(p))
+            .collect();
         v.sort_by(|a, b| {
             (a.instance_id.as_str(), a.tier, a.backend.as_str()).cmp(&(
                 b.instance_id.as_str(),
@@ -401,7 +409,15 @@ impl Directory {
             self.l1.insert(inst, hashbrown::HashSet::new());
         }
         let backend = self.backends.intern(&b.backend);
-        for op in &b.ops {
+        // The model records a batch of stores tail first (its LRU); the directory keeps the
+        // sender's order, as 0.5.6 lists keys in the order they were first stored.
+        let all_stores = b.ops.iter().all(|op| matches!(op, Op::Store(..)));
+        let ops: Box<dyn Iterator<Item = &Op>> = if all_stores {
+            Box::new(b.ops.iter().rev())
+        } else {
+            Box::new(b.ops.iter())
+        };
+        for op in ops {
             match op {
                 Op::Store(key, size) => {
                     let Some(backend) = backend.and_then(|x| u16::try_from(x).ok()) else {
@@ -631,7 +647,9 @@ impl Directory {
                 ..Binding::default()
             });
         b.keys.push(slot);
-        let Some(b) = self.binding(&k.hash) else { return };
+        let Some(b) = self.binding(&k.hash) else {
+            return;
+        };
         let claim = self.indexed(b) && !self.ns_held(b, k.namespace(), slot);
         if claim {
             if let Some(x) = self.blend.as_mut() {
@@ -641,7 +659,9 @@ impl Directory {
     }
 
     fn leave_binding(&mut self, slot: u32, k: DirKey) {
-        let Some(b) = self.binding(&k.hash) else { return };
+        let Some(b) = self.binding(&k.hash) else {
+            return;
+        };
         let unclaim = self.indexed(b) && !self.ns_held(b, k.namespace(), slot);
         let last = b.keys.len() <= 1;
         if unclaim {
@@ -689,7 +709,9 @@ impl Directory {
                 namespaces.iter().for_each(|&ns| x.claim(ns, false));
             }
         }
-        let Some(b) = self.binding_mut(&hash) else { return };
+        let Some(b) = self.binding_mut(&hash) else {
+            return;
+        };
         let old_len = b.tokens.len();
         b.tokens = t.token_ids.clone().into_boxed_slice();
         b.offset = t.token_offset;
@@ -704,7 +726,11 @@ impl Directory {
     }
 
     fn namespaces_of(&self, b: &Binding) -> Vec<Namespace> {
-        let mut v: Vec<Namespace> = b.keys.iter().map(|&s| self.rec(s).key.namespace()).collect();
+        let mut v: Vec<Namespace> = b
+            .keys
+            .iter()
+            .map(|&s| self.rec(s).key.namespace())
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -741,7 +767,15 @@ impl Directory {
         keys.iter()
             .map(|k| {
                 let Some(slot) = self.lookup_key(k).and_then(|d| self.find(&d)) else {
-                    return KeyView::default();
+                    // An unknown key still shows its chunk's tokens, as in 0.5.6.
+                    let token_ids = Hash32::parse(&k.chunk_hash_hex)
+                        .and_then(|h| self.binding(&h))
+                        .map(|b| b.tokens.to_vec())
+                        .unwrap_or_default();
+                    return KeyView {
+                        token_ids,
+                        ..KeyView::default()
+                    };
                 };
                 let r = self.rec(slot);
                 KeyView {
@@ -767,7 +801,13 @@ impl Directory {
                 if let Some(b) = self.binding(&d.hash) {
                     for &s in &b.keys {
                         let o = self.rec(s).key;
-                        if room > 0 && o.group != d.group && (DirKey { group: d.group, ..o }) == d {
+                        if room > 0
+                            && o.group != d.group
+                            && (DirKey {
+                                group: d.group,
+                                ..o
+                            }) == d
+                        {
                             all.push(self.encode(&o));
                             room -= 1;
                         }
@@ -782,7 +822,14 @@ impl Directory {
 
     /// Scans up to `budget` slots of a `GET /directory/keys` listing; returns true when the
     /// scan is complete. Order: slot order (insertion order until keys are deleted).
-    pub fn scan(&self, f: &KeyFilter, offset: usize, limit: usize, budget: usize, st: &mut Scan) -> bool {
+    pub fn scan(
+        &self,
+        f: &KeyFilter,
+        offset: usize,
+        limit: usize,
+        budget: usize,
+        st: &mut Scan,
+    ) -> bool {
         let inst = if f.instance_id.is_empty() {
             None
         } else {
@@ -794,7 +841,11 @@ impl Directory {
         let backend = if f.backend.is_empty() {
             None
         } else {
-            match self.backends.get(&f.backend).and_then(|b| u16::try_from(b).ok()) {
+            match self
+                .backends
+                .get(&f.backend)
+                .and_then(|b| u16::try_from(b).ok())
+            {
                 Some(b) => Some(b),
                 None => return true,
             }
@@ -856,9 +907,13 @@ impl Directory {
         probes: &[(usize, u64)],
         ns: (&str, &str, u8),
     ) -> Vec<(String, i64, usize)> {
-        let Some(x) = &self.blend else { return Vec::new() };
+        let Some(x) = &self.blend else {
+            return Vec::new();
+        };
         let (Some(model), Some(salt)) = (
-            self.models.get_index_of(ns.0).and_then(|m| u16::try_from(m).ok()),
+            self.models
+                .get_index_of(ns.0)
+                .and_then(|m| u16::try_from(m).ok()),
             self.salts.get(ns.1),
         ) else {
             return Vec::new();
@@ -904,7 +959,9 @@ impl Directory {
 
     /// The blend settings (`None`: off).
     pub fn blend_settings(&self) -> Option<(usize, usize)> {
-        self.blend.as_ref().map(|x| (x.chunk_size(), x.probe_stride()))
+        self.blend
+            .as_ref()
+            .map(|x| (x.chunk_size(), x.probe_stride()))
     }
 
     /// Bytes allocated (slab, tables, bindings, tokens, names), from capacities.
@@ -917,7 +974,11 @@ impl Directory {
             .flat_map(|s| s.iter())
             .map(|r| r.placements.capacity() * place)
             .sum::<usize>()
-            + self.segments.iter().map(|s| s.capacity() * rec).sum::<usize>();
+            + self
+                .segments
+                .iter()
+                .map(|s| s.capacity() * rec)
+                .sum::<usize>();
         let tables: usize = self.tables.iter().map(|t| t.capacity() * 5).sum();
         let bind = std::mem::size_of::<(Hash32, Binding)>() + 1;
         let bindings: usize = self

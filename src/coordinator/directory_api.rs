@@ -68,7 +68,10 @@ fn key_error(k: &EncodedKey) -> Option<String> {
         ));
     }
     if k.model_name.contains('@') {
-        return Some(format!("model_name must not contain '@' (got {:?})", k.model_name));
+        return Some(format!(
+            "model_name must not contain '@' (got {:?})",
+            k.model_name
+        ));
     }
     if k.cache_salt.chars().count() > 128 || k.cache_salt.contains(['@', '/', '\\', '\0']) {
         return Some(format!(
@@ -77,23 +80,38 @@ fn key_error(k: &EncodedKey) -> Option<String> {
         ));
     }
     if k.object_group_id < 0 {
-        return Some(format!("object_group_id must be >= 0 (got {})", k.object_group_id));
+        return Some(format!(
+            "object_group_id must be >= 0 (got {})",
+            k.object_group_id
+        ));
     }
     None
 }
 
 fn world(s: &Shared, w: i64) -> Result<u8, CoordError> {
+    if w < 1 {
+        return Err(invalid_at(
+            s,
+            &["body", "world_size"],
+            "Input should be greater than or equal to 1",
+        ));
+    }
     u8::try_from(w)
-        .ok()
-        .filter(|&w| w >= 1)
-        .ok_or_else(|| invalid_at(s, &["body", "world_size"], "world_size must be in 1..=255"))
+        .map_err(|_| invalid_at(s, &["body", "world_size"], "world_size must be in 1..=255"))
 }
 
 /// `POST /directory/lookup`.
-async fn lookup(State(s): State<Shared>, JsonBody(body): JsonBody) -> Result<Json<Value>, CoordError> {
+async fn lookup(
+    State(s): State<Shared>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, CoordError> {
     let b: LookupBody = parse(&s, &body)?;
     if let Some(e) = b.keys.iter().find_map(key_error) {
-        return Err(invalid_at(&s, &["body", "keys"], format!("Value error, {e}")));
+        return Err(invalid_at(
+            &s,
+            &["body", "keys"],
+            format!("Value error, {e}"),
+        ));
     }
     let world = world(&s, b.world_size)?;
     if b.keys.is_empty() == b.token_ids.is_empty() {
@@ -111,9 +129,14 @@ async fn lookup(State(s): State<Shared>, JsonBody(body): JsonBody) -> Result<Jso
         ));
     }
     let (keys, chunks) = if b.keys.is_empty() {
-        let (keys, chunks) =
-            pins::resolve(&b.model_name, world, &b.token_ids, &b.cache_salt, s.chunk_size)
-                .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+        let (keys, chunks) = pins::resolve(
+            &b.model_name,
+            world,
+            &b.token_ids,
+            &b.cache_salt,
+            s.chunk_size,
+        )
+        .map_err(|e| CoordError::BadRequest(e.to_string()))?;
         let keys = s
             .handle
             .with(move |m, _, _| m.directory.across_groups(keys, MAX_LOOKUP_KEYS))
@@ -164,11 +187,11 @@ async fn list_keys(
         None | Some("all") => None,
         Some("l1") => Some(Tier::L1),
         Some("l2") => Some(Tier::L2),
-        Some(other) => {
+        Some(_) => {
             return Err(invalid_at(
                 &s,
                 &["query", "tier"],
-                format!("Input should be 'l1', 'l2' or 'all' (got {other:?})"),
+                "Input should be 'l1', 'l2' or 'all'",
             ))
         }
     };
@@ -211,14 +234,19 @@ async fn list_keys(
         instance_id: q.instance_id,
         backend: q.backend,
     });
-    let (offset, limit) = (usize::try_from(offset).unwrap_or(usize::MAX), limit as usize);
+    let (offset, limit) = (
+        usize::try_from(offset).unwrap_or(usize::MAX),
+        limit as usize,
+    );
     let mut scan = Scan::default();
     loop {
         let f = std::sync::Arc::clone(&filter);
         let (st, done) = s
             .handle
             .with(move |m, _, _| {
-                let done = m.directory.scan(&f, offset, limit, SLOTS_PER_JOB, &mut scan);
+                let done = m
+                    .directory
+                    .scan(&f, offset, limit, SLOTS_PER_JOB, &mut scan);
                 (scan, done)
             })
             .await?;
@@ -303,7 +331,10 @@ async fn blend_lookup(
     let (model, salt) = (b.model_name, b.cache_salt);
     let found = s
         .handle
-        .with(move |m, _, _| m.directory.blend_match(&tokens, &probes, (&model, &salt, world)))
+        .with(move |m, _, _| {
+            m.directory
+                .blend_match(&tokens, &probes, (&model, &salt, world))
+        })
         .await?;
     let matches: Vec<Value> = found
         .into_iter()
@@ -318,16 +349,66 @@ pub fn metrics_text(m: &super::model::Model) -> String {
     let st = d.stats();
     let c = &d.counters;
     let rows: [(&str, &str, &str, u64); 10] = [
-        ("directory_keys", "gauge", "Keys in the key directory (/directory/*).", d.len() as u64),
-        ("directory_placements", "gauge", "Placements (instance, tier, backend) over the directory's keys.", st.num_placements as u64),
-        ("directory_token_ids", "gauge", "Token ids the directory keeps (once per chunk hash).", d.token_ids() as u64),
-        ("directory_token_ids_limit", "gauge", "Most token ids the directory keeps.", d.config().max_token_ids as u64),
-        ("directory_memory_bytes", "gauge", "Bytes allocated for the key directory and its blend index.", d.memory_bytes() as u64),
-        ("directory_keys_refused_total", "counter", "New directory keys not kept at the key limit.", c.keys_refused),
-        ("directory_keys_rejected_total", "counter", "Directory keys that do not fit the compact form.", c.keys_rejected),
-        ("directory_names_refused_total", "counter", "Placements not kept: the instance, backend or salt table was full.", c.names_refused),
-        ("directory_tokens_refused_total", "counter", "Chunks kept without their token ids at the token limit.", c.tokens_refused),
-        ("directory_blend_chunks", "gauge", "Chunks in the CacheBlend index (--enable-blend-lookup).", st.blend.num_chunks as u64),
+        (
+            "directory_keys",
+            "gauge",
+            "Keys in the key directory (/directory/*).",
+            d.len() as u64,
+        ),
+        (
+            "directory_placements",
+            "gauge",
+            "Placements (instance, tier, backend) over the directory's keys.",
+            st.num_placements as u64,
+        ),
+        (
+            "directory_token_ids",
+            "gauge",
+            "Token ids the directory keeps (once per chunk hash).",
+            d.token_ids() as u64,
+        ),
+        (
+            "directory_token_ids_limit",
+            "gauge",
+            "Most token ids the directory keeps.",
+            d.config().max_token_ids as u64,
+        ),
+        (
+            "directory_memory_bytes",
+            "gauge",
+            "Bytes allocated for the key directory and its blend index.",
+            d.memory_bytes() as u64,
+        ),
+        (
+            "directory_keys_refused_total",
+            "counter",
+            "New directory keys not kept at the key limit.",
+            c.keys_refused,
+        ),
+        (
+            "directory_keys_rejected_total",
+            "counter",
+            "Directory keys that do not fit the compact form.",
+            c.keys_rejected,
+        ),
+        (
+            "directory_names_refused_total",
+            "counter",
+            "Placements not kept: the instance, backend or salt table was full.",
+            c.names_refused,
+        ),
+        (
+            "directory_tokens_refused_total",
+            "counter",
+            "Chunks kept without their token ids at the token limit.",
+            c.tokens_refused,
+        ),
+        (
+            "directory_blend_chunks",
+            "gauge",
+            "Chunks in the CacheBlend index (--enable-blend-lookup).",
+            st.blend.num_chunks as u64,
+        ),
     ];
     let mut out = String::new();
     for (name, kind, help, v) in rows {

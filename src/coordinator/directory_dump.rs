@@ -104,7 +104,11 @@ impl Directory {
             };
             let key = EncodedKey {
                 chunk_hash_hex: h.hex(),
-                model_name: d.models.get(usize::from(model)).cloned().unwrap_or_default(),
+                model_name: d
+                    .models
+                    .get(usize::from(model))
+                    .cloned()
+                    .unwrap_or_default(),
                 kv_rank: i64::from(kv_rank),
                 object_group_id: i64::from(group),
                 cache_salt: name(&d.salts, salt),

@@ -46,17 +46,59 @@ fn tokens(hex: &str, offset: i64, ids: Vec<u32>) -> ChunkTokens {
 fn placements_per_holder_and_shared_pools_once() {
     let mut d = Directory::new(config(None));
     let k = key("aa", 0, 0, "s");
-    d.apply(&batch("b", 1, Tier::L2, "fs", false, vec![Op::Store(k.clone(), 5)]));
-    d.apply(&batch("a", 1, Tier::L2, "fs", false, vec![Op::Store(k.clone(), 10)]));
-    d.apply(&batch("a", 1, Tier::L1, "dram", false, vec![Op::Store(k.clone(), 10)]));
-    d.apply(&batch("a", 1, Tier::L2, "nfs", true, vec![Op::Store(k.clone(), 7)]));
+    d.apply(&batch(
+        "b",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Store(k.clone(), 5)],
+    ));
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Store(k.clone(), 10)],
+    ));
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L1,
+        "dram",
+        false,
+        vec![Op::Store(k.clone(), 10)],
+    ));
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L2,
+        "nfs",
+        true,
+        vec![Op::Store(k.clone(), 7)],
+    ));
     // A shared pool's placement is one, whoever reports it.
-    d.apply(&batch("b", 1, Tier::L2, "nfs", true, vec![Op::Store(k.clone(), 8)]));
+    d.apply(&batch(
+        "b",
+        1,
+        Tier::L2,
+        "nfs",
+        true,
+        vec![Op::Store(k.clone(), 8)],
+    ));
     let v = &d.lookup(std::slice::from_ref(&k))[0];
     let who: Vec<(&str, Tier, &str, u64)> = v
         .placements
         .iter()
-        .map(|p| (p.instance_id.as_str(), p.tier, p.backend.as_str(), p.size_bytes))
+        .map(|p| {
+            (
+                p.instance_id.as_str(),
+                p.tier,
+                p.backend.as_str(),
+                p.size_bytes,
+            )
+        })
         .collect();
     assert_eq!(
         who,
@@ -71,14 +113,35 @@ fn placements_per_holder_and_shared_pools_once() {
     assert_eq!((st.num_keys, st.num_placements), (1, 4));
     assert_eq!((st.l2_count, st.l2_size_bytes), (3, 23));
     // One holder's delete leaves the others.
-    d.apply(&batch("b", 1, Tier::L2, "fs", false, vec![Op::Delete(k.clone())]));
+    d.apply(&batch(
+        "b",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Delete(k.clone())],
+    ));
     assert_eq!(d.lookup(std::slice::from_ref(&k))[0].placements.len(), 3);
     // A restart of `a` fences its L1 placement only.
     d.fence("a");
     assert_eq!(d.lookup(std::slice::from_ref(&k))[0].placements.len(), 2);
     assert!(!d.stats().l1_keys_by_instance.contains_key("a"));
-    d.apply(&batch("a", 1, Tier::L2, "fs", false, vec![Op::Delete(k.clone())]));
-    d.apply(&batch("x", 1, Tier::L2, "nfs", true, vec![Op::Delete(k.clone())]));
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Delete(k.clone())],
+    ));
+    d.apply(&batch(
+        "x",
+        1,
+        Tier::L2,
+        "nfs",
+        true,
+        vec![Op::Delete(k.clone())],
+    ));
     assert!(d.is_empty());
     assert_eq!(d.stats().num_placements, 0);
     assert_eq!(d.stats().l2_size_bytes, 0);
@@ -101,7 +164,11 @@ fn tokens_are_kept_once_per_chunk_and_dropped_with_its_last_key() {
     );
     b.tokens = vec![tokens("aa", 0, vec![1, 2, 3]), tokens("bb", 0, vec![9])];
     d.apply(&b);
-    assert_eq!(d.token_ids(), 3, "one copy for three keys; none for an unstored chunk");
+    assert_eq!(
+        d.token_ids(),
+        3,
+        "one copy for three keys; none for an unstored chunk"
+    );
     let v = d.lookup(&[key("AA", 2, 0, ""), key("aa", 9, 0, "")]);
     assert_eq!(v[0].token_ids, [1, 2, 3]);
     assert!(v[1].placements.is_empty() && v[1].token_ids.is_empty());
@@ -109,7 +176,14 @@ fn tokens_are_kept_once_per_chunk_and_dropped_with_its_last_key() {
     let groups: Vec<i64> = expanded.iter().map(|k| k.object_group_id).collect();
     assert_eq!(groups, [0, 3]);
     for (rank, group) in [(1, 0), (2, 0), (1, 3)] {
-        d.apply(&batch("a", 1, Tier::L2, "fs", false, vec![Op::Delete(key("aa", rank, group, ""))]));
+        d.apply(&batch(
+            "a",
+            1,
+            Tier::L2,
+            "fs",
+            false,
+            vec![Op::Delete(key("aa", rank, group, ""))],
+        ));
     }
     assert_eq!(d.token_ids(), 0);
     assert!(d.is_empty());
@@ -129,14 +203,23 @@ fn limits_are_counted() {
         Tier::L2,
         "fs",
         false,
-        (0..3).map(|i| Op::Store(key(&format!("{i:02x}"), 0, 0, ""), 1)).collect(),
+        (0..3)
+            .map(|i| Op::Store(key(&format!("{i:02x}"), 0, 0, ""), 1))
+            .collect(),
     );
     b.tokens = vec![tokens("00", 0, vec![1, 2, 3])];
     d.apply(&b);
     assert_eq!(d.len(), 2);
     assert_eq!(d.counters.keys_refused, 1);
     assert_eq!(d.counters.tokens_refused, 1);
-    d.apply(&batch("a", 1, Tier::L2, "fs", false, vec![Op::Store(key("abc", 0, 0, ""), 1)]));
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Store(key("abc", 0, 0, ""), 1)],
+    ));
     assert_eq!(d.counters.keys_rejected, 1);
 }
 
@@ -145,13 +228,24 @@ fn scan_pages_and_filters() {
     let mut d = Directory::new(config(None));
     for i in 0..5u8 {
         let id = if i % 2 == 0 { "a" } else { "b" };
-        d.apply(&batch(id, 1, Tier::L2, "fs", false, vec![Op::Store(key(&format!("{i:02x}"), 0, 0, ""), 1)]));
+        d.apply(&batch(
+            id,
+            1,
+            Tier::L2,
+            "fs",
+            false,
+            vec![Op::Store(key(&format!("{i:02x}"), 0, 0, ""), 1)],
+        ));
     }
     let all = KeyFilter::default();
     let mut st = Scan::default();
     while !d.scan(&all, 1, 2, 2, &mut st) {}
     assert_eq!(st.total, 5);
-    let hexes: Vec<&str> = st.page.iter().map(|k| k.key.chunk_hash_hex.as_str()).collect();
+    let hexes: Vec<&str> = st
+        .page
+        .iter()
+        .map(|k| k.key.chunk_hash_hex.as_str())
+        .collect();
     assert_eq!(hexes, ["01", "02"]);
     let only_b = KeyFilter {
         instance_id: "b".into(),
@@ -173,14 +267,32 @@ fn scan_pages_and_filters() {
 fn blend_finds_chunks_anywhere_in_its_namespace() {
     let mut d = Directory::new(config(Some((4, 1))));
     let content = vec![7, 8, 9, 10];
-    let mut b = batch("a", 1, Tier::L2, "fs", false, vec![Op::Store(key("aa", 1 << 24, 0, "t"), 4)]);
+    let mut b = batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Store(key("aa", 1 << 24, 0, "t"), 4)],
+    );
     b.tokens = vec![tokens("aa", 12, content.clone())];
     d.apply(&b);
     let st = d.stats().blend;
-    assert_eq!((st.num_contents, st.num_chunks, st.num_claims, st.num_namespaces), (1, 1, 1, 1));
+    assert_eq!(
+        (
+            st.num_contents,
+            st.num_chunks,
+            st.num_claims,
+            st.num_namespaces
+        ),
+        (1, 1, 1, 1)
+    );
     let query = vec![1, 2, 3, 7, 8, 9, 10, 4];
     let probes = BlendIndex::probes(4, 1, &query);
-    assert_eq!(d.blend_match(&query, &probes, ("m", "t", 1)), [("aa".to_owned(), 12, 3)]);
+    assert_eq!(
+        d.blend_match(&query, &probes, ("m", "t", 1)),
+        [("aa".to_owned(), 12, 3)]
+    );
     // Another namespace (salt, world size) sees nothing.
     assert!(d.blend_match(&query, &probes, ("m", "", 1)).is_empty());
     assert!(d.blend_match(&query, &probes, ("m", "t", 2)).is_empty());
@@ -188,13 +300,33 @@ fn blend_finds_chunks_anywhere_in_its_namespace() {
     let probes = BlendIndex::probes(4, 2, &query);
     assert!(d.blend_match(&query, &probes, ("m", "t", 1)).is_empty());
     // Unknown offset: kept for lookups, not indexed.
-    let mut b = batch("a", 1, Tier::L2, "fs", false, vec![Op::Store(key("bb", 1 << 24, 0, "t"), 4)]);
+    let mut b = batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Store(key("bb", 1 << 24, 0, "t"), 4)],
+    );
     b.tokens = vec![tokens("bb", -1, vec![1, 2, 3, 4])];
     d.apply(&b);
     assert_eq!(d.stats().blend.num_chunks, 1);
     // The last key going takes the chunk out of the index.
-    d.apply(&batch("a", 1, Tier::L2, "fs", false, vec![Op::Delete(key("aa", 1 << 24, 0, "t"))]));
-    assert_eq!(d.stats().blend, blend::BlendStats { table_size: 1024, ..Default::default() });
+    d.apply(&batch(
+        "a",
+        1,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Delete(key("aa", 1 << 24, 0, "t"))],
+    ));
+    assert_eq!(
+        d.stats().blend,
+        blend::BlendStats {
+            table_size: 1024,
+            ..Default::default()
+        }
+    );
 }
 
 #[test]
@@ -206,12 +338,29 @@ fn dump_and_restore_keep_everything_and_rebuild_the_blend_index() {
         Tier::L2,
         "fs",
         false,
-        vec![Op::Store(key("aa", 0, 0, "s"), 3), Op::Store(key("bb", 0, 1, ""), 4)],
+        vec![
+            Op::Store(key("aa", 0, 0, "s"), 3),
+            Op::Store(key("bb", 0, 1, ""), 4),
+        ],
     );
     b.tokens = vec![tokens("aa", 0, vec![5, 6])];
     d.apply(&b);
-    d.apply(&batch("b", 2, Tier::L1, "dram", false, vec![Op::Store(key("aa", 0, 0, "s"), 3)]));
-    d.apply(&batch("b", 2, Tier::L2, "fs", false, vec![Op::Access(key("aa", 0, 0, "s"))]));
+    d.apply(&batch(
+        "b",
+        2,
+        Tier::L1,
+        "dram",
+        false,
+        vec![Op::Store(key("aa", 0, 0, "s"), 3)],
+    ));
+    d.apply(&batch(
+        "b",
+        2,
+        Tier::L2,
+        "fs",
+        false,
+        vec![Op::Access(key("aa", 0, 0, "s"))],
+    ));
     d.apply(&batch("c", 1, Tier::L1, "dram", false, vec![]));
     let dump = d.dump();
     let bytes = rmp_serde::to_vec(&dump).unwrap();
@@ -222,7 +371,10 @@ fn dump_and_restore_keep_everything_and_rebuild_the_blend_index() {
     assert_eq!(r.dump(), dump);
     let (a, b) = (r.stats(), d.stats());
     assert_eq!(a.l1_keys_by_instance, b.l1_keys_by_instance);
-    assert_eq!((a.num_keys, a.num_placements, a.l1_size_bytes), (b.num_keys, b.num_placements, b.l1_size_bytes));
+    assert_eq!(
+        (a.num_keys, a.num_placements, a.l1_size_bytes),
+        (b.num_keys, b.num_placements, b.l1_size_bytes)
+    );
     r.enable_blend(2, 1);
     assert_eq!(r.stats().blend, d.stats().blend);
     // The restored fence still finds b's L1 placement.

@@ -41,10 +41,10 @@
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
-pub mod checkpoint;
 pub mod blend;
 pub mod cache_api;
 pub mod changes;
+pub mod checkpoint;
 pub mod cluster;
 pub mod dashboard;
 pub mod directory;
@@ -223,7 +223,10 @@ impl Coordinator {
         http_stop.cancel();
         if let Some(c) = checkpoint {
             c.write(&handle).await;
-            tracing::info!("checkpoint written to {} at stop", c.config().path.display());
+            tracing::info!(
+                "checkpoint written to {} at stop",
+                c.config().path.display()
+            );
         }
         // A cluster leader's publisher ends once every handle is gone (after sending what
         // its log queued).
@@ -348,7 +351,10 @@ pub(crate) fn initial_model(config: &CoordinatorConfig) -> model::Model {
 }
 
 /// The model saved at `c.path`, if there is a readable one (otherwise logged: start cold).
-fn checkpoint_model(config: &CoordinatorConfig, c: &checkpoint::CheckpointConfig) -> Option<model::Model> {
+fn checkpoint_model(
+    config: &CoordinatorConfig,
+    c: &checkpoint::CheckpointConfig,
+) -> Option<model::Model> {
     let path = c.path.display();
     match checkpoint::load(&c.path, c.max_bytes) {
         Ok(None) => {
@@ -401,7 +407,10 @@ pub(crate) fn serve(
 ) -> Coordinator {
     let mut state = state;
     if let Some(stride) = config.blend_probe_stride {
-        state.model.directory.enable_blend(config.chunk_size, stride);
+        state
+            .model
+            .directory
+            .enable_blend(config.chunk_size, stride);
     }
     let restored_keys = state.model.tracked_keys() as u64;
     let timing = driver::Timing {

@@ -106,6 +106,25 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
         "Relay a prefetch's status",
         &[200, 404, 502],
     ),
+    (
+        "/directory/lookup",
+        "post",
+        "Placements, token ids and access counts of keys or of a token sequence",
+        &[200, 400, 413, 422],
+    ),
+    (
+        "/directory/blend-lookup",
+        "post",
+        "CacheBlend: stored chunks found anywhere in a query (--enable-blend-lookup)",
+        &[200, 400, 413, 422],
+    ),
+    (
+        "/directory/keys",
+        "get",
+        "Directory keys and placements, one page at a time",
+        &[200, 422],
+    ),
+    ("/directory/stats", "get", "Directory totals", &[200]),
 ];
 
 /// The document.

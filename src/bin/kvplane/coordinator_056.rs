@@ -91,9 +91,10 @@ impl Args056 {
     ) -> Result<(), ConfigError> {
         if !chunk_size_given {
             if let Some(t) = s.text(&self.blend_chunk_size, "BLEND_CHUNK_SIZE") {
-                let n: usize = t.trim().parse().map_err(|_| {
-                    refuse("blend-chunk-size", format!("cannot parse {t:?}"))
-                })?;
+                let n: usize = t
+                    .trim()
+                    .parse()
+                    .map_err(|_| refuse("blend-chunk-size", format!("cannot parse {t:?}")))?;
                 c.chunk_size = config::at_least_one("blend-chunk-size", n)?;
             }
         }
@@ -103,7 +104,12 @@ impl Args056 {
             .is_some_and(|t| truthy(&t));
         let stride = config::at_least_one(
             "blend-probe-stride",
-            s.parse(&self.blend_probe_stride, "BLEND_PROBE_STRIDE", "blend-probe-stride", 1usize)?,
+            s.parse(
+                &self.blend_probe_stride,
+                "BLEND_PROBE_STRIDE",
+                "blend-probe-stride",
+                1usize,
+            )?,
         )?;
         c.blend_probe_stride = blend.then_some(stride);
         if let Some(h) = s.text(&self.hash_algorithm, "HASH_ALGORITHM") {
@@ -169,7 +175,11 @@ impl Args056 {
                 ));
             }
         }
-        match s.text(&self.event_transport, "EVENT_TRANSPORT").as_deref().map(str::trim) {
+        match s
+            .text(&self.event_transport, "EVENT_TRANSPORT")
+            .as_deref()
+            .map(str::trim)
+        {
             None | Some("http") => {}
             Some("kafka") => return Err(refuse("event-transport", format!("kafka: {NO_KAFKA}"))),
             Some(other) => {
@@ -180,7 +190,11 @@ impl Args056 {
             }
         }
         for (flag, v, name) in [
-            ("kafka-bootstrap-servers", &self.kafka_bootstrap_servers, "KAFKA_BOOTSTRAP_SERVERS"),
+            (
+                "kafka-bootstrap-servers",
+                &self.kafka_bootstrap_servers,
+                "KAFKA_BOOTSTRAP_SERVERS",
+            ),
             ("kafka-topic", &self.kafka_topic, "KAFKA_TOPIC"),
             ("kafka-group-id", &self.kafka_group_id, "KAFKA_GROUP_ID"),
         ] {
@@ -317,9 +331,20 @@ mod tests {
             ("KVPLANE_COORDINATOR_CHECKPOINT_INTERVAL", "0"),
         ];
         let c = validate(&[], &env).unwrap();
-        assert_eq!(c.checkpoint.unwrap().interval, None, "0: only at a clean stop");
-        let c = validate(&["--checkpoint-path", "/x", "--checkpoint-interval", "2.5"], &[]).unwrap();
-        assert_eq!(c.checkpoint.unwrap().interval, Some(Duration::from_millis(2500)));
+        assert_eq!(
+            c.checkpoint.unwrap().interval,
+            None,
+            "0: only at a clean stop"
+        );
+        let c = validate(
+            &["--checkpoint-path", "/x", "--checkpoint-interval", "2.5"],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.checkpoint.unwrap().interval,
+            Some(Duration::from_millis(2500))
+        );
         let c = validate(&["--checkpoint-path", ""], &env).unwrap();
         assert_eq!(c.checkpoint, None);
     }
@@ -327,7 +352,10 @@ mod tests {
     #[test]
     fn extra_config_and_metrics() {
         let c = validate(
-            &["--extra-config", r#"{"disabled_controllers": ["FleetEvictionController"]}"#],
+            &[
+                "--extra-config",
+                r#"{"disabled_controllers": ["FleetEvictionController"]}"#,
+            ],
             &[],
         )
         .unwrap();
@@ -336,29 +364,111 @@ mod tests {
         assert!(c.features.eviction_controller && !c.features.metrics);
         let c = validate(&[], &[("LMCACHE_MP_COORDINATOR_DISABLE_METRICS", "1")]).unwrap();
         assert!(!c.features.metrics);
-        let c = validate(&["--hash-algorithm", "blake3", "--event-transport", "http"], &[]).unwrap();
+        let c = validate(
+            &["--hash-algorithm", "blake3", "--event-transport", "http"],
+            &[],
+        )
+        .unwrap();
         assert!(c.features.metrics);
     }
 
     #[test]
     fn refusals_name_the_flag_and_the_alternative() {
         for (argv, env, flag, hint) in [
-            (&["--hash-algorithm", "sha256_cbor"][..], &[][..], "--hash-algorithm", "blake3"),
-            (&[], &[("KVPLANE_COORDINATOR_HASH_ALGORITHM", "xxhash")][..], "--hash-algorithm", "blake3"),
-            (&["--otlp-endpoint", "http://otel:4317"], &[], "--otlp-endpoint", "GET /metrics"),
-            (&["--event-transport", "kafka"], &[], "--event-transport", "--coordinator-event-transport http"),
-            (&["--event-transport", "grpc"], &[], "--event-transport", "http, kafka"),
-            (&["--kafka-bootstrap-servers", "k:9092"], &[], "--kafka-bootstrap-servers", "POST /events"),
-            (&[], &[("LMCACHE_MP_COORDINATOR_KAFKA_TOPIC", "t")], "--kafka-topic", "POST /events"),
-            (&["--kafka-group-id", "g"], &[], "--kafka-group-id", "POST /events"),
-            (&["--extra-config", "[1]"], &[], "--extra-config", "JSON object"),
+            (
+                &["--hash-algorithm", "sha256_cbor"][..],
+                &[][..],
+                "--hash-algorithm",
+                "blake3",
+            ),
+            (
+                &[],
+                &[("KVPLANE_COORDINATOR_HASH_ALGORITHM", "xxhash")][..],
+                "--hash-algorithm",
+                "blake3",
+            ),
+            (
+                &["--otlp-endpoint", "http://otel:4317"],
+                &[],
+                "--otlp-endpoint",
+                "GET /metrics",
+            ),
+            (
+                &["--event-transport", "kafka"],
+                &[],
+                "--event-transport",
+                "--coordinator-event-transport http",
+            ),
+            (
+                &["--event-transport", "grpc"],
+                &[],
+                "--event-transport",
+                "http, kafka",
+            ),
+            (
+                &["--kafka-bootstrap-servers", "k:9092"],
+                &[],
+                "--kafka-bootstrap-servers",
+                "POST /events",
+            ),
+            (
+                &[],
+                &[("LMCACHE_MP_COORDINATOR_KAFKA_TOPIC", "t")],
+                "--kafka-topic",
+                "POST /events",
+            ),
+            (
+                &["--kafka-group-id", "g"],
+                &[],
+                "--kafka-group-id",
+                "POST /events",
+            ),
+            (
+                &["--extra-config", "[1]"],
+                &[],
+                "--extra-config",
+                "JSON object",
+            ),
             (&["--extra-config", "{"], &[], "--extra-config", "not JSON"),
-            (&["--extra-config", r#"{"disabled_controllers": ["Nope"]}"#], &[], "--extra-config", "available"),
-            (&["--extra-config", r#"{"disabled_controllers": "FleetEvictionController"}"#], &[], "--extra-config", "list of names"),
-            (&["--extra-config", r#"{"controller_packages": ["my.pkg"]}"#], &[], "--extra-config", "built in"),
-            (&["--checkpoint-path", "/x", "--checkpoint-interval", "-1"], &[], "--checkpoint-interval", ""),
-            (&["--checkpoint-interval", "x"], &[], "--checkpoint-interval", "parse"),
-            (&["--blend-probe-stride", "0"], &[], "--blend-probe-stride", ""),
+            (
+                &["--extra-config", r#"{"disabled_controllers": ["Nope"]}"#],
+                &[],
+                "--extra-config",
+                "available",
+            ),
+            (
+                &[
+                    "--extra-config",
+                    r#"{"disabled_controllers": "FleetEvictionController"}"#,
+                ],
+                &[],
+                "--extra-config",
+                "list of names",
+            ),
+            (
+                &["--extra-config", r#"{"controller_packages": ["my.pkg"]}"#],
+                &[],
+                "--extra-config",
+                "built in",
+            ),
+            (
+                &["--checkpoint-path", "/x", "--checkpoint-interval", "-1"],
+                &[],
+                "--checkpoint-interval",
+                "",
+            ),
+            (
+                &["--checkpoint-interval", "x"],
+                &[],
+                "--checkpoint-interval",
+                "parse",
+            ),
+            (
+                &["--blend-probe-stride", "0"],
+                &[],
+                "--blend-probe-stride",
+                "",
+            ),
             (&["--blend-chunk-size", "0"], &[], "--blend-chunk-size", ""),
         ] {
             let e = validate(argv, env).expect_err("refused").to_string();
