@@ -61,7 +61,7 @@ fn invalid_at(s: &Shared, loc: &[&str], msg: impl Into<String>) -> CoordError {
 /// Why LMCache would refuse to build an `ObjectKey` from `k` (None: valid).
 fn key_error(k: &EncodedKey) -> Option<String> {
     let hex = k.chunk_hash_hex.as_bytes();
-    if hex.len() % 2 != 0 || !hex.iter().all(u8::is_ascii_hexdigit) {
+    if !hex.len().is_multiple_of(2) || !hex.iter().all(u8::is_ascii_hexdigit) {
         return Some(format!(
             "chunk_hash_hex is not valid hex (got {:?})",
             k.chunk_hash_hex
@@ -289,7 +289,7 @@ fn decode_tokens(b64: &str) -> Result<Vec<u32>, String> {
             };
             format!("tokens_b64 is not valid base64: {why}")
         })?;
-    if raw.len() % 4 != 0 {
+    if !raw.len().is_multiple_of(4) {
         return Err(format!(
             "tokens_b64 byte length {} is not a multiple of 4 (malformed uint32 token buffer)",
             raw.len()

@@ -14,6 +14,9 @@
 //! - [`model`] — the key state as one struct; the eviction decision as a pure function.
 //!
 //! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes), and the pin table.
+//! - [`directory`] — the key directory (0.5.6's `/directory/*`): placements per holder,
+//!   access counts, token ids once per chunk; [`blend`] its CacheBlend content index;
+//!   [`tokens`] the store events' token ids as batches carry them.
 //! - [`changes`] — `--cluster`: the change log's records (the inputs the leader applied, with
 //!   its `now`) and the [`changes::Follower`] a standby applies them with.
 //!
@@ -30,7 +33,11 @@
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
-//! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at start.
+//! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at start
+//!   (kvplane's file or LMCache 0.5.6's).
+//! - [`checkpoint`] — `--checkpoint-path`: the model's dump written periodically and at a clean
+//!   stop, restored at start.
+//! - [`directory_api`] — the `/directory` routes.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).

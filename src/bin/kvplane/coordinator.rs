@@ -80,7 +80,7 @@ pub(crate) struct CoordinatorArgs {
     /// LMCache 0.5.6's further flags (checkpoint, blend, hash, extra config, metrics,
     /// transport).
     #[command(flatten)]
-    v056: v056::Args056,
+    v056: Box<v056::Args056>,
     /// `--cluster`: a hot standby on NATS JetStream until it holds the coordinator lease
     /// (docs/CLUSTER.md); read from `KVPLANE_CLUSTER*`, as `serve` reads them.
     #[command(flatten)]
