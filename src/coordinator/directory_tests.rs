@@ -385,3 +385,34 @@ fn dump_and_restore_keep_everything_and_rebuild_the_blend_index() {
     r.fence("b");
     assert_eq!(r.stats().l1_count, 0);
 }
+
+/// Bytes per key from the real allocations (`memory_bytes`), 60k keys: one L2 placement
+/// each, without tokens, then with 256 token ids per chunk (world size 1: one chunk per key),
+/// then world size 4 (four keys share a chunk's tokens). Printed with `--nocapture`.
+#[test]
+fn memory_per_key() {
+    let n = 60_000u32;
+    for (ranks, with_tokens, bound) in [(1u32, false, 280.0), (1, true, 1_350.0), (4, true, 560.0)] {
+        let mut d = Directory::new(DirectoryConfig {
+            max_keys: 1 << 24,
+            max_token_ids: usize::MAX,
+            max_names: 64,
+            blend: None,
+        });
+        for chunk in 0..n / ranks {
+            let hex = format!("{:064x}", u64::from(chunk) * 0x9E37_79B9 + 1);
+            let ops = (0..ranks)
+                .map(|r| Op::Store(key(&hex, i64::from(ranks << 24 | r << 16 | ranks << 8 | r), 0, ""), 16384))
+                .collect();
+            let mut b = batch("mp-a", 1, Tier::L2, "fs", false, ops);
+            if with_tokens {
+                b.tokens = vec![tokens(&hex, 0, (chunk..chunk + 256).collect())];
+            }
+            d.apply(&b);
+        }
+        assert_eq!(d.len(), n as usize);
+        let per_key = d.memory_bytes() as f64 / f64::from(n);
+        println!("directory: {per_key:.0} bytes per key (world size {ranks}, tokens: {with_tokens})");
+        assert!(per_key < bound, "{per_key} bytes per key");
+    }
+}
