@@ -195,40 +195,20 @@ async fn list_keys(
             ))
         }
     };
-    let int = |name: &str, v: Option<&str>, default: i64| -> Result<i64, CoordError> {
-        v.map_or(Ok(default), |v| {
-            v.parse::<i64>().map_err(|_| {
-                invalid_at(
-                    &s,
-                    &["query", name],
-                    "Input should be a valid integer, unable to parse string as an integer",
-                )
-            })
-        })
+    // FastAPI's checks of `Query(ge=…, le=…)`, with its messages.
+    let int = |name: &str, v: Option<&str>, default: i64, ge: i64, le: i64| {
+        let n = v.map_or(Ok(default), |v| v.parse::<i64>()).map_err(|_| {
+            "Input should be a valid integer, unable to parse string as an integer".to_owned()
+        });
+        let n = n.and_then(|n| match n {
+            n if n < ge => Err(format!("Input should be greater than or equal to {ge}")),
+            n if n > le => Err(format!("Input should be less than or equal to {le}")),
+            n => Ok(n),
+        });
+        n.map_err(|msg| invalid_at(&s, &["query", name], msg))
     };
-    let offset = int("offset", q.offset.as_deref(), 0)?;
-    if offset < 0 {
-        return Err(invalid_at(
-            &s,
-            &["query", "offset"],
-            "Input should be greater than or equal to 0",
-        ));
-    }
-    let limit = int("limit", q.limit.as_deref(), 1000)?;
-    if limit < 1 {
-        return Err(invalid_at(
-            &s,
-            &["query", "limit"],
-            "Input should be greater than or equal to 1",
-        ));
-    }
-    if limit > 10_000 {
-        return Err(invalid_at(
-            &s,
-            &["query", "limit"],
-            "Input should be less than or equal to 10000",
-        ));
-    }
+    let offset = int("offset", q.offset.as_deref(), 0, 0, i64::MAX)?;
+    let limit = int("limit", q.limit.as_deref(), 1000, 1, 10_000)?;
     let filter = std::sync::Arc::new(KeyFilter {
         tier,
         instance_id: q.instance_id,

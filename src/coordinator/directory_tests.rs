@@ -392,7 +392,8 @@ fn dump_and_restore_keep_everything_and_rebuild_the_blend_index() {
 #[test]
 fn memory_per_key() {
     let n = 60_000u32;
-    for (ranks, with_tokens, bound) in [(1u32, false, 280.0), (1, true, 1_350.0), (4, true, 560.0)] {
+    for (ranks, with_tokens, bound) in [(1u32, false, 280.0), (1, true, 1_350.0), (4, true, 560.0)]
+    {
         let mut d = Directory::new(DirectoryConfig {
             max_keys: 1 << 24,
             max_token_ids: usize::MAX,
@@ -402,7 +403,17 @@ fn memory_per_key() {
         for chunk in 0..n / ranks {
             let hex = format!("{:064x}", u64::from(chunk) * 0x9E37_79B9 + 1);
             let ops = (0..ranks)
-                .map(|r| Op::Store(key(&hex, i64::from(ranks << 24 | r << 16 | ranks << 8 | r), 0, ""), 16384))
+                .map(|r| {
+                    Op::Store(
+                        key(
+                            &hex,
+                            i64::from(ranks << 24 | r << 16 | ranks << 8 | r),
+                            0,
+                            "",
+                        ),
+                        16384,
+                    )
+                })
                 .collect();
             let mut b = batch("mp-a", 1, Tier::L2, "fs", false, ops);
             if with_tokens {
@@ -412,7 +423,9 @@ fn memory_per_key() {
         }
         assert_eq!(d.len(), n as usize);
         let per_key = d.memory_bytes() as f64 / f64::from(n);
-        println!("directory: {per_key:.0} bytes per key (world size {ranks}, tokens: {with_tokens})");
+        println!(
+            "directory: {per_key:.0} bytes per key (world size {ranks}, tokens: {with_tokens})"
+        );
         assert!(per_key < bound, "{per_key} bytes per key");
     }
 }

@@ -14,7 +14,6 @@ use super::driver::Handle;
 use super::keys::EncodedKey;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -61,11 +60,8 @@ pub enum LoadError {
     Format(String),
 }
 
-/// Reads the document; `Ok(None)` when the file does not exist.
-///
-/// # Errors
-/// [`LoadError`] for an unreadable, oversized or malformed file.
-pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
+/// The file at `path` if it exists and is at most [`MAX_FILE_BYTES`].
+fn open_bounded(path: &Path) -> Result<Option<std::fs::File>, LoadError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -74,6 +70,17 @@ pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
     if file.metadata()?.len() > MAX_FILE_BYTES {
         return Err(LoadError::TooLarge);
     }
+    Ok(Some(file))
+}
+
+/// Reads the document; `Ok(None)` when the file does not exist.
+///
+/// # Errors
+/// [`LoadError`] for an unreadable, oversized or malformed file.
+pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
+    let Some(file) = open_bounded(path)? else {
+        return Ok(None);
+    };
     let doc: Metadata = serde_json::from_reader(std::io::BufReader::new(file))
         .map_err(|e| LoadError::Format(e.to_string()))?;
     if doc.version != VERSION {
@@ -93,14 +100,9 @@ pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
 /// # Errors
 /// [`LoadError`] for an unreadable, oversized or malformed file (in both formats).
 pub fn load_any(path: &Path) -> Result<Option<Metadata>, LoadError> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let Some(file) = open_bounded(path)? else {
+        return Ok(None);
     };
-    if file.metadata()?.len() > MAX_FILE_BYTES {
-        return Err(LoadError::TooLarge);
-    }
     let v: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
         .map_err(|e| LoadError::Format(e.to_string()))?;
     if v.get("components").is_some() {
@@ -172,22 +174,8 @@ fn from_lmcache(v: serde_json::Value) -> Result<Metadata, LoadError> {
 /// # Errors
 /// The I/O error.
 pub fn write(path: &Path, doc: &Metadata) -> std::io::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    let bytes = serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?;
+    super::checkpoint::write(path, &bytes)
 }
 
 /// Saves the metadata after each change (nothing without a path).

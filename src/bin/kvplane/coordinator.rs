@@ -339,7 +339,7 @@ mod tests {
         a: CoordinatorArgs,
     }
 
-    fn validate(
+    pub(super) fn validate(
         argv: &[&str],
         env: &[(&str, &str)],
     ) -> Result<(CoordinatorConfig, Resync), ConfigError> {

@@ -266,30 +266,12 @@ fn disables_eviction(text: &str) -> Result<bool, ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::CoordinatorArgs;
-    use clap::Parser;
     use kvplane::config::ConfigError;
     use kvplane::coordinator::CoordinatorConfig;
-    use std::collections::HashMap;
     use std::time::Duration;
 
-    #[derive(Parser)]
-    struct T {
-        #[command(flatten)]
-        a: CoordinatorArgs,
-    }
-
     fn validate(argv: &[&str], env: &[(&str, &str)]) -> Result<CoordinatorConfig, ConfigError> {
-        let env: HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| ((*k).into(), (*v).into()))
-            .collect();
-        let mut full = vec!["t"];
-        full.extend_from_slice(argv);
-        T::parse_from(full)
-            .a
-            .validate(&|k: &str| env.get(k).cloned())
-            .map(|(c, _)| c)
+        super::super::tests::validate(argv, env).map(|(c, _)| c)
     }
 
     #[test]
