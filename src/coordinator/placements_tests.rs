@@ -140,6 +140,7 @@ impl Sender {
             shared,
             capacity: None,
             ops,
+            tokens: Vec::new(),
         }
     }
 }
