@@ -457,4 +457,9 @@ async fn each_tp_rank_registers_as_its_own_worker() {
     let node = node_at(&server, "node-a", &dir, 1 << 20, 1 << 20).await;
     assert_eq!(node.controller_ranks(), vec![0, 1]);
     node.stop().await;
+    // Declared ranks register before any key names them.
+    let node = controller_node(&server, "node-d", |c| c.tp_ranks = 4).await;
+    assert_eq!(node.controller_ranks(), vec![0, 1, 2, 3]);
+    node.controller_ready(STEP).await.expect("all four ready");
+    node.stop().await;
 }

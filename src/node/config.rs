@@ -82,6 +82,9 @@ pub struct NodeConfig {
     /// listener, where other nodes PUT what a `/move` sends); `None`: the advertised ip and
     /// the bound port.
     pub peer_url: Option<String>,
+    /// TP ranks registered with the controller at start, `0..tp_ranks` (more register as
+    /// their keys arrive); 0 or 1: rank 0 only.
+    pub tp_ranks: u32,
     /// Warm prefetch jobs remembered at once (running and completed, oldest completed
     /// forgotten first).
     pub max_prefetch_jobs: usize,
@@ -165,6 +168,7 @@ impl NodeConfig {
                 crate::config::defaults::LOOKUP_NONE_HASH,
             ),
             peer_url: None,
+            tp_ranks: 1,
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
         }
     }

@@ -385,8 +385,10 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         });
         // Rank 0 always (the node registers even when empty), then every rank its keys name:
         // those recovered from L2 now, later ones as they arrive.
-        r.request(0);
-        ranks.start(0).await?;
+        for rank in 0..config.tp_ranks.clamp(1, report::MAX_RANKS) {
+            r.request(rank);
+            ranks.start(rank).await?;
+        }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for rank in r.on_new_ranks(tx) {
             ranks.start(rank).await?;

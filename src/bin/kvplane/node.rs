@@ -149,6 +149,10 @@ pub(crate) struct NodeArgs {
     /// ip and `--port`.
     #[arg(long, env = "KVPLANE_PEER_URL")]
     peer_url: Option<String>,
+    /// TP ranks to register with the controller at start (workers 0..N); ranks its keys name
+    /// register anyway as they arrive.
+    #[arg(long, env = "KVPLANE_TP_RANKS", default_value_t = 1)]
+    tp_ranks: u32,
 }
 
 /// `kvplane-node-<hostname>-<port>` (hostname from `HOSTNAME` or /etc/hostname).
@@ -366,6 +370,14 @@ impl NodeArgs {
             chunk_size: config::at_least_one("chunk-size", self.chunk_size)?,
             lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
             peer_url: self.peer_url.clone(),
+            tp_ranks: if (1..=256).contains(&self.tp_ranks) {
+                self.tp_ranks
+            } else {
+                return Err(ConfigError::Value {
+                    flag: "tp-ranks",
+                    detail: "must be 1..=256".into(),
+                });
+            },
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
             host: self.host.clone(),
             port: self.port,
