@@ -10,7 +10,10 @@
 #
 # Usage: scripts/bench-services.sh [coordinator|node|all] [RUNS]      (default: all 3)
 # Env:   KVPLANE_BIN      kvplane binary (default target/release/kvplane, built if missing)
-#        SERVERS PHASE_SECONDS SENDERS BATCH          coordinator scenario (1000 10 4 100)
+#        SERVERS PHASE_SECONDS SENDERS BATCH TOKEN_IDS coordinator scenario (1000 10 4 100 0)
+#        LMCACHE_FLEET_VENV  run LMCache's coordinator as `$LMCACHE_FLEET_VENV/bin/lmcache
+#                         coordinator` from the real-torch venv (scripts/setup-mp-fleet.sh)
+#                         instead of the stand-in-torch wrapper in the interop venv
 #        CLIENTS BYTES_PER_SIZE SIZES           node scenario (4, 1 GiB, 262144,2097152)
 #        WARM_GIB         GiB of memory touched and freed once before the first round (8): on a
 #                         VM whose host backs guest memory lazily, the first touch of a guest
@@ -33,6 +36,8 @@ SERVERS="${SERVERS:-1000}"
 SECONDS_PER_PHASE="${PHASE_SECONDS:-10}"
 SENDERS="${SENDERS:-4}"
 BATCH="${BATCH:-100}"
+TOKEN_IDS="${TOKEN_IDS:-0}"
+FLEET_VENV="${LMCACHE_FLEET_VENV:-}"
 CLIENTS="${CLIENTS:-4}"
 BYTES_PER_SIZE="${BYTES_PER_SIZE:-1073741824}"
 SIZES="${SIZES:-262144,2097152}"
@@ -120,16 +125,23 @@ coordinator_round() {
     start "coord-kvplane-$r" "$BIN" coordinator --host 127.0.0.1 --port "$port"
     wait_tcp "$port"
     bench "coord-kvplane-$r" coordinator --url "http://127.0.0.1:$port" --servers "$SERVERS" \
-        --seconds "$SECONDS_PER_PHASE" --senders "$SENDERS" --batch "$BATCH" --pid "$SERVER_PID"
+        --seconds "$SECONDS_PER_PHASE" --senders "$SENDERS" --batch "$BATCH" \
+        --token-ids "$TOKEN_IDS" --pid "$SERVER_PID"
     stop "coord-kvplane-$r"
 
     port=$(free_port)
     # Metrics off: the OpenTelemetry SDK is not installed (this favours the Python side).
-    start "coord-python-$r" "$PY" "$ROOT/benches/lmcache/run_mp_coordinator.py" \
-        --host 127.0.0.1 --port "$port" --disable-metrics
+    if [[ -n "$FLEET_VENV" ]]; then
+        start "coord-python-$r" env LMCACHE_TRACK_USAGE=false DO_NOT_TRACK=1 \
+            "$FLEET_VENV/bin/lmcache" coordinator --host 127.0.0.1 --port "$port" --disable-metrics
+    else
+        start "coord-python-$r" "$PY" "$ROOT/benches/lmcache/run_mp_coordinator.py" \
+            --host 127.0.0.1 --port "$port" --disable-metrics
+    fi
     wait_tcp "$port"
     bench "coord-python-$r" coordinator --url "http://127.0.0.1:$port" --servers "$SERVERS" \
-        --seconds "$SECONDS_PER_PHASE" --senders "$SENDERS" --batch "$BATCH" --pid "$SERVER_PID"
+        --seconds "$SECONDS_PER_PHASE" --senders "$SENDERS" --batch "$BATCH" \
+        --token-ids "$TOKEN_IDS" --pid "$SERVER_PID"
     stop "coord-python-$r"
 }
 

@@ -60,16 +60,20 @@ def coordinator(out, runs):
             "hwm": med([r["_proc"].get("vmhwm_kib") for r in reps]),
             "servers": reps[0]["servers"],
             "loads": loads(reps),
+            "per_key": med([r.get("bytes_per_key") for r in reps if r.get("bytes_per_key")]),
+            "register": med([r.get("register_seconds") for r in reps if r.get("register_seconds")]),
         }
     print("## coordinator (medians)\n")
     print("| coordinator | runs | applied events/s | heartbeat idle p50 / p99 (µs) "
-          "| heartbeat under event load p50 / p99 (µs) | RSS / peak at end (MiB) |")
-    print("|---|---|---|---|---|---|")
+          "| heartbeat under event load p50 / p99 (µs) | RSS / peak at end (MiB) "
+          "| bytes per tracked key | registration of all servers (s) |")
+    print("|---|---|---|---|---|---|---|---|")
     for who, r in rows.items():
         print(f"| {who} | {r['n']} | {fmt(r['events'], ',.0f')} {r['all_events']} "
               f"| {fmt(r['idle50'], '.0f')} / {fmt(r['idle99'], '.0f')} "
               f"| {fmt(r['load50'], '.0f')} / {fmt(r['load99'], '.0f')} "
-              f"| {fmt(r['rss'] and r['rss'] / 1024, '.1f')} / {fmt(r['hwm'] and r['hwm'] / 1024, '.1f')} |")
+              f"| {fmt(r['rss'] and r['rss'] / 1024, '.1f')} / {fmt(r['hwm'] and r['hwm'] / 1024, '.1f')} "
+              f"| {fmt(r['per_key'], ',.0f')} | {fmt(r['register'], '.2f')} |")
     if "kvplane" in rows and "python" in rows and rows["python"]["events"]:
         print(f"\nevent-rate ratio kvplane / python: "
               f"{rows['kvplane']['events'] / rows['python']['events']:.1f}×")

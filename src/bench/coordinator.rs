@@ -7,7 +7,9 @@
 //! `--senders` of those servers post store events as fast as the coordinator answers
 //! (`POST /events`, the 0.5.6 `CacheEventsRequest` form both coordinators accept, one batch of
 //! `--batch` entries per request, each a new key of `--key-bytes`, spread over `--salts`
-//! tenants). The event rate counts only **applied** events: the clock stops when
+//! tenants; with `--token-ids N` each entry carries N token ids and its `token_offset`, as a
+//! real MP server's store batches do: private `fs` L2 placements of many instances). The event
+//! rate counts only **applied** events: the clock stops when
 //! `GET /quota/{salt}` shows the usage of every key sent. Every call is bounded; a non-2xx answer fails the run.
 
 use super::conn::Conn;
@@ -45,6 +47,10 @@ pub struct CoordinatorBenchArgs {
     /// Tenants (`cache_salt`s) the event keys are spread over, each with a large quota.
     #[arg(long, env = "KVPLANE_BENCH_SALTS", default_value_t = 1)]
     pub salts: usize,
+    /// Token ids per stored entry (`token_ids`, with `token_offset`), as a real MP server sends
+    /// them: its chunk size (0: none, the smallest body).
+    #[arg(long, env = "KVPLANE_BENCH_TOKEN_IDS", default_value_t = 0)]
+    pub token_ids: usize,
     /// `size_bytes` of every stored key.
     #[arg(long, env = "KVPLANE_BENCH_KEY_BYTES", default_value_t = 65536)]
     pub key_bytes: u64,
@@ -77,6 +83,13 @@ pub struct CoordinatorRss {
 pub struct CoordinatorReport {
     /// Simulated servers.
     pub servers: usize,
+    /// Seconds to register them all, one after another.
+    pub register_seconds: f64,
+    /// Token ids per stored entry.
+    pub token_ids: usize,
+    /// (RSS at end − RSS after registration) / events applied: what a tracked key costs the
+    /// process, everything it grew by included.
+    pub bytes_per_key: Option<f64>,
     /// Seconds per phase.
     pub seconds: f64,
     /// Heartbeat round trips with no event load.
@@ -119,6 +132,11 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
             "--servers, --batch and --senders must be ≥ 1, and --senders ≤ --servers".into(),
         );
     }
+    if args.token_ids > 1 << 16 {
+        return Err("--token-ids must be at most 65536".into());
+    }
+    // One connection per simulated server: 10,000 servers need ~10,000 descriptors here.
+    crate::web::serve::raise_fd_limit(args.servers);
     if !(1..=1000).contains(&args.salts) {
         return Err("--salts must be between 1 and 1000".into());
     }
@@ -134,6 +152,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
         seconds: args.seconds,
         batch: args.batch,
         senders: args.senders,
+        token_ids: args.token_ids,
         ..CoordinatorReport::default()
     };
     report.rss.start = rss();
@@ -151,6 +170,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
         .collect();
 
     // Register every server on its own connection.
+    let registering = Instant::now();
     let mut conns = Vec::with_capacity(args.servers);
     for id in &ids {
         let mut c = Conn::connect(&authority, timeout).await?;
@@ -171,6 +191,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
         }
         conns.push(c);
     }
+    report.register_seconds = registering.elapsed().as_secs_f64();
     report.rss.registered = rss();
     let mut admin = Conn::connect(&authority, timeout).await?;
     let quota_paths: Vec<String> = salts
@@ -215,6 +236,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
                 salts: salts.clone(),
                 batch: args.batch,
                 key_bytes: args.key_bytes,
+                token_ids: args.token_ids,
                 seed: mix(run ^ ((s as u64) << 48)),
             },
             stop.clone(),
@@ -267,6 +289,12 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
     report.events_per_sec = report.events as f64 / report.applied_seconds;
     report.rss.end = rss();
     report.rss.peak = args.pid.and_then(peak_rss_bytes);
+    if let (Some(end), Some(registered)) = (report.rss.end, report.rss.registered) {
+        if report.events > 0 {
+            report.bytes_per_key =
+                Some(end.saturating_sub(registered) as f64 / report.events as f64);
+        }
+    }
 
     // Leave the coordinator as found (usage stays tracked until the keys are deleted).
     for id in &ids {
@@ -329,6 +357,7 @@ struct EventStream {
     salts: Vec<String>,
     batch: usize,
     key_bytes: u64,
+    token_ids: usize,
     seed: u64,
 }
 
@@ -349,9 +378,26 @@ impl EventStream {
             let salt = &self.salts[(hash % self.salts.len() as u64) as usize];
             let _ = write!(
                 out,
-                r#"{{"key":{{"chunk_hash_hex":"{hash:016x}","model_name":"bench","kv_rank":0,"object_group_id":0,"cache_salt":"{salt}"}},"size_bytes":{}}}"#,
+                r#"{{"key":{{"chunk_hash_hex":"{hash:016x}","model_name":"bench","kv_rank":0,"object_group_id":0,"cache_salt":"{salt}"}},"size_bytes":{}"#,
                 self.key_bytes
             );
+            if self.token_ids > 0 {
+                // The chunk's tokens: ids below 151,936 (a Qwen-size vocabulary), and the
+                // chunk's offset in its prompt.
+                out.push_str(r#","token_ids":["#);
+                for t in 0..self.token_ids as u64 {
+                    if t > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{}", mix(hash ^ t) % 151_936);
+                }
+                let _ = write!(
+                    out,
+                    r#"],"token_offset":{}"#,
+                    (seq % 64) * self.token_ids as u64
+                );
+            }
+            out.push('}');
         }
         out.push_str("]}]}");
     }
@@ -364,7 +410,7 @@ async fn send_events(
     stop: Arc<AtomicBool>,
     timeout: Duration,
 ) -> Result<(u64, Vec<Duration>), String> {
-    let mut body = String::with_capacity(stream.batch * 160 + 256);
+    let mut body = String::with_capacity(stream.batch * (160 + 8 * stream.token_ids) + 256);
     let mut samples = Vec::new();
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -397,9 +443,15 @@ impl CoordinatorReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "events        {:>10.0} events/s applied  ({} events, {} senders, batch {}, sent in {:.3} s, applied in {:.3} s; request p50 {:.0} µs p99 {:.0} µs)",
-            self.events_per_sec, self.events, self.senders, self.batch, self.send_seconds,
-            self.applied_seconds, self.event_request.p50_us, self.event_request.p99_us
+            "events        {:>10.0} events/s applied  ({} events, {} senders, batch {}, {} token ids each, sent in {:.3} s, applied in {:.3} s; request p50 {:.0} µs p99 {:.0} µs)",
+            self.events_per_sec, self.events, self.senders, self.batch, self.token_ids,
+            self.send_seconds, self.applied_seconds, self.event_request.p50_us,
+            self.event_request.p99_us
+        );
+        let _ = writeln!(
+            out,
+            "register      {} servers in {:.3} s (one keep-alive connection each)",
+            self.servers, self.register_seconds
         );
         for (name, l) in [
             ("heartbeat idle", &self.heartbeat_idle),
@@ -420,6 +472,9 @@ impl CoordinatorReport {
                 mib(self.rss.end),
                 mib(self.rss.peak)
             );
+            if let Some(b) = self.bytes_per_key {
+                let _ = writeln!(out, "memory        {b:.0} B per tracked key");
+            }
         }
         out
     }
