@@ -136,7 +136,17 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
         return Err("--token-ids must be at most 65536".into());
     }
     // One connection per simulated server: 10,000 servers need ~10,000 descriptors here.
-    crate::web::serve::raise_fd_limit(args.servers);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < args.servers as u64 + 64 => {
+            return Err(format!(
+                "--servers {} needs ~{} open files; the limit is {limit} (ulimit -Hn)",
+                args.servers,
+                args.servers + 64
+            ))
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
+    }
     if !(1..=1000).contains(&args.salts) {
         return Err("--salts must be between 1 and 1000".into());
     }
