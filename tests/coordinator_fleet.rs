@@ -8,6 +8,8 @@
 //!   in total, before and after eviction;
 //! * no quota (0.5.6's boot default): nothing is evicted over several eviction cycles;
 //! * a quota at 40% of usage: the bytes on the disks fall to it, on every holder;
+//! * a coordinator restarted from its `--checkpoint-path` knows what is on the disks before
+//!   any server stores again;
 //! * a SIGKILLed MP server restarted with the same `--instance-id` is fenced (its old
 //!   incarnation's L1 placements dropped), not double-counted.
 //!
@@ -160,7 +162,9 @@ async fn start_fleet(venv: PathBuf) -> Fleet {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     let shm_before = mp_fleet::shm_names();
-    let coordinator = mp_fleet::coordinator(&dir, port, &[]);
+    let args = checkpoint_args(&dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let coordinator = mp_fleet::coordinator(&dir, port, &args);
     let mut fleet = Fleet {
         dir: dir.clone(),
         venv: venv.clone(),
@@ -193,6 +197,18 @@ async fn start_fleet(venv: PathBuf) -> Fleet {
     })
     .await;
     fleet
+}
+
+/// `--checkpoint-path` in the fleet's directory; 0: written only at a clean stop, so what a
+/// restarted coordinator knows comes from that stop's checkpoint alone.
+fn checkpoint_args(dir: &std::path::Path) -> Vec<String> {
+    let path = dir.join("coordinator.ckpt");
+    vec![
+        "--checkpoint-path".into(),
+        path.display().to_string(),
+        "--checkpoint-interval".into(),
+        "0".into(),
+    ]
 }
 
 /// Drives the three servers at once, each with its own sequences.
@@ -258,6 +274,25 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
     usage_matches_disks(&fleet, "usage equals the disks after eviction").await;
     let (status, reply) = common::http(addr, "DELETE", "/quota/_default", None, &[]).await;
     assert_eq!(status, 200, "{reply}");
+
+    // (d) restart the coordinator from its checkpoint (SIGTERM writes it): it knows what is
+    // on the disks before any server stores again (no drive runs until (e)). Without the
+    // checkpoint it would start blind: 0.5.6 MP servers never re-send what L2 holds.
+    let on_disk = disks(&fleet);
+    if let Some(c) = fleet.coordinator.as_mut() {
+        c.stop(Duration::from_secs(10));
+    }
+    let ckpt = fleet.dir.join("coordinator.ckpt");
+    assert!(ckpt.exists(), "a clean stop writes {}", ckpt.display());
+    let args = checkpoint_args(&fleet.dir);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fleet.coordinator = Some(mp_fleet::coordinator(&fleet.dir, fleet.port, &args));
+    let restored = usage_matches_disks(&fleet, "usage equals the disks after a restart").await;
+    assert_eq!(restored, on_disk, "no server stored or evicted meanwhile");
+    assert!(
+        metric(addr, "kvplane_coordinator_checkpoint_restored_keys").await > 0.0,
+        "the keys came from the checkpoint"
+    );
 
     // (e) SIGKILL a private server and restart it under the same id: the new incarnation
     // fences the old one's L1 placements; re-storing the same sequences is not counted twice.
