@@ -6,6 +6,7 @@
 mod common;
 
 use common::http::raw_exchange;
+use common::http_limits::read_keepalive_response;
 use common::{http, sample, within};
 use kvplane::coordinator::{self, Coordinator, CoordinatorConfig};
 use serde_json::Value;
@@ -105,21 +106,7 @@ async fn too_many_values_get_413_naming_the_limit_before_parsing() {
 
 /// Reads one HTTP/1.1 response with a `content-length` from a kept-alive connection.
 async fn read_response(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    let mut byte = [0u8; 1];
-    while !out.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
-        out.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("content-length");
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).await.expect("body");
-    head
+    read_keepalive_response(s).await.0
 }
 
 async fn connect(addr: SocketAddr) -> TcpStream {
@@ -184,22 +171,7 @@ async fn idle_keep_alive_connections_never_block_a_new_one() {
 async fn metrics_on(s: &mut TcpStream, addr: SocketAddr) -> String {
     let get = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     s.write_all(get.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    let mut byte = [0u8; 1];
-    while !out.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
-        out.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("content-length");
-    let mut body = vec![0u8; len];
-    within("metrics body", s.read_exact(&mut body))
-        .await
-        .expect("body");
+    let (_, body) = within("metrics answer", read_keepalive_response(s)).await;
     String::from_utf8(body).expect("utf-8")
 }
 

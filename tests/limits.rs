@@ -404,22 +404,7 @@ async fn max_body_items_answers_413_before_parsing_and_counts_it() {
 
 /// Reads one HTTP/1.1 response with a `content-length` from a kept-alive connection.
 async fn read_response(s: &mut tokio::net::TcpStream) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut out = Vec::new();
-    let mut byte = [0u8; 1];
-    while !out.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
-        out.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("content-length");
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).await.expect("body");
-    head
+    common::http_limits::read_keepalive_response(s).await.0
 }
 
 #[tokio::test]

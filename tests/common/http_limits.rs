@@ -10,6 +10,26 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Reads one HTTP/1.1 response with a `content-length` from a kept-alive connection: its
+/// head (lower-cased) and its body.
+pub async fn read_keepalive_response(s: &mut TcpStream) -> (String, Vec<u8>) {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    while !out.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).await.expect("read"), 1, "connection open");
+        out.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).await.expect("body");
+    (head, body)
+}
+
 /// `{prefix}_http_limits_hit_total{limit="…"}` in `text`.
 pub fn hits(text: &str, prefix: &str, limit: &str) -> f64 {
     sample(
