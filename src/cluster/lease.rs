@@ -254,6 +254,20 @@ impl LeaseBucket {
         }
     }
 
+    /// Writes `key` as `holder`'s, whoever held it, and returns the revision written: an
+    /// epoch later than every lease and stamp before it, for a leader that takes no lease (the
+    /// indexer's ingester, the only one of its cluster by configuration).
+    ///
+    /// # Errors
+    /// NATS did not answer, or refused.
+    pub async fn stamp(&self, key: &str, holder: &str) -> Result<u64, String> {
+        let put = self.store.put(key, Bytes::from(holder.to_owned()));
+        tokio::time::timeout(self.timeout, put)
+            .await
+            .map_err(|_| format!("lease {key:?}: no answer within {:?}", self.timeout))?
+            .map_err(|e| format!("lease {key:?}: {e}"))
+    }
+
     /// Gives `lease` up at once (a clean shutdown: the next holder need not wait for the
     /// TTL). Best effort.
     pub async fn release(&self, lease: &Lease) {
@@ -263,5 +277,47 @@ impl LeaseBucket {
         if let Ok(Err(e)) = tokio::time::timeout(self.timeout, delete).await {
             tracing::debug!("lease {:?}: release failed: {e}", lease.key);
         }
+    }
+}
+
+/// Whether this process certainly still holds its lease, by its own clock: until a TTL after
+/// the last renewal that succeeded was sent (NATS expires the key no earlier). A leader checks
+/// it before an action another leader must not also take (the coordinator's evictions).
+#[derive(Debug)]
+pub struct LeaseGuard {
+    origin: Instant,
+    ttl: Duration,
+    until_us: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseGuard {
+    /// For `lease`, just taken, of `ttl`.
+    pub fn new(lease: &Lease, ttl: Duration) -> Self {
+        let g = LeaseGuard {
+            origin: lease.renewed,
+            ttl,
+            until_us: std::sync::atomic::AtomicU64::new(0),
+        };
+        g.renewed(lease);
+        g
+    }
+
+    /// `lease` was renewed.
+    pub fn renewed(&self, lease: &Lease) {
+        let until = lease.renewed.saturating_duration_since(self.origin) + self.ttl;
+        let us = u64::try_from(until.as_micros()).unwrap_or(u64::MAX);
+        self.until_us
+            .fetch_max(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The lease is gone.
+    pub fn revoke(&self) {
+        self.until_us.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the lease is certainly still held.
+    pub fn held(&self) -> bool {
+        let now = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        now < self.until_us.load(std::sync::atomic::Ordering::Relaxed)
     }
 }

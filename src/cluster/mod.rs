@@ -1,28 +1,45 @@
-//! `--cluster nats://HOST:PORT`: the NATS JetStream plumbing services replicate through
-//! (docs/CLUSTER.md). Shared, below every service: it moves opaque payloads and knows nothing
-//! of what they mean.
+//! `--cluster nats://HOST:PORT` (docs/CLUSTER.md): the one replication core the controller,
+//! the coordinator and the indexer share, and every use of the `async-nats` crate. Shared,
+//! below every service.
 //!
-//! One JetStream stream per (cluster, service) — `KVPLANE_<cluster>_<service>`, subject
-//! `kvplane.<cluster>.<service>` — bounded by bytes (oldest discarded). A publisher sends
-//! payloads in order with up to [`ACK_WINDOW`] acknowledgements outstanding; a reader
-//! delivers the payload of every message from the first one still in the stream, in order, with how many
-//! are still pending behind it.
+//! A service implements [`Replicated`] (its state: apply a change, dump, restore) and [`Host`]
+//! (the lock its state lives under) and nothing else. The core does the rest, the same way for
+//! all three: the leader's [`ChangeLog`] (records numbered in apply order, one publisher with
+//! its window, losses counted, `leader.rs`), the [`Follower`] (snapshot restore, the log's
+//! reader, epochs, gaps, fencing, periodic snapshots, takeover, `follower.rs`), one record
+//! envelope ([`Record`], `record.rs`), leases with revision fencing (`lease.rs`), snapshots in
+//! parts (`snapshot.rs`), the cursor in a log (`log.rs`, pure), and one status document and
+//! metric set ([`ClusterStatus`], `status.rs`).
+//!
+//! Here: connecting with a deadline, one bounded JetStream stream per (cluster, service) —
+//! `KVPLANE_<cluster>_<service>`, subject `kvplane.<cluster>.<service>` — and an ordered
+//! reader from a given stream sequence with its pending count and lag.
+//!
+//! Must not: know what a change means; use any service module.
 
+mod follower;
+mod leader;
 mod lease;
 mod log;
+mod record;
+mod replicated;
 mod snapshot;
+mod status;
 mod takeover;
 
-pub use lease::{Lease, LeaseBucket, RenewError};
+pub use follower::{lead_without_lease, Follower, Leadership};
+pub use leader::{ChangeLog, LogStats, MAX_QUEUED_BYTES, RECORD_QUEUE};
+pub use lease::{Lease, LeaseBucket, LeaseGuard, RenewError};
 pub use log::{Applied, LogCursor, Position};
+pub use record::{apply_record, apply_record_with, decode_snapshot, encode_snapshot, Body, Record};
+pub use replicated::{Host, Owned, Replicated, Stamp};
+pub use status::{ClusterStatus, Progress};
 pub use takeover::{ReadBack, SnapshotSchedule, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD};
 
 use crate::config::defaults::cluster as d;
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use std::collections::VecDeque;
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -268,7 +285,8 @@ pub struct PublishStats {
     pub failed: AtomicU64,
 }
 
-/// Sends `service`'s payloads from `rx`, in order, until `rx` closes or `cancel`.
+/// Sends `service`'s payloads from `rx`, in order, until `rx` closes or `cancel` (the
+/// services not yet on [`ChangeLog`]).
 pub fn spawn_publisher(
     cluster: Cluster,
     service: &str,
@@ -279,7 +297,7 @@ pub fn spawn_publisher(
 ) {
     let subject = cluster.subject(service);
     tasks.spawn(async move {
-        let mut pending = VecDeque::new();
+        let mut pending = std::collections::VecDeque::new();
         loop {
             let payload = tokio::select! {
                 () = cancel.cancelled() => break,
@@ -289,7 +307,7 @@ pub fn spawn_publisher(
                 },
             };
             match cluster.js.publish(subject.clone(), payload).await {
-                Ok(ack) => pending.push_back(ack.into_future()),
+                Ok(ack) => pending.push_back(std::future::IntoFuture::into_future(ack)),
                 Err(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!("cluster publish to {subject} failed: {e}");
@@ -450,3 +468,7 @@ async fn read(
     }
     Err((next, "the message stream ended".into()))
 }
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod core_tests;
