@@ -18,6 +18,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("index", &["protocol"]),
     ("web", &["config"]),
     ("cluster", &["config"]),
+    // The service skeleton (handle, start error, runner, configuration layers).
+    ("service", &[]),
     // Clients of the services (linked by workers and load generators).
     ("worker", &["net", "protocol", "transport"]),
     ("bench", &["protocol", "transport"]),
@@ -31,22 +33,42 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "metrics",
             "net",
             "protocol",
+            "service",
             "transport",
             "web",
         ],
     ),
     (
         "indexer",
-        &["cluster", "config", "memory", "net", "transport", "web"],
+        &[
+            "cluster",
+            "config",
+            "memory",
+            "net",
+            "service",
+            "transport",
+            "web",
+        ],
     ),
-    ("coordinator", &["cluster", "config", "net", "web"]),
+    (
+        "coordinator",
+        &["cluster", "config", "net", "service", "web"],
+    ),
     // The router runs the indexer's index in process (the one service-to-service edge: a
     // router is the indexer's client, embedded).
-    ("router", &["config", "indexer", "web"]),
+    ("router", &["config", "indexer", "service", "web"]),
     // The node reports what it holds as a worker does, through the worker library.
     (
         "node",
-        &["config", "net", "protocol", "transport", "web", "worker"],
+        &[
+            "config",
+            "net",
+            "protocol",
+            "service",
+            "transport",
+            "web",
+            "worker",
+        ],
     ),
 ];
 

@@ -8,7 +8,7 @@ mod common;
 use common::http::raw_exchange;
 use common::http_limits::read_keepalive_response;
 use common::{http, sample, within};
-use kvplane::coordinator::{self, Coordinator, CoordinatorConfig};
+use kvplane::coordinator::{self, CoordinatorConfig, CoordinatorServer as Coordinator};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -55,7 +55,7 @@ fn peer_url(port: u16) -> String {
 }
 
 /// Registers the fleet over ZMQ and gives it keys, a full sync in progress, one completed.
-async fn build_fleet(server: &kvplane::Server) -> Sim {
+async fn build_fleet(server: &kvplane::controller::Server) -> Sim {
     let mut sim = Sim {
         workers: Vec::new(),
         reps: Vec::new(),
@@ -178,7 +178,7 @@ fn serve_commands(
 /// 100 ms, about 20 P2P lookups a second (hits and misses), heartbeats every second except from one
 /// worker. Returns the ingest task (the heartbeat task ends with it, on the same token).
 fn feed(
-    server: &kvplane::Server,
+    server: &kvplane::controller::Server,
     mut workers: Vec<TestWorker>,
     ports: Vec<u16>,
     cancel: CancellationToken,

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 const CPU: &str = "LocalCPUBackend";
 
-async fn fast_server() -> kvplane::Server {
+async fn fast_server() -> kvplane::controller::Server {
     server_with(|c| c.downlink_timeout = Duration::from_millis(500)).await
 }
 
 /// Registers `instance`/`worker` over the reply socket with its REP at `port`.
 async fn join(
-    server: &kvplane::Server,
+    server: &kvplane::controller::Server,
     instance: &str,
     worker: i64,
     port: u16,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 const CPU: &str = "LocalCPUBackend";
 
-async fn metrics(server: &kvplane::Server) -> String {
+async fn metrics(server: &kvplane::controller::Server) -> String {
     match http(server.addrs.http, "GET", "/metrics", None, &[]).await {
         (200, Value::String(text)) => text,
         (status, other) => panic!("/metrics: {status} {other}"),

@@ -10,11 +10,11 @@ mod common;
 use common::http::http;
 use common::node::*;
 use common::{eventually, server, STEP};
+use kvplane::controller::Server;
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
-use kvplane::node::Node;
+use kvplane::node::NodeServer;
 use kvplane::protocol::token_hash::chunk_hashes;
 use kvplane::protocol::ChunkHash;
-use kvplane::Server;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -45,7 +45,13 @@ fn chunk_keys(tokens: &[i64], world: u32, rank: u32) -> Vec<String> {
 }
 
 /// A node reporting to `server` as `instance` (chunk size 4, L2 under `dir`).
-async fn node_at(server: &Server, instance: &str, dir: &Path, l1: u64, l2_budget: u64) -> Node {
+async fn node_at(
+    server: &Server,
+    instance: &str,
+    dir: &Path,
+    l1: u64,
+    l2_budget: u64,
+) -> NodeServer {
     controller_node(server, instance, |c| {
         c.chunk_size = CHUNK;
         c.l1.budget = l1;
@@ -89,7 +95,7 @@ async fn command(server: &Server, path: &str, body: Value, num_tokens: i64) -> V
     answer
 }
 
-async fn put_all(node: &Node, keys: &[String], len: usize) {
+async fn put_all(node: &NodeServer, keys: &[String], len: usize) {
     let mut client = Client::connect(node).await;
     for (i, k) in keys.iter().enumerate() {
         client.put(k, &body(i as u64 + 1, len)).await;
@@ -98,7 +104,7 @@ async fn put_all(node: &Node, keys: &[String], len: usize) {
     node.flush().await;
 }
 
-async fn get(node: &Node, key: &str) -> Option<Vec<u8>> {
+async fn get(node: &NodeServer, key: &str) -> Option<Vec<u8>> {
     let mut client = Client::connect(node).await;
     client.get(key).await.map(|(_, b)| b)
 }

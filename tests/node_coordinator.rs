@@ -11,7 +11,9 @@ use std::time::Duration;
 
 /// An in-process coordinator with no health sweep, no eviction loop and no resync; `tweak`
 /// changes the rest.
-async fn quiet_coordinator(tweak: impl FnOnce(&mut CoordinatorConfig)) -> coordinator::Coordinator {
+async fn quiet_coordinator(
+    tweak: impl FnOnce(&mut CoordinatorConfig),
+) -> coordinator::CoordinatorServer {
     let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
     c.health_check_interval = None;
     c.eviction_check_interval = None;
@@ -30,7 +32,7 @@ async fn skip_l1_linked_node(
     id: &str,
     dir: &std::path::Path,
     chunk: usize,
-) -> kvplane::node::Node {
+) -> kvplane::node::NodeServer {
     node_with(|n| {
         n.l2 = Some(l2(
             dir,

@@ -7,14 +7,14 @@ mod common;
 
 use common::http_limits::*;
 use common::node::*;
-use kvplane::node::Node;
+use kvplane::node::NodeServer;
 use std::time::Duration;
 
 const PREFIX: &str = "kvplane_node";
 const DELETE: &str =
     "DELETE /cache/objects HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
 
-async fn counted(node: &Node, limit: &str, n: f64) -> f64 {
+async fn counted(node: &NodeServer, limit: &str, n: f64) -> f64 {
     let text = until_hits(|| scrape(node), PREFIX, limit, n).await;
     hits(&text, PREFIX, limit)
 }

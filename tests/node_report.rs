@@ -8,9 +8,9 @@ mod common;
 use common::http::http;
 use common::node::*;
 use common::{eventually, server, worker_config, STEP};
+use kvplane::controller::Server;
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
-use kvplane::node::Node;
-use kvplane::Server;
+use kvplane::node::NodeServer;
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
@@ -39,7 +39,7 @@ async fn reporting_node(
     dir: &Path,
     l1_budget: u64,
     tweak: impl FnOnce(&mut kvplane::worker::WorkerConfig),
-) -> Node {
+) -> NodeServer {
     controller_node(server, instance, |c| {
         c.l1.budget = l1_budget;
         c.l2 = Some(l2(

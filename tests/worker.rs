@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use kvplane::controller::BoundAddrs;
+use kvplane::controller::Server;
 use kvplane::protocol::*;
 use kvplane::transport::ReqClient;
 use kvplane::worker::*;
-use kvplane::Server;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashSet;

@@ -8,6 +8,8 @@
 //!   message and performs its effects atomically.
 //! * `report` — metrics and log lines for what the model reports.
 //! * `clock` — [`Clock`], the one source of time (tokio's, so tests can pause it).
+//! * `serve` — starting it: bind the sockets, spawn the loops, return the
+//!   [`crate::service::Running`] handle; `--cluster`'s standby, leader and replica.
 //! * `loops`, `downlink`, `liveness` — the tasks; `socket_stats` — their live counters;
 //!   `limits` — counting and throttled logging of resource-limit hits; `command_log` —
 //!   `/check_finish` bookkeeping.
@@ -35,3 +37,9 @@ pub use downlink::{Downlink, DownlinkError};
 pub use driver::{BoundAddrs, DownlinkEntry, Shared};
 pub use model::{DropReason, Effect, Event, Fleet, RouterKind, WorkerKey};
 pub mod routes;
+pub mod serve;
+
+pub use serve::{
+    run_leader, run_replica, serve_shared, standby, start, start_with_clock, Controller,
+    Leadership, Server,
+};

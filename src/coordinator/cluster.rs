@@ -23,11 +23,12 @@
 use super::changes::{Applied, Change, Follower, Position, Record, Replica};
 use super::driver::{wall_now, Dispatcher};
 use super::snapshot::Snapshot;
-use super::{CoordinatorConfig, CoordinatorError};
+use super::CoordinatorConfig;
 use crate::cluster::{
     self, now_ms, Cluster, ClusterConfig, ClusterError, Lease, LeaseBucket, PublishStats, ReadBack,
     ReaderStatus, SnapshotSchedule, RECORD_OVERHEAD,
 };
+use crate::service::StartError;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::fmt::Write as _;
@@ -749,14 +750,14 @@ impl Standby {
 /// while the lease holds, for a deposed leader on the same host that still holds the port.
 ///
 /// # Errors
-/// [`CoordinatorError::Cluster`] when NATS cannot be reached, the takeover fails or the
+/// [`StartError::Cluster`] when NATS cannot be reached, the takeover fails or the
 /// lease is lost.
 pub async fn run(
     config: CoordinatorConfig,
     cluster: ClusterConfig,
     shutdown: CancellationToken,
-) -> Result<(), CoordinatorError> {
-    let fail = CoordinatorError::Cluster;
+) -> Result<(), StartError> {
+    let fail = StartError::Cluster;
     let tasks = TaskTracker::new();
     let stop = CancellationToken::new();
     let state = Replica::new(super::initial_model(&config));
@@ -850,7 +851,7 @@ async fn bind_retrying(
 
 async fn drain(tasks: &TaskTracker) {
     tasks.close();
-    let _ = tokio::time::timeout(super::DRAIN_DEADLINE, tasks.wait()).await;
+    let _ = tokio::time::timeout(crate::service::DRAIN_DEADLINE, tasks.wait()).await;
 }
 
 #[cfg(test)]

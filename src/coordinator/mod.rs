@@ -42,8 +42,8 @@
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //!
-//! [`start`] binds (port 0 works) and returns a [`Coordinator`] with the bound address;
-//! [`run`] serves until a token is cancelled; [`cluster::run`] does so as a cluster's leader,
+//! [`start`] binds (port 0 works) and returns a [`CoordinatorServer`] with the bound
+//! address; [`cluster::run`] serves as a cluster's leader,
 //! after following it as a standby. This module must not touch the controller's
 //! state ([`crate::controller`]) or its index.
 
@@ -75,14 +75,12 @@ pub mod tokens;
 pub mod usage;
 pub mod writes;
 
+use crate::service::{bind_tcp, Running, StartError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// How long shutdown waits for the coordinator's tasks.
-pub(crate) const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The validated `kvplane coordinator` configuration.
 #[derive(Clone, Debug)]
@@ -186,68 +184,17 @@ impl CoordinatorConfig {
     }
 }
 
-/// Why the coordinator could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum CoordinatorError {
-    /// The HTTP port could not be bound.
-    #[error("cannot bind the coordinator on {addr}: {source}")]
-    Bind {
-        /// The address tried.
-        addr: String,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// `--cluster`: NATS unreachable, the takeover failed, or the lease was lost.
-    #[error("{0}")]
-    Cluster(String),
-}
-
-/// A running coordinator.
+/// The running coordinator's state.
 pub struct Coordinator {
     /// The bound HTTP address.
     pub addr: SocketAddr,
     /// The model's owner, for tests and embedding.
     pub handle: driver::Handle,
-    shutdown: CancellationToken,
-    /// Stops the HTTP server alone (before the last checkpoint).
-    http_stop: CancellationToken,
-    checkpoint: Option<Arc<checkpoint::Checkpointer>>,
-    tasks: TaskTracker,
 }
 
-impl Coordinator {
-    /// Stops serving and waits (at most a few seconds) for the tasks; with
-    /// `--checkpoint-path`, the HTTP server stops first and a last checkpoint is written.
-    pub async fn stop(self) {
-        let Coordinator {
-            handle,
-            shutdown,
-            http_stop,
-            checkpoint,
-            tasks,
-            ..
-        } = self;
-        http_stop.cancel();
-        if let Some(c) = checkpoint {
-            c.write(&handle).await;
-            tracing::info!(
-                "checkpoint written to {} at stop",
-                c.config().path.display()
-            );
-        }
-        // A cluster leader's publisher ends once every handle is gone (after sending what
-        // its log queued).
-        drop(handle);
-        shutdown.cancel();
-        tasks.close();
-        if tokio::time::timeout(DRAIN_DEADLINE, tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("some coordinator tasks did not stop within {DRAIN_DEADLINE:?}");
-        }
-    }
-}
+/// A running coordinator (`c.addr`, `c.handle` through `Deref`). Its stop stops the HTTP
+/// server first and, with `--checkpoint-path`, writes a last checkpoint before the rest.
+pub type CoordinatorServer = Running<Coordinator>;
 
 /// The routes' shared state for `config` around an owner handle.
 pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api::ApiState> {
@@ -280,8 +227,8 @@ fn state_with(
 /// Binds the HTTP port and starts the owner task and the server.
 ///
 /// # Errors
-/// [`CoordinatorError::Bind`] if the port cannot be bound.
-pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, CoordinatorError> {
+/// [`StartError::Bind`] if the port cannot be bound.
+pub async fn start(config: CoordinatorConfig) -> Result<CoordinatorServer, StartError> {
     let bound = bind(&config).await?;
     let state = changes::Replica::new(initial_model(&config));
     Ok(serve(
@@ -297,18 +244,8 @@ pub async fn start(config: CoordinatorConfig) -> Result<Coordinator, Coordinator
 /// Binds the configured HTTP address (port 0 picks one).
 pub(crate) async fn bind(
     config: &CoordinatorConfig,
-) -> Result<(tokio::net::TcpListener, SocketAddr), CoordinatorError> {
-    let addr = crate::net::host_port(&config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| CoordinatorError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| CoordinatorError::Bind { addr, source })?;
-    Ok((listener, bound))
+) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    bind_tcp("http", &crate::net::host_port(&config.host, config.port)).await
 }
 
 /// A new model — the state of `--checkpoint-path` if there is one — with the quotas and
@@ -411,7 +348,7 @@ pub(crate) fn serve(
     leading: Option<Leading>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
-) -> Coordinator {
+) -> CoordinatorServer {
     let mut state = state;
     if let Some(stride) = config.blend_probe_stride {
         state
@@ -520,26 +457,29 @@ pub(crate) fn serve(
         }
     });
     tracing::info!("MP coordinator listening on http://{bound}");
-    Coordinator {
-        addr: bound,
-        handle,
+    let checkpoint = state.checkpoint.clone();
+    let last = handle.clone();
+    Running::new(
+        "coordinator",
+        Coordinator {
+            addr: bound,
+            handle,
+        },
         shutdown,
-        http_stop,
-        checkpoint: state.checkpoint.clone(),
         tasks,
-    }
-}
-
-/// Serves until `shutdown` is cancelled, then drains.
-///
-/// # Errors
-/// [`CoordinatorError`] if the port cannot be bound.
-pub async fn run(
-    config: CoordinatorConfig,
-    shutdown: CancellationToken,
-) -> Result<(), CoordinatorError> {
-    let c = start(config).await?;
-    shutdown.cancelled().await;
-    c.stop().await;
-    Ok(())
+    )
+    .with_addr("http", bound)
+    .before_cancel(move || async move {
+        // The HTTP server stops alone first, then the last checkpoint is written; a cluster
+        // leader's publisher ends once every owner handle is gone (after sending what its
+        // log queued), which the stop's drop of the state and of `last` brings.
+        http_stop.cancel();
+        if let Some(c) = checkpoint {
+            c.write(&last).await;
+            tracing::info!(
+                "checkpoint written to {} at stop",
+                c.config().path.display()
+            );
+        }
+    })
 }

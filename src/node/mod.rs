@@ -39,45 +39,16 @@ pub use coordinator_link::parse_url as parse_coordinator_url;
 pub use tiers::{Recovery, TierUsage};
 
 use crate::net::host_port;
+use crate::service::{bind_tcp, Running, StartError};
 use metrics::NodeMetrics;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long [`Node::stop`] waits for connections and L2 writes to finish.
+/// How long a [`NodeServer`]'s stop waits for connections and L2 writes to finish.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-
-/// Why the node could not start.
-#[derive(Debug, Error)]
-pub enum NodeError {
-    /// A listener could not be bound.
-    #[error("cannot bind the {what} listener on {addr}: {source}")]
-    Bind {
-        /// `lm` or `http`.
-        what: &'static str,
-        /// The address tried.
-        addr: String,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// The configuration cannot work.
-    #[error("invalid node configuration: {0}")]
-    Config(String),
-    /// The worker that reports to the controller could not start.
-    #[error("cannot start reporting to the controller: {0}")]
-    Controller(#[from] crate::worker::WorkerError),
-    /// The L2 directory could not be prepared or scanned.
-    #[error("cannot open L2 at {path}: {source}")]
-    L2 {
-        /// The directory.
-        path: String,
-        /// The IO error.
-        source: std::io::Error,
-    },
-}
 
 /// The addresses a node bound.
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +59,7 @@ pub struct NodeAddrs {
     pub http: Option<SocketAddr>,
 }
 
-/// A running node.
+/// A running node's state (its methods reached through [`NodeServer`]'s `Deref`).
 pub struct Node {
     /// The bound addresses.
     pub addrs: NodeAddrs,
@@ -97,17 +68,16 @@ pub struct Node {
     /// The node's metrics.
     pub metrics: Arc<NodeMetrics>,
     tiers: Arc<tiers::Tiers>,
-    shutdown: CancellationToken,
-    /// Listeners and connections.
-    tasks: TaskTracker,
     /// L2 writes, reads and deletes.
     background: TaskTracker,
     /// Reports to the controller, if one is configured.
     reporter: Option<Arc<report::Reporter>>,
-    /// Stops the coordinator link (after the data path, so its last events are posted).
-    link_stop: CancellationToken,
-    link: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// A running node. Its stop stops accepting, closes connections, waits for in-flight L2
+/// writes (bounded), then posts the last events to the coordinator and deregisters from it
+/// and the controller.
+pub type NodeServer = Running<Node>;
 
 impl Node {
     /// What each tier holds now.
@@ -180,34 +150,6 @@ impl Node {
             }
         }
     }
-
-    /// Stops accepting, closes connections, waits for in-flight L2 writes (bounded), then
-    /// posts the last events to the coordinator and deregisters from it and the controller.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        self.background.close();
-        let drained = async {
-            self.tasks.wait().await;
-            self.background.wait().await;
-        };
-        if tokio::time::timeout(DRAIN_DEADLINE, drained).await.is_err() {
-            tracing::warn!("node tasks did not stop within {DRAIN_DEADLINE:?}");
-        }
-        self.link_stop.cancel();
-        if let Some(link) = self.link {
-            if tokio::time::timeout(DRAIN_DEADLINE, link).await.is_err() {
-                tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
-            }
-        }
-        if let Some(r) = &self.reporter {
-            for (rank, w) in r.workers() {
-                if let Err(e) = w.shutdown().await {
-                    tracing::warn!(rank, "controller worker shutdown: {e}");
-                }
-            }
-        }
-    }
 }
 
 /// Starts the controller worker of one TP rank: worker id = the rank, commands and full
@@ -248,14 +190,15 @@ impl RankWorkers {
 /// Opens the tiers (recovering L2), binds both listeners and starts serving.
 ///
 /// # Errors
-/// [`NodeError`] if a listener cannot be bound or L2 cannot be opened.
-pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+/// [`StartError`] if a listener cannot be bound, L2 cannot be opened, the controller worker
+/// cannot start or the configuration cannot work.
+pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let background = TaskTracker::new();
     let metrics = Arc::new(NodeMetrics::new());
     if config.coordinator.is_some() && config.http_port.is_none() {
-        return Err(NodeError::Config(
+        return Err(StartError::Config(
             "a coordinator calls the node's HTTP port: --coordinator-url needs it".into(),
         ));
     }
@@ -287,13 +230,9 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t, observers))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    let (tiers, recovery) = opened.map_err(|source| NodeError::L2 {
-        path: config
-            .l2
-            .as_ref()
-            .map(|c| c.path.display().to_string())
-            .unwrap_or_default(),
-        source,
+    let (tiers, recovery) = opened.map_err(|source| {
+        let path = config.l2.as_ref().map(|c| c.path.display().to_string());
+        StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
     })?;
     let tiers = Arc::new(tiers);
 
@@ -302,22 +241,12 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         none_hash: config.lookup_none_hash,
     };
     let lm_addr = host_port(&config.host, config.port);
-    let bind_err = |what, addr: &String| {
-        let addr = addr.clone();
-        move |source| NodeError::Bind { what, addr, source }
-    };
-    let listener = tokio::net::TcpListener::bind(&lm_addr)
-        .await
-        .map_err(bind_err("lm", &lm_addr))?;
-    let lm = listener.local_addr().map_err(bind_err("lm", &lm_addr))?;
+    let (listener, lm) = bind_tcp("lm", &lm_addr).await?;
     let http = match config.http_port {
         None => None,
         Some(port) => {
             let addr = host_port(&config.host, port);
-            let l = tokio::net::TcpListener::bind(&addr)
-                .await
-                .map_err(bind_err("http", &addr))?;
-            let bound = l.local_addr().map_err(bind_err("http", &addr))?;
+            let (l, bound) = bind_tcp("http", &addr).await?;
             let prefetches = Arc::new(prefetch::Prefetches::new(
                 config.max_prefetch_jobs,
                 config.chunk_size,
@@ -359,6 +288,7 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         shutdown.clone(),
         tasks.clone(),
     ));
+    let controller_err = |e| StartError::resource("start reporting to the controller", e);
     if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
         let peer_url = match &config.peer_url {
             Some(u) => u.clone(),
@@ -387,11 +317,11 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         // those recovered from L2 now, later ones as they arrive.
         for rank in 0..config.tp_ranks.clamp(1, report::MAX_RANKS) {
             r.request(rank);
-            ranks.start(rank).await?;
+            ranks.start(rank).await.map_err(controller_err)?;
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for rank in r.on_new_ranks(tx) {
-            ranks.start(rank).await?;
+            ranks.start(rank).await.map_err(controller_err)?;
         }
         let stop = shutdown.clone();
         tasks.spawn(async move {
@@ -433,28 +363,41 @@ pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
         discarded = recovery.discarded,
         "kvplane node listening"
     );
-    Ok(Node {
-        addrs: NodeAddrs { lm, http },
-        recovery,
-        metrics,
-        tiers,
+    let stopping = reporter.clone();
+    let mut running = Running::new(
+        "node",
+        Node {
+            addrs: NodeAddrs { lm, http },
+            recovery,
+            metrics,
+            tiers,
+            background: background.clone(),
+            reporter,
+        },
         shutdown,
         tasks,
-        background,
-        reporter,
-        link_stop,
-        link,
-    })
-}
-
-/// Serves until `shutdown` is cancelled, then drains.
-///
-/// # Errors
-/// [`NodeError`] if the node cannot start.
-pub async fn run(config: NodeConfig, shutdown: CancellationToken) -> Result<(), NodeError> {
-    let node = start(config).await?;
-    shutdown.cancelled().await;
-    tracing::info!("node shutting down");
-    node.stop().await;
-    Ok(())
+    )
+    .with_addr("lm", lm)
+    .also_drains(background)
+    .drain_deadline(DRAIN_DEADLINE)
+    // The coordinator link stops after the data path, so its last events are posted.
+    .after_drain(move || async move {
+        link_stop.cancel();
+        if let Some(link) = link {
+            if tokio::time::timeout(DRAIN_DEADLINE, link).await.is_err() {
+                tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
+            }
+        }
+        if let Some(r) = &stopping {
+            for (rank, w) in r.workers() {
+                if let Err(e) = w.shutdown().await {
+                    tracing::warn!(rank, "controller worker shutdown: {e}");
+                }
+            }
+        }
+    });
+    if let Some(a) = http {
+        running = running.with_addr("http", a);
+    }
+    Ok(running)
 }

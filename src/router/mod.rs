@@ -19,7 +19,8 @@ pub mod upstream;
 
 use crate::config::defaults::router as d;
 use crate::indexer::service::api::{EngineType, Registration};
-use crate::indexer::service::{IndexerConfig, IndexerServer, IndexerStartError};
+use crate::indexer::service::IndexerConfig;
+use crate::service::{bind_tcp, Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -301,64 +302,32 @@ impl RouterConfig {
     }
 }
 
-/// Why the router could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum RouterStartError {
-    /// The HTTP port could not be bound.
-    #[error("cannot bind the router HTTP server on {addr}: {source}")]
-    Http {
-        /// The address tried.
-        addr: String,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// The in-process indexer did not start.
-    #[error(transparent)]
-    Indexer(#[from] IndexerStartError),
-    /// The model directory could not be loaded.
-    #[error(transparent)]
-    Tokenizer(#[from] tokenize::LoadError),
-    /// An engine's publisher could not be registered.
-    #[error("engine {engine}: {message}")]
-    Engine {
-        /// The engine's instance.
-        engine: String,
-        /// Why.
-        message: String,
-    },
-}
-
-/// A running router.
-pub struct RouterServer {
+/// The running router's state.
+pub struct Router {
     /// The bound HTTP address.
     pub addr: SocketAddr,
     /// The in-process indexer's HTTP address.
     pub indexer_addr: SocketAddr,
     /// The shared state.
     pub state: Arc<RouterState>,
-    indexer: IndexerServer,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
 }
 
-impl RouterServer {
-    /// Stops every task and waits (a few seconds at most) for them.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.tasks.wait()).await;
-        self.indexer.stop().await;
-    }
-}
+/// A running router (`server.addr`, `server.state` through `Deref`); stopping it stops the
+/// in-process indexer after the router's own tasks.
+pub type RouterServer = Running<Router>;
 
 /// Loads the tokenizer, starts the in-process indexer with every engine's publisher, binds
 /// the HTTP port and starts the health probes.
 ///
 /// # Errors
-/// [`RouterStartError`].
-pub async fn start(config: RouterConfig) -> Result<RouterServer, RouterStartError> {
+/// [`StartError`]: a port cannot be bound, the model directory cannot be loaded, an
+/// engine's publisher cannot be registered.
+pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
     let tokenizer = match &config.model_dir {
-        Some(dir) => Some(tokenize::ModelTokenizer::load(dir)?),
+        Some(dir) => Some(
+            tokenize::ModelTokenizer::load(dir)
+                .map_err(|e| StartError::resource("load the model directory", e))?,
+        ),
         None => None,
     };
     let index = crate::indexer::index::IndexConfig {
@@ -386,24 +355,11 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, RouterStartErro
             dp_rank: e.dp_rank,
             salt: String::new(),
         };
-        indexer
-            .state
-            .register(reg)
-            .map_err(|err| RouterStartError::Engine {
-                engine: e.instance.clone(),
-                message: err.message,
-            })?;
-    }
-    let addr = format!("{}:{}", config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| RouterStartError::Http {
-            addr: addr.clone(),
-            source,
+        indexer.state.register(reg).map_err(|err| {
+            StartError::Config(format!("--engine {}: {}", e.instance, err.message))
         })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| RouterStartError::Http { addr, source })?;
+    }
+    let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
     let state = Arc::new(RouterState::new(
         config,
         Arc::clone(&indexer.state),
@@ -447,14 +403,20 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, RouterStartErro
         }
     });
     tracing::info!(http = %bound, indexer = %indexer.addr, engines = state.engines.len(), "kvplane router listening");
-    Ok(RouterServer {
-        addr: bound,
-        indexer_addr: indexer.addr,
-        state,
-        indexer,
+    let indexer_addr = indexer.addr;
+    Ok(Running::new(
+        "router",
+        Router {
+            addr: bound,
+            indexer_addr,
+            state,
+        },
         shutdown,
         tasks,
-    })
+    )
+    .with_addr("http", bound)
+    .with_addr("indexer", indexer_addr)
+    .after_drain(move || indexer.stop()))
 }
 
 /// Probes every engine's `GET /health` each interval: an answer (2xx) brings it back, a
@@ -495,11 +457,11 @@ async fn health_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
 /// publishers to connect (at most `wait`), probes every engine, stops.
 ///
 /// # Errors
-/// [`RouterStartError`] as [`start`].
+/// [`StartError`] as [`start`].
 pub async fn doctor(
     config: RouterConfig,
     wait: Duration,
-) -> Result<Vec<doctor::Verdict>, RouterStartError> {
+) -> Result<Vec<doctor::Verdict>, StartError> {
     let server = start(config).await?;
     let st = Arc::clone(&server.state);
     let begin = tokio::time::Instant::now();
@@ -518,18 +480,4 @@ pub async fn doctor(
     drop(st);
     server.stop().await;
     Ok(verdicts)
-}
-
-/// Serves until `shutdown` fires, then drains.
-///
-/// # Errors
-/// [`RouterStartError`] as [`start`].
-pub async fn run(
-    config: RouterConfig,
-    shutdown: CancellationToken,
-) -> Result<(), RouterStartError> {
-    let server = start(config).await?;
-    shutdown.cancelled().await;
-    server.stop().await;
-    Ok(())
 }

@@ -24,10 +24,10 @@ pub use http::*;
 
 use bytes::Bytes;
 use kvplane::config::ServeConfig;
+use kvplane::controller::Server;
 use kvplane::protocol::{decode, encode, Msg};
 use kvplane::transport::{DealerClient, PushSender, RepServer};
 use kvplane::worker::{Backoff, FullSyncConfig, WorkerConfig};
-use kvplane::Server;
 use serde_json::Value;
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -61,7 +61,7 @@ pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> b
 pub async fn server_with(tweak: impl FnOnce(&mut ServeConfig)) -> Server {
     let mut config = ServeConfig::ephemeral();
     tweak(&mut config);
-    within("server start", kvplane::start(config))
+    within("server start", kvplane::controller::start(config))
         .await
         .expect("server starts")
 }
@@ -219,7 +219,7 @@ pub async fn restart_on(addrs: kvplane::controller::BoundAddrs) -> Server {
         config.monitor_ports.pull = addrs.pull.map(|a| a.port());
         config.monitor_ports.reply = addrs.reply.map(|a| a.port());
         config.monitor_ports.heartbeat = addrs.heartbeat.map(|a| a.port());
-        match within("server restart", kvplane::start(config)).await {
+        match within("server restart", kvplane::controller::start(config)).await {
             Ok(server) => return server,
             Err(e) if start.elapsed() < STEP => {
                 let _ = e;

@@ -7,7 +7,7 @@ use kvplane::node::codec::{
     self, Command, ObjectMeta, Reply, Request, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
 use kvplane::node::config::{L2Config, PrefetchPolicy, StorePolicy};
-use kvplane::node::{Node, NodeConfig};
+use kvplane::node::{NodeConfig, NodeServer};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -51,7 +51,7 @@ pub fn l2(path: &Path, budget: u64, prefetch: PrefetchPolicy, store: StorePolicy
 }
 
 /// Starts a node with `tweak` applied to the ephemeral configuration.
-pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> Node {
+pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> NodeServer {
     let mut c = NodeConfig::ephemeral();
     tweak(&mut c);
     within("node start", kvplane::node::start(c))
@@ -63,10 +63,10 @@ pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> Node {
 /// configuration with `controller` set), once it is registered.
 #[allow(dead_code)] // not every test binary uses it
 pub async fn controller_node(
-    server: &kvplane::Server,
+    server: &kvplane::controller::Server,
     instance: &str,
     tweak: impl FnOnce(&mut NodeConfig),
-) -> Node {
+) -> NodeServer {
     let port = |a: Option<std::net::SocketAddr>| a.expect("zmq socket").port();
     let w = super::worker_config(
         port(server.addrs.pull),
@@ -104,7 +104,7 @@ pub struct Client {
 }
 
 impl Client {
-    pub async fn connect(node: &Node) -> Client {
+    pub async fn connect(node: &NodeServer) -> Client {
         let stream = within("connect", TcpStream::connect(node.addrs.lm))
             .await
             .expect("connects");
@@ -228,7 +228,7 @@ pub fn raw_header(ints: [i32; 9], key: &[u8]) -> [u8; REQUEST_HEADER_LEN] {
 }
 
 /// `GET /metrics` over plain HTTP/1.0 on the node's HTTP port.
-pub async fn scrape(node: &Node) -> String {
+pub async fn scrape(node: &NodeServer) -> String {
     let addr = node.addrs.http.expect("http configured");
     let mut s = within("http connect", TcpStream::connect(addr))
         .await

@@ -7,7 +7,8 @@ mod coordinator;
 mod node;
 
 use cli::{Cli, Command};
-use tokio_util::sync::CancellationToken;
+use kvplane::controller;
+use kvplane::service::runner::Runner;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -37,12 +38,12 @@ fn main() -> anyhow::Result<()> {
                      and --coordinator-port"
                 );
                 let cluster = cluster.context("--replica needs --cluster")?;
-                runtime.block_on(async {
-                    let shutdown = CancellationToken::new();
-                    tokio::spawn(cancel_on_signal(shutdown.clone()));
-                    kvplane::run_replica(config, cluster, shutdown).await
-                })?;
-                return Ok(());
+                return run(&runtime, |mut runner| {
+                    runner.add("controller", |t| {
+                        controller::run_replica(config, cluster, t)
+                    });
+                    async { Ok(runner) }
+                });
             }
             let indexer = args
                 .indexer_port
@@ -55,61 +56,41 @@ fn main() -> anyhow::Result<()> {
                 Some(port) => Some(coordinator::embedded(&config.host, port)?),
                 None => None,
             };
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
-                // With --cluster, nothing binds until this process holds the lease.
-                let leadership = match cluster {
-                    Some(c) => match kvplane::standby(config.clone(), c, &shutdown).await? {
-                        Some(l) => Some(l),
-                        None => return Ok(()),
-                    },
-                    None => None,
-                };
-                // Every service runs until the shutdown; one failing (to start or later)
-                // stops the others, and the first error is the exit status.
-                let stop_on_error = |r: anyhow::Result<()>| {
-                    if r.is_err() {
-                        shutdown.cancel();
-                    }
-                    r
-                };
-                let controller = async {
-                    let served = match leadership {
-                        Some(l) => kvplane::run_leader(l, shutdown.clone()).await,
-                        None => kvplane::run(config, shutdown.clone()).await,
+            run(&runtime, |mut runner| {
+                let token = runner.token();
+                async move {
+                    // With --cluster, nothing binds until this process holds the lease.
+                    let leadership = match cluster {
+                        Some(c) => match controller::standby(config.clone(), c, &token).await? {
+                            Some(l) => Some(l),
+                            None => return Ok(runner),
+                        },
+                        None => None,
                     };
-                    stop_on_error(served.map_err(anyhow::Error::from))
-                };
-                let indexer = async {
-                    match indexer {
-                        Some(c) => stop_on_error(
-                            kvplane::indexer::service::run(c, shutdown.clone())
-                                .await
-                                .map_err(anyhow::Error::from),
-                        ),
-                        None => Ok(()),
+                    runner.add("controller", |t| async move {
+                        match leadership {
+                            Some(l) => controller::run_leader(l, t).await,
+                            None => {
+                                controller::start(config).await?.serve_until(t).await;
+                                Ok(())
+                            }
+                        }
+                    });
+                    if let Some(c) = indexer {
+                        runner.add_service("indexer", kvplane::indexer::service::start(c));
                     }
-                };
-                let coordinator = async {
-                    match coordinator {
-                        Some(c) => stop_on_error(
-                            kvplane::coordinator::run(c, shutdown.clone())
-                                .await
-                                .map_err(anyhow::Error::from),
-                        ),
-                        None => Ok(()),
+                    if let Some(c) = coordinator {
+                        runner.add_service("coordinator", kvplane::coordinator::start(c));
                     }
-                };
-                let (a, b, c) = tokio::join!(controller, indexer, coordinator);
-                a.and(b).and(c)
+                    Ok(runner)
+                }
             })?;
         }
         Command::Indexer(args) => {
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::indexer::service::run(args.config(), shutdown).await
+            let config = args.config();
+            run(&runtime, |mut runner| {
+                runner.add_service("indexer", kvplane::indexer::service::start(config));
+                async { Ok(runner) }
             })?;
         }
         Command::Router(args) => {
@@ -133,18 +114,16 @@ fn main() -> anyhow::Result<()> {
                 }
                 return Ok(());
             }
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::router::run(config, shutdown).await
+            run(&runtime, |mut runner| {
+                runner.add_service("router", kvplane::router::start(config));
+                async { Ok(runner) }
             })?;
         }
         Command::Node(args) => {
             let config = args.validate()?;
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
-                kvplane::node::run(config, shutdown).await
+            run(&runtime, |mut runner| {
+                runner.add_service("node", kvplane::node::start(config));
+                async { Ok(runner) }
             })?;
         }
         Command::Bench(args) if args.target.is_some() => {
@@ -195,45 +174,31 @@ fn main() -> anyhow::Result<()> {
         Command::Coordinator(args) => {
             let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
             let cluster = args.cluster.config()?;
-            runtime.block_on(async {
-                let shutdown = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(shutdown.clone()));
+            run(&runtime, |mut runner| {
                 match cluster {
                     // A standby until it holds the coordinator lease: nothing binds before.
-                    Some(c) => kvplane::coordinator::cluster::run(config, c, shutdown).await,
-                    None => kvplane::coordinator::run(config, shutdown).await,
+                    Some(c) => runner.add("coordinator", |t| {
+                        kvplane::coordinator::cluster::run(config, c, t)
+                    }),
+                    None => runner.add_service("coordinator", kvplane::coordinator::start(config)),
                 }
+                async { Ok(runner) }
             })?;
         }
     }
     Ok(())
 }
 
-/// Cancels `token` on SIGINT or SIGTERM.
-async fn cancel_on_signal(token: CancellationToken) {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!("cannot listen for ctrl-c: {e}");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
-    }
-    token.cancel();
+/// Runs the services `setup` adds to a [`Runner`] (and returns) until a signal, or until one fails (the
+/// first error is the exit status). `setup` may wait (a `--cluster` standby) before adding.
+fn run<F, Fut>(runtime: &tokio::runtime::Runtime, setup: F) -> anyhow::Result<()>
+where
+    F: FnOnce(Runner) -> Fut,
+    Fut: std::future::Future<Output = Result<Runner, kvplane::service::StartError>>,
+{
+    runtime.block_on(async {
+        let runner = setup(Runner::new()).await?;
+        runner.run().await?;
+        Ok(())
+    })
 }

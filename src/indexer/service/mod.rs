@@ -20,6 +20,7 @@ use crate::indexer::events::KvEvent;
 use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec, SWEEP_SLICE};
 use crate::indexer::replica::Change;
 use crate::indexer::seq::{SeqConfig, SeqCounters};
+use crate::service::{bind_tcp, Running, StartError};
 use api::{ApiError, EngineType, Registration, Unregistration};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -587,59 +588,20 @@ impl IndexerState {
     }
 }
 
-/// A running indexer.
-pub struct IndexerServer {
+/// The running indexer's state.
+pub struct Indexer {
     /// The bound HTTP address.
     pub addr: SocketAddr,
     /// The shared state.
     pub state: Arc<IndexerState>,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
 }
 
-impl IndexerServer {
-    /// Stops every task and waits (a few seconds at most) for them.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("some indexer tasks did not stop in time");
-        }
-    }
-}
+/// A running indexer (`server.addr`, `server.state` through `Deref`).
+pub type IndexerServer = Running<Indexer>;
 
-/// Why the indexer could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum IndexerStartError {
-    /// The HTTP port could not be bound.
-    #[error("cannot bind the indexer HTTP server on {addr}: {source}")]
-    Http {
-        /// The address tried.
-        addr: String,
-        /// The IO error.
-        source: std::io::Error,
-    },
-    /// `--cluster` could not be joined.
-    #[error(transparent)]
-    Cluster(#[from] crate::cluster::ClusterError),
-    /// The publishers file could not be read or is invalid.
-    #[error("publishers file {path}: {message}")]
-    Publishers {
-        /// The file.
-        path: String,
-        /// What was wrong.
-        message: String,
-    },
-}
-
-fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, IndexerStartError> {
-    let err = |message: String| IndexerStartError::Publishers {
-        path: path.display().to_string(),
-        message,
-    };
+fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, StartError> {
+    let err =
+        |message: String| StartError::Config(format!("--publishers {}: {message}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
     let list = match &value {
@@ -673,28 +635,21 @@ fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, IndexerS
 /// Binds the HTTP port, registers the configured publishers and starts serving.
 ///
 /// # Errors
-/// [`IndexerStartError`] when the port cannot be bound or the publishers file is invalid.
-pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartError> {
+/// [`StartError`] when the port cannot be bound, the publishers file is invalid or
+/// `--cluster` cannot be joined.
+pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
     // Message bursts and table rebuilds free big blocks: hand them back, not keep them.
     crate::memory::return_freed_promptly();
     let initial = match &config.publishers {
         Some(path) => publishers_file(path)?,
         None => Vec::new(),
     };
-    let addr = format!("{}:{}", config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|source| IndexerStartError::Http {
-            addr: addr.clone(),
-            source,
-        })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| IndexerStartError::Http { addr, source })?;
+    let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let (role, ops) =
-        cluster::Role::join(config.cluster.as_ref(), config.replica, config.index).await?;
+    let (role, ops) = cluster::Role::join(config.cluster.as_ref(), config.replica, config.index)
+        .await
+        .map_err(|e| StartError::Cluster(e.to_string()))?;
     let state = Arc::new(IndexerState::new(
         config,
         role,
@@ -756,24 +711,8 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, IndexerStartE
         }
     });
     tracing::info!(http = %bound, "kvplane indexer listening");
-    Ok(IndexerServer {
-        addr: bound,
-        state,
-        shutdown,
-        tasks,
-    })
-}
-
-/// Serves until `shutdown` fires, then drains.
-///
-/// # Errors
-/// [`IndexerStartError`] as [`start`].
-pub async fn run(
-    config: IndexerConfig,
-    shutdown: CancellationToken,
-) -> Result<(), IndexerStartError> {
-    let server = start(config).await?;
-    shutdown.cancelled().await;
-    server.stop().await;
-    Ok(())
+    Ok(
+        Running::new("indexer", Indexer { addr: bound, state }, shutdown, tasks)
+            .with_addr("http", bound),
+    )
 }
