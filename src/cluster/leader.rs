@@ -14,7 +14,7 @@
 
 use super::record::Body;
 use super::replicated::Replicated;
-use super::status::ClusterStatus;
+use super::status::{ClusterStatus, LogStats};
 use super::takeover::RECORD_OVERHEAD;
 use super::{now_ms, Cluster, PublishStats, ACK_WINDOW};
 use bytes::Bytes;
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::IntoFuture;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -35,19 +35,6 @@ pub const RECORD_QUEUE: usize = 65_536;
 pub const MAX_QUEUED_BYTES: u64 = 64 << 20;
 /// After the service stops, how long its last records may still come.
 const STOP_GRACE: Duration = Duration::from_millis(50);
-
-/// Counters of the leader's log.
-#[derive(Debug, Default)]
-pub struct LogStats {
-    /// Records handed to the publisher.
-    pub queued: AtomicU64,
-    /// Bytes of the records queued and not yet taken by the publisher.
-    pub queued_bytes: AtomicU64,
-    /// Records dropped at a full queue.
-    pub dropped: AtomicU64,
-    /// Changes larger than NATS takes that could not be cut.
-    pub oversize: AtomicU64,
-}
 
 /// The leader's log: numbers and queues every change it applies.
 pub struct ChangeLog<S> {

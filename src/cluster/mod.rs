@@ -28,12 +28,12 @@ mod status;
 mod takeover;
 
 pub use follower::{lead_without_lease, Follower, Leadership};
-pub use leader::{ChangeLog, LogStats, MAX_QUEUED_BYTES, RECORD_QUEUE};
+pub use leader::{ChangeLog, MAX_QUEUED_BYTES, RECORD_QUEUE};
 pub use lease::{Lease, LeaseBucket, LeaseGuard, RenewError};
 pub use log::{Applied, LogCursor, Position};
 pub use record::{apply_record, apply_record_with, decode_snapshot, encode_snapshot, Body, Record};
 pub use replicated::{Host, Owned, Replicated, Stamp};
-pub use status::{ClusterStatus, Progress};
+pub use status::{ClusterStatus, LogStats, Progress};
 pub use takeover::{ReadBack, SnapshotSchedule, MIN_SNAPSHOT_INTERVAL, RECORD_OVERHEAD};
 
 use crate::config::defaults::cluster as d;

@@ -5,7 +5,6 @@
 //!
 //! Must not: know a service's state; take any lock but its own small ones.
 
-use super::leader::LogStats;
 use super::log::LogCursor;
 use super::{Cluster, PublishStats, ReaderStatus};
 use parking_lot::Mutex;
@@ -13,6 +12,19 @@ use serde_json::{json, Value};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// Counters of the leader's log.
+#[derive(Debug, Default)]
+pub struct LogStats {
+    /// Records handed to the publisher.
+    pub queued: AtomicU64,
+    /// Bytes of the records queued and not yet taken by the publisher.
+    pub queued_bytes: AtomicU64,
+    /// Records dropped at a full queue.
+    pub dropped: AtomicU64,
+    /// Changes larger than NATS takes that could not be cut.
+    pub oversize: AtomicU64,
+}
 
 /// A follower's readiness: whether it answers from the leader's current state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

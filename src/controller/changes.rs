@@ -1,6 +1,7 @@
 //! The controller's change log, for hot standbys (`--cluster`, docs/CLUSTER.md): every input
-//! that changed the leader's [`Fleet`], as one [`Record`], in apply order, and the pure
-//! [`Follower`] that applies the same records to a standby's own fleet.
+//! that changed the leader's [`Fleet`], as one [`Change`], in apply order, and the [`Fleet`]
+//! as a [`Replicated`] state: a standby applies the same changes to its own fleet through the
+//! replication core (`crate::cluster`), which numbers, publishes, follows and snapshots them.
 //!
 //! The fleet is deterministic: each change is a function of the message and the time the
 //! leader passed in. So the log holds the inputs themselves — the PULL frames of one
@@ -10,18 +11,18 @@
 //! as the leader. What it does not hold is soft state: the orchestration command log and the
 //! live downlink tasks (opened at takeover from the records).
 //!
-//! Records carry the leader's epoch — the revision of the lease it holds, so a later leader
-//! always has a larger one — and a sequence number from 1 within it. Fencing: once a follower
-//! has seen an epoch, records of an older one are ignored, so a paused old leader that
-//! publishes after losing its lease changes nothing anywhere. A new leader's first record is
-//! [`Change::Takeover`]; state carries over from the previous epoch (unlike the indexer's log,
-//! where a new epoch is a fresh index). Pure and synchronous: no clocks, no I/O.
+//! The core's records carry the leader's epoch (fencing a deposed leader) and number; a new
+//! leader's first record is [`Change::Takeover`] and the state carries over from the previous
+//! epoch. Pure and synchronous: no clocks, no I/O.
 
-use super::model::{Fleet, ProbeTarget, RequestContext, RouterKind, WorkerKey};
-pub use crate::cluster::{Applied, LogCursor, Position};
+use super::model::{Fleet, FleetDump, ProbeTarget, RequestContext, RouterKind, WorkerKey};
+use crate::cluster::{Replicated, Stamp};
 use crate::protocol::{decode, decode_batch, KVOpEvent};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
+
+/// A record of the controller's log.
+pub type Record = crate::cluster::Record<Change>;
 
 /// One change to the fleet, as the leader applied it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,127 +75,31 @@ pub enum Change {
     },
 }
 
-/// A [`Change`] with its place in the log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    /// The leader's epoch: the revision of its lease.
-    pub epoch: u64,
-    /// 1, 2, … within the epoch.
-    pub seq: u64,
-    /// The leader's wall clock when it applied the change, ms since the Unix epoch (for the
-    /// lag a standby reports).
-    pub at_ms: u64,
-    /// The `now` the leader applied it at (the controller's clock, Unix seconds).
-    pub now: f64,
-    /// The change.
-    pub change: Change,
-}
+impl Replicated for Fleet {
+    const SERVICE: &'static str = "controller";
+    type Change = Change;
+    type Dump = FleetDump;
 
-impl Record {
-    /// The bytes published for this record (msgpack).
-    pub fn encode(&self) -> Vec<u8> {
-        // Every field is a plain value: the encoder cannot fail on it.
-        rmp_serde::to_vec(self).unwrap_or_default()
-    }
-
-    /// A record from published bytes.
-    ///
-    /// # Errors
-    /// When the bytes are not a record.
-    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
-        rmp_serde::from_slice(bytes)
-    }
-}
-
-/// A follower's fleet and its place in the log: restored by a follower that starts later, which
-/// then reads the log from `position.stream_seq + 1`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// The log position the fleet reflects.
-    pub position: Position,
-    /// The fleet.
-    pub fleet: super::model::FleetDump,
-}
-
-impl Snapshot {
-    /// The bytes published (msgpack).
-    pub fn encode(&self) -> Vec<u8> {
-        rmp_serde::to_vec(self).unwrap_or_default()
-    }
-
-    /// A snapshot from published bytes.
-    ///
-    /// # Errors
-    /// When the bytes are not a snapshot.
-    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
-        rmp_serde::from_slice(bytes)
-    }
-}
-
-/// Where a standby's fleet is in the log; applies [`Record`]s to it.
-#[derive(Debug, Default)]
-pub struct Follower {
-    cursor: LogCursor,
-    undecodable_frames: u64,
-}
-
-impl Follower {
-    /// At the start of the log, before any record.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// At a snapshot's position.
-    pub fn at(p: Position) -> Self {
-        Self {
-            cursor: LogCursor::at(p),
-            ..Self::default()
-        }
-    }
-
-    /// Where it is in the log.
-    pub fn cursor(&self) -> &LogCursor {
-        &self.cursor
-    }
-
-    /// Notes the stream sequence of the log message just handled (applied or not).
-    pub fn note_stream_seq(&mut self, seq: u64) {
-        self.cursor.note_stream_seq(seq);
-    }
-
-    /// Frames in records that did not decode (never expected: the leader applied them).
-    pub fn undecodable_frames(&self) -> u64 {
-        self.undecodable_frames
-    }
-
-    /// Applies one record to `fleet` (the standby's, only ever changed through this).
-    pub fn apply(&mut self, fleet: &mut Fleet, r: &Record) -> Applied {
-        let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
-        let outcome = self.cursor.admit(r.epoch, r.seq, r.at_ms, fresh);
-        if outcome.applies() {
-            self.change(fleet, r.now, &r.change);
-        }
-        outcome
-    }
-
-    fn change(&mut self, fleet: &mut Fleet, now: f64, change: &Change) {
+    /// Applies one change at the leader's `now`, through the model functions the leader used
+    /// (a frame that does not decode, never expected since the leader applied it, changes
+    /// nothing).
+    fn apply(&mut self, change: Change, at: &Stamp) {
+        let now = at.now;
         match change {
             Change::Pull { frames } => {
                 let mut ops: Vec<KVOpEvent> = Vec::new();
-                for frame in frames {
+                for frame in &frames {
                     ops.clear();
                     if let Some(b) = decode_batch(frame, &mut ops) {
-                        fleet.apply_batch(b.instance_id, b.worker_id, b.location, &ops, now);
+                        self.apply_batch(b.instance_id, b.worker_id, b.location, &ops, now);
                     } else if let Ok(msg) = decode(frame) {
-                        let _ = fleet.on_push(msg, now);
-                    } else {
-                        self.undecodable_frames += 1;
+                        let _ = self.on_push(msg, now);
                     }
                 }
             }
-            Change::Request { heartbeat, frame } => match decode(frame) {
-                Ok(msg) => {
-                    let kind = if *heartbeat {
+            Change::Request { heartbeat, frame } => {
+                if let Ok(msg) = decode(&frame) {
+                    let kind = if heartbeat {
                         RouterKind::Heartbeat
                     } else {
                         RouterKind::Reply
@@ -203,26 +108,58 @@ impl Follower {
                         now,
                         heartbeat_url: None,
                     };
-                    let _ = fleet.on_request(kind, msg, &ctx);
+                    let _ = self.on_request(kind, msg, &ctx);
                 }
-                Err(_) => self.undecodable_frames += 1,
-            },
+            }
             Change::ExpireSyncs { timeout_s } => {
-                fleet.expire_syncs(now, *timeout_s);
+                self.expire_syncs(now, timeout_s);
             }
             Change::ProbeAnswered { key, generation } => {
-                fleet.probe_answered(&target(fleet, key, *generation), now);
+                let t = target(self, &key, generation);
+                self.probe_answered(&t, now);
             }
             Change::ProbeFailed {
                 key,
                 generation,
                 timeout_s,
             } => {
-                fleet.probe_failed(&target(fleet, key, *generation), now, *timeout_s);
+                let t = target(self, &key, generation);
+                self.probe_failed(&t, now, timeout_s);
             }
-            Change::Takeover { .. } => fleet.touch_all(now),
-            Change::ResyncAll => fleet.request_resync_all(),
+            Change::Takeover { .. } => self.touch_all(now),
+            Change::ResyncAll => self.request_resync_all(),
         }
+    }
+
+    fn dump(&self) -> FleetDump {
+        Fleet::dump(self)
+    }
+
+    fn restore(&self, dump: FleetDump) -> Result<Self, String> {
+        Fleet::restore(self.index().config().clone(), &dump).map_err(|e| e.to_string())
+    }
+
+    fn takeover(holder: String, fresh: bool) -> Change {
+        Change::Takeover { holder, fresh }
+    }
+
+    fn fresh(change: &Change) -> bool {
+        matches!(change, Change::Takeover { fresh: true, .. })
+    }
+
+    /// A multipart's frames in two halves (each frame is applied on its own).
+    fn split(change: &Change) -> Option<(Change, Change)> {
+        let Change::Pull { frames } = change else {
+            return None;
+        };
+        if frames.len() < 2 {
+            return None;
+        }
+        let (a, b) = frames.split_at(frames.len() / 2);
+        Some((
+            Change::Pull { frames: a.to_vec() },
+            Change::Pull { frames: b.to_vec() },
+        ))
     }
 }
 

@@ -11,9 +11,8 @@
 //! Must not: decode frames (the socket loops do), decide what a message means (the model
 //! does), read the system clock (time comes from the [`Clock`] it was given).
 
-use super::changes::{Applied, Change, Record, Snapshot};
+use super::changes::Change;
 use super::clock::Clock;
-use super::cluster::{ChangeLog, ClusterStatus};
 use super::command_log::{CommandLog, CommandRecord};
 use super::downlink::Downlink;
 use super::limits::{LimitLog, LogThrottle};
@@ -21,7 +20,9 @@ use super::model::{
     DropReason, Effect, Event, Fleet, ProbeTarget, RequestContext, RouterKind, WorkerKey,
 };
 use super::peer_drops::PeerDrops;
+use super::report::Reporter;
 use super::socket_stats::{LoopStats, SocketStats};
+use crate::cluster::{ChangeLog, ClusterStatus, Host};
 use crate::config::ServeConfig;
 use crate::index::{BatchOutcome, Index, IndexConfig};
 use crate::metrics::Metrics;
@@ -80,7 +81,7 @@ pub struct Shared {
     heartbeat_port: std::sync::OnceLock<u16>,
     /// The change log this controller publishes as the cluster's leader (`--cluster`; set
     /// at takeover).
-    changes: std::sync::OnceLock<ChangeLog>,
+    changes: std::sync::OnceLock<Arc<ChangeLog<Fleet>>>,
     /// Its place in the cluster (`--cluster`).
     cluster: std::sync::OnceLock<Arc<ClusterStatus>>,
     /// Live state of each socket loop (serving, messages in hand, backlog).
@@ -302,7 +303,7 @@ impl Shared {
         BatchWriter {
             world: self.world.write(),
             now: self.now(),
-            log: self.changes.get(),
+            log: self.changes.get().map(|l| &**l),
             frames: Vec::new(),
         }
     }
@@ -408,11 +409,21 @@ impl Shared {
                         | Event::WorkerRegistered { .. }
                         | Event::RegisteredByHeartbeat { .. }
                 );
-                super::report::report(self, event);
+                super::report::report(&self.reporter(), event);
             }
         }
         if removed {
             self.refresh_gauges();
+        }
+    }
+
+    /// What the reports of events use: metrics, throttles, limits.
+    pub(crate) fn reporter(&self) -> Reporter<'_> {
+        Reporter {
+            metrics: &self.metrics,
+            config: &self.config,
+            limits: &self.limits,
+            drop_log: &self.drop_log,
         }
     }
 
@@ -427,49 +438,19 @@ impl Shared {
         self.cluster.get()
     }
 
-    /// A standby applies one record of the leader's log to its fleet (no downlink task is
-    /// started: they start at takeover). `None` when not in a cluster.
-    pub fn apply_record(&self, record: &Record, stream_seq: u64) -> Option<Applied> {
-        let status = self.cluster.get()?;
-        let mut world = self.world.write();
-        Some(status.apply(&mut world.fleet, record, stream_seq))
-    }
-
-    /// A follower's snapshot: its fleet and log position, encoded (`None` outside a
-    /// cluster). Holds the read lock for the dump (a full pass over the index).
-    pub fn snapshot(&self) -> Option<Vec<u8>> {
-        let status = self.cluster.get()?;
-        let snapshot = {
-            let world = self.world.read();
-            Snapshot {
-                position: status.position(),
-                fleet: world.fleet.dump(),
-            }
-        };
-        Some(snapshot.encode())
-    }
-
-    /// Replaces the fleet with a snapshot's (a follower starting, before it follows or
-    /// serves).
-    ///
-    /// # Errors
-    /// When this controller's limits cannot hold it.
-    pub fn restore(&self, dump: &super::model::FleetDump) -> Result<(), crate::index::IndexError> {
-        let fleet = Fleet::restore(index_config(&self.config), dump)?;
-        self.world.write().fleet = fleet;
-        Ok(())
-    }
-
     /// Becomes the leader: every change is logged in `log` from now on, and the downlinks
-    /// the followed fleet records are opened.
-    pub fn lead(&self, log: ChangeLog) {
+    /// the followed fleet records are opened. `in_sync`: the followed fleet held every change
+    /// since a fresh start; if not, its index may miss admits or evicts, so every worker
+    /// resynchronises, as after a blank restart (and the log says so to the followers).
+    pub fn lead(&self, log: Arc<ChangeLog<Fleet>>, in_sync: bool) {
         let mut world = self.world.write();
         let _ = self.changes.set(log);
-        // A gap in what was followed: the index may miss admits or evicts, so every worker
-        // resynchronises, as after a blank restart (and the log says so to the followers).
-        if self.cluster.get().is_some_and(|c| !c.in_sync()) {
+        if !in_sync {
             world.fleet.request_resync_all();
             self.record(self.now(), || Change::ResyncAll);
+            if let Some(c) = self.cluster.get() {
+                c.resynced();
+            }
             tracing::warn!("took over without the whole change log: every worker will full-sync");
         }
         let fx = world.fleet.reopen_downlinks();
@@ -482,7 +463,7 @@ impl Shared {
     /// Logs a change the caller applied under the write lock it still holds.
     fn record(&self, now: f64, change: impl FnOnce() -> Change) {
         if let Some(log) = self.changes.get() {
-            log.record(now, change());
+            log.record(now, &change());
         }
     }
 
@@ -616,6 +597,24 @@ impl Shared {
     }
 }
 
+/// The fleet, followed or led, lives under the world's lock: a record is applied, and a
+/// snapshot dumped, as one step under it.
+impl Host for Shared {
+    type State = Fleet;
+
+    fn write<R>(&self, f: impl FnOnce(&mut Fleet) -> R) -> Option<R> {
+        Some(f(&mut self.world.write().fleet))
+    }
+
+    fn read<R>(&self, f: impl FnOnce(&Fleet) -> R) -> Option<R> {
+        Some(f(&self.world.read().fleet))
+    }
+
+    fn now(&self) -> f64 {
+        Shared::now(self)
+    }
+}
+
 /// The index's limits from the controller's configuration.
 fn index_config(config: &ServeConfig) -> IndexConfig {
     IndexConfig {
@@ -632,7 +631,7 @@ fn index_config(config: &ServeConfig) -> IndexConfig {
 pub struct BatchWriter<'a> {
     world: RwLockWriteGuard<'a, World>,
     now: f64,
-    log: Option<&'a ChangeLog>,
+    log: Option<&'a ChangeLog<Fleet>>,
     /// The frames applied, for the change log (only when logging).
     frames: Vec<ByteBuf>,
 }
@@ -644,7 +643,7 @@ impl Drop for BatchWriter<'_> {
             if !self.frames.is_empty() {
                 log.record(
                     self.now,
-                    Change::Pull {
+                    &Change::Pull {
                         frames: std::mem::take(&mut self.frames),
                     },
                 );

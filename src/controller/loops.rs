@@ -81,7 +81,7 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
                 ops,
             );
             record_batch(
-                shared,
+                &shared.reporter(),
                 outcome,
                 batch.instance_id,
                 batch.worker_id,

@@ -4,13 +4,26 @@
 //! Owns the policy only (which metric, which level, which throttle); touches no controller
 //! state and is called after the state lock is released.
 
-use super::driver::Shared;
-use super::limits::Limit;
+use super::limits::{Limit, LimitLog, LogThrottle};
 use super::model::Event;
+use crate::config::ServeConfig;
 use crate::index::{BatchOutcome, IndexError};
+use crate::metrics::Metrics;
+
+/// What reporting reads and counts: the driver's metrics, throttles and limits.
+pub(crate) struct Reporter<'a> {
+    /// Metrics registry.
+    pub metrics: &'a Metrics,
+    /// The configuration (the limits named in the log lines).
+    pub config: &'a ServeConfig,
+    /// Log throttle of the resource limits.
+    pub limits: &'a LimitLog,
+    /// Log throttle of per-message warnings.
+    pub drop_log: &'a LogThrottle,
+}
 
 /// Counts and logs one event.
-pub(crate) fn report(shared: &Shared, event: Event) {
+pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
     match event {
         Event::WorkerRefused { key, what, error } => {
             refused_worker(shared, &error, &key.0, key.1, what);
@@ -95,7 +108,7 @@ pub(crate) fn report(shared: &Shared, event: Event) {
         Event::SyncRangesRefused { key, batch, limit } => {
             shared
                 .limits
-                .hit(&shared.metrics, Limit::SyncRanges, limit as u64, &|| {
+                .hit(shared.metrics, Limit::SyncRanges, limit as u64, &|| {
                     format!(
                         "out-of-order full-sync batch {batch} from worker {}/{} dropped (it stays missing)",
                         key.0, key.1
@@ -120,7 +133,7 @@ pub(crate) fn report(shared: &Shared, event: Event) {
 
 /// Counts what applying one admit/evict batch did, and logs sequence gaps.
 pub(crate) fn record_batch(
-    shared: &Shared,
+    shared: &Reporter<'_>,
     outcome: BatchOutcome,
     instance_id: &str,
     worker_id: i64,
@@ -180,12 +193,18 @@ pub(crate) fn record_batch(
     }
 }
 
-fn refused_worker(shared: &Shared, e: &IndexError, instance_id: &str, worker_id: i64, what: &str) {
+fn refused_worker(
+    shared: &Reporter<'_>,
+    e: &IndexError,
+    instance_id: &str,
+    worker_id: i64,
+    what: &str,
+) {
     match e {
         IndexError::TooManyWorkers { limit } => {
             shared
                 .limits
-                .hit(&shared.metrics, Limit::Workers, *limit as u64, &|| {
+                .hit(shared.metrics, Limit::Workers, *limit as u64, &|| {
                     format!("{what} of worker {instance_id}/{worker_id} refused")
                 });
         }
@@ -195,18 +214,18 @@ fn refused_worker(shared: &Shared, e: &IndexError, instance_id: &str, worker_id:
     }
 }
 
-fn refused_keys(shared: &Shared, n: u64, instance_id: &str, worker_id: i64, location: &str) {
+fn refused_keys(shared: &Reporter<'_>, n: u64, instance_id: &str, worker_id: i64, location: &str) {
     shared.metrics.keys_refused.inc_by(n);
     let limit = shared.config.max_keys_per_worker;
     shared
         .limits
-        .hit(&shared.metrics, Limit::KeysPerWorker, limit, &|| {
+        .hit(shared.metrics, Limit::KeysPerWorker, limit, &|| {
             format!("{n} admits of worker {instance_id}/{worker_id} ({location}) refused")
         });
 }
 
 fn refused_batch(
-    shared: &Shared,
+    shared: &Reporter<'_>,
     keys: Option<usize>,
     instance_id: &str,
     worker_id: i64,
@@ -215,7 +234,7 @@ fn refused_batch(
     let limit = shared.config.max_batch_ops;
     shared
         .limits
-        .hit(&shared.metrics, Limit::BatchOps, limit as u64, &|| {
+        .hit(shared.metrics, Limit::BatchOps, limit as u64, &|| {
             let size = keys.map_or_else(String::new, |n| format!(" of {n} keys"));
             format!("{what} batch{size} from worker {instance_id}/{worker_id} dropped whole")
         });

@@ -171,9 +171,9 @@ pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoRespon
     let mut body = json!({"http": "serving", "sockets": sockets});
     // A read replica is ready when it answers from the leader's current state.
     if let Some(c) = shared.cluster().filter(|c| c.is_replica()) {
-        let (caught_up, reason, pending, lag_ms) = c.progress();
-        ready &= caught_up;
-        body["replica"] = json!({"reason": reason, "pending": pending, "lag_ms": lag_ms});
+        let p = c.progress();
+        ready &= p.ready;
+        body["replica"] = json!({"reason": p.reason, "pending": p.pending, "lag_ms": p.lag_ms});
     }
     body["status"] = json!(if ready { "ready" } else { "not_ready" });
     let status = if ready {
