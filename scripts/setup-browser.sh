@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install what the dashboard browser test (tests/dashboard.rs) needs: Debian's `chromium` at
+# Install what the dashboard browser test (tests/system/dashboard.rs) needs: Debian's `chromium` at
 # /usr/bin/chromium (with `fonts-inter`: a clean Debian has no font at all, and the page's
 # font stack starts with Inter), and `playwright-core` (which never downloads a browser) in
 # tests/browser/node_modules, from the committed package-lock.json.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the venv that runs a REAL LMCache 0.5.6 multi-process fleet CPU-only, for
-# tests/coordinator_fleet.rs and `kvplane bench coordinator --lmcache`: `lmcache server` (the MP
+# tests/interop/coordinator_fleet.rs and `kvplane bench coordinator --lmcache`: `lmcache server` (the MP
 # server with its fs L2), `lmcache coordinator` and `lmcache bench server`, with the real torch
 # 2.15.0 wheel from PyPI. Every package is pinned with its sha256 in
 # tests/interop/requirements-mp.txt and installed with --require-hashes --no-deps (no resolver).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Python environment tests/router.rs compares kvplane's tokenizer against
+# Builds the Python environment tests/router/routing.rs compares kvplane's tokenizer against
 # (scripts/router-tokenizers/requirements.txt: the `tokenizers` library and transformers) in
 # <repo>/target/tokenizers-venv, and prints its interpreter's path for
 # KVPLANE_TOKENIZERS_PYTHON. Idempotent: a stamp of the inputs; when it matches nothing is

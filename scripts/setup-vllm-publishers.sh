@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the environments that run vLLM's REAL KV-event publisher (ZmqEventPublisher from
-# vllm/distributed/kv_events.py, no GPU, no torch) for tests/indexer_vllm.rs: for each version
+# vllm/distributed/kv_events.py, no GPU, no torch) for tests/interop/indexer_vllm.rs: for each version
 # in scripts/vllm-publisher/versions.txt, a venv with the pinned requirements and a `shim`
 # directory holding vLLM's own two kv_events.py files (checked against their sha256) plus tiny
 # stand-ins for the modules they import (scripts/vllm-publisher/make_shim.py).

@@ -8,16 +8,16 @@ cd "$(dirname "$0")/.."
 echo "== python environment for the LMCache interop tests"
 bash scripts/setup-python.sh
 bash scripts/setup-browser.sh
-echo "== vLLM's real KV-event publisher (0.23.0, 0.33.0) for tests/indexer_vllm.rs"
+echo "== vLLM's real KV-event publisher (0.23.0, 0.33.0) for tests/interop/indexer_vllm.rs"
 KVPLANE_VLLM_PUBLISHERS="$(bash scripts/setup-vllm-publishers.sh)"
 export KVPLANE_VLLM_PUBLISHERS
-echo "== the tokenizers library and transformers, the reference of tests/router.rs's parity test"
+echo "== the tokenizers library and transformers, the reference of tests/router/routing.rs's parity test"
 KVPLANE_TOKENIZERS_PYTHON="$(bash scripts/setup-tokenizers.sh)"
 export KVPLANE_TOKENIZERS_PYTHON
 echo "== nats-server (Debian's package) for the cluster tests"
 KVPLANE_NATS_SERVER="$(bash scripts/setup-nats.sh)"
 export KVPLANE_NATS_SERVER
-echo "== a real LMCache 0.5.6 MP fleet (the real torch; ~5 GB venv) for tests/coordinator_fleet.rs"
+echo "== a real LMCache 0.5.6 MP fleet (the real torch; ~5 GB venv) for tests/interop/coordinator_fleet.rs"
 KVPLANE_MP_FLEET_VENV="$(bash scripts/setup-mp-fleet.sh)"
 export KVPLANE_MP_FLEET_VENV
 

@@ -1,4 +1,4 @@
-"""The reference encodings for tests/router.rs's parity test.
+"""The reference encodings for tests/router/routing.rs's parity test.
 
 stdin: {"model_dir": DIR, "texts": [str], "chats": [[message]]}
 stdout: {"texts": [[id] with special tokens], "plain": [[id] without],

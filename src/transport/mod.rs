@@ -13,7 +13,7 @@
 //! defaults.
 //!
 //! What `zeromq` 0.7.0 lacks, and how this module makes up for it (pinned by the learning tests
-//! in `tests/transport.rs`):
+//! in `tests/system/transport.rs`):
 //!
 //! * No socket timeouts: every call that waits on a peer is bounded by a caller-provided
 //!   duration and fails with [`TransportError::Timeout`] instead of hanging. Listener `recv`

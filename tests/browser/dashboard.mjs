@@ -1,4 +1,4 @@
-// Headless check of the kvplane dashboard (driven by tests/dashboard.rs).
+// Headless check of the kvplane dashboard (driven by tests/system/dashboard.rs).
 //
 //   node dashboard.mjs <base-url> <screenshot.png> '<expectations JSON>'
 //

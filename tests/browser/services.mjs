@@ -1,5 +1,5 @@
 // Headless check of a service's dashboard page (indexer, fleet, node), driven by
-// tests/dashboard_services.rs:
+// tests/system/dashboard_services.rs:
 //
 //   node services.mjs <base-url> <page> <screenshot.png> '<expectations JSON>'
 //

@@ -6,7 +6,7 @@ Run against a real `lmcache coordinator --host 127.0.0.1 --port PORT --chunk-siz
     python record_directory.py http://127.0.0.1:PORT > directory_exchanges.json
 
 Writes [{"method", "path", "body", "status", "answer"}] for every request, events included,
-so tests/coordinator_directory.rs replays the same requests against kvplane and compares.
+so tests/coordinator/directory.rs replays the same requests against kvplane and compares.
 Needs only the standard library and blake3 (the token hashes are LMCache's rolling BLAKE3).
 """
 

@@ -1,0 +1,9 @@
+//! `--cluster` over a real `nats-server`: the controller's and the coordinator's hot
+//! standby taking over from a SIGKILLed leader. One test binary; all modules share
+//! `tests/support`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod controller;
+mod coordinator;

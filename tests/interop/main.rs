@@ -1,0 +1,14 @@
+//! kvplane against the real systems it replaces or serves: LMCache 0.5.6 workers, controller,
+//! MP-server client and fleet, LMCache's `lm://` connector, and vLLM's KV-event publisher. The
+//! Python side lives beside these modules (`tests/interop/*.py`, requirements files). One test
+//! binary; all modules share `tests/support`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod controller;
+mod coordinator;
+mod coordinator_fleet;
+mod indexer_vllm;
+mod node;
+mod worker;

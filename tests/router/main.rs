@@ -1,0 +1,7 @@
+//! The router (`kvplane router`) end to end against engine stand-ins. One test binary; it
+//! shares `tests/support` with the others.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod routing;

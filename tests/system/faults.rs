@@ -1,0 +1,1163 @@
+//! Fault injection, loopback only, every wait bounded; each test checks that nothing a worker
+//! told the controller is lost (or, for a dead worker, that exactly its state is gone):
+//!
+//! * a worker killed without deregistering is probed and removed; its chunks vanish;
+//! * kvplane killed with SIGKILL and restarted: kvplane and real LMCache 0.5.6 workers
+//!   re-register and full-sync, and the index equals their key sets again;
+//! * a worker that stops answering its downlink: HTTP commands to it are 504 in time, others 200;
+//! * the PULL socket flooded with valid batches and 10% garbage: every op applied, every bad
+//!   frame counted;
+//! * raw TCP peers that send nothing, half a frame or a huge frame header: no fd or task leak,
+//!   no stall;
+//! * 10,000 register/deregister cycles: RSS, fds and tasks back to baseline.
+//!
+//! Tests that need the process boundary (SIGKILL, fd/RSS/task counts) run the real binary as a
+//! child on free loopback ports with `KVPLANE_*` variables.
+
+use crate::support::lmcache::{worker_args, LmcacheWorker};
+use crate::support::*;
+use bytes::Bytes;
+use kvplane::controller::liveness::{sweep, SweepStats};
+use kvplane::protocol::*;
+use kvplane::transport::{DealerClient, PushSender};
+use kvplane::worker::{
+    MemoryKeys, NoCommands, Worker, WorkerConfig, WorkerHandle, WorkerState, LOCAL_CPU_BACKEND,
+};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CPU: &str = LOCAL_CPU_BACKEND;
+/// Bound on convergence involving Python workers or several retries.
+const SLOW: Duration = Duration::from_secs(60);
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers: HTTP reads, metrics, workers.
+// ---------------------------------------------------------------------------------------------
+
+async fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
+    http(addr, "GET", path, None, &[]).await
+}
+
+async fn post(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    http(addr, "POST", path, Some(&body.to_string()), &[]).await
+}
+
+/// `/metrics` as text.
+async fn metrics_text(addr: SocketAddr) -> String {
+    match get(addr, "/metrics").await {
+        (200, Value::String(s)) => s,
+        (status, other) => panic!("/metrics: {status} {other}"),
+    }
+}
+
+/// Sum of every sample of metric `name` whose labels contain all of `labels`
+/// (`key="value"` strings).
+fn metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric_name, label_part) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest),
+                None => (series, ""),
+            };
+            (metric_name == name && labels.iter().all(|want| label_part.contains(want)))
+                .then(|| value.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// Every worker row of `GET /controller/workers`, by (instance, worker id).
+async fn workers(addr: SocketAddr) -> BTreeMap<(String, i64), Value> {
+    let (status, body) = get(addr, "/controller/workers").await;
+    assert_eq!(status, 200, "{body}");
+    body["workers"]
+        .as_array()
+        .expect("workers list")
+        .iter()
+        .map(|w| {
+            let key = (
+                w["instance_id"].as_str().expect("instance").to_owned(),
+                w["worker_id"].as_i64().expect("worker id"),
+            );
+            (key, w.clone())
+        })
+        .collect()
+}
+
+/// Whether the controller's key set of `(instance, worker, location)` is exactly `keys`, read
+/// over HTTP: the worker's location count equals `keys.len()` and `POST /lookup` with `keys`
+/// as hashes credits that holder with all of them.
+async fn index_equals(
+    addr: SocketAddr,
+    instance: &str,
+    worker: i64,
+    location: &str,
+    keys: &BTreeSet<i128>,
+) -> bool {
+    let rows = workers(addr).await;
+    let Some(row) = rows.get(&(instance.to_owned(), worker)) else {
+        return false;
+    };
+    let count = row["locations"]
+        .as_array()
+        .and_then(|ls| ls.iter().find(|l| l["name"] == location))
+        .and_then(|l| l["key_count"].as_u64())
+        .unwrap_or(0);
+    if count != keys.len() as u64 {
+        return false;
+    }
+    if keys.is_empty() {
+        return true;
+    }
+    let hashes: Vec<Value> = keys.iter().map(|k| hash_json(*k)).collect();
+    let (status, body) = post(addr, "/lookup", &json!({ "hashes": hashes })).await;
+    assert_eq!(status, 200, "{body}");
+    body["holders"].as_array().is_some_and(|hs| {
+        hs.iter().any(|h| {
+            h["instance_id"] == instance
+                && h["worker_id"] == worker
+                && h["location"] == location
+                && h["matched_chunks"].as_u64() == Some(keys.len() as u64)
+        })
+    })
+}
+
+/// A chunk hash as JSON (u64 above i64::MAX and negative i64 both exact).
+fn hash_json(k: i128) -> Value {
+    match (i64::try_from(k), u64::try_from(k)) {
+        (Ok(v), _) => json!(v),
+        (_, Ok(v)) => json!(v),
+        _ => panic!("{k} is not a chunk hash"),
+    }
+}
+
+/// Polls an async condition every 100 ms until it holds, failing after `limit`.
+async fn until<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "condition not reached within {limit:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn start_worker(config: WorkerConfig, keys: &MemoryKeys) -> WorkerHandle {
+    let w = within(
+        "worker start",
+        Worker::start(config, NoCommands, keys.clone()),
+    )
+    .await
+    .expect("worker starts");
+    within("worker ready", w.wait_ready(STEP))
+        .await
+        .expect("worker ready");
+    w
+}
+
+/// Admits (or evicts) in the model first, then through the worker.
+fn apply(worker: &WorkerHandle, keys: &MemoryKeys, admit: bool, key: i64) {
+    if admit {
+        keys.admit(CPU, key);
+        worker.admit(CPU, key).expect("admit queued");
+    } else {
+        keys.evict(CPU, key);
+        worker.evict(CPU, key).expect("evict queued");
+    }
+}
+
+fn model(keys: &MemoryKeys) -> BTreeSet<i128> {
+    keys.snapshot(CPU)
+        .into_iter()
+        .map(|k| k.as_i128())
+        .collect()
+}
+
+/// The keys a real LMCache worker holds in its LocalCPUBackend (its `state` command).
+async fn lmcache_held(w: &mut LmcacheWorker) -> BTreeSet<i128> {
+    let state = w.call(json!({"cmd": "state"}), SLOW).await;
+    state["held"][CPU]
+        .as_array()
+        .map(|ks| {
+            ks.iter()
+                .map(|k| {
+                    k.as_i64()
+                        .map(i128::from)
+                        .or_else(|| k.as_u64().map(i128::from))
+                        .expect("integer key")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real binary as a child process.
+// ---------------------------------------------------------------------------------------------
+
+/// Fixed loopback ports for one kvplane, chosen free beforehand so it can restart on them.
+#[derive(Clone, Copy, Debug)]
+struct Ports {
+    http: u16,
+    pull: u16,
+    reply: u16,
+    heartbeat: u16,
+}
+
+impl Ports {
+    fn free() -> Self {
+        Ports {
+            http: free_port(),
+            pull: free_port(),
+            reply: free_port(),
+            heartbeat: free_port(),
+        }
+    }
+
+    fn http_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.http))
+    }
+}
+
+/// `kvplane serve` as a child process, killed when dropped.
+struct Kvplane {
+    child: tokio::process::Child,
+    ports: Ports,
+}
+
+impl Kvplane {
+    /// Starts the binary on `ports` with `env` on top of the defaults and waits until
+    /// `/readyz` is 200. Retries (bounded) while a previous instance's ports are released.
+    async fn start(ports: Ports, env: &[(&str, &str)]) -> Self {
+        let start = Instant::now();
+        loop {
+            let log = std::env::temp_dir().join(format!("kvplane-faults-{}.log", ports.http));
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .expect("log file");
+            let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvplane"));
+            cmd.arg("serve")
+                .env("KVPLANE_HOST", "127.0.0.1")
+                .env("KVPLANE_PORT", ports.http.to_string())
+                .env(
+                    "KVPLANE_MONITOR_PORTS",
+                    format!(
+                        r#"{{"pull": {}, "reply": {}, "heartbeat": {}}}"#,
+                        ports.pull, ports.reply, ports.heartbeat
+                    ),
+                )
+                .env("KVPLANE_HEALTH_CHECK_INTERVAL", "-1")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(log))
+                .kill_on_drop(true);
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            let mut child = cmd.spawn().expect("kvplane starts");
+            let ready = async {
+                loop {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return false;
+                    }
+                    let probe = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        TcpStream::connect(ports.http_addr()),
+                    )
+                    .await;
+                    if matches!(probe, Ok(Ok(_)))
+                        && get(ports.http_addr(), "/readyz").await.0 == 200
+                    {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            let ok = tokio::time::timeout(STEP, ready).await.unwrap_or(false);
+            if ok {
+                return Kvplane { child, ports };
+            }
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(STEP, child.wait()).await;
+            assert!(
+                start.elapsed() < SLOW,
+                "kvplane did not start on {ports:?} within {SLOW:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    fn http(&self) -> SocketAddr {
+        self.ports.http_addr()
+    }
+
+    /// SIGKILL, then reap.
+    async fn kill9(mut self) {
+        self.child.start_kill().expect("SIGKILL sent");
+        within("kvplane exits after SIGKILL", self.child.wait())
+            .await
+            .expect("reaped");
+    }
+
+    /// Open file descriptors of the process.
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .expect("/proc/<pid>/fd readable")
+    }
+
+    /// Resident set size of the process, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("VmRSS")
+    }
+
+    /// Tokio tasks alive in the process (`kvplane_tasks`).
+    async fn tasks(&self) -> f64 {
+        metric(&metrics_text(self.http()).await, "kvplane_tasks", &[])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A worker killed without deregistering.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_probed_removed_and_its_chunks_vanish() {
+    init_tracing();
+    // The sweeps are run by the test, on the server's clock, which it skips past the
+    // timeout: no sleeping, and no assertion on how long anything took.
+    let timeout = Duration::from_secs(60);
+    let server = server_with(|c| {
+        c.health_check_interval = None;
+        c.worker_timeout = timeout;
+        c.downlink_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let addr = server.addrs.http;
+    let (pull, reply) = (
+        server.addrs.pull.expect("pull").port(),
+        server.addrs.reply.expect("reply").port(),
+    );
+
+    // A: a real LMCache worker (heartbeats every second), crashed later.
+    let peer_a = format!("127.0.0.1:{}", free_port());
+    let mut a = LmcacheWorker::start(
+        "A",
+        &worker_args(
+            &ep(server.addrs.pull),
+            &ep(server.addrs.reply),
+            "inst-a",
+            free_port(),
+            Some(&peer_a),
+        ),
+    )
+    .await;
+    a.wait_for("registered", SLOW, |e| e["event"] == "registered")
+        .await;
+    a.call(json!({"cmd": "admit", "keys": [11, 12, 13]}), SLOW)
+        .await;
+    // B: a kvplane worker with heartbeats. C: one without (LMCache's default), alive: it must
+    // survive the sweep thanks to the probe.
+    let (kb, kc) = (MemoryKeys::new(), MemoryKeys::new());
+    let b = start_worker(worker_config(pull, reply, "inst-b", 0), &kb).await;
+    let mut c_config = worker_config(pull, reply, "inst-c", 0);
+    c_config.heartbeat_interval = None;
+    c_config.peer_init_url = Some("127.0.0.1:7003".into());
+    let c = start_worker(c_config, &kc).await;
+    // D: a bare test worker whose command socket is dropped ("killed").
+    let (rep_d, port_d) = rep().await;
+    let mut d = TestWorker::new(&server, "inst-d", 0);
+    d.register(port_d, Some("127.0.0.1:1")).await;
+    let batch = d.batch(CPU, &[(true, 41), (true, 42)]);
+    d.push(&[batch]).await;
+    for k in [21, 22, 23] {
+        apply(&b, &kb, true, k);
+    }
+    for k in [31, 32] {
+        apply(&c, &kc, true, k);
+    }
+    let expect = |keys: &[i128]| keys.iter().copied().collect::<BTreeSet<i128>>();
+    for (inst, keys) in [
+        ("inst-a", expect(&[11, 12, 13])),
+        ("inst-b", expect(&[21, 22, 23])),
+        ("inst-c", expect(&[31, 32])),
+        ("inst-d", expect(&[41, 42])),
+    ] {
+        until(&format!("{inst} indexed"), SLOW, || {
+            let keys = keys.clone();
+            async move { index_equals(addr, inst, 0, CPU, &keys).await }
+        })
+        .await;
+    }
+
+    // Kill A (the process exits, no DeRegisterMsg) and D (its REP socket goes away), D right
+    // after a last heartbeat.
+    let beat = Msg::HeartbeatMsg(HeartbeatMsg {
+        instance_id: "inst-d".into(),
+        worker_id: 0,
+        ip: "127.0.0.1".into(),
+        port: i64::from(port_d),
+        peer_init_url: Some("127.0.0.1:1".into()),
+    });
+    assert!(matches!(d.request(beat).await, Msg::HeartbeatRetMsg(_)));
+    a.send(json!({"cmd": "crash"})).await;
+    a.wait_exit(SLOW).await;
+    drop(rep_d);
+    // Not reaped before the timeout: nobody is even probed.
+    let shared = &server.shared;
+    let stats = within("sweep", sweep(shared)).await;
+    assert_eq!(
+        stats,
+        SweepStats::default(),
+        "nobody probed before the timeout"
+    );
+    assert_eq!(
+        workers(addr).await.len(),
+        4,
+        "nobody removed before the timeout"
+    );
+
+    // Past it, every worker that did not heartbeat since is probed: the dead ones go.
+    shared.clock().skip(timeout + Duration::from_secs(1));
+    let stats = within("sweep", sweep(shared)).await;
+    assert_eq!(stats.removed, 2, "{stats:?}");
+    assert_eq!(
+        stats.answered,
+        stats.stale - 2,
+        "the live ones answered: {stats:?}"
+    );
+    let rows = workers(addr).await;
+    assert_eq!(
+        rows.keys().cloned().collect::<Vec<_>>(),
+        vec![("inst-b".to_owned(), 0), ("inst-c".to_owned(), 0)],
+        "the live workers (with and without heartbeats) stay"
+    );
+    let text = metrics_text(addr).await;
+    assert_eq!(
+        metric(
+            &text,
+            "kvplane_workers_removed_total",
+            &[r#"reason="probe_failed""#]
+        ),
+        2.0
+    );
+
+    // Their chunks vanish from lookups; the others' are intact and found.
+    let (_, body) = post(addr, "/lookup", &json!({"hashes": [11, 12, 13]})).await;
+    assert_eq!(body["holders"], json!([]), "{body}");
+    let (_, body) = post(addr, "/lookup", &json!({"hashes": [41, 42]})).await;
+    assert_eq!(body["holders"], json!([]), "{body}");
+    assert!(index_equals(addr, "inst-b", 0, CPU, &expect(&[21, 22, 23])).await);
+    assert!(index_equals(addr, "inst-c", 0, CPU, &expect(&[31, 32])).await);
+    let hit = within("p2p lookup", b.p2p_lookup(&[31_i64.into(), 32_i64.into()]))
+        .await
+        .expect("lookup answered");
+    assert_eq!(hit.map(|h| h.num_hit_chunks), Some(2), "B still finds C");
+    let (_, stats) = get(addr, "/controller/key-stats").await;
+    assert_eq!(stats["total_key_count"], 5, "{stats}");
+
+    within("b shutdown", b.shutdown()).await.expect("shutdown");
+    within("c shutdown", c.shutdown()).await.expect("shutdown");
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. kvplane killed with SIGKILL and restarted.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_kvplane_is_rebuilt_by_every_workers_full_sync() {
+    init_tracing();
+    let ports = Ports::free();
+    let kv = Kvplane::start(ports, &[]).await;
+    let addr = kv.http();
+
+    let models = [MemoryKeys::new(), MemoryKeys::new()];
+    let mut kws = Vec::new();
+    for (wid, keys) in models.iter().enumerate() {
+        let wid = i64::try_from(wid).expect("small");
+        let w = start_worker(worker_config(ports.pull, ports.reply, "inst-kv", wid), keys).await;
+        for key in 0..300_i64 {
+            apply(&w, keys, true, key * 10 + wid);
+        }
+        kws.push(w);
+    }
+    let (pull, reply) = (
+        format!("127.0.0.1:{}", ports.pull),
+        format!("127.0.0.1:{}", ports.reply),
+    );
+    let peer = format!("127.0.0.1:{}", free_port());
+    let mut lm = LmcacheWorker::start(
+        "LM",
+        &worker_args(&pull, &reply, "inst-lm", free_port(), Some(&peer)),
+    )
+    .await;
+    lm.wait_for("registered", SLOW, |e| e["event"] == "registered")
+        .await;
+    lm.call(
+        json!({"cmd": "admit", "keys": [101, 102, 103, -7, u64::MAX]}),
+        SLOW,
+    )
+    .await;
+
+    let check_all = |models: Vec<BTreeSet<i128>>, lm_keys: BTreeSet<i128>| async move {
+        for (wid, keys) in models.iter().enumerate() {
+            if !index_equals(addr, "inst-kv", wid as i64, CPU, keys).await {
+                return false;
+            }
+        }
+        index_equals(addr, "inst-lm", 0, CPU, &lm_keys).await && workers(addr).await.len() == 3
+    };
+    let lm_keys = lmcache_held(&mut lm).await;
+    assert_eq!(lm_keys.len(), 5);
+    until("everything indexed", SLOW, || {
+        check_all(models.iter().map(model).collect(), lm_keys.clone())
+    })
+    .await;
+
+    kv.kill9().await;
+    // While kvplane is dead: more ops, lost on the wire or queued by libzmq.
+    for (wid, (w, keys)) in kws.iter().zip(&models).enumerate() {
+        let wid = i64::try_from(wid).expect("small");
+        for key in 300..350_i64 {
+            apply(w, keys, true, key * 10 + wid);
+        }
+        for key in 0..20_i64 {
+            apply(w, keys, false, key * 10 + wid);
+        }
+    }
+    lm.call(json!({"cmd": "admit", "keys": [104, 105]}), SLOW)
+        .await;
+    lm.call(json!({"cmd": "evict", "keys": [101]}), SLOW).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let kv = Kvplane::start(ports, &[]).await;
+    assert_eq!(kv.http(), addr);
+    let lm_keys = lmcache_held(&mut lm).await;
+    assert_eq!(lm_keys.len(), 6, "{lm_keys:?}");
+    until("index rebuilt from every worker's full sync", SLOW, || {
+        check_all(models.iter().map(model).collect(), lm_keys.clone())
+    })
+    .await;
+    // The index can be complete before each worker's next status poll tells it so: wait for
+    // the workers to see their own sync complete.
+    until(
+        "every kvplane worker saw its full sync complete",
+        SLOW,
+        || {
+            let ready = kws
+                .iter()
+                .all(|w| w.state() == WorkerState::Ready && w.status().full_syncs_completed >= 1);
+            async move { ready }
+        },
+    )
+    .await;
+    let (_, stats) = get(addr, "/controller/key-stats").await;
+    assert_eq!(stats["total_key_count"], 330 + 330 + 6, "{stats}");
+
+    // And the op streams flow again.
+    apply(&kws[0], &models[0], true, 777_777);
+    lm.call(json!({"cmd": "admit", "keys": [106]}), SLOW).await;
+    let lm_keys = lmcache_held(&mut lm).await;
+    until("new ops applied", SLOW, || {
+        check_all(models.iter().map(model).collect(), lm_keys.clone())
+    })
+    .await;
+
+    for w in kws {
+        within("shutdown", w.shutdown()).await.expect("shutdown");
+    }
+    lm.close().await;
+    until("all deregistered", SLOW, || async {
+        workers(addr).await.is_empty()
+    })
+    .await;
+    kv.kill9().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. A worker that stops answering its downlink.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_downlink_gives_504_in_time_while_other_workers_answer() {
+    init_tracing();
+    let downlink_timeout = Duration::from_secs(1);
+    let server = server_with(|c| c.downlink_timeout = downlink_timeout).await;
+    let addr = server.addrs.http;
+    let answering = Arc::new(AtomicBool::new(true));
+    let flag = Arc::clone(&answering);
+    let answer = move |m: &Msg| -> Option<Msg> {
+        let reply = match m {
+            Msg::ClearWorkerMsg(_) => Msg::ClearWorkerRetMsg(ClearWorkerRetMsg { num_tokens: 7 }),
+            Msg::HealthWorkerMsg(_) => {
+                Msg::HealthWorkerRetMsg(HealthWorkerRetMsg { error_code: 0 })
+            }
+            _ => Msg::ErrorMsg(ErrorMsg {
+                error: "unexpected".into(),
+            }),
+        };
+        Some(reply)
+    };
+    let answer_a = answer;
+    let fake_a =
+        FakeWorker::start(move |m| flag.load(Ordering::SeqCst).then(|| answer_a(m))?).await;
+    let fake_b = FakeWorker::start(answer).await;
+    let mut a = TestWorker::new(&server, "inst-a", 0);
+    let mut b = TestWorker::new(&server, "inst-b", 0);
+    a.register(fake_a.port, None).await;
+    b.register(fake_b.port, None).await;
+    let clear = |inst: &str| json!({"instance_id": inst, "location": CPU});
+
+    // While A answers, both succeed.
+    assert_eq!(post(addr, "/clear", &clear("inst-a")).await.0, 200);
+    assert_eq!(post(addr, "/clear", &clear("inst-b")).await.0, 200);
+
+    // A stops answering (its socket stays open).
+    answering.store(false, Ordering::SeqCst);
+    let started = Instant::now();
+    let slow = tokio::spawn(async move { post(addr, "/clear", &clear("inst-a")).await });
+    let health =
+        tokio::spawn(async move { post(addr, "/health", &json!({"instance_id": "inst-a"})).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Commands to B are not held up meanwhile.
+    let t = Instant::now();
+    let (status, body) = post(
+        addr,
+        "/clear",
+        &json!({"instance_id": "inst-b", "location": CPU}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Held up behind A, B would answer only after A's timeout, 900 ms from now.
+    assert!(
+        t.elapsed() < Duration::from_millis(800),
+        "B took {:?}",
+        t.elapsed()
+    );
+    let (_, body_b) = post(addr, "/health", &json!({"instance_id": "inst-b"})).await;
+    assert_eq!(body_b["error_codes"], json!({"0": 0}));
+
+    let (status, body) = within("A's clear", slow).await.expect("task");
+    let took = started.elapsed();
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        took >= downlink_timeout && took < downlink_timeout + Duration::from_millis(1500),
+        "504 after {took:?}"
+    );
+    assert_eq!(body["workers"][0]["instance_id"], "inst-a", "{body}");
+    assert_eq!(body["workers"][0]["error"], "timeout", "{body}");
+    let (status, body) = within("A's health", health).await.expect("task");
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(body["error_codes"], json!({"0": -1004}), "{body}");
+
+    // A answers again: its downlink recovers (a fresh socket after the timeout).
+    answering.store(true, Ordering::SeqCst);
+    let (status, body) = post(
+        addr,
+        "/clear",
+        &json!({"instance_id": "inst-a", "location": CPU}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let text = metrics_text(addr).await;
+    assert!(
+        metric(
+            &text,
+            "kvplane_downlink_requests_total",
+            &[r#"outcome="timeout""#]
+        ) >= 2.0,
+        "timeouts counted"
+    );
+    drop((fake_a, fake_b));
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. PULL flooded with valid batches and 10% garbage.
+// ---------------------------------------------------------------------------------------------
+
+/// The `i`-th garbage frame: every kind of frame the PULL loop must count and drop.
+fn garbage(i: usize, valid: &[u8]) -> Bytes {
+    let bytes: Vec<u8> = match i % 8 {
+        // Reserved msgpack marker.
+        0 => vec![0xc1, 1, 2, 3, (i % 251) as u8],
+        // A valid batch cut in half.
+        1 => valid[..valid.len() / 2].to_vec(),
+        // An unknown tag, in JSON.
+        2 => br#"{"type":"NoSuchMsg","x":1}"#.to_vec(),
+        // A string where a chunk hash belongs.
+        3 => br#"{"type":"BatchedKVOperationMsg","instance_id":"w0","worker_id":0,"location":"LocalCPUBackend","operations":[{"op_type":"admit","key":"x","seq_num":0}]}"#.to_vec(),
+        // Empty.
+        4 => Vec::new(),
+        // A request on the wrong socket.
+        5 => encode(&Msg::RegisterMsg(RegisterMsg {
+            instance_id: "intruder".into(),
+            worker_id: 0,
+            ip: "127.0.0.1".into(),
+            port: 1,
+            peer_init_url: None,
+        })),
+        // A str32 claiming 4 GiB.
+        6 => vec![0x81, 0xa4, b't', b'y', b'p', b'e', 0xdb, 0xff, 0xff, 0xff, 0xff],
+        // Trailing bytes after a valid message.
+        _ => [valid, &[0xc0][..]].concat(),
+    };
+    Bytes::from(bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_flood_with_ten_percent_garbage_applies_every_valid_op_and_counts_every_bad_frame() {
+    init_tracing();
+    let server = server().await;
+    let addr = server.addrs.http;
+    const WORKERS: usize = 5;
+    const ROUNDS: usize = 400;
+    const VALID_PER_MULTIPART: usize = 9;
+    const OPS: i64 = 10;
+    let mut ws = Vec::new();
+    for i in 0..WORKERS {
+        let (rep, port) = rep().await;
+        let mut w = TestWorker::new(&server, &format!("w{i}"), 0);
+        w.register(port, None).await;
+        ws.push((w, rep));
+    }
+    let mut models: Vec<BTreeSet<i128>> = vec![BTreeSet::new(); WORKERS];
+    let mut sent_frames = 0u64;
+    let mut sent_garbage = 0u64;
+    let mut valid_ops = 0u64;
+    let mut push = PushSender::new(ep(server.addrs.pull));
+    for round in 0..ROUNDS {
+        let mut frames = Vec::new();
+        let bad_at = round % (VALID_PER_MULTIPART + 1);
+        for j in 0..VALID_PER_MULTIPART {
+            let wi = (round + j) % WORKERS;
+            let base = i64::try_from(round * 1000 + j * 100).expect("small");
+            // Admit 10 keys, evict the first two admitted by this worker's previous batch.
+            let (w, _) = &mut ws[wi];
+            let mut ops: Vec<(bool, i64)> = (0..OPS - 2).map(|k| (true, base + k)).collect();
+            let old: Vec<i128> = models[wi].iter().take(2).copied().collect();
+            for k in &old {
+                ops.push((false, i64::try_from(*k).expect("i64")));
+                models[wi].remove(k);
+            }
+            for (admit, k) in &ops {
+                if *admit {
+                    models[wi].insert(i128::from(*k));
+                }
+            }
+            valid_ops += ops.len() as u64;
+            frames.push(Bytes::from(encode(&w.batch(CPU, &ops))));
+        }
+        let g = garbage(round, &frames[0]);
+        frames.insert(bad_at, g);
+        sent_garbage += 1;
+        sent_frames += frames.len() as u64;
+        within("push", push.send(frames, Duration::from_secs(5)))
+            .await
+            .expect("pushed");
+    }
+    assert_eq!(sent_garbage * 10, sent_frames, "10% garbage");
+
+    until("every frame handled", SLOW, || async {
+        let text = metrics_text(addr).await;
+        metric(
+            &text,
+            "kvplane_frames_received_total",
+            &[r#"socket="pull""#],
+        ) as u64
+            == sent_frames
+            && metric(&text, "kvplane_kv_ops_applied_total", &[]) as u64 == valid_ops
+    })
+    .await;
+    let text = metrics_text(addr).await;
+    assert_eq!(
+        metric(&text, "kvplane_frames_dropped_total", &[r#"socket="pull""#]) as u64,
+        sent_garbage,
+        "every bad frame counted once:\n{}",
+        text.lines()
+            .filter(|l| l.starts_with("kvplane_frames_dropped_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for reason in [
+        "malformed",
+        "unknown_tag",
+        "bad_field",
+        "empty",
+        "wrong_socket",
+    ] {
+        assert!(
+            metric(
+                &text,
+                "kvplane_frames_dropped_total",
+                &[r#"socket="pull""#, &format!(r#"reason="{reason}""#)]
+            ) > 0.0,
+            "reason {reason} seen"
+        );
+    }
+    assert_eq!(
+        metric(&text, "kvplane_kv_seq_discontinuities_total", &[]),
+        0.0
+    );
+    assert_eq!(
+        metric(&text, "kvplane_kv_batches_discarded_total", &[]),
+        0.0
+    );
+    for (i, keys) in models.iter().enumerate() {
+        assert!(
+            index_equals(addr, &format!("w{i}"), 0, CPU, keys).await,
+            "w{i}'s key set"
+        );
+    }
+    assert_eq!(
+        workers(addr).await.len(),
+        WORKERS,
+        "the intruder did not register"
+    );
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Hostile raw TCP peers.
+// ---------------------------------------------------------------------------------------------
+
+fn zmtp_greeting() -> Vec<u8> {
+    let mut g = vec![0u8; 64];
+    g[0] = 0xff;
+    g[9] = 0x7f;
+    g[10] = 3;
+    g[12..16].copy_from_slice(b"NULL");
+    g
+}
+
+fn zmtp_ready(socket_type: &str) -> Vec<u8> {
+    let mut body = vec![5];
+    body.extend_from_slice(b"READY");
+    body.push(11);
+    body.extend_from_slice(b"Socket-Type");
+    body.extend_from_slice(
+        &u32::try_from(socket_type.len())
+            .expect("short")
+            .to_be_bytes(),
+    );
+    body.extend_from_slice(socket_type.as_bytes());
+    let mut frame = vec![0x04, u8::try_from(body.len()).expect("short")];
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// What each hostile peer sends before going quiet (it keeps its side open).
+fn hostile_payloads(socket_type: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let handshake = [zmtp_greeting(), zmtp_ready(socket_type)].concat();
+    // A long frame header claiming 1 TiB.
+    let mut huge = handshake.clone();
+    huge.push(0x02);
+    huge.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    // A frame announcing 200 bytes, 50 of them sent.
+    let mut half = handshake.clone();
+    half.extend_from_slice(&[0x00, 200]);
+    half.extend_from_slice(&[0xab; 50]);
+    vec![
+        ("nothing", Vec::new()),
+        ("half a greeting", zmtp_greeting()[..10].to_vec()),
+        ("half a frame", half),
+        ("huge frame header", huge),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_peers_leak_nothing_and_stall_nothing() {
+    init_tracing();
+    let ports = Ports::free();
+    let kv = Kvplane::start(ports, &[]).await;
+    let addr = kv.http();
+    // Baseline, once the server is idle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (fds0, tasks0) = (kv.fds(), kv.tasks().await);
+
+    const PER_KIND: usize = 10;
+    let mut peers: Vec<(&'static str, TcpStream)> = Vec::new();
+    for (port, socket_type) in [
+        (ports.pull, "PUSH"),
+        (ports.reply, "DEALER"),
+        (ports.heartbeat, "DEALER"),
+    ] {
+        for (kind, bytes) in hostile_payloads(socket_type) {
+            for _ in 0..PER_KIND {
+                let mut s = within("raw connect", TcpStream::connect(("127.0.0.1", port)))
+                    .await
+                    .expect("connect");
+                let _ = within("raw write", s.write_all(&bytes)).await;
+                peers.push((kind, s));
+            }
+        }
+    }
+    let opened = peers.len();
+
+    // No stall: a real worker registers, pushes and looks up while they hang around.
+    let t = Instant::now();
+    let keys = MemoryKeys::new();
+    let w = start_worker(worker_config(ports.pull, ports.reply, "inst-ok", 0), &keys).await;
+    for k in 1..=20 {
+        apply(&w, &keys, true, k);
+    }
+    until("the good worker's ops applied", STEP, || {
+        let m = model(&keys);
+        async move { index_equals(addr, "inst-ok", 0, CPU, &m).await }
+    })
+    .await;
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "served in {:?}",
+        t.elapsed()
+    );
+    assert_eq!(get(addr, "/healthz").await.0, 200);
+
+    // Huge frame headers are hung up on at once.
+    let mut hung_up = 0;
+    for (kind, s) in peers.iter_mut().filter(|(k, _)| *k == "huge frame header") {
+        let mut sink = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(2), async {
+            loop {
+                match s.read(&mut sink).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "{kind}: still open");
+        hung_up += 1;
+    }
+    assert_eq!(hung_up, 3 * PER_KIND);
+    // Silent and half-greeting peers are hung up on by the handshake timeout (10 s).
+    for (kind, s) in peers
+        .iter_mut()
+        .filter(|(k, _)| *k == "nothing" || *k == "half a greeting")
+    {
+        let mut sink = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                match s.read(&mut sink).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "{kind}: not closed by the handshake timeout"
+        );
+    }
+    // Peers stuck halfway through a frame hold their connection until they leave.
+    let peak_fds = kv.fds();
+    drop(peers);
+    within("good worker shutdown", w.shutdown())
+        .await
+        .expect("shutdown");
+    let last = std::cell::Cell::new((0, 0.0));
+    until(
+        "fds and tasks back to baseline",
+        Duration::from_secs(20),
+        || {
+            let (kv, last) = (&kv, &last);
+            async move {
+                last.set((kv.fds(), kv.tasks().await));
+                let (fds, tasks) = last.get();
+                fds <= fds0 && tasks <= tasks0
+            }
+        },
+    )
+    .await;
+    let (fds, tasks) = last.get();
+    eprintln!(
+        "hostile peers: {opened} opened; fds {fds0} → peak {peak_fds} → {fds}; tasks {tasks0} → {tasks}"
+    );
+    kv.kill9().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. 10,000 register/deregister cycles.
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `cycles` register → admit 10 → deregister cycles over `lanes` concurrent connections.
+async fn churn(ports: Ports, lanes: usize, cycles: usize, tag: &str) {
+    let mut tasks = Vec::new();
+    for lane in 0..lanes {
+        let tag = tag.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut dealer =
+                DealerClient::new(format!("127.0.0.1:{}", ports.reply), Duration::from_secs(5));
+            let mut push = PushSender::new(format!("127.0.0.1:{}", ports.pull));
+            for i in (lane..cycles).step_by(lanes) {
+                let instance = format!("{tag}-{i}");
+                let reg = Msg::RegisterMsg(RegisterMsg {
+                    instance_id: instance.clone(),
+                    worker_id: 0,
+                    ip: "127.0.0.1".into(),
+                    port: 1,
+                    peer_init_url: None,
+                });
+                let reply = within("register", dealer.request(Bytes::from(encode(&reg))))
+                    .await
+                    .expect("answered");
+                assert!(
+                    matches!(decode(&reply), Ok(Msg::RegisterRetMsg(_))),
+                    "{:?}",
+                    decode(&reply)
+                );
+                let base = i64::try_from(i * 10).expect("small");
+                let batch = Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+                    instance_id: instance.clone(),
+                    worker_id: 0,
+                    location: CPU.into(),
+                    operations: (0..10)
+                        .map(|k| KVOpEvent {
+                            op_type: OpType::Admit,
+                            key: ChunkHash::from_i64(base + k),
+                            seq_num: k,
+                        })
+                        .collect(),
+                });
+                let dereg = Msg::DeRegisterMsg(DeRegisterMsg {
+                    instance_id: instance,
+                    worker_id: 0,
+                    ip: "127.0.0.1".into(),
+                    port: 1,
+                });
+                let frames = vec![Bytes::from(encode(&batch)), Bytes::from(encode(&dereg))];
+                within("push", push.send(frames, Duration::from_secs(5)))
+                    .await
+                    .expect("pushed");
+            }
+        }));
+    }
+    for t in tasks {
+        within("churn lane", t).await.expect("lane finished");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
+    init_tracing();
+    let ports = Ports::free();
+    let kv = Kvplane::start(ports, &[]).await;
+    let addr = kv.http();
+    let idle = move || async move {
+        let (_, s) = get(addr, "/controller/key-stats").await;
+        s["total_worker_count"] == 0 && s["total_key_count"] == 0
+    };
+    // Warm-up: let allocator pools and maps reach their working size.
+    churn(ports, 8, 1_000, "warm").await;
+    until("warm-up drained", SLOW, idle).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rss0, fds0, tasks0) = (kv.rss_kib(), kv.fds(), kv.tasks().await);
+
+    let t = Instant::now();
+    churn(ports, 8, 10_000, "cycle").await;
+    until("cycles drained", SLOW, idle).await;
+    let took = t.elapsed();
+    let text = metrics_text(addr).await;
+    assert_eq!(
+        metric(
+            &text,
+            "kvplane_workers_removed_total",
+            &[r#"reason="deregistered""#]
+        ),
+        11_000.0
+    );
+    assert_eq!(
+        metric(&text, "kvplane_kv_ops_applied_total", &[r#"op="admit""#]),
+        110_000.0,
+        "every admit applied"
+    );
+    // The first round only has to give back every connection and task: glibc keeps per-thread
+    // arena slack after the first big burst (CI saw +33 MiB after 10,000 cycles behind a
+    // 1,000-cycle warm-up, locally +2 MiB), so RSS is reported here and judged below, round
+    // against round, where the allocator has reached its working size. Polled, not asserted
+    // once: the server closes the churned connections (and our own /metrics connection)
+    // asynchronously.
+    let settle = Instant::now();
+    let (rss1, fds, tasks) = loop {
+        let now = (kv.rss_kib(), kv.fds(), kv.tasks().await);
+        let (rss, fds, tasks) = now;
+        if fds <= fds0 && tasks <= tasks0 {
+            break now;
+        }
+        assert!(
+            settle.elapsed() < Duration::from_secs(30),
+            "not back to baseline within 30 s: fds {fds0} → {fds}, tasks {tasks0} → {tasks} \
+             (RSS {rss0} → {rss} KiB)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!(
+        "10,000 cycles in {took:?}: RSS {rss0} KiB → {rss1} KiB, fds {fds0} → {fds}, tasks {tasks0} → {tasks}"
+    );
+    // Five more rounds of 10,000: what the first round kept (map capacity, tombstones below
+    // the compaction threshold, allocator pools) is reused, so a per-cycle leak would show as
+    // growth from round to round.
+    //
+    // Within a round, tombstoned memberships pile up to the compaction threshold and allocator
+    // slack moves with the machine's load, so RSS wobbles by a few MiB from round to round. A
+    // real leak of ~2 KB per cycle (a registry entry and a downlink task) would add ~20 MiB per
+    // round: comparing round 6 with round 3 (30,000 cycles apart; locally rounds 2-4 read
+    // 48.7, 51.7, 52.7 MiB, settling) under a 12 MiB margin catches any leak of ~420 bytes
+    // per cycle or more without flaking on the wobble.
+    let mut rss_round3 = rss1;
+    for round in 2..=6 {
+        churn(ports, 8, 10_000, &format!("round{round}")).await;
+        until("round drained", SLOW, idle).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (rss, fds, tasks) = (kv.rss_kib(), kv.fds(), kv.tasks().await);
+        eprintln!("round {round} of 10,000: RSS {rss} KiB, fds {fds}, tasks {tasks}");
+        assert!(fds <= fds0 && tasks <= tasks0, "fds {fds}, tasks {tasks}");
+        match round {
+            3 => rss_round3 = rss,
+            6 => assert!(
+                rss <= rss_round3 + 12 * 1024,
+                "RSS grew over three rounds of 10,000 cycles: {rss_round3} KiB → {rss} KiB"
+            ),
+            _ => {}
+        }
+    }
+    kv.kill9().await;
+}
