@@ -347,6 +347,9 @@ pub struct ServeConfig {
     pub http_read_timeout: Duration,
     /// Token the mutating HTTP routes require; `None` = open.
     pub api_token: Option<ApiToken>,
+    /// With `api_token`: the read routes (lookups, fleet reads, `/metrics`, the dashboard)
+    /// need it too.
+    pub api_token_reads: bool,
     /// Tokens per chunk for HTTP /lookup (≥ 1).
     pub lookup_chunk_size: usize,
     /// First prefix hash for HTTP /lookup.
@@ -469,6 +472,7 @@ impl ServeConfig {
             max_http_connections: defaults::MAX_HTTP_CONNECTIONS,
             http_read_timeout: Duration::from_secs_f64(defaults::HTTP_READ_TIMEOUT_S),
             api_token: None,
+            api_token_reads: false,
             lookup_chunk_size: defaults::LOOKUP_CHUNK_SIZE,
             lookup_none_hash: ChunkHash::from_i64(defaults::LOOKUP_NONE_HASH),
         }

@@ -8,11 +8,14 @@ use super::cache_api;
 use super::driver::{Handle, Stopped};
 use super::events::{Batch, CacheEvents, LegacyEvents};
 use super::fleet::{FleetError, Registration};
-use super::limits::{self, JsonBody, Refused};
+use super::limits::{JsonBody, Refused};
 use super::metrics;
 use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
-use crate::web::limits::{LimitHit, WebLimit};
+pub(crate) use crate::web::error::ApiError;
+use crate::web::access::{Access, Auth, Policy};
+use crate::web::metrics_layer::HttpMetrics;
+use crate::web::stack::{Guard, Stack};
 use crate::web::HttpLimits;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -51,67 +54,15 @@ pub struct ApiState {
     pub blend: Option<(usize, usize)>,
     /// Which optional routes are served (`--extra-config`, `--disable-metrics`).
     pub features: super::Features,
+    /// `--api-token` and its scope.
+    pub auth: Auth,
+    /// Requests by route, counted and timed by the HTTP stack.
+    pub http_metrics: Arc<HttpMetrics>,
 }
 
-/// Every error a route returns.
-#[derive(Debug)]
-pub enum CoordError {
-    /// 422: the body does not match the route's schema (`loc`, message).
-    Invalid(Vec<Value>, String),
-    /// 400: a value the schema allows but the coordinator refuses.
-    BadRequest(String),
-    /// 404: unknown instance (`error` is set too, as LMCache's heartbeat reply has it).
-    NotFound(String),
-    /// 502: the MP server was unreachable or refused.
-    BadGateway(String),
-    /// 503: a limit is reached, or the coordinator is stopping.
-    Unavailable(String),
-    /// 413: the body is over `--max-body-bytes`.
-    TooLarge(String),
-    /// 413: the body holds more JSON values than `--max-body-items` (the limit).
-    TooManyItems(usize),
-    /// 408: the body did not arrive within `--http-read-timeout`.
-    Timeout,
-}
-
-impl From<Stopped> for CoordError {
+impl From<Stopped> for ApiError {
     fn from(e: Stopped) -> Self {
-        CoordError::Unavailable(e.to_string())
-    }
-}
-
-impl IntoResponse for CoordError {
-    fn into_response(self) -> Response {
-        let (status, body) = match self {
-            CoordError::Invalid(loc, msg) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                json!({"detail": [{"type": "value_error", "loc": loc, "msg": msg}]}),
-            ),
-            CoordError::BadRequest(d) => (StatusCode::BAD_REQUEST, json!({ "detail": d })),
-            CoordError::NotFound(d) => (StatusCode::NOT_FOUND, json!({ "detail": d, "error": d })),
-            CoordError::BadGateway(d) => (StatusCode::BAD_GATEWAY, json!({ "detail": d })),
-            CoordError::Unavailable(d) => (StatusCode::SERVICE_UNAVAILABLE, json!({ "detail": d })),
-            CoordError::TooLarge(d) => (StatusCode::PAYLOAD_TOO_LARGE, json!({ "detail": d })),
-            CoordError::TooManyItems(max) => {
-                let mut r = (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    Json(json!({ "detail": format!(
-                        "the body holds more than {max} JSON values (--max-body-items); split the request"
-                    ) })),
-                )
-                    .into_response();
-                r.extensions_mut().insert(LimitHit {
-                    limit: WebLimit::BodyItems,
-                    value: max as u64,
-                });
-                return r;
-            }
-            CoordError::Timeout => (
-                StatusCode::REQUEST_TIMEOUT,
-                json!({ "detail": "the request body was not received within --http-read-timeout" }),
-            ),
-        };
-        (status, Json(body)).into_response()
+        ApiError::Unavailable(e.to_string())
     }
 }
 
@@ -165,15 +116,42 @@ pub fn router(state: Shared) -> Router {
     if features.metrics {
         routes = routes.route("/metrics", get(metrics_text));
     }
-    let routes = routes.layer(axum::middleware::from_fn(
-        crate::web::guard::same_origin_only,
-    ));
-    crate::web::limits::with_body_limits(routes, limits.max_body_bytes, limits::refusals(&state))
-        .with_state(state)
+    stack(&state, limits).finish(routes).with_state(state)
+}
+
+/// The routes LMCache's MP servers call, which send no token (`--api-token-peers` covers
+/// them), and those that never need one; every other route is classed by its method (GETs
+/// read, the rest write), and `POST /directory/*` are reads.
+pub fn policy(auth: Auth) -> Policy {
+    use axum::http::Method as M;
+    use Access::{Open, Peer, Read};
+    let routes = vec![
+        (M::POST, "/instances", Peer),
+        (M::PUT, "/instances/{id}/heartbeat", Peer),
+        (M::DELETE, "/instances/{id}", Peer),
+        (M::POST, "/events", Peer),
+        (M::POST, "/quota/events", Peer),
+        (M::POST, "/directory/lookup", Read),
+        (M::POST, "/directory/blend-lookup", Read),
+        (M::GET, "/healthz", Open),
+        (M::GET, "/readyz", Open),
+        (M::GET, "/openapi.json", Open),
+    ];
+    Policy::new("coordinator", routes, auth)
+}
+
+/// The HTTP stack of the coordinator's routes.
+fn stack(state: &Shared, limits: HttpLimits) -> Stack {
+    Stack {
+        policy: Arc::new(policy(state.auth.clone())),
+        limits,
+        metrics: Arc::clone(&state.http_metrics),
+        guard: Guard::OriginOnly,
+    }
 }
 
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
-pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, CoordError> {
+pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
@@ -196,13 +174,13 @@ pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Resu
         {
             loc.push(json!(field));
         }
-        CoordError::Invalid(loc, msg)
+        ApiError::value_error(loc, msg)
     })
 }
 
-pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> CoordError {
+pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {
     state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-    CoordError::Invalid(vec![json!("body"), json!(field)], msg.into())
+    ApiError::value_error(vec![json!("body"), json!(field)], msg.into())
 }
 
 /// `_default` names the empty salt.
@@ -231,7 +209,7 @@ struct RegisterBody {
 async fn register(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: RegisterBody = parse(&s, &body)?;
     let ip = b.ip.trim().to_owned();
     if ip.is_empty()
@@ -277,7 +255,7 @@ async fn register(
         Ok((id, again)) => Ok(Json(json!({"instance_id": id, "re_registered": again}))),
         Err(e @ FleetError::Full(_)) => {
             s.refused.instances.fetch_add(1, Ordering::Relaxed);
-            Err(CoordError::Unavailable(e.to_string()))
+            Err(ApiError::Unavailable(e.to_string()))
         }
     }
 }
@@ -285,12 +263,12 @@ async fn register(
 async fn heartbeat(
     State(s): State<Shared>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let known = s.handle.heartbeat(id.clone()).await?;
     if known {
         Ok(Json(json!({ "instance_id": id })))
     } else {
-        Err(CoordError::NotFound(format!(
+        Err(ApiError::NotFound(format!(
             "unknown instance {id}; re-register"
         )))
     }
@@ -299,12 +277,12 @@ async fn heartbeat(
 async fn deregister(
     State(s): State<Shared>,
     Path(id): Path<String>,
-) -> Result<StatusCode, CoordError> {
+) -> Result<StatusCode, ApiError> {
     s.handle.deregister(id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
     let list = s
         .handle
         .fleet(|f, _, _| f.iter().cloned().collect::<Vec<_>>())
@@ -313,7 +291,7 @@ async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, CoordErr
 }
 
 /// `GET /instances/usage`: the registered ids from the fleet owner, then the model's view.
-async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
     let ids = s
         .handle
         .fleet(|f, _, _| f.iter().map(|i| i.instance_id.clone()).collect::<Vec<_>>())
@@ -327,7 +305,7 @@ async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, CoordError>
 async fn instance_usage(
     State(s): State<Shared>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let key = id.clone();
     let registered = s.handle.fleet(move |f, _, _| f.get(&key).is_some()).await?;
     let key = id.clone();
@@ -337,7 +315,7 @@ async fn instance_usage(
         .await?
     {
         Some(status) => Ok(Json(json!(status))),
-        None => Err(CoordError::NotFound(format!("unknown instance '{id}'"))),
+        None => Err(ApiError::NotFound(format!("unknown instance '{id}'"))),
     }
 }
 
@@ -385,14 +363,14 @@ impl TierName {
 }
 
 /// Parses a `tier` (absent: `l2`); any other name is a 422 at `loc`, as FastAPI's enum check.
-fn tier_of(s: &ApiState, tier: Option<&str>, loc: &str) -> Result<TierName, CoordError> {
+fn tier_of(s: &ApiState, tier: Option<&str>, loc: &str) -> Result<TierName, ApiError> {
     match tier {
         None | Some("l2") => Ok(TierName::L2),
         Some("l1") => Ok(TierName::L1),
         Some("all") => Ok(TierName::All),
         Some(other) => {
             s.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-            Err(CoordError::Invalid(
+            Err(ApiError::value_error(
                 vec![json!(loc), json!("tier")],
                 format!("Input should be 'l1', 'l2' or 'all' (got {other:?})"),
             ))
@@ -401,11 +379,11 @@ fn tier_of(s: &ApiState, tier: Option<&str>, loc: &str) -> Result<TierName, Coor
 }
 
 /// Quota writes and `GET /quota/config` apply to `l2` only (400 otherwise, as 0.5.6).
-fn require_quota_tier(tier: TierName) -> Result<(), CoordError> {
+fn require_quota_tier(tier: TierName) -> Result<(), ApiError> {
     if tier == TierName::L2 {
         return Ok(());
     }
-    Err(CoordError::BadRequest(format!(
+    Err(ApiError::BadRequest(format!(
         "quotas apply to tier 'l2' only, not '{}'",
         tier.as_str()
     )))
@@ -413,13 +391,13 @@ fn require_quota_tier(tier: TierName) -> Result<(), CoordError> {
 
 /// Usage reads: `all` is 400 as in 0.5.6; `l1` is 400 too, because kvplane tracks L2 usage
 /// only (0.5.6 also counts L1 bytes per salt).
-fn require_accounted_tier(tier: TierName) -> Result<(), CoordError> {
+fn require_accounted_tier(tier: TierName) -> Result<(), ApiError> {
     match tier {
         TierName::L2 => Ok(()),
-        TierName::All => Err(CoordError::BadRequest(
+        TierName::All => Err(ApiError::BadRequest(
             "tier 'all' has no usage accounting; only 'l1', 'l2'".into(),
         )),
-        TierName::L1 => Err(CoordError::BadRequest(
+        TierName::L1 => Err(ApiError::BadRequest(
             "kvplane tracks L2 usage only; tier 'l1' is not accounted".into(),
         )),
     }
@@ -428,7 +406,7 @@ fn require_accounted_tier(tier: TierName) -> Result<(), CoordError> {
 async fn set_quota_config(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: QuotaConfigBody = parse(&s, &body)?;
     require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
     let limit = b.default_limit_gb;
@@ -442,7 +420,7 @@ async fn set_quota_config(
     s.handle
         .set_default_limit(limit)
         .await?
-        .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     s.metadata.save(&s.handle).await;
     Ok(Json(json!({ "default_limit_gb": limit })))
 }
@@ -450,7 +428,7 @@ async fn set_quota_config(
 async fn get_quota_config(
     State(s): State<Shared>,
     Query(q): Query<TierQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let limit = s.handle.with(|m, _, _| m.default_limit_gb()).await?;
     Ok(Json(json!({ "default_limit_gb": limit })))
@@ -460,7 +438,7 @@ async fn set_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: QuotaBody = parse(&s, &body)?;
     require_quota_tier(tier_of(&s, b.tier.as_deref(), "body")?)?;
     let salt = salt_of(&salt).to_owned();
@@ -475,9 +453,9 @@ async fn set_quota(
             ))
         }
         Err(e @ (QuotaError::InvalidLimit | QuotaError::InvalidSalt)) => {
-            Err(CoordError::BadRequest(e.to_string()))
+            Err(ApiError::BadRequest(e.to_string()))
         }
-        Err(e @ QuotaError::Full(_)) => Err(CoordError::Unavailable(e.to_string())),
+        Err(e @ QuotaError::Full(_)) => Err(ApiError::Unavailable(e.to_string())),
     }
 }
 
@@ -485,7 +463,7 @@ async fn get_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let st = s.handle.with(move |m, _, _| m.quota_status(&salt)).await?;
@@ -496,7 +474,7 @@ async fn remove_quota(
     State(s): State<Shared>,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let salt = salt_of(&salt).to_owned();
     let reply_salt = salt.clone();
@@ -513,13 +491,13 @@ async fn remove_quota(
 async fn list_quota(
     State(s): State<Shared>,
     Query(q): Query<TierQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
     let (total, rows) = s.handle.with(|m, _, _| m.quota_list()).await?;
     Ok(Json(json!({"total_gb": total, "by_cache_salt": rows})))
 }
 
-fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), CoordError> {
+fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), ApiError> {
     if n > s.max_events_per_request {
         s.refused.events_per_request.fetch_add(1, Ordering::Relaxed);
         return Err(invalid(
@@ -537,7 +515,7 @@ fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), Coord
 async fn legacy_events(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: LegacyEvents = parse(&s, &body)?;
     if b.seq < 1 {
         return Err(invalid(&s, "seq", "seq must be >= 1"));
@@ -550,7 +528,7 @@ async fn legacy_events(
 async fn events(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: CacheEvents = parse(&s, &body)?;
     let n: usize = b.batches.iter().map(|b| b.entries.len()).sum();
     check_events(&s, n, "batches")?;
@@ -573,7 +551,7 @@ async fn events(
 /// request is one job), then the rest one slice per job (the owner answers other callers in
 /// between). The reply waits for the last slice, so usage read after a reply includes the
 /// request.
-async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, CoordError> {
+async fn ingest(s: &ApiState, batches: Vec<Batch>) -> Result<Ingested, ApiError> {
     let (got, rest) = s.handle.admit(batches, SLICE_OPS).await?;
     for b in rest {
         s.handle.apply_slice(b).await?;
@@ -593,20 +571,20 @@ struct PrefetchBody {
 }
 
 /// The registered address of `id`, or 404.
-pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), CoordError> {
+pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), ApiError> {
     let key = id.to_owned();
     s.handle
         .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
         .await?
         .ok_or_else(|| {
-            CoordError::NotFound(format!("no MP server registered with instance_id='{id}'"))
+            ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
         })
 }
 
 async fn prefetch(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: PrefetchBody = parse(&s, &body)?;
     if !(1..=255).contains(&b.world_size) {
         return Err(invalid(&s, "world_size", "world_size must be in 1..=255"));
@@ -622,9 +600,9 @@ async fn prefetch(
         "model_name": b.model_name, "world_size": b.world_size,
         "token_ids": b.token_ids, "cache_salt": b.cache_salt,
     });
-    let fwd = serde_json::to_vec(&fwd).map_err(|e| CoordError::BadGateway(e.to_string()))?;
+    let fwd = serde_json::to_vec(&fwd).map_err(|e| ApiError::BadGateway(e.to_string()))?;
     let failed = |why: String| {
-        CoordError::BadGateway(format!(
+        ApiError::BadGateway(format!(
             "prefetch submit to '{}' failed: {why}",
             b.instance_id
         ))
@@ -659,14 +637,14 @@ async fn prefetch(
 async fn prefetch_status(
     State(s): State<Shared>,
     Path((instance, request)): Path<(String, String)>,
-) -> Result<Response, CoordError> {
+) -> Result<Response, ApiError> {
     let (ip, port) = address_of(&s, &instance).await?;
     if request.is_empty()
         || !request
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'-')
     {
-        return Err(CoordError::NotFound(format!(
+        return Err(ApiError::NotFound(format!(
             "unknown prefetch request_id='{request}'"
         )));
     }
@@ -674,7 +652,7 @@ async fn prefetch_status(
     let reply = outbound::call(&ip, port, "GET", &path, None, s.outbound_timeout)
         .await
         .map_err(|e| {
-            CoordError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}"))
+            ApiError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}"))
         })?;
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
     Ok((
@@ -685,7 +663,7 @@ async fn prefetch_status(
         .into_response())
 }
 
-async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
+async fn metrics_text(State(s): State<Shared>) -> Result<Response, ApiError> {
     let fleet = s
         .handle
         .fleet(|f, _, _| metrics::FleetNumbers::of(f))
@@ -706,6 +684,7 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, CoordError> {
     if let Some(c) = &s.cluster {
         text.push_str(&c.metrics_text());
     }
+    text.push_str(&s.http_metrics.render());
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

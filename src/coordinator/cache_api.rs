@@ -3,7 +3,7 @@
 //! deleted on one MP server, pinned L2 keys held back unless `force`). Token sequences become
 //! object keys with [`super::pins::resolve`]; the pin table lives in the model.
 
-use super::api::{address_of, invalid, parse, CoordError, Shared};
+use super::api::{address_of, invalid, parse, ApiError, Shared};
 use super::limits::JsonBody;
 use super::outbound;
 use super::pins::{self, Pinned};
@@ -43,7 +43,7 @@ struct DeleteBody {
 }
 
 /// `world_size` in 1..=255 (0.5.6 has no upper bound, Q11), else 422.
-fn world_size(s: &Shared, w: i64) -> Result<u8, CoordError> {
+fn world_size(s: &Shared, w: i64) -> Result<u8, ApiError> {
     u8::try_from(w)
         .ok()
         .filter(|&w| w >= 1)
@@ -56,24 +56,24 @@ fn resolve(
     world: i64,
     tokens: &[u32],
     salt: &str,
-) -> Result<(Vec<super::keys::EncodedKey>, usize), CoordError> {
+) -> Result<(Vec<super::keys::EncodedKey>, usize), ApiError> {
     let world = world_size(s, world)?;
     pins::resolve(model, world, tokens, salt, s.chunk_size)
-        .map_err(|e| CoordError::BadRequest(e.to_string()))
+        .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 /// `POST /cache/pins`: pins the keys of the complete chunks of `token_ids`.
 pub(crate) async fn pin(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: PinBody = parse(&s, &body)?;
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
     s.handle
         .pin(keys, MAX_PINNED_KEYS)
         .await?
-        .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
     s.metadata.save(&s.handle).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "pinned"}),
@@ -84,7 +84,7 @@ pub(crate) async fn pin(
 pub(crate) async fn unpin(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: PinBody = parse(&s, &body)?;
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
@@ -112,9 +112,9 @@ pub(crate) struct PinQuery {
 pub(crate) async fn list(
     State(s): State<Shared>,
     Query(q): Query<PinQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let query_error = |field: &str, msg: &str| {
-        CoordError::Invalid(vec![json!("query"), json!(field)], msg.to_owned())
+        ApiError::value_error(vec![json!("query"), json!(field)], msg.to_owned())
     };
     let offset = usize::try_from(q.offset.unwrap_or(0))
         .map_err(|_| query_error("offset", "Input should be greater than or equal to 0"))?;
@@ -138,7 +138,7 @@ pub(crate) async fn list(
 pub(crate) async fn delete(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: DeleteBody = parse(&s, &body)?;
     let tier = match b.tier.as_deref() {
         None | Some("all") => "all",
@@ -161,7 +161,7 @@ pub(crate) async fn delete(
         &b.cache_salt,
         s.chunk_size,
     )
-    .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if chunks == 0 {
         return Ok(Json(json!({
             "instance_id": b.instance_id, "requested": 0, "affected": 0, "skipped": 0,
@@ -187,9 +187,9 @@ pub(crate) async fn delete(
     if !send.is_empty() {
         let payload = json!({"keys": send, "tier": tier, "force": b.force});
         let payload =
-            serde_json::to_vec(&payload).map_err(|e| CoordError::BadGateway(e.to_string()))?;
+            serde_json::to_vec(&payload).map_err(|e| ApiError::BadGateway(e.to_string()))?;
         let failed = |why: String| {
-            CoordError::BadGateway(format!("delete to '{}' failed: {why}", b.instance_id))
+            ApiError::BadGateway(format!("delete to '{}' failed: {why}", b.instance_id))
         };
         let reply = outbound::call(
             &ip,

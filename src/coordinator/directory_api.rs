@@ -5,7 +5,7 @@
 //! `--enable-blend-lookup`). Large lookups and listings run as several owner jobs, so event
 //! ingest and quota requests wait for one slice, not a whole listing.
 
-use super::api::{parse, CoordError, Shared};
+use super::api::{parse, ApiError, Shared};
 use super::blend::BlendIndex;
 use super::directory::{KeyFilter, Scan};
 use super::events::Tier;
@@ -53,9 +53,9 @@ struct LookupBody {
     cache_salt: String,
 }
 
-fn invalid_at(s: &Shared, loc: &[&str], msg: impl Into<String>) -> CoordError {
+fn invalid_at(s: &Shared, loc: &[&str], msg: impl Into<String>) -> ApiError {
     s.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-    CoordError::Invalid(loc.iter().map(|l| json!(l)).collect(), msg.into())
+    ApiError::value_error(loc.iter().map(|l| json!(l)).collect(), msg.into())
 }
 
 /// Why LMCache would refuse to build an `ObjectKey` from `k` (None: valid).
@@ -88,7 +88,7 @@ fn key_error(k: &EncodedKey) -> Option<String> {
     None
 }
 
-fn world(s: &Shared, w: i64) -> Result<u8, CoordError> {
+fn world(s: &Shared, w: i64) -> Result<u8, ApiError> {
     if w < 1 {
         return Err(invalid_at(
             s,
@@ -104,7 +104,7 @@ fn world(s: &Shared, w: i64) -> Result<u8, CoordError> {
 async fn lookup(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: LookupBody = parse(&s, &body)?;
     if let Some(e) = b.keys.iter().find_map(key_error) {
         return Err(invalid_at(
@@ -136,7 +136,7 @@ async fn lookup(
             &b.cache_salt,
             s.chunk_size,
         )
-        .map_err(|e| CoordError::BadRequest(e.to_string()))?;
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let keys = s
             .handle
             .with(move |m, _, _| m.directory.across_groups(keys, MAX_LOOKUP_KEYS))
@@ -182,7 +182,7 @@ struct KeysQuery {
 async fn list_keys(
     State(s): State<Shared>,
     Query(q): Query<KeysQuery>,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let tier = match q.tier.as_deref() {
         None | Some("all") => None,
         Some("l1") => Some(Tier::L1),
@@ -239,7 +239,7 @@ async fn list_keys(
 }
 
 /// `GET /directory/stats`.
-async fn stats(State(s): State<Shared>) -> Result<Json<Value>, CoordError> {
+async fn stats(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
     let st = s.handle.with(|m, _, _| m.directory.stats()).await?;
     Ok(Json(json!(st)))
 }
@@ -285,7 +285,7 @@ fn decode_tokens(b64: &str) -> Result<Vec<u32>, String> {
 async fn blend_lookup(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
-) -> Result<Json<Value>, CoordError> {
+) -> Result<Json<Value>, ApiError> {
     let b: BlendBody = parse(&s, &body)?;
     let tokens = decode_tokens(&b.tokens_b64)
         .map_err(|e| invalid_at(&s, &["body", "tokens_b64"], format!("Value error, {e}")))?;
@@ -298,7 +298,7 @@ async fn blend_lookup(
         ));
     }
     if tokens.len() > MAX_TOKEN_IDS {
-        return Err(CoordError::BadRequest(format!(
+        return Err(ApiError::BadRequest(format!(
             "too many token ids in a single request (limit={MAX_TOKEN_IDS}, got={})",
             tokens.len()
         )));

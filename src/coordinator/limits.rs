@@ -9,7 +9,7 @@
 //! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
 //! `web::serve` calls.
 
-use super::api::{ApiState, CoordError};
+use super::api::{ApiState, ApiError};
 use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -61,32 +61,43 @@ pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {
     Arc::new(move |limit: WebLimit| state.refused.count(limit))
 }
 
+/// The same counting as [`refusals`], as the HTTP stack's limit hook, for a state still being
+/// built (a refusal after the state is gone counts nowhere).
+pub fn hook_of(state: std::sync::Weak<ApiState>) -> crate::web::limits::LimitHook {
+    let count: RefusalCounter = Arc::new(move |limit: WebLimit| {
+        if let Some(state) = state.upgrade() {
+            state.refused.count(limit);
+        }
+    });
+    crate::web::limits::counting_hook("coordinator", count)
+}
+
 /// Extractor: the raw request body, refused with 413 past `--max-body-bytes` or when it holds
 /// more than `--max-body-items` JSON values, 408 when the peer is too slow sending it.
 #[derive(Debug)]
 pub struct JsonBody(pub Bytes);
 
 impl FromRequest<Arc<ApiState>> for JsonBody {
-    type Rejection = CoordError;
+    type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &Arc<ApiState>) -> Result<Self, CoordError> {
+    async fn from_request(req: Request, state: &Arc<ApiState>) -> Result<Self, ApiError> {
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(|e: BytesRejection| {
                 if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    CoordError::TooLarge(format!(
+                    ApiError::PayloadTooLarge(format!(
                         "the body is larger than {} bytes (--max-body-bytes)",
                         state.http.max_body_bytes
                     ))
                 } else if crate::web::serve::is_read_timeout(&e) {
-                    CoordError::Timeout
+                    ApiError::RequestTimeout
                 } else {
-                    CoordError::BadRequest(format!("cannot read the body: {}", e.body_text()))
+                    ApiError::BadRequest(format!("cannot read the body: {}", e.body_text()))
                 }
             })?;
         let max = state.http.max_body_items;
         if crate::web::schema::too_many_values(&bytes, max) {
-            return Err(CoordError::TooManyItems(max));
+            return Err(ApiError::TooManyItems { max });
         }
         Ok(JsonBody(bytes))
     }

@@ -121,6 +121,8 @@ pub struct CoordinatorConfig {
     pub checkpoint: Option<checkpoint::CheckpointConfig>,
     /// Optional parts (`--extra-config`, `--disable-metrics`).
     pub features: Features,
+    /// `--api-token` and its scope (docs/COORDINATOR.md, "Authentication").
+    pub auth: crate::web::access::Auth,
 }
 
 /// Parts of the coordinator an operator can turn off, as in 0.5.6.
@@ -180,6 +182,7 @@ impl CoordinatorConfig {
             blend_probe_stride: None,
             checkpoint: None,
             features: Features::default(),
+            auth: crate::web::access::Auth::default(),
         }
     }
 }
@@ -206,7 +209,7 @@ fn state_with(
     handle: driver::Handle,
     cluster: Option<Arc<cluster::ClusterStatus>>,
 ) -> Arc<api::ApiState> {
-    Arc::new(api::ApiState {
+    Arc::new_cyclic(|weak: &std::sync::Weak<api::ApiState>| api::ApiState {
         cluster,
         handle,
         chunk_size: config.chunk_size,
@@ -221,6 +224,12 @@ fn state_with(
             .map(|c| Arc::new(checkpoint::Checkpointer::new(c))),
         blend: config.blend_probe_stride.map(|s| (config.chunk_size, s)),
         features: config.features,
+        auth: config.auth.clone(),
+        http_metrics: Arc::new(crate::web::metrics_layer::HttpMetrics::standalone(
+            "kvplane_coordinator_",
+            config.http.max_body_bytes,
+            limits::hook_of(weak.clone()),
+        )),
     })
 }
 

@@ -88,6 +88,8 @@ pub struct NodeConfig {
     /// Warm prefetch jobs remembered at once (running and completed, oldest completed
     /// forgotten first).
     pub max_prefetch_jobs: usize,
+    /// `--api-token` and its scope on the HTTP listener (docs/NODE.md, "Authentication").
+    pub auth: crate::web::access::Auth,
 }
 
 /// How the node joins a coordinator (as an LMCache 0.5.6 MP server does).
@@ -170,6 +172,7 @@ impl NodeConfig {
             peer_url: None,
             tp_ranks: 1,
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
+            auth: crate::web::access::Auth::default(),
         }
     }
 }

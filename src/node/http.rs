@@ -7,7 +7,12 @@
 use super::metrics::NodeMetrics;
 use super::prefetch::Prefetches;
 use super::tiers::Tiers;
+use crate::web::access::{Auth, Policy};
+use serde_json::Value;
 use crate::web::limits::{RefusalCounter, WebLimit};
+use crate::web::metrics_layer::HttpMetrics;
+use crate::web::stack::{Guard, Stack};
+use crate::web::HttpLimits;
 use axum::extract::State;
 use axum::extract::{Path, Query};
 use axum::http::header;
@@ -24,15 +29,40 @@ struct AppState {
     chunks: super::commands::TokenChunks,
 }
 
+/// The coordinator's calls, which LMCache's coordinator makes without a token
+/// (`--api-token-peers` covers them), and the routes that never need one; the rest by
+/// method (GETs read; `POST /unpin`, an operator's, writes).
+pub(crate) fn policy(auth: Auth) -> Policy {
+    let routes = super::openapi::operations()
+        .into_iter()
+        .map(|op| (op.method, op.path, op.access))
+        .collect();
+    Policy::new("node", routes, auth)
+}
+
 /// The node's HTTP routes.
 pub(crate) fn router(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
     chunks: super::commands::TokenChunks,
-    max_body_bytes: usize,
+    limits: HttpLimits,
+    auth: Auth,
 ) -> Router {
-    let counter = refusals(Arc::clone(&metrics));
+    let doc = Arc::new(super::openapi::document(&auth));
+    let stack = Stack {
+        policy: Arc::new(policy(auth)),
+        limits,
+        metrics: Arc::new(HttpMetrics::standalone(
+            "kvplane_node_",
+            limits.max_body_bytes,
+            crate::web::limits::counting_hook("node", refusals(Arc::clone(&metrics))),
+        )),
+        // The coordinator's DELETE carries JSON; the prefetch and unpin bodies may come
+        // from scripts without a content type.
+        guard: Guard::OriginOnly,
+    };
+    let http = Arc::clone(&stack.metrics);
     let routes = Router::new()
         .merge(super::dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
@@ -74,15 +104,20 @@ pub(crate) fn router(
                 },
             ),
         )
+        .route("/readyz", get(|| async { "ok\n" }))
+        .route(
+            "/openapi.json",
+            get(move || async move { axum::Json(Value::clone(&doc)) }),
+        );
+    stack
+        .finish(routes)
+        .layer(axum::Extension(http))
         .with_state(AppState {
             tiers,
             metrics,
             prefetches,
             chunks,
-        });
-    crate::web::limits::with_body_limits(routes, max_body_bytes, counter).layer(
-        axum::middleware::from_fn(crate::web::guard::same_origin_only),
-    )
+        })
 }
 
 /// Counts a refusal of the node's HTTP listener in `http_limits_hit_total{limit}`.
@@ -99,7 +134,10 @@ fn clamp(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-async fn metrics_route(State(s): State<AppState>) -> impl IntoResponse {
+async fn metrics_route(
+    State(s): State<AppState>,
+    axum::Extension(http): axum::Extension<Arc<HttpMetrics>>,
+) -> impl IntoResponse {
     let u = s.tiers.usage();
     let m = &s.metrics;
     m.tier_bytes
@@ -123,6 +161,6 @@ async fn metrics_route(State(s): State<AppState>) -> impl IntoResponse {
         .set(clamp(l2_held as u64));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        m.render(),
+        m.render() + &http.render(),
     )
 }

@@ -27,6 +27,7 @@ mod http;
 mod lru;
 pub mod metrics;
 mod objects;
+mod openapi;
 mod peer;
 mod pins;
 mod prefetch;
@@ -256,7 +257,8 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
                 Arc::clone(&metrics),
                 prefetches,
                 chunks,
-                config.http.max_body_bytes,
+                config.http,
+                config.auth.clone(),
             );
             let served = crate::web::serve(
                 l,

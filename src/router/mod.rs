@@ -92,7 +92,17 @@ impl std::str::FromStr for EngineSpec {
 
 /// Flags of `kvplane router`, each with a `KVPLANE_ROUTER_*` environment twin.
 #[derive(Clone, Debug, clap::Args)]
+#[command(
+    mut_arg("api_token", |a| a.env("KVPLANE_ROUTER_API_TOKEN")),
+    mut_arg("api_token_reads", |a| a.env("KVPLANE_ROUTER_API_TOKEN_READS")),
+    mut_arg("api_token_peers", |a| a.env("KVPLANE_ROUTER_API_TOKEN_PEERS"))
+)]
 pub struct RouterArgs {
+    /// `--api-token` and its scope: the doctor always needs it once set; with
+    /// `--api-token-reads` the OpenAI routes too (OpenAI clients send `Authorization:
+    /// Bearer`).
+    #[command(flatten)]
+    pub auth: crate::web::access::AuthArgs,
     /// Address the HTTP server binds to.
     #[arg(long, env = "KVPLANE_ROUTER_HOST", default_value = "0.0.0.0")]
     pub host: String,
@@ -234,6 +244,7 @@ impl RouterArgs {
             max_response_bytes: self.max_response_bytes.max(1),
             max_http_connections: self.max_http_connections.max(1),
             indexer_port: self.indexer_port,
+            auth: crate::web::access::Auth::from(&self.auth),
         })
     }
 }
@@ -275,6 +286,8 @@ pub struct RouterConfig {
     pub max_http_connections: usize,
     /// The in-process indexer's HTTP port on 127.0.0.1 (0: any).
     pub indexer_port: u16,
+    /// `--api-token` and its scope (docs/ROUTER.md, "Authentication").
+    pub auth: crate::web::access::Auth,
 }
 
 impl RouterConfig {
@@ -298,6 +311,7 @@ impl RouterConfig {
             max_response_bytes: d::MAX_RESPONSE_BYTES,
             max_http_connections: d::MAX_HTTP_CONNECTIONS,
             indexer_port: 0,
+            auth: crate::web::access::Auth::default(),
         }
     }
 }
@@ -377,11 +391,6 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
                 .inc();
         }) as crate::web::limits::RefusalCounter
     };
-    let app = crate::web::limits::with_body_limits(
-        routes::router(Arc::clone(&state)),
-        state.config.max_body_bytes,
-        Arc::clone(&count),
-    );
     let limits = crate::web::HttpLimits {
         max_body_bytes: state.config.max_body_bytes,
         max_body_items: usize::MAX,
@@ -390,6 +399,19 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         // covers sending a request, not waiting for the answer.
         read_timeout: Duration::from_secs(30),
     };
+    let stack = crate::web::stack::Stack {
+        policy: Arc::new(routes::policy(state.config.auth.clone())),
+        limits,
+        metrics: Arc::new(crate::web::metrics_layer::HttpMetrics::standalone(
+            "kvplane_router_",
+            limits.max_body_bytes,
+            crate::web::limits::counting_hook("router", Arc::clone(&count)),
+        )),
+        // OpenAI clients always send JSON; only the doctor is a write.
+        guard: crate::web::stack::Guard::JsonWrites,
+    };
+    stack.policy.log();
+    let app = routes::router(Arc::clone(&state), &stack);
     let served = crate::web::serve(
         listener,
         app,

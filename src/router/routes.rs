@@ -11,27 +11,88 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
+use crate::web::access::Access;
+use crate::web::error::{ApiError, Refusal};
+use crate::web::openapi::{self, Operation};
+use crate::web::stack::Stack;
 use std::sync::Arc;
 
 type St = State<Arc<RouterState>>;
 
-/// The router's axum router.
-pub fn router(state: Arc<RouterState>) -> Router {
-    Router::new()
+/// The router's axum router, on the HTTP stack ([`crate::web::stack`]).
+pub fn router(state: Arc<RouterState>, stack: &Stack) -> Router {
+    let doc = Arc::new(openapi::document(
+        "kvplane router",
+        &operations(),
+        stack.policy.auth(),
+    ));
+    let routes = Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(health))
+        .route(
+            "/openapi.json",
+            get(move || async move { Json(Value::clone(&doc)) }),
+        )
         .route("/metrics", get(metrics))
         .route("/router/stats", get(stats))
-        .route("/router/doctor", post(doctor))
+        .route("/router/doctor", post(doctor));
+    stack
+        .finish(routes)
+        .layer(axum::Extension(Arc::clone(&stack.metrics)))
         .with_state(state)
 }
 
-/// An OpenAI-style error body.
-fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
-    let body = json!({"error": {"message": message.into(), "type": kind, "code": status.as_u16()}});
-    (status, Json(body)).into_response()
+/// The router's access policy, from [`operations`].
+pub(crate) fn policy(auth: crate::web::access::Auth) -> crate::web::access::Policy {
+    let routes = operations()
+        .into_iter()
+        .map(|op| (op.method, op.path, op.access))
+        .collect();
+    crate::web::access::Policy::new("router", routes, auth)
+}
+
+/// An error of the OpenAI routes: the one error type, in OpenAI's shape (`kind` its type).
+fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
+    ApiError::from(Refusal::new(status, kind, message)).openai_response()
+}
+
+/// The routes that never need a token; the OpenAI routes and the other reads by
+/// `--api-token-reads`; `POST /router/doctor` (it sends probe prompts to every engine) is a
+/// write.
+pub(crate) fn operations() -> Vec<Operation> {
+    use axum::http::Method as M;
+    use Access::{Open, Read, Write};
+    let completion = json!({"type": "object", "required": ["prompt"],
+        "properties": {"model": {"type": "string"}, "prompt": {}, "stream": {"type": "boolean"},
+                       "max_tokens": {"type": "integer"}}});
+    let chat = json!({"type": "object", "required": ["messages"],
+        "properties": {"model": {"type": "string"}, "stream": {"type": "boolean"},
+            "messages": {"type": "array", "items": {"type": "object",
+                "required": ["role", "content"],
+                "properties": {"role": {"type": "string"}, "content": {}}}}}});
+    vec![
+        Operation::new(M::POST, "/v1/completions", Read, "OpenAI completions, routed by KV prefix")
+            .body(completion)
+            .answers(&[(200, "The engine's answer (SSE when streaming)"), (502, "No engine took it")]),
+        Operation::new(M::POST, "/v1/chat/completions", Read, "OpenAI chat completions, routed by KV prefix")
+            .body(chat)
+            .answers(&[(200, "The engine's answer (SSE when streaming)"), (502, "No engine took it")]),
+        Operation::new(M::GET, "/v1/models", Read, "The engines' models"),
+        Operation::new(M::GET, "/health", Open, "Whether an engine is up (vLLM's probe path)")
+            .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
+        Operation::new(M::GET, "/healthz", Open, "Liveness"),
+        Operation::new(M::GET, "/readyz", Open, "Ready: an engine is up")
+            .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
+        Operation::new(M::GET, "/openapi.json", Open, "This document"),
+        Operation::new(M::GET, "/metrics", Read, "Prometheus metrics"),
+        Operation::new(M::GET, "/router/stats", Read, "Predicted against delivered cached tokens"),
+        Operation::new(M::POST, "/router/doctor", Write, "Hash-parity probe of every engine")
+            .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")]),
+    ]
 }
 
 async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
@@ -420,9 +481,12 @@ async fn health(State(st): St) -> Response {
         .into_response()
 }
 
-async fn metrics(State(st): St) -> Response {
+async fn metrics(
+    State(st): St,
+    axum::Extension(http): axum::Extension<Arc<crate::web::metrics_layer::HttpMetrics>>,
+) -> Response {
     let accounting = st.accounting.lock();
-    let text = st.metrics.render(
+    let mut text = st.metrics.render(
         st.engines.iter().map(|e| {
             let load = e.load();
             EngineGauges {
@@ -435,6 +499,7 @@ async fn metrics(State(st): St) -> Response {
         &accounting,
     );
     drop(accounting);
+    text.push_str(&http.render());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

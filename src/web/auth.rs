@@ -4,9 +4,10 @@
 //!
 //! Knows no service: the token comes in as the middleware's state, a [`BearerToken`].
 
+use super::access::bearer;
 use super::error::ApiError;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap};
+
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -22,20 +23,17 @@ impl BearerToken {
     }
 }
 
+impl BearerToken {
+    /// Whether `given` is this token (in time that depends only on the lengths).
+    pub fn matches(&self, given: &[u8]) -> bool {
+        constant_time_eq(given, self.0.as_bytes())
+    }
+}
+
 impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("BearerToken(<redacted>)")
     }
-}
-
-/// The bearer token of an `Authorization` header (scheme case-insensitive), if any.
-fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
-    let scheme = value.get(..7)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer ") {
-        return None;
-    }
-    Some(value[7..].trim_ascii())
 }
 
 /// Compares two secrets in time that depends only on their lengths, not on where they
@@ -59,7 +57,7 @@ pub async fn require_token(
     next: Next,
 ) -> Response {
     match bearer(request.headers()) {
-        Some(given) if constant_time_eq(given, token.0.as_bytes()) => next.run(request).await,
+        Some(given) if token.matches(given) => next.run(request).await,
         Some(_) => ApiError::Unauthorized { invalid: true }.into_response(),
         None => ApiError::Unauthorized { invalid: false }.into_response(),
     }
@@ -68,7 +66,7 @@ pub async fn require_token(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
+    use axum::http::{header, HeaderMap, HeaderValue};
 
     #[test]
     fn bearer_parsing() {

@@ -1,11 +1,25 @@
 //! The one error type of kvplane's HTTP services, [`ApiError`], and how each variant maps to
-//! a status code and a JSON body. Every error answer of every route goes through it.
+//! a status code, a stable reason code and a JSON body. Every error answer of every route of
+//! every service goes through it, so the same mistake gets the same answer everywhere.
 //!
-//! Bodies follow FastAPI, which LMCache's controller runs on, so LMCache clients parse them
-//! unchanged: `{"detail": "<text>"}` for every error, and for a bad request body the
-//! pydantic list `{"detail": [{"type", "loc", "msg", "input"}]}` with `loc` naming the field
-//! (at most [`MAX_REPORTED_ERRORS`] of them; `omitted_errors` counts the rest). Errors about
-//! workers add `event_id` and a `workers` list naming each failed worker.
+//! One body shape serves every service's real clients at once:
+//!
+//! ```json
+//! {"detail": <text, or pydantic's error list>, "error": "<one line>", "reason": "<code>",
+//!  "field": "<field at fault>", "index": <list index>}
+//! ```
+//!
+//! * `detail` is FastAPI's, which LMCache's controller, its MP coordinator and its MP server
+//!   run on, so LMCache clients parse it unchanged: the text, or for a bad request body the
+//!   pydantic list `[{"type", "loc", "msg", "input"}]` with `loc` naming the field (at most
+//!   [`MAX_REPORTED_ERRORS`] of them; `omitted_errors` counts the rest);
+//! * `error`, `reason`, `field` and `index` are the Conductor indexer's (spec kv-indexer §1:
+//!   routers read `reason`, a stable code such as `missing`, `not_found`, `unauthorized`);
+//!   `field` and `index` come from the first error's `loc`.
+//!
+//! Errors about workers add `event_id` and a `workers` list naming each failed worker. The
+//! router's OpenAI routes render the same error in OpenAI's shape
+//! ([`ApiError::openai_response`]), the one place a client expects another.
 //!
 //! Owns no state and knows no service: how a service's own failures (e.g. the controller's
 //! downlink errors) become a [`WorkerFailure`] is that service's business.
@@ -235,6 +249,108 @@ impl From<Vec<FieldError>> for FieldErrors {
     }
 }
 
+/// A refusal in the Conductor indexer's terms (spec kv-indexer §1): any status, a stable
+/// reason code, the field and list index at fault. Rendered as an [`ApiError`] (`detail` and
+/// `error` carry the message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable code: `missing`, `invalid_type`, `invalid_value`, `out_of_range`,
+    /// `invalid_json`, `not_found`, `conflict`, `method_not_allowed`, `internal`.
+    pub reason: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// The field at fault.
+    pub field: Option<&'static str>,
+    /// The index inside a list field.
+    pub index: Option<usize>,
+}
+
+impl Refusal {
+    /// A refusal with no field.
+    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason,
+            message: message.into(),
+            field: None,
+            index: None,
+        }
+    }
+
+    /// The request body could not be read: 413 past the body limit, 408 when the client was
+    /// too slow sending it, 400 otherwise.
+    pub fn unreadable_body(e: &axum::extract::rejection::BytesRejection, max: usize) -> Self {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the body is larger than {max} bytes (--max-body-bytes)"),
+            )
+        } else if crate::web::serve::is_read_timeout(e) {
+            Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                "the request body was not received within --http-read-timeout",
+            )
+        } else {
+            Self::new(
+                StatusCode::BAD_REQUEST,
+                "unreadable_body",
+                format!("cannot read the body: {}", e.body_text()),
+            )
+        }
+    }
+
+    /// A 400 about `field`.
+    pub fn field(reason: &'static str, field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field),
+            ..Self::new(StatusCode::BAD_REQUEST, reason, message)
+        }
+    }
+
+    /// A 400 for a body that is not JSON.
+    pub fn invalid_json(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_json", message)
+    }
+
+    /// A 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// A 409 about `field`.
+    pub fn conflict(field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field: Some(field),
+            ..Self::new(StatusCode::CONFLICT, "conflict", message)
+        }
+    }
+
+    /// A 405.
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this route",
+        )
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        ApiError::Refused(Box::new(self)).into_response()
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> Self {
+        ApiError::Refused(Box::new(r))
+    }
+}
+
 /// Every error an HTTP route returns.
 #[derive(Debug)]
 pub enum ApiError {
@@ -249,6 +365,18 @@ pub enum ApiError {
     },
     /// 409: the command cannot run in the fleet's current state (e.g. no P2P on the target).
     Conflict(String),
+    /// 400: a request the schema allows but the service refuses, or a body that is not JSON.
+    BadRequest(String),
+    /// 405: the route exists, not with this method.
+    MethodNotAllowed,
+    /// 502: a peer the request needed (an MP server, an engine) failed or refused.
+    BadGateway(String),
+    /// 503: a limit is reached, the service is stopping, or it cannot serve this yet.
+    Unavailable(String),
+    /// 504: a peer the request needed did not answer in time.
+    GatewayTimeout(String),
+    /// Any status, with the Conductor's reason code, field and index ([`Refusal`]).
+    Refused(Box<Refusal>),
     /// 413: the body is larger than the API accepts (`--max-body-bytes`).
     PayloadTooLarge(String),
     /// 413: the body holds more JSON values than the API accepts (`--max-body-items`).
@@ -276,6 +404,12 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Refused(r) => r.status,
             ApiError::PayloadTooLarge(_) | ApiError::TooManyItems { .. } => {
                 StatusCode::PAYLOAD_TOO_LARGE
             }
@@ -304,6 +438,10 @@ impl ApiError {
             }
             ApiError::NotFound(s)
             | ApiError::Conflict(s)
+            | ApiError::BadRequest(s)
+            | ApiError::BadGateway(s)
+            | ApiError::Unavailable(s)
+            | ApiError::GatewayTimeout(s)
             | ApiError::PayloadTooLarge(s)
             | ApiError::UnsupportedMediaType(s)
             | ApiError::Forbidden(s)
@@ -314,10 +452,116 @@ impl ApiError {
             ApiError::TooManyItems { max } => format!(
                 "the body holds more than {max} JSON values (--max-body-items); split the request"
             ),
+            ApiError::Refused(r) => r.message.clone(),
+            ApiError::MethodNotAllowed => "Method Not Allowed".into(),
             ApiError::Unauthorized { invalid: false } => "Not authenticated".into(),
             ApiError::Unauthorized { invalid: true } => "Invalid token".into(),
             ApiError::Workers(w) => w.detail(),
         }
+    }
+
+    /// The stable reason code of the body's `reason` (the Conductor's vocabulary where it
+    /// has a word; a validation error's is its first error's `type`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::Validation(errors) => errors.errors.first().map_or("invalid", |e| e.kind),
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Unauthorized { .. } => "unauthorized",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::BadGateway(_) => "bad_gateway",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::GatewayTimeout(_) => "gateway_timeout",
+            ApiError::Refused(r) => r.reason,
+            ApiError::PayloadTooLarge(_) | ApiError::TooManyItems { .. } => "too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::RequestTimeout => "timeout",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::Workers(w) => w.outcome(),
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The same error in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`
+    /// (`code` the status, as vLLM answers), for the router's OpenAI-compatible routes (their
+    /// clients read nothing else). `type` is a [`Refusal`]'s reason, else OpenAI's class.
+    pub fn openai_response(self) -> Response {
+        let status = self.status();
+        let kind = match (&self, status.as_u16()) {
+            (ApiError::Refused(r), _) => r.reason,
+            (_, 401 | 403) => "authentication_error",
+            (_, 400..=499) => "invalid_request_error",
+            _ => "server_error",
+        };
+        let body = json!({"error": {
+            "message": self.detail(), "type": kind, "param": self.field_name(),
+            "code": status.as_u16(),
+        }});
+        let mut response = (status, Json(body)).into_response();
+        self.decorate(&mut response);
+        response
+    }
+
+    /// The field at fault (the first error's `loc` after `body`/`query`), if any.
+    pub fn field_name(&self) -> Option<String> {
+        if let ApiError::Refused(r) = self {
+            return r.field.map(str::to_owned);
+        }
+        let ApiError::Validation(errors) = self else {
+            return None;
+        };
+        match errors.errors.first()?.loc.get(1)? {
+            LocPart::Key(k) => Some(k.clone()),
+            LocPart::Index(_) => None,
+        }
+    }
+
+    /// The list index at fault (the first integer of the first error's `loc`), if any.
+    pub fn field_index(&self) -> Option<usize> {
+        if let ApiError::Refused(r) = self {
+            return r.index;
+        }
+        let ApiError::Validation(errors) = self else {
+            return None;
+        };
+        errors.errors.first()?.loc.iter().find_map(|p| match p {
+            LocPart::Index(i) => Some(*i),
+            LocPart::Key(_) => None,
+        })
+    }
+
+    /// Adds the limit hit and the auth challenge a response of this error carries.
+    fn decorate(&self, response: &mut Response) {
+        if let Some(hit) = self.limit_hit() {
+            response.extensions_mut().insert(hit);
+        }
+        if let ApiError::Unauthorized { invalid } = self {
+            let challenge = if *invalid {
+                HeaderValue::from_static("Bearer error=\"invalid_token\"")
+            } else {
+                HeaderValue::from_static("Bearer")
+            };
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, challenge);
+        }
+    }
+
+    /// A 422 with one pydantic `value_error` at `loc` (JSON strings are keys, integers list
+    /// indices), as a model validator's refusal reads in FastAPI.
+    pub fn value_error(loc: Vec<Value>, msg: impl Into<String>) -> Self {
+        let loc = loc
+            .into_iter()
+            .map(|v| match v {
+                Value::Number(n) => n
+                    .as_u64()
+                    .map_or_else(|| LocPart::Key(n.to_string()), |i| LocPart::Index(i as usize)),
+                Value::String(s) => LocPart::Key(s),
+                other => LocPart::Key(other.to_string()),
+            })
+            .collect();
+        ApiError::field(FieldError::new("value_error", loc, msg, Value::Null))
     }
 
     /// A single validation error.
@@ -358,53 +602,58 @@ fn loc_text(loc: &[LocPart]) -> String {
         .join(".")
 }
 
+impl ApiError {
+    /// The JSON body (module docs: `detail`, `error`, `reason`, `field`, `index`, and the
+    /// workers' details for a worker failure).
+    pub fn body(&self) -> Value {
+        let mut body = Map::new();
+        match self {
+            ApiError::Validation(errors) => {
+                body.insert("detail".into(), json!(errors.errors));
+                if errors.omitted > 0 {
+                    body.insert("omitted_errors".into(), errors.omitted.into());
+                }
+            }
+            other => {
+                body.insert("detail".into(), other.detail().into());
+            }
+        }
+        body.insert("error".into(), self.detail().into());
+        body.insert("reason".into(), self.reason().into());
+        if let Some(field) = self.field_name() {
+            body.insert("field".into(), field.into());
+        }
+        if let Some(index) = self.field_index() {
+            body.insert("index".into(), index.into());
+        }
+        if let ApiError::Workers(w) = self {
+            body.insert("event_id".into(), w.event_id.clone().into());
+            let workers: Vec<Value> = w
+                .failures
+                .iter()
+                .map(|f| {
+                    json!({
+                        "instance_id": f.instance_id,
+                        "worker_id": f.worker_id,
+                        "endpoint": f.endpoint,
+                        "error": f.kind.as_str(),
+                        "message": f.message,
+                    })
+                })
+                .collect();
+            body.insert("workers".into(), workers.into());
+            for (k, v) in &w.extra {
+                body.insert(k.clone(), v.clone());
+            }
+        }
+        Value::Object(body)
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = match &self {
-            ApiError::Validation(errors) if errors.omitted > 0 => {
-                json!({ "detail": errors.errors, "omitted_errors": errors.omitted })
-            }
-            ApiError::Validation(errors) => json!({ "detail": errors.errors }),
-            ApiError::Workers(w) => {
-                let mut body = Map::new();
-                body.insert("detail".into(), w.detail().into());
-                body.insert("event_id".into(), w.event_id.clone().into());
-                let workers: Vec<Value> = w
-                    .failures
-                    .iter()
-                    .map(|f| {
-                        json!({
-                            "instance_id": f.instance_id,
-                            "worker_id": f.worker_id,
-                            "endpoint": f.endpoint,
-                            "error": f.kind.as_str(),
-                            "message": f.message,
-                        })
-                    })
-                    .collect();
-                body.insert("workers".into(), workers.into());
-                for (k, v) in &w.extra {
-                    body.insert(k.clone(), v.clone());
-                }
-                Value::Object(body)
-            }
-            other => json!({ "detail": other.detail() }),
-        };
-        let mut response = (status, Json(body)).into_response();
-        if let Some(hit) = self.limit_hit() {
-            response.extensions_mut().insert(hit);
-        }
-        if let ApiError::Unauthorized { invalid } = self {
-            let challenge = if invalid {
-                HeaderValue::from_static("Bearer error=\"invalid_token\"")
-            } else {
-                HeaderValue::from_static("Bearer")
-            };
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, challenge);
-        }
+        let mut response = (self.status(), Json(self.body())).into_response();
+        self.decorate(&mut response);
         response
     }
 }

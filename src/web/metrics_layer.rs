@@ -11,7 +11,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use prometheus::{HistogramVec, IntCounterVec};
+use prometheus::core::Collector;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,6 +27,47 @@ pub struct HttpMetrics {
     pub max_body_bytes: usize,
     /// Where refusals by a limit go.
     pub on_limit: LimitHook,
+}
+
+impl HttpMetrics {
+    /// Request metrics of their own, `<prefix>http_requests_total{method,route,status}` and
+    /// `<prefix>http_request_seconds{method,route}`, for a service that renders them into its
+    /// `/metrics` with [`HttpMetrics::render`] (the controller registers the same two in its
+    /// registry instead).
+    pub fn standalone(prefix: &str, max_body_bytes: usize, on_limit: LimitHook) -> Self {
+        let requests = IntCounterVec::new(
+            Opts::new(
+                format!("{prefix}http_requests_total"),
+                "HTTP requests, by method, matched route and status code.",
+            ),
+            &["method", "route", "status"],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        let seconds = HistogramVec::new(
+            HistogramOpts::new(
+                format!("{prefix}http_request_seconds"),
+                "HTTP request handling time, by method and matched route.",
+            )
+            .buckets(prometheus::exponential_buckets(1e-5, 4.0, 12).unwrap_or_default()),
+            &["method", "route"],
+        )
+        .unwrap_or_else(|e| unreachable!("{e}"));
+        HttpMetrics {
+            requests,
+            seconds,
+            max_body_bytes,
+            on_limit,
+        }
+    }
+
+    /// The two families in Prometheus' text format.
+    pub fn render(&self) -> String {
+        let mut families = self.requests.collect();
+        families.extend(self.seconds.collect());
+        prometheus::TextEncoder::new()
+            .encode_to_string(&families)
+            .unwrap_or_default()
+    }
 }
 
 /// The method label: the standard methods by name, anything else `other`.

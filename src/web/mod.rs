@@ -10,15 +10,18 @@
 //!
 //! * `error` — [`error::ApiError`] and its status codes and bodies;
 //! * `schema` — request body schemas: validation (bounded) and their OpenAPI form;
-//! * `auth` — the bearer-token middleware;
+//! * `access` — route classes, each service's policy and the one token check ([`access::enforce`]);
+//! * `auth` — the bearer token itself;
 //! * `guard` — the CSRF guard of state-changing routes (JSON content type, same origin);
 //! * `metrics_layer` — request counts and times by matched route, limit hits;
 //! * `assets` — a `rust-embed` folder served with ETags and a strict CSP (the dashboards'
 //!   `frontend/`, one page per service);
 //! * `history` — a dashboard's server-side history: a bounded ring of samples and its sampler;
 //! * `limits` — the HTTP limits, their defaults and their reporting;
+//! * `stack` — [`stack::Stack`]: the layers every service's router is finished with;
 //! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts.
 
+pub mod access;
 pub mod assets;
 pub mod auth;
 pub mod client;
@@ -27,8 +30,10 @@ pub mod guard;
 pub mod history;
 pub mod limits;
 pub mod metrics_layer;
+pub mod openapi;
 pub mod schema;
 pub mod serve;
+pub mod stack;
 
 pub use limits::HttpLimits;
 pub use serve::serve;

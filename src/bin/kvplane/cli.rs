@@ -139,6 +139,10 @@ pub(crate) struct ServeArgs {
     /// require; unset, they are open to anyone who reaches the HTTP port.
     #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
     api_token: Option<ApiToken>,
+    /// With `--api-token`: the read routes (lookups, fleet reads, `/metrics`, the dashboard)
+    /// need it too (`/healthz`, `/readyz` and `/openapi.json` never do).
+    #[arg(long, env = "KVPLANE_API_TOKEN_READS", requires = "api_token")]
+    api_token_reads: bool,
     /// Tokens per chunk when HTTP /lookup hashes tokens (LMCache's `chunk_size`).
     #[arg(long, env = "KVPLANE_LOOKUP_CHUNK_SIZE", default_value_t = defaults::LOOKUP_CHUNK_SIZE)]
     lookup_chunk_size: usize,
@@ -274,6 +278,7 @@ impl ServeArgs {
                 self.http_read_timeout,
             )?,
             api_token: self.api_token.clone().and_then(ApiToken::non_empty),
+            api_token_reads: self.api_token_reads,
             lookup_chunk_size: config::at_least_one("lookup-chunk-size", self.lookup_chunk_size)?,
             lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
         })

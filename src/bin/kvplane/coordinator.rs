@@ -16,7 +16,16 @@ mod v056;
 
 /// Flags of `kvplane coordinator` (the LMCache MP coordinator), as given.
 #[derive(Debug, Clone, Default, Args)]
+#[command(
+    mut_arg("api_token", |a| a.env("KVPLANE_COORDINATOR_API_TOKEN")),
+    mut_arg("api_token_reads", |a| a.env("KVPLANE_COORDINATOR_API_TOKEN_READS")),
+    mut_arg("api_token_peers", |a| a.env("KVPLANE_COORDINATOR_API_TOKEN_PEERS"))
+)]
 pub(crate) struct CoordinatorArgs {
+    /// `--api-token` and its scope (the MP servers' own routes stay open without
+    /// `--api-token-peers`: LMCache 0.5.6's MP server sends no token).
+    #[command(flatten)]
+    pub(crate) auth: kvplane::web::access::AuthArgs,
     /// Bind host [env KVPLANE_COORDINATOR_HOST, LMCACHE_MP_COORDINATOR_HOST; default 0.0.0.0].
     #[arg(long)]
     host: Option<String>,
@@ -307,6 +316,7 @@ impl CoordinatorArgs {
                 }
             },
         };
+        c.auth = kvplane::web::access::Auth::from(&self.auth);
         Ok((c, resync))
     }
 }

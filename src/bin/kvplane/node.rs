@@ -12,7 +12,16 @@ use std::path::PathBuf;
 
 /// Flags of `kvplane node`, as given.
 #[derive(Debug, Clone, Args)]
+#[command(
+    mut_arg("api_token", |a| a.env("KVPLANE_NODE_API_TOKEN")),
+    mut_arg("api_token_reads", |a| a.env("KVPLANE_NODE_API_TOKEN_READS")),
+    mut_arg("api_token_peers", |a| a.env("KVPLANE_NODE_API_TOKEN_PEERS"))
+)]
 pub(crate) struct NodeArgs {
+    /// `--api-token` and its scope on the HTTP listener (the coordinator's calls stay open
+    /// without `--api-token-peers`: LMCache 0.5.6's coordinator sends no token).
+    #[command(flatten)]
+    pub(crate) auth: kvplane::web::access::AuthArgs,
     /// Address both listeners bind to.
     #[arg(long, env = "KVPLANE_HOST", default_value = config::defaults::HOST)]
     host: String,
@@ -379,6 +388,7 @@ impl NodeArgs {
                 });
             },
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
+            auth: kvplane::web::access::Auth::from(&self.auth),
             host: self.host.clone(),
             port: self.port,
             http_port: (!self.no_http).then_some(self.http_port),

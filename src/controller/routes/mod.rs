@@ -38,30 +38,17 @@ pub use orchestration::{
 
 use crate::controller::limits::Limit;
 use crate::controller::Shared;
-use crate::web::auth::BearerToken;
-use crate::web::error::ApiError;
+use crate::web::access::{Auth, Policy};
 use crate::web::limits::{HttpLimits, LimitHook};
 use crate::web::metrics_layer::HttpMetrics;
-use crate::web::{guard, metrics_layer};
-use axum::extract::DefaultBodyLimit;
+use crate::web::stack::{Guard, Stack};
 use axum::http::Method;
-use axum::middleware;
-use axum::response::IntoResponse;
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
 use history::History;
 use std::sync::Arc;
 
-/// Who may call a route when `--api-token` is set.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// Anyone: reads, lookups, health probes, metrics.
-    Open,
-    /// Commands that change workers' caches: only with `Authorization: Bearer <token>` when
-    /// `--api-token` is set, and always behind the CSRF guard ([`crate::web::guard`]: JSON
-    /// content type, same origin).
-    Token,
-}
+pub use crate::web::access::Access;
 
 /// One route of the API.
 pub struct ApiRoute {
@@ -90,45 +77,45 @@ fn route(
 
 /// Every API route (the dashboard's routes come from its own module).
 pub fn api_routes() -> Vec<ApiRoute> {
-    use Access::{Open, Token};
+    use Access::{Open, Read, Write};
     use Method as M;
     vec![
-        route(M::POST, "/lookup", Open, post(lookup::lookup)),
+        route(M::POST, "/lookup", Read, post(lookup::lookup)),
         route(
             M::POST,
             "/query_instance",
-            Open,
+            Read,
             post(lookup::query_instance),
         ),
         route(
             M::POST,
             "/query_worker_info",
-            Open,
+            Read,
             post(lookup::query_worker_info),
         ),
-        route(M::POST, "/clear", Token, post(orchestration::clear)),
-        route(M::POST, "/pin", Token, post(orchestration::pin)),
-        route(M::POST, "/compress", Token, post(orchestration::compress)),
+        route(M::POST, "/clear", Write, post(orchestration::clear)),
+        route(M::POST, "/pin", Write, post(orchestration::pin)),
+        route(M::POST, "/compress", Write, post(orchestration::compress)),
         route(
             M::POST,
             "/decompress",
-            Token,
+            Write,
             post(orchestration::decompress),
         ),
-        route(M::POST, "/move", Token, post(orchestration::move_kv)),
-        route(M::POST, "/health", Open, post(orchestration::health)),
+        route(M::POST, "/move", Write, post(orchestration::move_kv)),
+        route(M::POST, "/health", Read, post(orchestration::health)),
         route(
             M::POST,
             "/check_finish",
-            Open,
+            Read,
             post(orchestration::check_finish),
         ),
-        route(M::GET, "/controller/key-stats", Open, get(fleet::key_stats)),
-        route(M::GET, "/controller/workers", Open, get(fleet::workers)),
-        route(M::GET, "/controller/cluster", Open, get(fleet::cluster)),
+        route(M::GET, "/controller/key-stats", Read, get(fleet::key_stats)),
+        route(M::GET, "/controller/workers", Read, get(fleet::workers)),
+        route(M::GET, "/controller/cluster", Read, get(fleet::cluster)),
         route(M::GET, "/healthz", Open, get(fleet::healthz)),
         route(M::GET, "/readyz", Open, get(fleet::readyz)),
-        route(M::GET, "/metrics", Open, get(fleet::metrics)),
+        route(M::GET, "/metrics", Read, get(fleet::metrics)),
         route(M::GET, "/openapi.json", Open, get(openapi::serve)),
     ]
 }
@@ -179,10 +166,32 @@ pub fn http_limits(shared: &Shared) -> HttpLimits {
     }
 }
 
+/// The controller's token settings.
+pub fn auth(shared: &Shared) -> Auth {
+    Auth {
+        token: shared.config.api_token.clone(),
+        reads: shared.config.api_token_reads,
+        peers: false,
+    }
+}
+
+/// Every route's access class, the dashboard's included.
+pub fn policy(shared: &Shared) -> Policy {
+    let mut routes: Vec<_> = api_routes()
+        .into_iter()
+        .map(|r| (r.method, r.path, r.access))
+        .collect();
+    routes.extend(
+        openapi::DASHBOARD_ROUTES
+            .iter()
+            .map(|(path, _)| (Method::GET, *path, Access::Read)),
+    );
+    Policy::new("controller", routes, auth(shared))
+}
+
 /// Builds the router, its dashboard feed serving `history`.
 pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
-    let mut open = Router::new();
-    let mut guarded = Router::new();
+    let mut app = Router::new();
     let replica = shared.cluster().is_some_and(|c| c.is_replica());
     for r in api_routes() {
         // A read replica has no downlinks: the commands go to the leader.
@@ -195,61 +204,30 @@ pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
         } else {
             r.handler
         };
-        match r.access {
-            Access::Open => open = open.route(r.path, handler),
-            Access::Token => guarded = guarded.route(r.path, handler),
-        }
+        app = app.route(r.path, handler);
     }
-    if let Some(token) = &shared.config.api_token {
-        guarded = guarded.route_layer(middleware::from_fn_with_state(
-            BearerToken::new(token.expose()),
-            crate::web::auth::require_token,
-        ));
-    }
-    // Added last, so it runs first: a cross-origin page gets 415/403 before anything else.
-    let guarded = guarded.route_layer(middleware::from_fn(guard::same_origin_json));
     let limits = http_limits(&shared);
-    let metrics = Arc::new(HttpMetrics {
-        requests: shared.metrics.http_requests.clone(),
-        seconds: shared.metrics.http_request_seconds.clone(),
-        max_body_bytes: limits.max_body_bytes,
-        on_limit: limit_hook(&shared),
-    });
-    Router::new()
-        .merge(open)
-        .merge(guarded)
-        .merge(dashboard::routes())
-        .fallback(not_found)
-        // Layers last, so that they wrap every route above.
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            limits.max_body_bytes,
-            crate::web::limits::refuse_announced_oversize,
-        ))
+    let stack = Stack {
+        policy: Arc::new(policy(&shared)),
+        limits,
+        metrics: Arc::new(HttpMetrics {
+            requests: shared.metrics.http_requests.clone(),
+            seconds: shared.metrics.http_request_seconds.clone(),
+            max_body_bytes: limits.max_body_bytes,
+            on_limit: limit_hook(&shared),
+        }),
+        guard: Guard::JsonWrites,
+    };
+    stack
+        .finish(app.merge(dashboard::routes()))
         .layer(Extension(limits))
         .layer(Extension(history))
-        .layer(middleware::from_fn_with_state(
-            metrics,
-            metrics_layer::track,
-        ))
         .with_state(shared)
-}
-
-async fn not_found() -> impl IntoResponse {
-    ApiError::NotFound("Not Found".into())
 }
 
 /// Logs, once at start, whether the mutating routes are protected.
 pub fn log_policy(shared: &Shared) {
-    if shared.config.api_token.is_some() {
-        tracing::info!("mutating HTTP routes (/clear /pin /compress /decompress /move) require the --api-token bearer token");
-    } else {
-        tracing::warn!(
-            "no --api-token set: the mutating HTTP routes (/clear /pin /compress /decompress \
-             /move) are open to anyone who can reach the HTTP port (browsers' cross-origin \
-             requests are refused)"
-        );
-    }
+    policy(shared).log();
 }
 
 /// A new event id: `prefix` + a random UUID (version 4), as LMCache builds them.

@@ -10,6 +10,7 @@ use super::orchestration::{
     MoveRequest, PinRequest,
 };
 use super::{api_routes, Access};
+use crate::web::access::Auth;
 use crate::controller::Shared;
 use crate::web::schema::{body_schema, Body, BodySpec};
 use axum::extract::State;
@@ -262,7 +263,7 @@ fn operation_id(method: &Method, path: &str) -> String {
     )
 }
 
-fn render(method: &Method, path: &str, access: Access, token_set: bool, op: &Op) -> Value {
+fn render(method: &Method, path: &str, access: Access, auth: &Auth, op: &Op) -> Value {
     let mut responses = Map::new();
     let ok = match (path, op.ok) {
         ("/metrics", _) => json!({
@@ -311,7 +312,7 @@ fn render(method: &Method, path: &str, access: Access, token_set: bool, op: &Op)
                 "ErrorDetail",
             ),
         );
-        if access == Access::Token {
+        if access == Access::Write {
             responses.insert(
                 "415".into(),
                 json_response("Content-Type is not JSON (CSRF guard).", "ErrorDetail"),
@@ -333,15 +334,16 @@ fn render(method: &Method, path: &str, access: Access, token_set: bool, op: &Op)
             ]),
         );
     }
-    if access == Access::Token {
+    if access == Access::Write {
         operation.insert("tags".into(), json!(["commands"]));
-        if token_set {
-            operation.insert("security".into(), json!([{ "bearerAuth": [] }]));
-            responses.insert(
-                "401".into(),
-                json_response("Missing or wrong bearer token.", "ErrorDetail"),
-            );
-        }
+    }
+    operation.insert("x-kvplane-access".into(), access.as_str().into());
+    if auth.requires(access) {
+        operation.insert("security".into(), json!([{ "bearerAuth": [] }]));
+        responses.insert(
+            "401".into(),
+            json_response("Missing or wrong bearer token.", "ErrorDetail"),
+        );
     }
     operation.insert("responses".into(), Value::Object(responses));
     Value::Object(operation)
@@ -553,8 +555,8 @@ fn schemas() -> Map<String, Value> {
     s
 }
 
-/// The OpenAPI document; `token_set` adds the bearer security to the mutating routes.
-pub(crate) fn document(token_set: bool) -> Value {
+/// The OpenAPI document; `auth` adds the bearer security to the routes that need the token.
+pub(crate) fn document(auth: &Auth) -> Value {
     let mut paths = Map::new();
     let mut add = |path: &str, method: &Method, op: Value| {
         let entry = paths
@@ -567,7 +569,7 @@ pub(crate) fn document(token_set: bool) -> Value {
     for r in api_routes() {
         let op = operation(&r.method, r.path).map_or_else(
             || json!({ "summary": "undocumented", "responses": { "200": { "description": "" } } }),
-            |op| render(&r.method, r.path, r.access, token_set, &op),
+            |op| render(&r.method, r.path, r.access, auth, &op),
         );
         add(r.path, &r.method, op);
     }
@@ -576,6 +578,7 @@ pub(crate) fn document(token_set: bool) -> Value {
             "operationId": operation_id(&Method::GET, path),
             "summary": summary,
             "tags": ["dashboard"],
+            "x-kvplane-access": "read",
             "responses": {
                 "200": { "description": "The asset or feed." },
                 "304": { "description": "Not modified (ETag)." },
@@ -599,10 +602,14 @@ pub(crate) fn document(token_set: bool) -> Value {
             ]);
             op["responses"]["422"] = json_response("Bad query.", "HTTPValidationError");
         }
+        if auth.requires(Access::Read) {
+            op["security"] = json!([{ "bearerAuth": [] }]);
+            op["responses"]["401"] = json_response("Missing or wrong bearer token.", "ErrorDetail");
+        }
         add(path, &Method::GET, op);
     }
     let mut components = json!({ "schemas": schemas() });
-    if token_set {
+    if auth.token.is_some() {
         components["securitySchemes"] =
             json!({ "bearerAuth": { "type": "http", "scheme": "bearer" } });
     }
@@ -621,7 +628,7 @@ pub(crate) fn document(token_set: bool) -> Value {
 
 /// `GET /openapi.json`.
 pub(crate) async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(document(shared.config.api_token.is_some()))
+    Json(document(&super::auth(&shared)))
 }
 
 #[cfg(test)]
@@ -638,7 +645,7 @@ mod tests {
                 r.path
             );
         }
-        let doc = document(true);
+        let doc = document(&Auth::token("t"));
         let paths = doc["paths"].as_object().expect("paths");
         for r in api_routes() {
             let method = r.method.as_str().to_ascii_lowercase();
@@ -675,7 +682,12 @@ mod tests {
     #[test]
     fn document_is_structurally_valid_openapi_3() {
         for token_set in [false, true] {
-            let doc = document(token_set);
+            let auth = if token_set {
+                Auth::token("t")
+            } else {
+                Auth::default()
+            };
+            let doc = document(&auth);
             assert_eq!(doc["openapi"], "3.0.3");
             assert!(doc["info"]["title"].is_string() && doc["info"]["version"].is_string());
             let schemas = doc["components"]["schemas"].as_object().expect("schemas");
@@ -732,7 +744,7 @@ mod tests {
 
     #[test]
     fn bodies_list_their_required_fields() {
-        let doc = document(false);
+        let doc = document(&Auth::default());
         let s = &doc["components"]["schemas"];
         assert_eq!(
             s["ClearRequest"]["required"],

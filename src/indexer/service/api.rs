@@ -1,118 +1,11 @@
 //! The JSON contract of the indexer's HTTP API (spec §1): request bodies read tolerantly
-//! (aliases, unknown fields ignored), validated into typed requests, and the one error type
-//! whose body is `{"error", "reason", "field"?, "index"?}` with the C++ Conductor's reason
-//! codes. Pure: no axum here beyond the response conversion.
+//! (aliases, unknown fields ignored) and validated into typed requests; a refusal is a
+//! [`crate::web::error::Refusal`], the one error shape's Conductor form (`error`, `reason`
+//! with the C++ Conductor's codes, `field`, `index`). Pure: no axum here.
 
 use crate::indexer::index::LoraNs;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+pub use crate::web::error::Refusal as ApiError;
 use serde_json::{json, Map, Value};
-
-/// An API error: status, reason code, message, and the field (and list index) at fault.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
-    /// The HTTP status.
-    pub status: StatusCode,
-    /// A stable code: `missing`, `invalid_type`, `invalid_value`, `out_of_range`,
-    /// `invalid_json`, `not_found`, `conflict`, `method_not_allowed`, `internal`.
-    pub reason: &'static str,
-    /// What went wrong.
-    pub message: String,
-    /// The field at fault.
-    pub field: Option<&'static str>,
-    /// The index inside a list field.
-    pub index: Option<usize>,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            reason,
-            message: message.into(),
-            field: None,
-            index: None,
-        }
-    }
-
-    /// The request body could not be read: 413 past the body limit, 408 when the client was
-    /// too slow sending it, 400 otherwise.
-    pub fn unreadable_body(e: &axum::extract::rejection::BytesRejection, max: usize) -> Self {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            Self::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("the body is larger than {max} bytes (--max-body-bytes)"),
-            )
-        } else if crate::web::serve::is_read_timeout(e) {
-            Self::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "timeout",
-                "the request body was not received within --http-read-timeout",
-            )
-        } else {
-            Self::new(
-                StatusCode::BAD_REQUEST,
-                "unreadable_body",
-                format!("cannot read the body: {}", e.body_text()),
-            )
-        }
-    }
-
-    /// A 400 about `field`.
-    pub fn field(reason: &'static str, field: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            field: Some(field),
-            ..Self::new(StatusCode::BAD_REQUEST, reason, message)
-        }
-    }
-
-    /// A 400 for a body that is not JSON.
-    pub fn invalid_json(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_json", message)
-    }
-
-    /// A 404.
-    pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-
-    /// A 409 about `field`.
-    pub fn conflict(field: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            field: Some(field),
-            ..Self::new(StatusCode::CONFLICT, "conflict", message)
-        }
-    }
-
-    /// A 405.
-    pub fn method_not_allowed() -> Self {
-        Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "method not allowed on this route",
-        )
-    }
-
-    /// The JSON body.
-    pub fn body(&self) -> Value {
-        let mut body = json!({"error": self.message, "reason": self.reason});
-        if let Some(f) = self.field {
-            body["field"] = json!(f);
-        }
-        if let Some(i) = self.index {
-            body["index"] = json!(i);
-        }
-        body
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
-    }
-}
 
 /// Parses a body as a JSON object, whatever the Content-Type says.
 pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -475,6 +368,7 @@ pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn obj(v: Value) -> Map<String, Value> {
         match v {

@@ -7,13 +7,16 @@ use super::api::{self, ApiError};
 use super::metrics::Text;
 use super::IndexerState;
 use crate::indexer::index::{InstanceMatch, QueryScope};
+use crate::web::access::{Access, Auth, Policy};
 use crate::web::limits::{RefusalCounter, WebLimit};
+use crate::web::metrics_layer::HttpMetrics;
+use crate::web::stack::{Guard, Stack};
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -29,9 +32,43 @@ type PublisherFamily = (
     fn(&super::PublisherStatus) -> u64,
 );
 
+/// The routes that never need a token, and the queries (POSTs that read); registrations
+/// are writes.
+pub(crate) fn policy(auth: Auth) -> Policy {
+    use axum::http::Method as M;
+    use Access::{Open, Read};
+    let routes = vec![
+        (M::POST, "/query", Read),
+        (M::POST, "/query_by_hash", Read),
+        (M::GET, "/healthz", Open),
+        (M::GET, "/readyz", Open),
+        (M::GET, "/openapi.json", Open),
+    ];
+    Policy::new("indexer", routes, auth)
+}
+
 /// The router.
 pub(crate) fn router(state: Arc<IndexerState>) -> Router {
-    let limit = state.config.max_body_bytes;
+    let limits = crate::web::HttpLimits {
+        max_body_bytes: state.config.max_body_bytes,
+        // Not enforced by the indexer: its bodies are parsed into typed requests whose
+        // sizes `max_body_bytes` bounds.
+        max_body_items: usize::MAX,
+        max_connections: state.config.max_http_connections,
+        read_timeout: state.config.http_read_timeout,
+    };
+    let http = Arc::new(HttpMetrics::standalone(
+        "kvplane_indexer_",
+        limits.max_body_bytes,
+        crate::web::limits::counting_hook("indexer", refusals(&state)),
+    ));
+    let stack = Stack {
+        policy: Arc::new(policy(state.config.auth.clone())),
+        limits,
+        metrics: Arc::clone(&http),
+        // The Conductor's clients post without a content type.
+        guard: Guard::OriginOnly,
+    };
     let routes = Router::new()
         .merge(super::dashboard::routes(&state))
         .route("/register", post(register))
@@ -42,14 +79,10 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
-        .fallback(|| async { ApiError::not_found("no such route") });
-    let counter = refusals(&state);
-    crate::web::limits::with_body_limits(routes, limit, counter)
-        .layer(axum::middleware::from_fn(
-            crate::web::guard::same_origin_only,
-        ))
+        .route("/openapi.json", get(openapi));
+    stack
+        .finish(routes)
+        .layer(Extension(http))
         .with_state(state)
 }
 
@@ -231,9 +264,10 @@ async fn readyz(State(st): St) -> impl IntoResponse {
     (status, Json(body))
 }
 
-async fn metrics(State(st): St) -> impl IntoResponse {
+async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) -> impl IntoResponse {
     let mut out = Text::default();
     st.metrics.render_own(&mut out);
+    out.0.push_str(&http.render());
     super::cluster::render(&st, &mut out);
     {
         let core = st.core.read();

@@ -35,7 +35,15 @@ pub use metrics::IndexerMetrics;
 
 /// Flags of `kvplane indexer`, each with a `KVPLANE_*` environment twin.
 #[derive(Clone, Debug, clap::Args)]
+#[command(
+    mut_arg("api_token", |a| a.env("KVPLANE_INDEXER_API_TOKEN")),
+    mut_arg("api_token_reads", |a| a.env("KVPLANE_INDEXER_API_TOKEN_READS")),
+    mut_arg("api_token_peers", |a| a.env("KVPLANE_INDEXER_API_TOKEN_PEERS"))
+)]
 pub struct IndexerArgs {
+    /// `--api-token` and its scope (docs/INDEXER.md, "Authentication").
+    #[command(flatten)]
+    pub auth: crate::web::access::AuthArgs,
     /// Address the HTTP server binds to.
     #[arg(long, env = "KVPLANE_INDEXER_HOST", default_value = "0.0.0.0")]
     pub host: String,
@@ -162,6 +170,7 @@ impl IndexerArgs {
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             replica: self.replica,
+            auth: crate::web::access::Auth::from(&self.auth),
         }
     }
 }
@@ -197,6 +206,8 @@ pub struct IndexerConfig {
     pub cluster: Option<crate::cluster::ClusterConfig>,
     /// A read replica: follows the cluster's ingester, takes no registrations.
     pub replica: bool,
+    /// `--api-token` and its scope.
+    pub auth: crate::web::access::Auth,
 }
 
 impl Default for IndexerConfig {
@@ -216,6 +227,7 @@ impl Default for IndexerConfig {
             http_read_timeout: Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S),
             cluster: None,
             replica: false,
+            auth: crate::web::access::Auth::default(),
         }
     }
 }
@@ -627,7 +639,7 @@ fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, StartErr
             let body = v
                 .as_object()
                 .ok_or_else(|| err(format!("entry {i} is not an object")))?;
-            api::registration(body).map_err(|e| err(format!("entry {i}: {}", e.body())))
+            api::registration(body).map_err(|e| err(format!("entry {i}: {}", e.message)))
         })
         .collect()
 }

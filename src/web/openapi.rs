@@ -1,0 +1,185 @@
+//! An OpenAPI 3.0 document from a service's route table: each [`Operation`] names its method,
+//! path, summary, access class, request body schema and answers; the error answers share one
+//! schema (the one error shape of [`super::error`]). Services with a richer document of their
+//! own (the controller's, from its body specs) add `x-kvplane-access` the same way, so one
+//! test can walk every service's document.
+//!
+//! Knows no service: the tables come from them.
+
+use super::access::{Access, Auth};
+use axum::http::Method;
+use serde_json::{json, Map, Value};
+
+/// One operation of a service's API.
+#[derive(Clone, Debug)]
+pub struct Operation {
+    /// The method.
+    pub method: Method,
+    /// The path, with `{name}` path parameters.
+    pub path: &'static str,
+    /// One line.
+    pub summary: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// The JSON schema of the request body, if it takes one.
+    pub body: Option<Value>,
+    /// Query parameters: name, JSON schema, required.
+    pub query: Vec<(&'static str, Value, bool)>,
+    /// The answers besides the errors every route may give: status, description.
+    pub answers: Vec<(u16, &'static str)>,
+}
+
+impl Operation {
+    /// An operation answering 200.
+    pub fn new(method: Method, path: &'static str, access: Access, summary: &'static str) -> Self {
+        Operation {
+            method,
+            path,
+            summary,
+            access,
+            body: None,
+            query: Vec::new(),
+            answers: vec![(200, "OK")],
+        }
+    }
+
+    /// With a JSON request body of this schema.
+    pub fn body(mut self, schema: Value) -> Self {
+        self.body = Some(schema);
+        self
+    }
+
+    /// With a query parameter.
+    pub fn query(mut self, name: &'static str, schema: Value, required: bool) -> Self {
+        self.query.push((name, schema, required));
+        self
+    }
+
+    /// With these answers instead of 200.
+    pub fn answers(mut self, answers: &[(u16, &'static str)]) -> Self {
+        self.answers = answers.to_vec();
+        self
+    }
+}
+
+/// The schema of every error body.
+pub fn error_schema() -> Value {
+    json!({"type": "object", "required": ["detail", "error", "reason"], "properties": {
+        "detail": {"description": "FastAPI's: the message, or pydantic's error list"},
+        "error": {"type": "string"},
+        "reason": {"type": "string"},
+        "field": {"type": "string"},
+        "index": {"type": "integer"}}})
+}
+
+fn error_answer(description: &str) -> Value {
+    json!({"description": description,
+           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+/// The document of `operations` for `title`; `auth` marks the operations needing the token.
+pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
+    let mut paths = Map::new();
+    for op in operations {
+        let mut responses = Map::new();
+        for (status, description) in &op.answers {
+            responses.insert(status.to_string(), json!({"description": description}));
+        }
+        responses.insert("404".into(), error_answer("No such route or object."));
+        let mut o = json!({
+            "operationId": operation_id(&op.method, op.path),
+            "summary": op.summary,
+            "x-kvplane-access": op.access.as_str(),
+        });
+        let mut params: Vec<Value> = op
+            .path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
+            .map(|name| {
+                json!({"name": name, "in": "path", "required": true,
+                       "schema": {"type": "string", "minLength": 1}})
+            })
+            .collect();
+        for (name, schema, required) in &op.query {
+            params.push(json!({"name": name, "in": "query", "required": required,
+                               "schema": schema}));
+        }
+        if !params.is_empty() {
+            o["parameters"] = Value::Array(params);
+        }
+        if let Some(schema) = &op.body {
+            o["requestBody"] = json!({"required": true,
+                "content": {"application/json": {"schema": schema}}});
+            responses.insert("400".into(), error_answer("Not JSON, or a value refused."));
+            responses.insert("413".into(), error_answer("Body over --max-body-bytes."));
+            responses.insert("422".into(), error_answer("Body does not match the schema."));
+        }
+        if !op.method.is_safe() {
+            responses.insert(
+                "403".into(),
+                error_answer("Cross-origin browser request (CSRF guard)."),
+            );
+        }
+        if auth.requires(op.access) {
+            o["security"] = json!([{"bearerAuth": []}]);
+            responses.insert(
+                "401".into(),
+                error_answer("Missing or wrong bearer token."),
+            );
+        }
+        o["responses"] = Value::Object(responses);
+        let item = paths
+            .entry(op.path.to_owned())
+            .or_insert_with(|| Value::Object(Map::new()));
+        item[op.method.as_str().to_ascii_lowercase()] = o;
+    }
+    let mut components = json!({"schemas": {"Error": error_schema()}});
+    if auth.token.is_some() {
+        components["securitySchemes"] = json!({"bearerAuth": {"type": "http", "scheme": "bearer"}});
+    }
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": title, "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": components,
+    })
+}
+
+/// `get_cache_objects` for `GET /cache/objects`.
+fn operation_id(method: &Method, path: &str) -> String {
+    let mut id = method.as_str().to_ascii_lowercase();
+    for seg in path.split('/').filter(|s| !s.is_empty()) {
+        id.push('_');
+        id.extend(
+            seg.chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .map(|c| c.to_ascii_lowercase()),
+        );
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_document_marks_the_token_routes() {
+        let ops = [
+            Operation::new(Method::GET, "/healthz", Access::Open, "Liveness"),
+            Operation::new(Method::DELETE, "/x/{id}", Access::Write, "Delete")
+                .body(json!({"type": "object"})),
+        ];
+        let doc = document("t", &ops, &Auth::token("s"));
+        let del = &doc["paths"]["/x/{id}"]["delete"];
+        assert_eq!(del["x-kvplane-access"], "write");
+        assert!(del["responses"]["401"].is_object());
+        assert_eq!(del["parameters"][0]["name"], "id");
+        assert_eq!(del["operationId"], "delete_x_id");
+        let get = &doc["paths"]["/healthz"]["get"];
+        assert!(get.get("security").is_none());
+        assert!(doc["components"]["securitySchemes"]["bearerAuth"].is_object());
+        let open = document("t", &ops, &Auth::default());
+        assert!(open["paths"]["/x/{id}"]["delete"].get("security").is_none());
+    }
+}

@@ -1,0 +1,105 @@
+//! The HTTP stack every service's router is finished with, so that every service answers the
+//! same way to the same mistake and is protected the same way:
+//!
+//! * per-route request metrics ([`super::metrics_layer`]), outermost, so refusals count too;
+//! * the CSRF guard ([`super::guard`]) on every state-changing request: for [`Access::Write`]
+//!   routes of a service whose clients send JSON, content type and origin; otherwise origin
+//!   alone (clients that send bodies without a type, or none);
+//! * the bearer token ([`super::access::enforce`]) by the matched route's class;
+//! * the body limit (`--max-body-bytes`: an announced oversize body is refused before it is
+//!   read, a longer one when it passes the limit), each refusal counted;
+//! * one 404 and one 405 for routes and methods that do not exist, in the one error shape
+//!   ([`super::error`]).
+//!
+//! Knows no service: the policy, the limits and the metric handles come in as a [`Stack`].
+
+use super::access::{enforce, Access, Policy};
+use super::error::ApiError;
+use super::guard;
+use super::limits::{refuse_announced_oversize, HttpLimits, LimitHit, WebLimit};
+use super::metrics_layer::{track, HttpMetrics};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::sync::Arc;
+
+/// What a service's state-changing requests must show to pass the CSRF guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// [`Access::Write`] routes take JSON: content type and origin (the controller, whose
+    /// LMCache clients always send JSON); other state-changing routes: origin alone.
+    JsonWrites,
+    /// Origin alone on every state-changing route (services whose real clients send bodies
+    /// without a content type, or none).
+    OriginOnly,
+}
+
+/// The parts of a service's HTTP stack.
+#[derive(Clone)]
+pub struct Stack {
+    /// Who may call what.
+    pub policy: Arc<Policy>,
+    /// The request limits (the body limit is applied here; connections and read times by
+    /// [`super::serve`]).
+    pub limits: HttpLimits,
+    /// Where requests are counted and timed, and refusals reported.
+    pub metrics: Arc<HttpMetrics>,
+    /// The CSRF guard's strictness.
+    pub guard: Guard,
+}
+
+impl Stack {
+    /// `router` with the whole stack around it (module docs), and the 404/405 answers.
+    pub fn finish<S: Clone + Send + Sync + 'static>(&self, router: Router<S>) -> Router<S> {
+        let policy = Arc::clone(&self.policy);
+        let max_body_bytes = self.limits.max_body_bytes;
+        router
+            .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+            .fallback(|| async { ApiError::NotFound("Not Found".into()) })
+            // Layers run last-added first: metrics, guard, token, body limit, handler.
+            .layer(DefaultBodyLimit::max(max_body_bytes))
+            .layer(from_fn_with_state(
+                max_body_bytes,
+                refuse_announced_oversize,
+            ))
+            .layer(from_fn_with_state(Arc::clone(&policy), enforce))
+            .layer(from_fn_with_state(
+                (Arc::clone(&policy), self.guard),
+                csrf,
+            ))
+            .layer(from_fn_with_state(Arc::clone(&self.metrics), track))
+    }
+
+    /// The limit hit a 413 without its own [`LimitHit`] stands for.
+    pub fn body_limit_hit(&self) -> LimitHit {
+        LimitHit {
+            limit: WebLimit::BodyBytes,
+            value: self.limits.max_body_bytes as u64,
+        }
+    }
+}
+
+/// The CSRF guard, by the matched route's class (see [`Guard`]).
+async fn csrf(
+    State((policy, strictness)): State<(Arc<Policy>, Guard)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method().is_safe() {
+        return next.run(request).await;
+    }
+    let access = match request.extensions().get::<MatchedPath>() {
+        Some(path) => policy.access(request.method(), path.as_str()),
+        None => Access::of_method(request.method()),
+    };
+    let checked = if strictness == Guard::JsonWrites && access == Access::Write {
+        guard::check(request.headers(), request.uri())
+    } else {
+        guard::check_origin(request.headers(), request.uri())
+    };
+    match checked {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
