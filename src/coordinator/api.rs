@@ -95,7 +95,11 @@ pub fn router(state: Shared) -> Router {
         .route("/coordinator/cluster", get(cluster_status))
         .route(
             "/openapi.json",
-            get(|| async { Json(super::openapi::document()) }),
+            get(|State(s): State<Shared>| async move {
+                let mut doc = super::openapi::document();
+                crate::web::openapi::annotate(&mut doc, &policy(s.auth.clone()));
+                Json(doc)
+            }),
         );
     if features.eviction_controller {
         // 0.5.6's FleetEvictionController owns these (`disabled_controllers` removes them).

@@ -165,7 +165,7 @@ impl Policy {
         };
         self.routes
             .iter()
-            .find(|(m, p, _)| m == method && *p == path)
+            .find(|(m, p, _)| m == method && same_template(p, path))
             .map_or_else(|| Access::of_method(method), |(_, _, a)| *a)
     }
 
@@ -204,6 +204,17 @@ impl Policy {
             );
         }
     }
+}
+
+/// Whether two route templates are the same route (path parameters match whatever their
+/// names: the router's `{id}` is the document's `{instance_id}`).
+fn same_template(a: &str, b: &str) -> bool {
+    let param = |s: &str| s.starts_with('{') && s.ends_with('}');
+    a.split('/').count() == b.split('/').count()
+        && a
+            .split('/')
+            .zip(b.split('/'))
+            .all(|(x, y)| x == y || (param(x) && param(y)))
 }
 
 /// Middleware: lets a request through when its route's class needs no token or it carries
@@ -274,5 +285,13 @@ mod tests {
         assert_eq!(p.access(&Method::POST, "/other"), Access::Write);
         assert_eq!(p.access(&Method::GET, "/other"), Access::Read);
         assert_eq!(p.access(&Method::HEAD, "/query"), Access::Read);
+        let p = Policy::new(
+            "t",
+            vec![(Method::PUT, "/i/{id}/beat", Access::Peer)],
+            Auth::token("t"),
+        );
+        assert_eq!(p.access(&Method::PUT, "/i/{instance_id}/beat"), Access::Peer);
+        assert_eq!(p.access(&Method::PUT, "/i/x/beat"), Access::Write);
+        assert_eq!(p.access(&Method::PUT, "/i/{id}"), Access::Write);
     }
 }

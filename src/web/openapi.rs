@@ -6,7 +6,7 @@
 //!
 //! Knows no service: the tables come from them.
 
-use super::access::{Access, Auth};
+use super::access::{Access, Auth, Policy};
 use axum::http::Method;
 use serde_json::{json, Map, Value};
 
@@ -143,6 +143,38 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
         "paths": paths,
         "components": components,
     })
+}
+
+/// Marks every operation of a document written by hand with its class from `policy`
+/// (`x-kvplane-access`) and, where the policy's token settings require it, the bearer
+/// security and its 401 answer; declares the scheme when a token is set.
+pub fn annotate(doc: &mut Value, policy: &Policy) {
+    let auth = policy.auth();
+    if let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) {
+        for (path, item) in paths.iter_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for (method, op) in item.iter_mut() {
+                let Ok(m) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+                    continue;
+                };
+                let access = policy.access(&m, path);
+                op["x-kvplane-access"] = access.as_str().into();
+                if auth.requires(access) {
+                    op["security"] = json!([{"bearerAuth": []}]);
+                    if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                        r.insert("401".into(), error_answer("Missing or wrong bearer token."));
+                    }
+                }
+            }
+        }
+    }
+    if auth.token.is_some() {
+        doc["components"]["securitySchemes"] =
+            json!({"bearerAuth": {"type": "http", "scheme": "bearer"}});
+        doc["components"]["schemas"]["Error"] = error_schema();
+    }
 }
 
 /// `get_cache_objects` for `GET /cache/objects`.

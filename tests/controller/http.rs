@@ -291,10 +291,13 @@ async fn commands_reject_bad_bodies_with_422() {
     let shared = shared();
     let a = post(&shared, "/clear", r#"{"instance_id":"x"}"#).await;
     assert_eq!(a.status, 422);
+    // FastAPI's body, with the one error shape's `error`, `reason` and `field` beside it.
     assert_eq!(
         a.body,
         json!({"detail":[{"type":"missing","loc":["body","location"],"msg":"Field required",
-                          "input":{"instance_id":"x"}}]})
+                          "input":{"instance_id":"x"}}],
+               "error": "body.location: Field required", "reason": "missing",
+               "field": "location"})
     );
     let a = post(&shared, "/pin", r#"{"instance_id":"x","location":"y"}"#).await;
     assert_eq!(a.body["detail"][0]["loc"], json!(["body", "tokens"]));
@@ -788,7 +791,11 @@ async fn key_stats_and_workers_have_lmcache_shapes() {
     let a = get(&shared, "/controller/workers?instance_id=zz").await;
     assert_eq!(
         (a.status.as_u16(), &a.body),
-        (404, &json!({"detail": "No workers found for instance zz"}))
+        (
+            404,
+            &json!({"detail": "No workers found for instance zz",
+                    "error": "No workers found for instance zz", "reason": "not_found"})
+        )
     );
     let a = get(
         &shared,
@@ -797,7 +804,11 @@ async fn key_stats_and_workers_have_lmcache_shapes() {
     .await;
     assert_eq!(
         (a.status.as_u16(), &a.body),
-        (404, &json!({"detail": "Worker (inst-a, 9) not found"}))
+        (
+            404,
+            &json!({"detail": "Worker (inst-a, 9) not found",
+                    "error": "Worker (inst-a, 9) not found", "reason": "not_found"})
+        )
     );
     let a = get(&shared, "/controller/workers?worker_id=abc").await;
     assert_eq!(a.status, 422);
@@ -833,10 +844,14 @@ async fn healthz_readyz_and_fallbacks() {
     let a = get(&shared, "/nope").await;
     assert_eq!(
         (a.status.as_u16(), &a.body),
-        (404, &json!({"detail": "Not Found"}))
+        (
+            404,
+            &json!({"detail": "Not Found", "error": "Not Found", "reason": "not_found"})
+        )
     );
     let a = get(&shared, "/clear").await;
     assert_eq!(a.status, 405);
+    assert_eq!(a.body["reason"], "method_not_allowed");
     let huge = format!(
         "{{\"tokens\": [{}1]}}",
         " ".repeat(kvplane::config::defaults::MAX_BODY_BYTES)
@@ -856,7 +871,7 @@ async fn every_route_answers_its_method_and_is_in_the_openapi_document() {
         let body = (method == "POST").then_some("{}");
         let a = call(router(Arc::clone(&shared)), method, r.path, body, &[]).await;
         assert!(
-            a.status != 405 && a.body != json!({"detail": "Not Found"}),
+            a.status != 405 && a.body["detail"] != "Not Found",
             "{method} {} is not routed ({})",
             r.path,
             a.status

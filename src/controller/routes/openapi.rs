@@ -359,8 +359,12 @@ fn schemas() -> Map<String, Value> {
     let event_id = json!({ "type": "string", "description": "Prefix + UUID4, e.g. Clear3f2a…" });
     let more = json!({
         "ErrorDetail": {
-            "type": "object", "required": ["detail"],
-            "properties": { "detail": { "type": "string" } }
+            "type": "object", "required": ["detail", "error", "reason"],
+            "description": "The one error shape of every kvplane service (FastAPI's detail, \
+                the Conductor's error and reason).",
+            "properties": { "detail": { "type": "string" }, "error": { "type": "string" },
+                "reason": { "type": "string" }, "field": { "type": "string" },
+                "index": { "type": "integer" } }
         },
         "ValidationError": {
             "type": "object", "required": ["loc", "msg", "type"],
@@ -374,9 +378,12 @@ fn schemas() -> Map<String, Value> {
             }
         },
         "HTTPValidationError": {
-            "type": "object", "required": ["detail"],
+            "type": "object", "required": ["detail", "error", "reason"],
             "properties": { "detail": { "type": "array",
-                "items": schema_ref("ValidationError") } }
+                "items": schema_ref("ValidationError") },
+                "error": { "type": "string" }, "reason": { "type": "string" },
+                "field": { "type": "string" }, "index": { "type": "integer" },
+                "omitted_errors": { "type": "integer" } }
         },
         "WorkersError": {
             "type": "object", "required": ["detail", "event_id", "workers"],

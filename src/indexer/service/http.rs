@@ -391,8 +391,10 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0)
 }
 
-async fn openapi() -> Json<Value> {
-    Json(super::openapi_doc())
+async fn openapi(State(st): St) -> Json<Value> {
+    let mut doc = super::openapi_doc();
+    crate::web::openapi::annotate(&mut doc, &policy(st.config.auth.clone()));
+    Json(doc)
 }
 
 #[cfg(test)]
