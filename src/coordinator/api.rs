@@ -12,8 +12,8 @@ use super::limits::{JsonBody, Refused};
 use super::metrics;
 use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
-pub(crate) use crate::web::error::ApiError;
 use crate::web::access::{Access, Auth, Policy};
+pub(crate) use crate::web::error::ApiError;
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
 use crate::web::HttpLimits;
@@ -655,9 +655,7 @@ async fn prefetch_status(
     let path = format!("/cache/prefetches/{request}");
     let reply = outbound::call(&ip, port, "GET", &path, None, s.outbound_timeout)
         .await
-        .map_err(|e| {
-            ApiError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}"))
-        })?;
+        .map_err(|e| ApiError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}")))?;
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
     Ok((
         status,

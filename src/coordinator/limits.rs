@@ -9,7 +9,7 @@
 //! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
 //! `web::serve` calls.
 
-use super::api::{ApiState, ApiError};
+use super::api::{ApiError, ApiState};
 use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -8,7 +8,6 @@ use super::metrics::NodeMetrics;
 use super::prefetch::Prefetches;
 use super::tiers::Tiers;
 use crate::web::access::{Auth, Policy};
-use serde_json::Value;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
@@ -19,6 +18,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use serde_json::Value;
 use std::sync::Arc;
 
 #[derive(Clone)]

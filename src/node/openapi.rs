@@ -17,30 +17,70 @@ pub(crate) fn operations() -> Vec<Operation> {
     let tier = json!({"type": "string", "enum": ["l1", "l2", "all"]});
     vec![
         Operation::new(M::GET, "/healthz", Open, "Liveness"),
-        Operation::new(M::GET, "/readyz", Open, "Readiness: the listeners are bound"),
+        Operation::new(
+            M::GET,
+            "/readyz",
+            Open,
+            "Readiness: the listeners are bound",
+        ),
         Operation::new(M::GET, "/openapi.json", Open, "This document"),
         Operation::new(M::GET, "/metrics", Read, "Prometheus metrics"),
-        Operation::new(M::GET, "/cache/objects", Read, "Keys held, by tier, one page")
-            .query("tier", json!({"type": "string", "enum": ["l1", "l2"]}), false)
-            .query("page_size", json!({"type": "integer", "minimum": 1}), false)
-            .query("page_token", json!({"type": "string"}), false)
-            .answers(&[(200, "A page of keys"), (400, "Bad tier or page size")]),
-        Operation::new(M::DELETE, "/cache/objects", Peer, "Delete objects (a coordinator's eviction)")
-            .body(json!({"type": "object", "required": ["keys"], "properties": {
+        Operation::new(
+            M::GET,
+            "/cache/objects",
+            Read,
+            "Keys held, by tier, one page",
+        )
+        .query(
+            "tier",
+            json!({"type": "string", "enum": ["l1", "l2"]}),
+            false,
+        )
+        .query("page_size", json!({"type": "integer", "minimum": 1}), false)
+        .query("page_token", json!({"type": "string"}), false)
+        .answers(&[(200, "A page of keys"), (400, "Bad tier or page size")]),
+        Operation::new(
+            M::DELETE,
+            "/cache/objects",
+            Peer,
+            "Delete objects (a coordinator's eviction)",
+        )
+        .body(
+            json!({"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": key},
-                "tier": tier, "adapter": {"type": "string"}, "force": {"type": "boolean"}}})),
+                "tier": tier, "adapter": {"type": "string"}, "force": {"type": "boolean"}}}),
+        ),
         Operation::new(M::GET, "/pins", Read, "Pinned objects"),
-        Operation::new(M::POST, "/unpin", Write, "Unpin what a controller's /pin pinned")
-            .body(json!({"type": "object", "additionalProperties": false, "properties": {
+        Operation::new(
+            M::POST,
+            "/unpin",
+            Write,
+            "Unpin what a controller's /pin pinned",
+        )
+        .body(
+            json!({"type": "object", "additionalProperties": false, "properties": {
                 "location": {"type": "string", "enum": ["LocalCPUBackend", "LocalDiskBackend"]},
-                "tokens": {"type": "array", "items": {"type": "integer"}}}})),
-        Operation::new(M::POST, "/cache/prefetches", Peer, "Warm prefetch (a coordinator's)")
-            .body(json!({"type": "object", "required": ["model_name", "world_size", "token_ids"],
+                "tokens": {"type": "array", "items": {"type": "integer"}}}}),
+        ),
+        Operation::new(
+            M::POST,
+            "/cache/prefetches",
+            Peer,
+            "Warm prefetch (a coordinator's)",
+        )
+        .body(
+            json!({"type": "object", "required": ["model_name", "world_size", "token_ids"],
                 "properties": {"model_name": {"type": "string"}, "world_size": {"type": "integer"},
                     "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                     "cache_salt": {"type": "string"}, "source_tier": {"type": "string"},
-                    "target_tier": {"type": "string"}}})),
-        Operation::new(M::GET, "/cache/prefetches/{request}", Read, "A prefetch's progress"),
+                    "target_tier": {"type": "string"}}}),
+        ),
+        Operation::new(
+            M::GET,
+            "/cache/prefetches/{request}",
+            Read,
+            "A prefetch's progress",
+        ),
         Operation::new(M::GET, "/", Read, "The node's dashboard page"),
         Operation::new(M::GET, "/static/{path}", Read, "Dashboard assets"),
         Operation::new(M::GET, "/api/dashboard", Read, "The dashboard's feed"),

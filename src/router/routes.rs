@@ -4,6 +4,10 @@
 use super::metrics::EngineGauges;
 use super::state::{Decision, Kind, Reservation, RouterState};
 use super::upstream::{self, Failure, StreamObserver};
+use crate::web::access::Access;
+use crate::web::error::{ApiError, Refusal};
+use crate::web::openapi::{self, Operation};
+use crate::web::stack::Stack;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -11,10 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
-use crate::web::access::Access;
-use crate::web::error::{ApiError, Refusal};
-use crate::web::openapi::{self, Operation};
-use crate::web::stack::Stack;
 use std::sync::Arc;
 
 type St = State<Arc<RouterState>>;
@@ -75,23 +75,54 @@ pub(crate) fn operations() -> Vec<Operation> {
                 "required": ["role", "content"],
                 "properties": {"role": {"type": "string"}, "content": {}}}}}});
     vec![
-        Operation::new(M::POST, "/v1/completions", Read, "OpenAI completions, routed by KV prefix")
-            .body(completion)
-            .answers(&[(200, "The engine's answer (SSE when streaming)"), (502, "No engine took it")]),
-        Operation::new(M::POST, "/v1/chat/completions", Read, "OpenAI chat completions, routed by KV prefix")
-            .body(chat)
-            .answers(&[(200, "The engine's answer (SSE when streaming)"), (502, "No engine took it")]),
+        Operation::new(
+            M::POST,
+            "/v1/completions",
+            Read,
+            "OpenAI completions, routed by KV prefix",
+        )
+        .body(completion)
+        .answers(&[
+            (200, "The engine's answer (SSE when streaming)"),
+            (502, "No engine took it"),
+        ]),
+        Operation::new(
+            M::POST,
+            "/v1/chat/completions",
+            Read,
+            "OpenAI chat completions, routed by KV prefix",
+        )
+        .body(chat)
+        .answers(&[
+            (200, "The engine's answer (SSE when streaming)"),
+            (502, "No engine took it"),
+        ]),
         Operation::new(M::GET, "/v1/models", Read, "The engines' models"),
-        Operation::new(M::GET, "/health", Open, "Whether an engine is up (vLLM's probe path)")
-            .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
+        Operation::new(
+            M::GET,
+            "/health",
+            Open,
+            "Whether an engine is up (vLLM's probe path)",
+        )
+        .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
         Operation::new(M::GET, "/healthz", Open, "Liveness"),
         Operation::new(M::GET, "/readyz", Open, "Ready: an engine is up")
             .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
         Operation::new(M::GET, "/openapi.json", Open, "This document"),
         Operation::new(M::GET, "/metrics", Read, "Prometheus metrics"),
-        Operation::new(M::GET, "/router/stats", Read, "Predicted against delivered cached tokens"),
-        Operation::new(M::POST, "/router/doctor", Write, "Hash-parity probe of every engine")
-            .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")]),
+        Operation::new(
+            M::GET,
+            "/router/stats",
+            Read,
+            "Predicted against delivered cached tokens",
+        ),
+        Operation::new(
+            M::POST,
+            "/router/doctor",
+            Write,
+            "Hash-parity probe of every engine",
+        )
+        .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")]),
     ]
 }
 

@@ -211,8 +211,7 @@ impl Policy {
 fn same_template(a: &str, b: &str) -> bool {
     let param = |s: &str| s.starts_with('{') && s.ends_with('}');
     a.split('/').count() == b.split('/').count()
-        && a
-            .split('/')
+        && a.split('/')
             .zip(b.split('/'))
             .all(|(x, y)| x == y || (param(x) && param(y)))
 }
@@ -290,7 +289,10 @@ mod tests {
             vec![(Method::PUT, "/i/{id}/beat", Access::Peer)],
             Auth::token("t"),
         );
-        assert_eq!(p.access(&Method::PUT, "/i/{instance_id}/beat"), Access::Peer);
+        assert_eq!(
+            p.access(&Method::PUT, "/i/{instance_id}/beat"),
+            Access::Peer
+        );
         assert_eq!(p.access(&Method::PUT, "/i/x/beat"), Access::Write);
         assert_eq!(p.access(&Method::PUT, "/i/{id}"), Access::Write);
     }

@@ -554,9 +554,10 @@ impl ApiError {
         let loc = loc
             .into_iter()
             .map(|v| match v {
-                Value::Number(n) => n
-                    .as_u64()
-                    .map_or_else(|| LocPart::Key(n.to_string()), |i| LocPart::Index(i as usize)),
+                Value::Number(n) => n.as_u64().map_or_else(
+                    || LocPart::Key(n.to_string()),
+                    |i| LocPart::Index(i as usize),
+                ),
                 Value::String(s) => LocPart::Key(s),
                 other => LocPart::Key(other.to_string()),
             })

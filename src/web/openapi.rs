@@ -112,7 +112,10 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
                 "content": {"application/json": {"schema": schema}}});
             responses.insert("400".into(), error_answer("Not JSON, or a value refused."));
             responses.insert("413".into(), error_answer("Body over --max-body-bytes."));
-            responses.insert("422".into(), error_answer("Body does not match the schema."));
+            responses.insert(
+                "422".into(),
+                error_answer("Body does not match the schema."),
+            );
         }
         if !op.method.is_safe() {
             responses.insert(
@@ -122,10 +125,7 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
         }
         if auth.requires(op.access) {
             o["security"] = json!([{"bearerAuth": []}]);
-            responses.insert(
-                "401".into(),
-                error_answer("Missing or wrong bearer token."),
-            );
+            responses.insert("401".into(), error_answer("Missing or wrong bearer token."));
         }
         o["responses"] = Value::Object(responses);
         let item = paths

@@ -64,10 +64,7 @@ impl Stack {
                 refuse_announced_oversize,
             ))
             .layer(from_fn_with_state(Arc::clone(&policy), enforce))
-            .layer(from_fn_with_state(
-                (Arc::clone(&policy), self.guard),
-                csrf,
-            ))
+            .layer(from_fn_with_state((Arc::clone(&policy), self.guard), csrf))
             .layer(from_fn_with_state(Arc::clone(&self.metrics), track))
     }
 

@@ -10,8 +10,8 @@ use super::orchestration::{
     MoveRequest, PinRequest,
 };
 use super::{api_routes, Access};
-use crate::web::access::Auth;
 use crate::controller::Shared;
+use crate::web::access::Auth;
 use crate::web::schema::{body_schema, Body, BodySpec};
 use axum::extract::State;
 use axum::http::Method;
