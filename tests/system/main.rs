@@ -7,6 +7,7 @@
 mod support;
 
 mod architecture;
+mod auth;
 mod bench_indexer;
 mod bench_smoke;
 mod binary;

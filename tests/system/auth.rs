@@ -5,13 +5,12 @@
 //! that never need it (probes, the document) answer without it. Then the same mistakes get
 //! the same answer everywhere: an unknown route, a wrong method, a cross-origin POST.
 
-mod common;
-
-use common::http::http;
-use common::node::node_with;
+use crate::support;
 use kvplane::web::access::Auth;
 use serde_json::Value;
 use std::net::SocketAddr;
+use support::http::http;
+use support::node::node_with;
 
 const TOKEN: &str = "s3cret-token";
 
@@ -28,7 +27,7 @@ fn all_routes() -> Auth {
 /// keeps it running).
 async fn services() -> Vec<(&'static str, SocketAddr, Box<dyn std::any::Any>)> {
     let mut out: Vec<(&'static str, SocketAddr, Box<dyn std::any::Any>)> = Vec::new();
-    let controller = common::server_with(|c| {
+    let controller = support::server_with(|c| {
         c.api_token = all_routes().token;
         c.api_token_reads = true;
     })
