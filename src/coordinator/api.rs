@@ -84,6 +84,7 @@ pub fn router(state: Shared) -> Router {
             "/healthz",
             get(|| async { Json(json!({"status": "healthy"})) }),
         )
+        .route("/readyz", get(readyz))
         .route("/quota/events", post(legacy_events))
         .route("/events", post(events))
         .route("/cache/prefetches", post(prefetch))
@@ -688,6 +689,19 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, ApiError> {
     }
     text.push_str(&s.http_metrics.render());
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `GET /readyz`: 200 while the owner tasks answer (this process serves: a `--cluster`
+/// standby binds no port), 503 once they stopped.
+async fn readyz(State(s): State<Shared>) -> Response {
+    match s.handle.fleet(|_, _, _| ()).await {
+        Ok(()) => Json(json!({"status": "ready"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "stopping", "detail": e.to_string()})),
+        )
+            .into_response(),
+    }
 }
 
 /// `GET /coordinator/cluster`: this coordinator's place in its cluster (`--cluster`), or

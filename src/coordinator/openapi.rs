@@ -38,6 +38,12 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
         &[204],
     ),
     ("/healthz", "get", "Liveness", &[200]),
+    (
+        "/readyz",
+        "get",
+        "Readiness: the owner tasks answer",
+        &[200, 503],
+    ),
     ("/metrics", "get", "Prometheus metrics", &[200]),
     (
         "/coordinator/cluster",
