@@ -47,7 +47,7 @@ pub struct ApiState {
     /// Saves quotas and pins after each change (`--metadata-path`).
     pub metadata: super::metadata::Persister,
     /// This coordinator's place in its cluster (`--cluster`; `None`: standalone).
-    pub cluster: Option<Arc<super::cluster::ClusterStatus>>,
+    pub cluster: Option<Arc<crate::cluster::ClusterStatus>>,
     /// `--checkpoint-path` (`None`: off).
     pub checkpoint: Option<Arc<super::checkpoint::Checkpointer>>,
     /// `--enable-blend-lookup`: `(chunk_size, probe_stride)` (`None`: off).
@@ -426,7 +426,7 @@ async fn set_quota_config(
         .set_default_limit(limit)
         .await?
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    s.metadata.save(&s.handle).await;
+    s.metadata.save(s.handle.metadata()).await;
     Ok(Json(json!({ "default_limit_gb": limit })))
 }
 
@@ -452,7 +452,7 @@ async fn set_quota(
     let r = s.handle.set_quota(salt, limit).await?;
     match r {
         Ok(()) => {
-            s.metadata.save(&s.handle).await;
+            s.metadata.save(s.handle.metadata()).await;
             Ok(Json(
                 json!({"cache_salt": reply_salt, "limit_gb": limit, "status": "ok"}),
             ))
@@ -485,7 +485,7 @@ async fn remove_quota(
     let reply_salt = salt.clone();
     let existed = s.handle.remove_quota(salt).await?;
     if existed {
-        s.metadata.save(&s.handle).await;
+        s.metadata.save(s.handle.metadata()).await;
     }
     let status = if existed { "removed" } else { "not_found" };
     Ok(Json(

@@ -74,7 +74,7 @@ pub(crate) async fn pin(
         .pin(keys, MAX_PINNED_KEYS)
         .await?
         .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    s.metadata.save(&s.handle).await;
+    s.metadata.save(s.handle.metadata()).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "pinned"}),
     ))
@@ -89,7 +89,7 @@ pub(crate) async fn unpin(
     let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
     s.handle.unpin(keys).await?;
-    s.metadata.save(&s.handle).await;
+    s.metadata.save(s.handle.metadata()).await;
     Ok(Json(
         json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
     ))
@@ -212,7 +212,7 @@ pub(crate) async fn delete(
     }
     if touches_l2 && b.force {
         s.handle.drop_pins(send).await?;
-        s.metadata.save(&s.handle).await;
+        s.metadata.save(s.handle.metadata()).await;
     }
     Ok(Json(json!({
         "instance_id": b.instance_id, "requested": chunks, "affected": deleted,

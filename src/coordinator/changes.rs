@@ -1,7 +1,8 @@
 //! The coordinator's change log, for hot standbys (`kvplane coordinator --cluster`,
-//! docs/CLUSTER.md): every input that changed the leader's state, as one [`Record`], in apply
-//! order, and the pure [`Follower`] that applies the same records to a standby's own
-//! [`Replica`] (fleet and key model).
+//! docs/CLUSTER.md): every input that changed the leader's state, as one [`Change`], in apply
+//! order, and the [`CoordinatorState`] (fleet and key model) as the replication core's
+//! [`Replicated`] state: a standby applies the same changes to its own through the core
+//! (`crate::cluster`), which numbers, publishes, follows, fences and snapshots them.
 //!
 //! The state is deterministic given its inputs: the model has no clock and no randomness, and
 //! the fleet's only inputs besides the request are the times its owner passes in. So the log
@@ -12,30 +13,29 @@
 //! minutes) — with the leader's wall clock as `now`. A standby applying them in order through
 //! the same model functions holds the same memberships (registration times included), event
 //! cursors, tracked keys in the same LRU order, usage per instance and compartment, quotas and
-//! pins as the leader.
+//! pins as the leader. On the leader, every change goes through `super::logged`, which logs it
+//! in the owner job that applies it.
 //!
 //! Not logged: the eviction cycle (it changes nothing but counters: usage drops when the
 //! servers' delete events come back, and those are logged) and everything that only reads.
 //! Each heartbeat's monotonic instant differs between processes; a standby stamps it at the
 //! leader's wall-clock time mapped onto its own clock, and a takeover counts every instance
-//! as seen at that moment anyway ([`Change::Takeover`]).
-//!
-//! Records carry the leader's epoch — the revision of the lease it holds, so a later leader
-//! always has a larger one — and a sequence number from 1 within it. Fencing: once a follower
-//! has seen an epoch, records of an older one are ignored, so a paused old leader that
-//! publishes after losing its lease changes nothing anywhere. A new leader's first record is
-//! [`Change::Takeover`]; state carries over from the previous epoch. Pure and synchronous: no
-//! clocks (the caller passes its own), no I/O.
+//! as seen at that moment anyway ([`Change::Takeover`]). Pure and synchronous: no clocks (the
+//! core passes this process's), no I/O.
 
 use super::events::{Batch, Tier};
 use super::fleet::{Fleet, Registration};
 use super::keys::EncodedKey;
 use super::metadata::Metadata;
 use super::model::Model;
-pub use crate::cluster::{Applied, LogCursor, Position};
+use super::snapshot::StateDump;
+use crate::cluster::{Replicated, Stamp};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
+
+/// A record of the coordinator's log.
+pub type Record = crate::cluster::Record<Change>;
 
 /// One event batch as the sequence gate saw it (its operations follow in [`Change::Apply`]
 /// records, slice by slice, as the leader applied them).
@@ -300,75 +300,22 @@ impl Change {
     }
 }
 
-/// A [`Change`] with its place in the log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    /// The leader's epoch: the revision of its lease.
-    pub epoch: u64,
-    /// 1, 2, … within the epoch.
-    pub seq: u64,
-    /// The leader's wall clock when it logged the change, ms since the Unix epoch (for the
-    /// lag a standby reports).
-    pub at_ms: u64,
-    /// The leader's wall clock when it applied the change, Unix seconds (a registration's
-    /// time; heartbeats are mapped from it).
-    pub now: f64,
-    /// The change.
-    pub change: Change,
-}
-
-impl Record {
-    /// The bytes published for this record (msgpack).
-    pub fn encode(&self) -> Vec<u8> {
-        rmp_serde::to_vec(self).unwrap_or_default()
-    }
-
-    /// The bytes of a record whose change is already encoded ([`Change::encode`]): the same
-    /// bytes as [`Record::encode`] (a record is a msgpack array of its five fields), so the
-    /// leader encodes a change before it takes the log's lock and only numbers it under it.
-    pub fn frame(epoch: u64, seq: u64, at_ms: u64, now: f64, change: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(change.len() + 32);
-        // Writing into a Vec cannot fail.
-        let _ = rmp::encode::write_array_len(&mut out, 5);
-        let _ = rmp::encode::write_uint(&mut out, epoch);
-        let _ = rmp::encode::write_uint(&mut out, seq);
-        let _ = rmp::encode::write_uint(&mut out, at_ms);
-        let _ = rmp::encode::write_f64(&mut out, now);
-        out.extend_from_slice(change);
-        out
-    }
-
-    /// A record from published bytes.
-    ///
-    /// # Errors
-    /// When the bytes are not a record.
-    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
-        rmp_serde::from_slice(bytes)
-    }
-}
-
 /// The state a standby follows: what the two owner tasks hold once it leads.
-pub struct Replica {
+pub struct CoordinatorState {
     /// Fleet membership.
     pub fleet: Fleet,
     /// Event cursors, tracked keys, usage, quotas, pins.
     pub model: Model,
 }
 
-impl Replica {
+impl CoordinatorState {
     /// An empty fleet beside `model`.
     pub fn new(model: Model) -> Self {
-        Replica {
+        CoordinatorState {
             fleet: Fleet::new(model.config().max_instances),
             model,
         }
     }
-}
-
-/// Where a standby's state is in the log; applies [`Record`]s to it.
-#[derive(Debug, Default)]
-pub struct Follower {
-    cursor: LogCursor,
 }
 
 /// `now` on the leader's wall clock (Unix seconds) as an instant of this process, given this
@@ -385,45 +332,49 @@ pub fn leader_instant(now: f64, local: (Instant, f64)) -> Instant {
         .unwrap_or(local.0)
 }
 
-impl Follower {
-    /// At the start of the log, before any record.
-    pub fn new() -> Self {
-        Self::default()
+impl Replicated for CoordinatorState {
+    const SERVICE: &'static str = "coordinator";
+    type Change = Change;
+    type Dump = StateDump;
+
+    fn apply(&mut self, change: Change, at: &Stamp) {
+        apply_change(self, change, at.now, leader_instant(at.now, at.local));
     }
 
-    /// At a snapshot's position.
-    pub fn at(p: Position) -> Self {
-        Follower {
-            cursor: LogCursor::at(p),
+    fn dump(&self) -> StateDump {
+        StateDump {
+            fleet: self.fleet.dump(),
+            model: self.model.dump(),
         }
     }
 
-    /// Where it is in the log.
-    pub fn cursor(&self) -> &LogCursor {
-        &self.cursor
+    /// Within this state's limits; every restored instance counts as seen now, as at a
+    /// takeover.
+    fn restore(&self, dump: StateDump) -> Result<Self, String> {
+        let config = self.model.config().clone();
+        let fleet = Fleet::restore(config.max_instances, dump.fleet, Instant::now())
+            .map_err(|e| e.to_string())?;
+        let model = Model::restore(config, dump.model)?;
+        Ok(CoordinatorState { fleet, model })
     }
 
-    /// Notes the stream sequence of the log message just handled (applied or not).
-    pub fn note_stream_seq(&mut self, seq: u64) {
-        self.cursor.note_stream_seq(seq);
+    fn takeover(holder: String, fresh: bool) -> Change {
+        Change::Takeover { holder, fresh }
     }
 
-    /// Applies one record to `state` (the standby's, only ever changed through this);
-    /// `local` is this process's clock now (see [`leader_instant`]).
-    pub fn apply(&mut self, state: &mut Replica, r: Record, local: (Instant, f64)) -> Applied {
-        let fresh = matches!(r.change, Change::Takeover { fresh: true, .. });
-        let outcome = self.cursor.admit(r.epoch, r.seq, r.at_ms, fresh);
-        if outcome.applies() {
-            apply_change(state, r.change, r.now, leader_instant(r.now, local));
-        }
-        outcome
+    fn fresh(change: &Change) -> bool {
+        matches!(change, Change::Takeover { fresh: true, .. })
+    }
+
+    fn split(change: &Change) -> Option<(Change, Change)> {
+        change.split()
     }
 }
 
 /// Applies `change` (logged at the leader's wall-clock `now`, `at` on this process's clock)
 /// through the model functions the leader used.
-fn apply_change(state: &mut Replica, change: Change, now: f64, at: Instant) {
-    let Replica { fleet, model } = state;
+fn apply_change(state: &mut CoordinatorState, change: Change, now: f64, at: Instant) {
+    let CoordinatorState { fleet, model } = state;
     match change {
         Change::Takeover { .. } => fleet.touch_all(at),
         Change::Register { registration } => {

@@ -3,6 +3,9 @@
 //! a cut change applies as the whole.
 
 use super::*;
+use crate::cluster::{
+    apply_record, decode_snapshot, encode_snapshot, Applied, Body, LogCursor, Position,
+};
 use crate::coordinator::events::Op;
 use crate::coordinator::fleet::Fleet;
 use crate::coordinator::model::ModelConfig;
@@ -98,21 +101,56 @@ pub(crate) fn model_view(m: &mut Model, registered: Vec<String>) -> Value {
     })
 }
 
-pub(crate) fn view(s: &mut Replica) -> Value {
+pub(crate) fn view(s: &mut CoordinatorState) -> Value {
     let ids = s.fleet.iter().map(|i| i.instance_id.clone()).collect();
     json!({"fleet": fleet_view(&s.fleet), "model": model_view(&mut s.model, ids)})
 }
 
+/// A follower's place in the log, applying records as the replication core does.
+#[derive(Default)]
+pub(crate) struct Follower {
+    cursor: LogCursor,
+}
+
+impl Follower {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn at(p: Position) -> Self {
+        Follower {
+            cursor: LogCursor::at(p),
+        }
+    }
+
+    pub(crate) fn cursor(&self) -> &LogCursor {
+        &self.cursor
+    }
+
+    pub(crate) fn note_stream_seq(&mut self, seq: u64) {
+        self.cursor.note_stream_seq(seq);
+    }
+
+    pub(crate) fn apply(
+        &mut self,
+        s: &mut CoordinatorState,
+        r: Record,
+        local: (Instant, f64),
+    ) -> Applied {
+        apply_record(&mut self.cursor, s, r, local)
+    }
+}
+
 /// A leader: applies each change to its state as the owners do, and logs it.
 struct Leader {
-    state: Replica,
+    state: CoordinatorState,
     epoch: u64,
     seq: u64,
     log: Vec<Record>,
 }
 
 impl Leader {
-    fn new(state: Replica, epoch: u64, fresh: bool, now: f64) -> Self {
+    fn new(state: CoordinatorState, epoch: u64, fresh: bool, now: f64) -> Self {
         let mut l = Leader {
             state,
             epoch,
@@ -143,7 +181,7 @@ impl Leader {
 }
 
 /// Every record through its bytes, applied at `now`.
-fn follow(f: &mut Follower, s: &mut Replica, log: &[Record], now: f64) -> Vec<Applied> {
+fn follow(f: &mut Follower, s: &mut CoordinatorState, log: &[Record], now: f64) -> Vec<Applied> {
     log.iter()
         .map(|r| {
             let r = Record::decode(&r.encode()).expect("decodes");
@@ -154,7 +192,7 @@ fn follow(f: &mut Follower, s: &mut Replica, log: &[Record], now: f64) -> Vec<Ap
 
 /// A leader's log of every kind of change.
 fn busy_leader() -> Leader {
-    let mut l = Leader::new(Replica::new(Model::new(config())), 5, true, T0);
+    let mut l = Leader::new(CoordinatorState::new(Model::new(config())), 5, true, T0);
     for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
         l.record(
             T0 + 1.0 + i as f64,
@@ -264,7 +302,7 @@ fn records_frame_as_they_encode_and_decode_back() {
             now: T0 + 0.25,
             change,
         };
-        let framed = Record::frame(r.epoch, r.seq, r.at_ms, r.now, &r.change.encode());
+        let framed = Body::encode(&r.change).frame(r.epoch, r.seq, r.at_ms, r.now);
         assert_eq!(framed, r.encode(), "{:?}", r.change);
         assert_eq!(Record::decode(&framed).unwrap(), r);
     }
@@ -275,7 +313,7 @@ fn records_frame_as_they_encode_and_decode_back() {
 fn a_follower_holds_the_leaders_state_through_every_kind_of_change() {
     let mut leader = busy_leader();
     let mut f = Follower::new();
-    let mut standby = Replica::new(Model::new(config()));
+    let mut standby = CoordinatorState::new(Model::new(config()));
     let applied = follow(&mut f, &mut standby, &leader.log, T0 + 8.0);
     assert_eq!(applied[0], Applied::NewEpoch);
     assert!(applied[1..].iter().all(|a| *a == Applied::InOrder));
@@ -301,7 +339,7 @@ fn a_follower_holds_the_leaders_state_through_every_kind_of_change() {
 fn a_new_leader_carries_the_state_on_and_a_deposed_one_is_fenced() {
     let mut first = busy_leader();
     let mut f = Follower::new();
-    let mut standby = Replica::new(Model::new(config()));
+    let mut standby = CoordinatorState::new(Model::new(config()));
     follow(&mut f, &mut standby, &first.log, T0 + 8.0);
     // The first leader logs one more change after losing its lease (epoch 5).
     first.record(
@@ -312,9 +350,9 @@ fn a_new_leader_carries_the_state_on_and_a_deposed_one_is_fenced() {
         },
     );
     // The standby's own takeover (epoch 9) reaches the log before that late write.
-    let state = std::mem::replace(&mut standby, Replica::new(Model::new(config())));
+    let state = std::mem::replace(&mut standby, CoordinatorState::new(Model::new(config())));
     let mut second = Leader::new(state, 9, false, T0 + 9.0);
-    let mut other = Replica::new(Model::new(config()));
+    let mut other = CoordinatorState::new(Model::new(config()));
     let mut g = Follower::new();
     follow(
         &mut g,
@@ -353,7 +391,7 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
     let log = &leader.log;
     // A duplicate is ignored; a missing record is a gap (applied, not in sync).
     let mut f = Follower::new();
-    let mut s = Replica::new(Model::new(config()));
+    let mut s = CoordinatorState::new(Model::new(config()));
     follow(&mut f, &mut s, &log[..3], T0 + 8.0);
     assert_eq!(
         follow(&mut f, &mut s, &log[2..3], T0 + 8.0),
@@ -370,16 +408,21 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
     let mut late = Follower::new();
     follow(
         &mut late,
-        &mut Replica::new(Model::new(config())),
+        &mut CoordinatorState::new(Model::new(config())),
         &log[3..],
         T0 + 8.0,
     );
     assert!(!late.cursor().in_sync());
-    let next = Leader::new(Replica::new(Model::new(config())), 6, false, T0 + 8.0);
+    let next = Leader::new(
+        CoordinatorState::new(Model::new(config())),
+        6,
+        false,
+        T0 + 8.0,
+    );
     let mut joined = Follower::new();
     follow(
         &mut joined,
-        &mut Replica::new(Model::new(config())),
+        &mut CoordinatorState::new(Model::new(config())),
         &next.log,
         T0 + 8.0,
     );
@@ -389,7 +432,7 @@ fn gaps_duplicates_and_a_late_start_are_reported() {
 #[test]
 fn heartbeats_keep_their_age_and_a_takeover_counts_everyone_as_seen() {
     let timeout = Duration::from_secs(30);
-    let mut l = Leader::new(Replica::new(Model::new(config())), 2, true, T0);
+    let mut l = Leader::new(CoordinatorState::new(Model::new(config())), 2, true, T0);
     l.record(
         T0,
         Change::Register {
@@ -410,7 +453,7 @@ fn heartbeats_keep_their_age_and_a_takeover_counts_everyone_as_seen() {
     );
     // Read 60 s later: "quiet" has been silent 60 s, "chatty" 10 s.
     let mut f = Follower::new();
-    let mut s = Replica::new(Model::new(config()));
+    let mut s = CoordinatorState::new(Model::new(config()));
     follow(&mut f, &mut s, &l.log, T0 + 60.0);
     assert_eq!(s.fleet.expired(clock(T0 + 60.0).0, timeout), ["quiet"]);
     assert_eq!(
@@ -430,7 +473,7 @@ fn heartbeats_keep_their_age_and_a_takeover_counts_everyone_as_seen() {
         .is_empty());
     follow(
         &mut f,
-        &mut Replica::new(Model::new(config())),
+        &mut CoordinatorState::new(Model::new(config())),
         &next.log,
         T0 + 61.0,
     );
@@ -485,14 +528,14 @@ fn a_cut_change_applies_as_the_whole() {
     ];
     for whole in wholes {
         // A standby that had other operator state and keys before.
-        let before = |s: &mut Replica| {
+        let before = |s: &mut CoordinatorState| {
             s.model.set_quota("old", 3.0).unwrap();
             s.model.pins.pin(&[key(8, "old")], 10).unwrap();
             s.model
                 .ingest([batch("z", 1, Tier::L2, stores("t", 3..5, 1))]);
         };
-        let mut one = Replica::new(Model::new(config()));
-        let mut parts = Replica::new(Model::new(config()));
+        let mut one = CoordinatorState::new(Model::new(config()));
+        let mut parts = CoordinatorState::new(Model::new(config()));
         before(&mut one);
         before(&mut parts);
         apply_change(&mut one, whole.clone(), T0, clock(T0).0);
@@ -524,10 +567,10 @@ fn a_cut_change_applies_as_the_whole() {
 #[test]
 fn the_operator_state_replaces_a_followers_own() {
     // A standby loaded an old --metadata-path file; the leader's whole state replaces it.
-    let mut standby = Replica::new(Model::new(config()));
+    let mut standby = CoordinatorState::new(Model::new(config()));
     standby.model.set_quota("stale", 1.0).unwrap();
     standby.model.pins.pin(&[key(7, "stale")], 10).unwrap();
-    let mut leader = Replica::new(Model::new(config()));
+    let mut leader = CoordinatorState::new(Model::new(config()));
     leader.model.set_quota("t", 4.0).unwrap();
     leader.model.set_default_limit(None).unwrap();
     leader.model.pins.pin(&[key(1, "t")], 10).unwrap();
@@ -546,24 +589,25 @@ fn the_operator_state_replaces_a_followers_own() {
 /// LRU order (the eviction plan) and L1 placements (a delete finds its fingerprint) included.
 #[test]
 fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
-    use crate::coordinator::snapshot::Snapshot;
     let mut leader = busy_leader();
     let mid = leader.log.len() / 2;
     let mut f = Follower::new();
-    let mut standby = Replica::new(Model::new(config()));
+    let mut standby = CoordinatorState::new(Model::new(config()));
     follow(&mut f, &mut standby, &leader.log[..mid], T0 + 8.0);
     f.note_stream_seq(mid as u64);
-    let snap = Snapshot::of(&standby, f.cursor().position());
-    let bytes = snap.encode();
-    let decoded = Snapshot::decode(&bytes).expect("decodes");
-    assert_eq!(decoded, snap);
-    let position = decoded.position;
+    let bytes = encode_snapshot(&f.cursor().position(), &Replicated::dump(&standby));
+    let (position, dump): (Position, StateDump) = decode_snapshot(&bytes).expect("decodes");
+    assert_eq!(dump, Replicated::dump(&standby));
     assert_eq!(position.stream_seq, mid as u64);
     assert_eq!((position.epoch, position.seq), f.cursor().epoch_seq());
-    let mut restored = decoded.restore(config(), clock(T0 + 8.0).0).expect("fits");
+    let empty = CoordinatorState::new(Model::new(config()));
+    let mut restored = Replicated::restore(&empty, dump).expect("fits");
     // The same state: the same bytes when dumped again (a view would plan evictions, which
     // counts; the dump holds every field the views show).
-    assert_eq!(Snapshot::of(&restored, position).encode(), bytes);
+    assert_eq!(
+        encode_snapshot(&position, &Replicated::dump(&restored)),
+        bytes
+    );
     assert_eq!(restored.fleet.len(), standby.fleet.len());
     assert_eq!(restored.model.tracked_keys(), standby.model.tracked_keys());
     // The log goes on from the snapshot's position, and more records come.
@@ -611,12 +655,11 @@ fn a_snapshot_restores_the_state_and_the_log_goes_on_from_it() {
 /// A snapshot a process's limits cannot hold is refused, not cut.
 #[test]
 fn a_snapshot_over_the_limits_is_refused() {
-    use crate::coordinator::snapshot::Snapshot;
     let leader = busy_leader();
-    let snap = Snapshot::of(&leader.state, Follower::new().cursor().position());
-    let small = ModelConfig {
+    let dump = Replicated::dump(&leader.state);
+    let small = CoordinatorState::new(Model::new(ModelConfig {
         max_tracked_keys: 5,
         ..config()
-    };
-    assert!(snap.restore(small, Instant::now()).is_err());
+    }));
+    assert!(Replicated::restore(&small, dump).is_err());
 }

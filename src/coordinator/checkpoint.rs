@@ -14,10 +14,10 @@
 //! checksum mismatch or an undecodable payload is logged and ignored: the coordinator starts
 //! cold rather than not at all.
 
-use super::driver::Handle;
+use super::files::write;
 use super::model::ModelDump;
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -149,34 +149,6 @@ pub fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, LoadEr
     decode(&bytes).map(Some)
 }
 
-/// Writes `bytes` to `path` atomically (temporary file, fsync, rename, directory fsync).
-///
-/// # Errors
-/// The I/O error.
-pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    if let Some(dir) = dir {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Some(dir) = dir {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// Writes checkpoints of a running coordinator, one at a time, and counts them.
 #[derive(Debug)]
 pub struct Checkpointer {
@@ -213,17 +185,12 @@ impl Checkpointer {
         &self.config
     }
 
-    /// Captures the model on its owner (event ingest waits for the capture; heartbeats do
-    /// not) and writes it off the runtime's threads; failures are logged and counted.
-    pub async fn write(&self, handle: &Handle) {
+    /// Writes the document `capture` yields (the model captured on its owner: event ingest
+    /// waits for it, heartbeats do not; `None`: stopped), off the runtime's threads, one write
+    /// at a time; failures are logged and counted.
+    pub async fn write(&self, capture: impl std::future::Future<Output = Option<CheckpointDoc>>) {
         let _serial = self.lock.lock().await;
-        let Ok(doc) = handle
-            .with(|m, _, wall| CheckpointDoc {
-                saved_at: wall,
-                model: m.dump(),
-            })
-            .await
-        else {
+        let Some(doc) = capture.await else {
             return; // stopped
         };
         let (path, max) = (self.config.path.clone(), self.config.max_bytes);

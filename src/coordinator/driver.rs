@@ -17,14 +17,18 @@
 //! dispatches are in flight the next cycle is skipped (counted), which bounds outbound work
 //! to one cycle.
 //!
-//! On a cluster's leader ([`super::cluster`]) the handle carries the change log: every write
-//! ([`super::writes`]) and the sweep's removals are logged in the job that applies them, and
-//! the dispatcher refuses while the lease may have lapsed. [`spawn_replica`] starts the owners
-//! on a standby's followed state.
+//! The owners hold their state as [`Keys`] and [`Members`] (`super::logged`): a read job gets
+//! `&Model` or `&Fleet`; a change is one of their logged methods, sent as a job by a
+//! [`Handle`] write method (`super::writes`) or run by the owner's own loop (the sweep, the
+//! expiry of departed servers), so on a cluster's leader every change is logged in the job
+//! that applies it, and the dispatcher refuses while the lease may have lapsed.
+//! [`spawn_replica`] starts the owners on a standby's followed state.
 
-use super::changes::{Change, Replica};
-use super::cluster::ChangeLog;
+use super::changes::CoordinatorState;
+use super::checkpoint::CheckpointDoc;
 use super::fleet::Fleet;
+use super::logged::{self, ChangeLog, Keys, Members};
+use super::metadata::Metadata;
 use super::model::{dispatches, Dispatch, Model, Victims};
 use super::outbound;
 use std::future::Future;
@@ -44,6 +48,7 @@ const YIELD_EVERY: u32 = 16;
 /// …or after any job that ran this long.
 const YIELD_AFTER: Duration = Duration::from_micros(200);
 
+/// One job on an owner's state (a read gets `&Model` / `&Fleet` out of it).
 type Job<S> = Box<dyn FnOnce(&mut S, std::time::Instant, f64) + Send>;
 
 /// Performs one eviction dispatch; `Err` carries why it failed.
@@ -93,13 +98,10 @@ pub struct Stopped;
 /// A cheap handle to both owner tasks.
 #[derive(Clone)]
 pub struct Handle {
-    keys: mpsc::Sender<Job<Model>>,
-    fleet: mpsc::Sender<Job<Fleet>>,
+    keys: mpsc::Sender<Job<Keys>>,
+    fleet: mpsc::Sender<Job<Members>>,
     /// Background outcomes.
     pub stats: Arc<LoopStats>,
-    /// The change log of a cluster's leader (`None`: not in a cluster); every write logs
-    /// through it ([`super::writes`]).
-    pub(crate) log: Option<Arc<ChangeLog>>,
 }
 
 async fn call<S: 'static, R: Send + 'static>(
@@ -116,25 +118,65 @@ async fn call<S: 'static, R: Send + 'static>(
 
 impl Handle {
     /// Runs `f` on the key model (with monotonic and wall-clock now) and returns its result.
+    /// A read: changes are [`Keys`]' logged methods (`super::writes`).
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn with<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Model, std::time::Instant, f64) -> R + Send + 'static,
+        f: impl FnOnce(&Model, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
-        call(&self.keys, f).await
+        call(&self.keys, move |k: &mut Keys, now, wall| {
+            f(k.model(), now, wall)
+        })
+        .await
     }
 
-    /// Runs `f` on the fleet (with monotonic and wall-clock now) and returns its result.
+    /// Runs `f` on the fleet (with monotonic and wall-clock now) and returns its result. A
+    /// read: changes are [`Members`]' logged methods (`super::writes`).
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn fleet<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Fleet, std::time::Instant, f64) -> R + Send + 'static,
+        f: impl FnOnce(&Fleet, std::time::Instant, f64) -> R + Send + 'static,
+    ) -> Result<R, Stopped> {
+        call(&self.fleet, move |m: &mut Members, now, wall| {
+            f(m.fleet(), now, wall)
+        })
+        .await
+    }
+
+    /// Runs `f` on the key owner's [`Keys`]: a change through one of its logged methods.
+    pub(super) async fn change_keys<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Keys, std::time::Instant, f64) -> R + Send + 'static,
+    ) -> Result<R, Stopped> {
+        call(&self.keys, f).await
+    }
+
+    /// Runs `f` on the fleet owner's [`Members`]: a change through one of its logged methods.
+    pub(super) async fn change_fleet<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Members, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
         call(&self.fleet, f).await
+    }
+
+    /// The operator state (quotas, default quota, pins) now, for the metadata file; `None`
+    /// after shutdown.
+    pub async fn metadata(&self) -> Option<Metadata> {
+        self.with(|m, _, wall| m.capture_metadata(wall)).await.ok()
+    }
+
+    /// The whole key model now, for a checkpoint; `None` after shutdown.
+    pub async fn checkpoint_doc(&self) -> Option<CheckpointDoc> {
+        self.with(|m, _, wall| CheckpointDoc {
+            saved_at: wall,
+            model: m.dump(),
+        })
+        .await
+        .ok()
     }
 }
 
@@ -158,7 +200,7 @@ pub fn spawn(
     tasks: &TaskTracker,
 ) -> Handle {
     spawn_replica(
-        Replica::new(model),
+        CoordinatorState::new(model),
         None,
         timing,
         dispatcher,
@@ -168,9 +210,9 @@ pub fn spawn(
 }
 
 /// Spawns both owner tasks on `tasks` around `state` (a standby's, at takeover); with `log`,
-/// every change they apply is logged in it.
+/// every change they apply is logged in it, the whole operator state first.
 pub fn spawn_replica(
-    state: Replica,
+    state: CoordinatorState,
     log: Option<Arc<ChangeLog>>,
     timing: Timing,
     dispatcher: Dispatcher,
@@ -179,15 +221,14 @@ pub fn spawn_replica(
 ) -> Handle {
     let (keys_tx, keys_rx) = mpsc::channel(QUEUE);
     let (fleet_tx, fleet_rx) = mpsc::channel(QUEUE);
-    let Replica { fleet, model } = state;
+    let (keys, members) = logged::split(state, log, wall_now());
     let handle = Handle {
         keys: keys_tx,
         fleet: fleet_tx,
         stats: Arc::new(LoopStats::default()),
-        log,
     };
     tasks.spawn(key_owner(
-        model,
+        keys,
         keys_rx,
         timing,
         dispatcher,
@@ -196,7 +237,7 @@ pub fn spawn_replica(
         tasks.clone(),
     ));
     tasks.spawn(fleet_owner(
-        fleet,
+        members,
         fleet_rx,
         timing,
         handle.clone(),
@@ -232,8 +273,8 @@ fn interval(period: Option<Duration>) -> Option<tokio::time::Interval> {
 }
 
 async fn key_owner(
-    mut model: Model,
-    mut rx: mpsc::Receiver<Job<Model>>,
+    mut keys: Keys,
+    mut rx: mpsc::Receiver<Job<Keys>>,
     timing: Timing,
     dispatcher: Dispatcher,
     handle: Handle,
@@ -249,7 +290,7 @@ async fn key_owner(
             job = rx.recv() => match job {
                 Some(job) => {
                     let started = std::time::Instant::now();
-                    job(&mut model, Instant::now().into_std(), wall_now());
+                    job(&mut keys, Instant::now().into_std(), wall_now());
                     record_longest(&stats.key_owner_longest_job_us, started);
                     // Let the tasks the replies woke (and anything else queued on this
                     // worker) run: after a long job, and at least every YIELD_EVERY jobs.
@@ -269,15 +310,13 @@ async fn key_owner(
                 stats.eviction_cycles.fetch_add(1, Ordering::Relaxed);
                 let started = std::time::Instant::now();
                 // Servers gone longer than the grace: their private L2 copies are dropped.
-                let cutoff = wall_now() - crate::config::defaults::coordinator::DEPARTED_L2_TTL_S;
-                if model.has_departed_before(cutoff) {
-                    if let Some(log) = &handle.log {
-                        log.record(wall_now(), &Change::Expire { cutoff });
-                    }
-                    let gone = model.expire_departed(cutoff);
+                let wall = wall_now();
+                let cutoff = wall - crate::config::defaults::coordinator::DEPARTED_L2_TTL_S;
+                let gone = keys.expire_departed(cutoff, wall);
+                if !gone.is_empty() {
                     tracing::info!(instances = ?gone, "dropped the L2 copies of servers gone for good");
                 }
-                let victims = model.plan_evictions();
+                let victims = keys.plan_evictions();
                 record_longest(&stats.key_owner_longest_job_us, started);
                 if victims.is_empty() {
                     continue;
@@ -339,8 +378,8 @@ async fn send_victims(
 }
 
 async fn fleet_owner(
-    mut fleet: Fleet,
-    mut rx: mpsc::Receiver<Job<Fleet>>,
+    mut members: Members,
+    mut rx: mpsc::Receiver<Job<Members>>,
     timing: Timing,
     handle: Handle,
     shutdown: CancellationToken,
@@ -353,19 +392,16 @@ async fn fleet_owner(
             job = rx.recv() => match job {
                 Some(job) => {
                     let started = std::time::Instant::now();
-                    job(&mut fleet, Instant::now().into_std(), wall_now());
+                    job(&mut members, Instant::now().into_std(), wall_now());
                     record_longest(&handle.stats.fleet_owner_longest_job_us, started);
                 }
                 None => break,
             },
             () = tick_or_never(&mut sweep) => {
                 handle.stats.sweeps.fetch_add(1, Ordering::Relaxed);
-                let gone = fleet.sweep(Instant::now().into_std(), timing.instance_timeout);
+                let gone = members.sweep(Instant::now().into_std(), timing.instance_timeout, wall_now());
                 if gone.is_empty() {
                     continue;
-                }
-                if let Some(log) = &handle.log {
-                    log.record(wall_now(), &Change::TimedOut { instance_ids: gone.clone() });
                 }
                 for id in &gone {
                     tracing::info!(instance_id = %id, "instance timed out; removed");
@@ -505,11 +541,8 @@ mod tests {
         let (dispatcher, mut seen) = recorder();
         let h = spawn(model(), evicting(), dispatcher, shutdown.clone(), &tasks);
         // "a" holds the copies (its events stored them): the victims go to it.
-        h.fleet(|f, now, wall| f.register(reg("a"), String::new, now, wall))
-            .await
-            .unwrap()
-            .unwrap();
-        h.with(|m, _, _| m.ingest([stores(4)])).await.unwrap();
+        h.register(reg("a"), String::new).await.unwrap().unwrap();
+        h.admit(vec![stores(4)], usize::MAX).await.unwrap();
         // Nothing before the first period.
         tokio::time::sleep(Duration::from_millis(4_900)).await;
         assert!(seen.try_recv().is_err());
@@ -566,26 +599,21 @@ mod tests {
         };
         let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
         let count = |h: Handle| async move { h.fleet(|f, _, _| f.len()).await.unwrap() };
-        h.fleet(|f, now, wall| {
-            f.register(reg("a"), String::new, now, wall).unwrap();
-            f.register(reg("chatty"), String::new, now, wall).unwrap();
-        })
-        .await
-        .unwrap();
+        for id in ["a", "chatty"] {
+            h.register(reg(id), String::new).await.unwrap().unwrap();
+        }
         // "a" (which will stay quiet) has sent events: its cursor is at seq 1.
-        h.with(|m, _, _| m.ingest([stores(1)])).await.unwrap();
+        h.admit(vec![stores(1)], usize::MAX).await.unwrap();
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_secs(10)).await;
-            h.fleet(|f, now, _| f.heartbeat("chatty", now))
-                .await
-                .unwrap();
+            h.heartbeat("chatty".into()).await.unwrap();
         }
         // 40 s: "a" was last seen at 0, removed by the sweep at 40 (> 30 s silent).
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(count(h.clone()).await, 1);
         assert!(h.stats.sweeps.load(Ordering::Relaxed) >= 4);
         // Its cursor was forgotten: seq 1 applies again instead of being a duplicate.
-        let again = h.with(|m, _, _| m.ingest([stores(1)])).await.unwrap();
+        let (again, _) = h.admit(vec![stores(1)], usize::MAX).await.unwrap();
         assert_eq!(again.applied, 1);
         shutdown.cancel();
     }
@@ -596,7 +624,7 @@ mod tests {
         let tasks = TaskTracker::new();
         let (dispatcher, mut seen) = recorder();
         let h = spawn(model(), evicting(), dispatcher, shutdown.clone(), &tasks);
-        h.with(|m, _, _| m.ingest([stores(3)])).await.unwrap();
+        h.admit(vec![stores(3)], usize::MAX).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5_100)).await;
         assert_eq!(h.stats.eviction_no_instance.load(Ordering::Relaxed), 1);
         assert_eq!(h.stats.dispatches_in_flight.load(Ordering::Relaxed), 0);
@@ -617,10 +645,7 @@ mod tests {
             eviction_check_interval: None,
         };
         let h = spawn(model(), timing, dispatcher, shutdown.clone(), &tasks);
-        h.fleet(|f, now, wall| f.register(reg("s1"), String::new, now, wall))
-            .await
-            .unwrap()
-            .unwrap();
+        h.register(reg("s1"), String::new).await.unwrap().unwrap();
         let (release, held) = std::sync::mpsc::channel::<()>();
         let (entered, is_in) = oneshot::channel::<()>();
         let busy = h.clone();
@@ -632,13 +657,10 @@ mod tests {
             .await
         });
         is_in.await.unwrap();
-        let known = tokio::time::timeout(
-            Duration::from_secs(10),
-            h.fleet(|f, now, _| f.heartbeat("s1", now)),
-        )
-        .await
-        .expect("the heartbeat waited for the key owner")
-        .unwrap();
+        let known = tokio::time::timeout(Duration::from_secs(10), h.heartbeat("s1".into()))
+            .await
+            .expect("the heartbeat waited for the key owner")
+            .unwrap();
         assert!(known);
         release.send(()).unwrap();
         blocked.await.unwrap().unwrap();

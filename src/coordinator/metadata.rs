@@ -10,7 +10,6 @@
 //! capturing after the previous one wrote, so the file never goes back to an older state.
 //! A failed write is logged and counted, never an error to the caller (0.5.6's rule).
 
-use super::driver::Handle;
 use super::keys::EncodedKey;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -175,7 +174,7 @@ fn from_lmcache(v: serde_json::Value) -> Result<Metadata, LoadError> {
 /// The I/O error.
 pub fn write(path: &Path, doc: &Metadata) -> std::io::Result<()> {
     let bytes = serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?;
-    super::checkpoint::write(path, &bytes)
+    super::files::write(path, &bytes)
 }
 
 /// Saves the metadata after each change (nothing without a path).
@@ -198,13 +197,14 @@ impl Persister {
         }
     }
 
-    /// Captures the state on the owner and writes it; failures are logged and counted.
-    pub async fn save(&self, handle: &Handle) {
+    /// Writes the document `capture` yields (the operator state captured on its owner;
+    /// `None`: stopped), one save at a time; failures are logged and counted.
+    pub async fn save(&self, capture: impl std::future::Future<Output = Option<Metadata>>) {
         let Some(path) = self.path.clone() else {
             return;
         };
         let _serial = self.lock.lock().await;
-        let Ok(doc) = handle.with(|m, _, wall| m.capture_metadata(wall)).await else {
+        let Some(doc) = capture.await else {
             return; // shutting down
         };
         let written = tokio::task::spawn_blocking(move || {

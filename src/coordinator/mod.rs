@@ -18,13 +18,16 @@
 //!   access counts, token ids once per chunk; [`blend`] its CacheBlend content index;
 //!   [`tokens`] the store events' token ids as batches carry them.
 //! - [`changes`] — `--cluster`: the change log's records (the inputs the leader applied, with
-//!   its `now`) and the [`changes::Follower`] a standby applies them with.
+//!   its `now`) and the [`changes::CoordinatorState`] a standby applies them to (the
+//!   replication core's `Replicated` state); [`snapshot`] its dump.
+//! - [`logged`] — the state as the owners hold it ([`logged::Keys`], [`logged::Members`]):
+//!   read freely, changed only through methods that log the change on a cluster's leader.
 //!
 //! Then the effects:
-//! - [`driver`] — the one task owning the [`model::Model`]: handler requests, the sweep and
+//! - [`driver`] — the two owner tasks (the key model, the fleet): read jobs, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
-//! - [`writes`] — every state change as one [`driver::Handle`] method, logged (on a cluster's
-//!   leader) in the owner job that applies it.
+//! - [`writes`] — every state change as one [`driver::Handle`] method, a job running the
+//!   owner's logged method.
 //! - [`cluster`] — `--cluster` (docs/CLUSTER.md): follow the log as a standby, take the lease,
 //!   serve the followed state as the only dispatcher.
 //! - [`api`] — the axum routes and their error envelope.
@@ -34,7 +37,7 @@
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
 //! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at start
-//!   (kvplane's file or LMCache 0.5.6's).
+//!   (kvplane's file or LMCache 0.5.6's); [`files`] the atomic file writer.
 //! - [`checkpoint`] — `--checkpoint-path`: the model's dump written periodically and at a clean
 //!   stop, restored at start.
 //! - [`directory_api`] — the `/directory` routes.
@@ -58,10 +61,12 @@ pub mod directory;
 pub mod directory_api;
 pub mod driver;
 pub mod events;
+pub mod files;
 pub mod fleet;
 pub mod holders;
 pub mod keys;
 pub mod limits;
+pub mod logged;
 pub mod metadata;
 pub mod metrics;
 pub mod model;
@@ -207,7 +212,7 @@ pub fn api_state(config: &CoordinatorConfig, handle: driver::Handle) -> Arc<api:
 fn state_with(
     config: &CoordinatorConfig,
     handle: driver::Handle,
-    cluster: Option<Arc<cluster::ClusterStatus>>,
+    cluster: Option<Arc<crate::cluster::ClusterStatus>>,
 ) -> Arc<api::ApiState> {
     Arc::new_cyclic(|weak: &std::sync::Weak<api::ApiState>| api::ApiState {
         cluster,
@@ -239,7 +244,7 @@ fn state_with(
 /// [`StartError::Bind`] if the port cannot be bound.
 pub async fn start(config: CoordinatorConfig) -> Result<CoordinatorServer, StartError> {
     let bound = bind(&config).await?;
-    let state = changes::Replica::new(initial_model(&config));
+    let state = changes::CoordinatorState::new(initial_model(&config));
     Ok(serve(
         config,
         bound,
@@ -339,11 +344,11 @@ fn checkpoint_model(
 /// A cluster leader's part in [`serve`].
 pub(crate) struct Leading {
     /// Where every change is logged.
-    pub(crate) log: Arc<cluster::ChangeLog>,
+    pub(crate) log: Arc<logged::ChangeLog>,
     /// Reported on `/metrics`, `/coordinator/cluster` and the dashboard.
-    pub(crate) status: Arc<cluster::ClusterStatus>,
+    pub(crate) status: Arc<crate::cluster::ClusterStatus>,
     /// Evictions are dispatched only while it holds.
-    pub(crate) guard: Arc<cluster::LeaseGuard>,
+    pub(crate) guard: Arc<crate::cluster::LeaseGuard>,
     /// Whether the startup resync runs (the followed state may be incomplete).
     pub(crate) resync: bool,
 }
@@ -353,7 +358,7 @@ pub(crate) struct Leading {
 pub(crate) fn serve(
     config: CoordinatorConfig,
     (listener, bound): (tokio::net::TcpListener, SocketAddr),
-    state: changes::Replica,
+    state: changes::CoordinatorState,
     leading: Option<Leading>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -376,13 +381,10 @@ pub(crate) fn serve(
     };
     let mut dispatcher = driver::http_dispatcher(config.outbound_timeout);
     if let Some(l) = &leading {
-        let wall = driver::wall_now();
-        l.log
-            .record(wall, &writes::metadata_change(&state.model, wall));
         dispatcher = cluster::fenced(
             dispatcher,
             Arc::clone(&l.guard),
-            Arc::clone(&l.status.dispatches_fenced),
+            Arc::clone(l.status.dispatches_fenced()),
         );
     }
     let handle = driver::spawn_replica(
@@ -399,7 +401,7 @@ pub(crate) fn serve(
         ),
         (Some(rc), leading) => {
             if let Some(l) = leading {
-                l.status.resyncing();
+                l.status.resynced();
             }
             tasks.spawn(resync::run(
                 handle.clone(),
@@ -422,7 +424,7 @@ pub(crate) fn serve(
         // the records that set it.
         let (st, h, stop) = (Arc::clone(&state), handle.clone(), shutdown.clone());
         tasks.spawn(async move {
-            st.metadata.save(&h).await;
+            st.metadata.save(h.metadata()).await;
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -447,7 +449,7 @@ pub(crate) fn serve(
                         () = stop.cancelled() => return,
                         () = tokio::time::sleep(every) => {}
                     }
-                    c.write(&h).await;
+                    c.write(h.checkpoint_doc()).await;
                 }
             });
         }
@@ -484,7 +486,7 @@ pub(crate) fn serve(
         // log queued), which the stop's drop of the state and of `last` brings.
         http_stop.cancel();
         if let Some(c) = checkpoint {
-            c.write(&last).await;
+            c.write(last.checkpoint_doc()).await;
             tracing::info!(
                 "checkpoint written to {} at stop",
                 c.config().path.display()

@@ -1,37 +1,15 @@
-//! Every change to the coordinator's state, as one [`Handle`] method each: it runs the model
-//! (or fleet) function on its owner and, on a cluster's leader, logs the input in the same job
-//! ([`Change`], `super::changes`), so records are in apply order and a standby replays exactly
-//! what was applied. Reads stay plain [`Handle::with`] / [`Handle::fleet`] closures. Without
-//! `--cluster` nothing is logged and no input is copied.
+//! Every change to the coordinator's state as one [`Handle`] method: a job on the owner that
+//! holds the state, running the logged method of [`Keys`] or [`Members`] (`super::logged`), so
+//! a change is applied and, on a cluster's leader, logged in one step. Reads stay plain
+//! [`Handle::with`] / [`Handle::fleet`] closures, which only get `&Model` / `&Fleet`.
 
-use super::changes::{Admitted, Change};
-use super::cluster::ChangeLog;
 use super::driver::{Handle, Stopped};
 use super::events::Batch;
 use super::fleet::{FleetError, Registration};
 use super::keys::EncodedKey;
-use super::model::{Ingested, Model, QuotaError};
+use super::logged::Keys;
+use super::model::{Ingested, QuotaError};
 use super::pins::PinsFull;
-use std::sync::Arc;
-
-/// Logs the change `f` builds (only when there is a log: no copy otherwise).
-fn record(log: &Option<Arc<ChangeLog>>, wall: f64, f: impl FnOnce() -> Change) {
-    if let Some(log) = log {
-        log.record(wall, &f());
-    }
-}
-
-/// Applies one slice, logged first (moved into the record and back: never copied).
-fn apply_slice(m: &mut Model, log: Option<&ChangeLog>, wall: f64, batch: Batch) {
-    let Some(log) = log else {
-        return m.apply_slice(batch);
-    };
-    let change = Change::Apply { batch };
-    log.record(wall, &change);
-    if let Change::Apply { batch } = change {
-        m.apply_slice(batch);
-    }
-}
 
 impl Handle {
     /// `POST /instances`: registers (`gen` names an instance that gave no id).
@@ -43,17 +21,8 @@ impl Handle {
         req: Registration,
         gen: impl FnOnce() -> String + Send + 'static,
     ) -> Result<Result<(String, bool), FleetError>, Stopped> {
-        let log = self.log.clone();
-        self.fleet(move |f, now, wall| {
-            let kept = log.as_ref().map(|_| req.clone());
-            let r = f.register(req, gen, now, wall);
-            if let (Some(mut registration), Ok((id, _))) = (kept, &r) {
-                registration.instance_id = Some(id.clone());
-                record(&log, wall, || Change::Register { registration });
-            }
-            r
-        })
-        .await
+        self.change_fleet(move |m, now, wall| m.register(req, gen, now, wall))
+            .await
     }
 
     /// A heartbeat; false for an unknown instance.
@@ -61,15 +30,8 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn heartbeat(&self, id: String) -> Result<bool, Stopped> {
-        let log = self.log.clone();
-        self.fleet(move |f, now, wall| {
-            let known = f.heartbeat(&id, now);
-            if known {
-                record(&log, wall, || Change::Heartbeat { instance_id: id });
-            }
-            known
-        })
-        .await
+        self.change_fleet(move |m, now, wall| m.heartbeat(id, now, wall))
+            .await
     }
 
     /// `DELETE /instances/{id}`: leaves the fleet, then the key model forgets its cursor.
@@ -77,14 +39,9 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn deregister(&self, id: String) -> Result<(), Stopped> {
-        let log = self.log.clone();
         let gone = id.clone();
-        self.fleet(move |f, _, wall| {
-            if f.remove(&gone) {
-                record(&log, wall, || Change::Deregister { instance_id: gone });
-            }
-        })
-        .await?;
+        self.change_fleet(move |m, _, wall| m.deregister(gone, wall))
+            .await?;
         self.forget_instances(vec![id]).await
     }
 
@@ -93,19 +50,13 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn forget_instances(&self, ids: Vec<String>) -> Result<(), Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            for id in &ids {
-                m.forget_instance(id, wall);
-            }
-            record(&log, wall, || Change::Forget { instance_ids: ids });
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.forget_instances(ids, wall))
+            .await
     }
 
-    /// Admits `batches` and applies their first slices, up to `budget` events (at least the
-    /// first slice is applied whole only if it fits), in one job; returns what was admitted and
-    /// the slices still to apply ([`Handle::apply_slice`]), in order.
+    /// Admits `batches` and applies their first slices, up to `budget` events, in one job;
+    /// returns what was admitted and the slices still to apply ([`Handle::apply_slice`]), in
+    /// order.
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
@@ -114,27 +65,8 @@ impl Handle {
         batches: Vec<Batch>,
         budget: usize,
     ) -> Result<(Ingested, Vec<Batch>), Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            record(&log, wall, || Change::Admit {
-                batches: batches.iter().map(Admitted::of).collect(),
-            });
-            let (got, slices) = m.admit(batches);
-            let mut slices = slices.into_iter();
-            let mut budget = budget;
-            let mut rest = Vec::new();
-            for b in slices.by_ref() {
-                if b.ops.len() > budget {
-                    rest.push(b);
-                    break;
-                }
-                budget -= b.ops.len();
-                apply_slice(m, log.as_deref(), wall, b);
-            }
-            rest.extend(slices);
-            (got, rest)
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.admit(batches, budget, wall))
+            .await
     }
 
     /// Applies one slice [`Handle::admit`] left.
@@ -142,8 +74,7 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn apply_slice(&self, batch: Batch) -> Result<(), Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| apply_slice(m, log.as_deref(), wall, batch))
+        self.change_keys(move |k, _, wall| k.apply_slice(batch, wall))
             .await
     }
 
@@ -155,15 +86,8 @@ impl Handle {
         &self,
         limit_gb: Option<f64>,
     ) -> Result<Result<(), QuotaError>, Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            let r = m.set_default_limit(limit_gb);
-            if r.is_ok() {
-                record(&log, wall, || Change::DefaultQuota { limit_gb });
-            }
-            r
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.set_default_limit(limit_gb, wall))
+            .await
     }
 
     /// `PUT /quota/{salt}`.
@@ -175,18 +99,8 @@ impl Handle {
         cache_salt: String,
         limit_gb: f64,
     ) -> Result<Result<(), QuotaError>, Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            let r = m.set_quota(&cache_salt, limit_gb);
-            if r.is_ok() {
-                record(&log, wall, || Change::SetQuota {
-                    cache_salt,
-                    limit_gb,
-                });
-            }
-            r
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.set_quota(cache_salt, limit_gb, wall))
+            .await
     }
 
     /// `DELETE /quota/{salt}`: true if a quota existed.
@@ -194,15 +108,8 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn remove_quota(&self, cache_salt: String) -> Result<bool, Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            let existed = m.remove_quota(&cache_salt);
-            if existed {
-                record(&log, wall, || Change::RemoveQuota { cache_salt });
-            }
-            existed
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.remove_quota(cache_salt, wall))
+            .await
     }
 
     /// `POST /cache/pins`: one more pin on each key, unless that passes `max` pinned keys.
@@ -214,15 +121,8 @@ impl Handle {
         keys: Vec<EncodedKey>,
         max: usize,
     ) -> Result<Result<(), PinsFull>, Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            let r = m.pins.pin(&keys, max);
-            if r.is_ok() {
-                record(&log, wall, || Change::Pin { keys });
-            }
-            r
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.pin(keys, max, wall))
+            .await
     }
 
     /// `DELETE /cache/pins`: one pin less on each key.
@@ -230,12 +130,8 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn unpin(&self, keys: Vec<EncodedKey>) -> Result<(), Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            m.pins.unpin(&keys);
-            record(&log, wall, || Change::Unpin { keys });
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.unpin(keys, wall))
+            .await
     }
 
     /// A forced delete drops these keys' pins.
@@ -243,12 +139,8 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn drop_pins(&self, keys: Vec<EncodedKey>) -> Result<(), Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            m.pins.drop_pins(&keys);
-            record(&log, wall, || Change::DropPins { keys });
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.drop_pins(keys, wall))
+            .await
     }
 
     /// The startup resync seeds one page of `instance_id`'s listing of `backend`; returns
@@ -263,21 +155,8 @@ impl Handle {
         shared: bool,
         entries: Vec<(EncodedKey, u64)>,
     ) -> Result<u64, Stopped> {
-        let log = self.log.clone();
-        self.with(move |m, _, wall| {
-            let kept = log.as_ref().map(|_| entries.clone());
-            let added = m.seed(&instance_id, &backend, shared, entries);
-            if let Some(entries) = kept {
-                record(&log, wall, || Change::Seed {
-                    instance_id,
-                    backend,
-                    shared,
-                    entries,
-                });
-            }
-            added
-        })
-        .await
+        self.change_keys(move |k, _, wall| k.seed(instance_id, backend, shared, entries, wall))
+            .await
     }
 
     /// A failed eviction dispatch: its keys may be planned again (not logged: which keys are
@@ -286,7 +165,8 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn release(&self, keys: Vec<EncodedKey>) -> Result<(), Stopped> {
-        self.with(move |m, _, _| m.release(&keys)).await
+        self.change_keys(move |k: &mut Keys, _, _| k.release(&keys))
+            .await
     }
 
     /// Logs the whole operator state (quotas, default quota, pins), replacing a follower's: a
@@ -296,18 +176,7 @@ impl Handle {
     /// # Errors
     /// [`Stopped`] after shutdown.
     pub async fn log_metadata(&self) -> Result<(), Stopped> {
-        let Some(log) = self.log.clone() else {
-            return Ok(());
-        };
-        self.with(move |m, _, wall| log.record(wall, &metadata_change(m, wall)))
+        self.change_keys(move |k, _, wall| k.log_metadata(wall))
             .await
-    }
-}
-
-/// The whole operator state of `m`, replacing a follower's.
-pub(crate) fn metadata_change(m: &Model, wall: f64) -> Change {
-    Change::Metadata {
-        replace: true,
-        doc: m.capture_metadata(wall),
     }
 }

@@ -296,7 +296,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     let (_, metrics) = call(port, "GET", "/metrics", None).await;
     let text = metrics.as_str().unwrap_or_default();
     assert!(
-        text.contains("kvplane_coordinator_cluster_leader 1"),
+        text.contains("kvplane_cluster_leader{service=\"coordinator\"} 1"),
         "{text}"
     );
     let (_, dash) = call(port, "GET", "/api/dashboard", None).await;

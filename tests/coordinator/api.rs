@@ -615,29 +615,21 @@ async fn startup_resync_pages_the_first_registered_server() {
     let server = within("start", coordinator::start(c)).await.unwrap();
     let h = server.handle.clone();
     // An event reports "aa" first with another size: the resync must not overwrite it.
-    h.with(|m, _, _| {
-        let body: kvplane::coordinator::events::LegacyEvents = serde_json::from_value(json!({
-            "instance_id": "s1", "seq": 1,
-            "events": [{"type": "store", "key": key("aa", "user-r"), "bytes": 1000}]}))
-        .unwrap();
-        m.ingest([body.into()]);
-    })
-    .await
+    let body: kvplane::coordinator::events::LegacyEvents = serde_json::from_value(json!({
+        "instance_id": "s1", "seq": 1,
+        "events": [{"type": "store", "key": key("aa", "user-r"), "bytes": 1000}]}))
     .unwrap();
+    h.admit(vec![body.into()], usize::MAX).await.unwrap();
     let port = mp.port();
-    h.fleet(move |f, now, wall| {
-        let reg = kvplane::coordinator::fleet::Registration {
-            instance_id: Some("s1".into()),
-            ip: "127.0.0.1".into(),
-            http_port: port,
-            metadata: Default::default(),
-            p2p_advertised_url: String::new(),
-            mq_port: 0,
-        };
-        f.register(reg, String::new, now, wall).unwrap();
-    })
-    .await
-    .unwrap();
+    let reg = kvplane::coordinator::fleet::Registration {
+        instance_id: Some("s1".into()),
+        ip: "127.0.0.1".into(),
+        http_port: port,
+        metadata: Default::default(),
+        p2p_advertised_url: String::new(),
+        mq_port: 0,
+    };
+    h.register(reg, String::new).await.unwrap().unwrap();
     let mut usage = 0.0;
     for _ in 0..200 {
         usage = h

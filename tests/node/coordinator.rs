@@ -104,19 +104,18 @@ async fn resync_then(eviction: Option<Duration>) {
         .expect("coordinator starts");
     let h = server.handle.clone();
     let port = http.port();
-    h.fleet(move |f, now, wall| {
-        let reg = kvplane::coordinator::fleet::Registration {
-            instance_id: Some("node1".into()),
-            ip: "127.0.0.1".into(),
-            http_port: port,
-            metadata: Default::default(),
-            p2p_advertised_url: String::new(),
-            mq_port: 0,
-        };
-        f.register(reg, String::new, now, wall).expect("registers");
-    })
-    .await
-    .expect("driver answers");
+    let reg = kvplane::coordinator::fleet::Registration {
+        instance_id: Some("node1".into()),
+        ip: "127.0.0.1".into(),
+        http_port: port,
+        metadata: Default::default(),
+        p2p_advertised_url: String::new(),
+        mq_port: 0,
+    };
+    h.register(reg, String::new)
+        .await
+        .expect("driver answers")
+        .expect("registers");
     let mut seeded = 0;
     for _ in 0..200 {
         seeded = h
