@@ -21,14 +21,16 @@
 //!   liveness sweep) and `controller::serve`, which starts it (`kvplane serve`, with
 //!   `--cluster` as standby, leader or read replica).
 //! - [`service`] — the skeleton every service stands on: the `Running` handle `start()`
-//!   returns, the one `StartError`, the runner `main` runs every subcommand with. Knows no
-//!   service.
+//!   returns, the one `StartError`, the runner `main` runs every subcommand with, and the
+//!   configuration layers (flag, `KVPLANE_<SERVICE>_<FLAG>`, the replaced system's
+//!   variables, `--config` file, default). Knows no service.
 //! - [`web`] — HTTP plumbing shared by every service (errors, body schemas, auth, the CSRF
 //!   guard, request metrics, static assets, the server loop and its limits). Knows no service.
 //! - [`coordinator`] — `kvplane coordinator`, the LMCache MP coordinator (fleet membership,
 //!   quotas, usage events, eviction, warm prefetch): a pure model driven by one task, its
 //!   axum routes and its calls to MP servers (see docs/COORDINATOR.md).
-//! - [`config`] — the `kvplane serve` flags, each also read from `KVPLANE_<FLAG>`.
+//! - [`config`] — every default, the validated `ServeConfig` and the value parsers the
+//!   services' flags share (each service's clap flags live in its own module).
 //! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).

@@ -17,6 +17,7 @@
 //!
 //! Must not: know what a change means; use any service module.
 
+pub mod args;
 mod follower;
 mod leader;
 mod lease;

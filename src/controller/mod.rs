@@ -8,6 +8,7 @@
 //!   message and performs its effects atomically.
 //! * `report` — metrics and log lines for what the model reports.
 //! * `clock` — [`Clock`], the one source of time (tokio's, so tests can pause it).
+//! * `config` — `kvplane serve`'s flags and LMCache's controller configuration forms.
 //! * `serve` — starting it: bind the sockets, spawn the loops, return the
 //!   [`crate::service::Running`] handle; `--cluster`'s standby, leader and replica.
 //! * `loops`, `downlink`, `liveness` — the tasks; `socket_stats` — their live counters;
@@ -21,6 +22,7 @@ pub mod changes;
 pub mod clock;
 pub mod cluster;
 pub mod command_log;
+pub mod config;
 pub mod downlink;
 pub mod driver;
 pub mod effects;

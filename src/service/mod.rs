@@ -2,11 +2,14 @@
 //! bound addresses, the service's state, a `stop()` that cancels, drains within a deadline
 //! and runs the service's after-drain steps; dropped, it cancels); [`StartError`], the one
 //! reason a service did not start; [`runner`], the one loop `main` runs any set of services
-//! in (signals cancel, one failing stops the others, the first error is the exit status).
+//! in (signals cancel, one failing stops the others, the first error is the exit status);
+//! and [`layers`], the one configuration convention (the flag > its `KVPLANE_<SERVICE>_*`
+//! twin > the replaced system's variables > a `--config` file > the default).
 //!
 //! Below every service and knows none of them: a service's names (flags, variables, file
 //! keys) are handed in by the service's own `config.rs`.
 
+pub mod layers;
 pub mod runner;
 
 use futures_util::future::BoxFuture;

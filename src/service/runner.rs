@@ -132,9 +132,11 @@ async fn cancel_on_signal(token: CancellationToken) {
     };
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
-    }
+    // Cancel first: logging may fail (a closed stderr) and must not keep the process up.
+    let which = tokio::select! {
+        () = ctrl_c => "SIGINT",
+        () = term => "SIGTERM",
+    };
     token.cancel();
+    tracing::info!("{which} received");
 }

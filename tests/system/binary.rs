@@ -273,3 +273,172 @@ fn a_5_mb_body_of_bad_tokens_gets_a_small_answer_in_bounded_memory() {
     );
     assert!(rss < CEILING, "peak RSS {} MB", rss >> 20);
 }
+
+/// Runs `kvplane ARGS` with `env` until a stderr line contains `marker` (then SIGKILLs it),
+/// or until it exits; returns that line, or everything it wrote and its status.
+fn run_until(args: &[&str], env: &[(&str, &str)], marker: &str) -> Result<String, String> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvplane"));
+    cmd.args(args)
+        .env("RUST_LOG", "info")
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("kvplane starts");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = String::new();
+    let found = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains(marker) => break Some(line),
+            Ok(line) => {
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => break None,
+        }
+    };
+    let _ = child.kill();
+    let status = child.wait().expect("waited");
+    found.ok_or_else(|| format!("{status:?}\n{seen}"))
+}
+
+/// A file in a fresh temporary directory.
+fn config_file(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("kvplane-binary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("config written");
+    path.display().to_string()
+}
+
+/// LMCache's controller forms drive `kvplane serve`: its YAML keys in the file that
+/// `LMCACHE_CONTROLLER_CONFIG_FILE` names, its `LMCACHE_CONTROLLER_<KEY>` variables over the
+/// file, kvplane's twins and flags over both.
+#[test]
+fn serve_takes_lmcache_controller_config_file_and_variables() {
+    // The file asks for a privileged port and two sockets; LMCache's variable moves the
+    // port to 0, kvplane's twin moves the host.
+    let file = config_file(
+        "controller.yaml",
+        "controller_host: 0.0.0.0\ncontroller_port: 1\n\
+         controller_monitor_ports: {\"pull\": 0, \"reply\": 0}\n\
+         health_check_interval: -1\nlmcache_worker_timeout: 30\n\
+         extra_config:\n  max_workers: 10\n",
+    );
+    let line = run_until(
+        &["serve"],
+        &[
+            ("LMCACHE_CONTROLLER_CONFIG_FILE", &file),
+            ("LMCACHE_CONTROLLER_CONTROLLER_PORT", "'0'"),
+            ("KVPLANE_SERVE_HOST", "127.0.0.1"),
+        ],
+        "kvplane controller listening",
+    )
+    .expect("serve starts from LMCache's forms");
+    assert!(line.contains("http=127.0.0.1:"), "{line}");
+    assert!(line.contains("heartbeat=None"), "the file's ports: {line}");
+    assert!(!line.contains("http=127.0.0.1:1 "), "{line}");
+
+    // `--config` and the flag win over the variable naming another file.
+    let other = config_file("other.yaml", "controller_port: 1\n");
+    let line = run_until(
+        &[
+            "serve",
+            "--config",
+            &file,
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+        ],
+        &[("LMCACHE_CONTROLLER_CONFIG_FILE", &other)],
+        "kvplane controller listening",
+    )
+    .expect("serve starts");
+    assert!(line.contains("heartbeat=None"), "{line}");
+
+    // Refusals name the flag and where the value came from.
+    for (env, file_text, says) in [
+        (
+            vec![("LMCACHE_CONTROLLER_CONTROLLER_PORT", "nine")],
+            "{}",
+            ["LMCACHE_CONTROLLER_CONTROLLER_PORT", "--port"],
+        ),
+        (
+            vec![],
+            "health_check_interval: -5\n",
+            ["--health-check-interval", "health_check_interval"],
+        ),
+        (
+            vec![],
+            "controller_prot: 9000\n",
+            ["unknown key", "controller_prot"],
+        ),
+        (
+            vec![],
+            "max_workers: 0\n",
+            ["--max-workers", "key max_workers"],
+        ),
+    ] {
+        let path = config_file("bad.yaml", file_text);
+        let err = run_until(
+            &["serve", "--config", &path],
+            &env,
+            "kvplane controller listening",
+        )
+        .expect_err("refused");
+        for s in says {
+            assert!(err.contains(s), "{s:?} in {err}");
+        }
+    }
+}
+
+/// Every service reads `--config` (keys are its flags' names), under its twins.
+#[test]
+fn every_service_reads_its_config_file() {
+    for (service, yaml, marker) in [
+        ("indexer", "host: 127.0.0.1\nport: 0\n", "kvplane indexer listening"),
+        (
+            "coordinator",
+            "host: 127.0.0.1\nport: 0\n",
+            "MP coordinator listening",
+        ),
+        (
+            "node",
+            "host: 127.0.0.1\nport: 0\nhttp_port: 0\n",
+            "kvplane node listening",
+        ),
+        (
+            "router",
+            "host: 127.0.0.1\nport: 0\nindexer_port: 0\nmodel: m\nengine: [\"http://127.0.0.1:9\"]\n",
+            "kvplane router listening",
+        ),
+    ] {
+        let path = config_file(&format!("{service}.yaml"), yaml);
+        let line = run_until(&[service, "--config", &path], &[], marker)
+            .unwrap_or_else(|e| panic!("{service}: {e}"));
+        assert!(line.contains("127.0.0.1:"), "{service}: {line}");
+        let bad = config_file(&format!("{service}-bad.yaml"), "no_such_flag: 1\n");
+        let err = run_until(&[service, "--config", &bad], &[], marker).expect_err("refused");
+        assert!(err.contains("unknown key \"no_such_flag\""), "{service}: {err}");
+    }
+    // The node no longer reads serve's KVPLANE_PORT; its twin it does.
+    let line = run_until(
+        &["node", "--host", "127.0.0.1"],
+        &[("KVPLANE_PORT", "1"), ("KVPLANE_NODE_PORT", "0")],
+        "kvplane node listening",
+    )
+    .expect("node starts on its twin's port");
+    assert!(!line.contains(":1 "), "{line}");
+}

@@ -1,9 +1,11 @@
-//! The command line: every subcommand's flags, each also read from `KVPLANE_<FLAG>`, turned
-//! into the library's validated configurations. Defaults come from
-//! [`kvplane::config::defaults`].
+//! The command line: the list of subcommands (each service's flags live in its own module)
+//! and the one layered parse every service goes through ([`parse`]): the flag, its
+//! `KVPLANE_<SERVICE>_<FLAG>` twin, the replaced system's variables and old names, the
+//! `--config` file, the default (`kvplane::service::layers`).
 
-use clap::{Args, Parser, Subcommand};
-use kvplane::config::{self, defaults, ApiToken, ConfigError, MonitorPorts, ServeConfig};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use kvplane::service::layers::{self, Alias, Convert, Layout, Provenance};
+use std::ffi::OsString;
 
 /// `kvplane`: a control plane for distributed LLM KV caches.
 #[derive(Debug, Parser)]
@@ -18,7 +20,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the controller (LMCache 0.5.6 compatible).
-    Serve(ServeArgs),
+    Serve(kvplane::controller::config::ServeArgs),
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
     /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
@@ -32,262 +34,166 @@ pub(crate) enum Command {
     Node(crate::node::NodeArgs),
 }
 
-/// Flags of `kvplane serve`, as given (see [`ServeConfig`] for the validated form).
-#[derive(Debug, Clone, Args)]
-pub(crate) struct ServeArgs {
-    /// Address every socket binds to.
-    #[arg(long, env = "KVPLANE_HOST", default_value = defaults::HOST)]
-    host: String,
-    /// HTTP port (API, dashboard, metrics). 0 picks a free port.
-    #[arg(long, env = "KVPLANE_PORT", default_value_t = defaults::HTTP_PORT)]
-    port: u16,
-    /// ZMQ ports as JSON, any subset of {"pull","reply","heartbeat"}; a key left out is not
-    /// bound. 0 picks a free port.
-    #[arg(long, env = "KVPLANE_MONITOR_PORTS", default_value = defaults::MONITOR_PORTS)]
-    monitor_ports: String,
-    /// Deprecated in LMCache and ignored there too (0.5.6 always uses --monitor-ports).
-    #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
-    pub(crate) monitor_port: Option<u16>,
-    /// Also run the LMCache MP coordinator in this process on this port (0 picks one); its
-    /// other settings come from `KVPLANE_COORDINATOR_*` / `LMCACHE_MP_COORDINATOR_*`.
-    #[arg(long, env = "KVPLANE_COORDINATOR_PORT")]
-    pub(crate) coordinator_port: Option<u16>,
-    /// Seconds between liveness sweeps; -1 (or 0) turns them off.
-    #[arg(
-        long,
-        env = "KVPLANE_HEALTH_CHECK_INTERVAL",
-        default_value_t = defaults::HEALTH_CHECK_INTERVAL_S,
-        allow_hyphen_values = true
-    )]
-    health_check_interval: f64,
-    /// Seconds of silence after which a worker is probed, and removed if the probe fails.
-    #[arg(long, env = "KVPLANE_LMCACHE_WORKER_TIMEOUT", default_value_t = defaults::WORKER_TIMEOUT_S)]
-    lmcache_worker_timeout: f64,
-    /// Host put in `RegisterRetMsg.heartbeat_url` (default: the bind host, or when that is
-    /// 0.0.0.0, 127.0.0.1 for workers on this host and this host's outward address otherwise).
-    #[arg(long, env = "KVPLANE_ADVERTISE_HOST")]
-    advertise_host: Option<String>,
-    /// Most liveness probes in flight at once; a sweep over more silent workers probes them
-    /// in waves of this size.
-    #[arg(long, env = "KVPLANE_MAX_CONCURRENT_PROBES", default_value_t = defaults::MAX_CONCURRENT_PROBES)]
-    max_concurrent_probes: usize,
-    /// Seconds a command on a worker's downlink may take before it fails with a timeout.
-    #[arg(long, env = "KVPLANE_DOWNLINK_TIMEOUT", default_value_t = defaults::DOWNLINK_TIMEOUT_S)]
-    downlink_timeout: f64,
-    /// Seconds without progress after which a full sync is marked failed (the worker is then
-    /// told to retry on its next heartbeat).
-    #[arg(long, env = "KVPLANE_FULL_SYNC_TIMEOUT", default_value_t = defaults::FULL_SYNC_TIMEOUT_S)]
-    full_sync_timeout: f64,
-    /// Fraction of workers whose sync must be complete before workers may leave freeze mode.
-    #[arg(
-        long,
-        env = "KVPLANE_FULL_SYNC_COMPLETION_THRESHOLD",
-        default_value_t = defaults::FULL_SYNC_COMPLETION_THRESHOLD
-    )]
-    full_sync_completion_threshold: f64,
-    /// Largest frame accepted on any ZMQ socket, in bytes; a peer sending a larger one is
-    /// disconnected (counted).
-    #[arg(long, env = "KVPLANE_MAX_FRAME_BYTES", default_value_t = defaults::MAX_FRAME_BYTES)]
-    max_frame_bytes: usize,
-    /// Most connections each ZMQ listening socket keeps open at once; connections beyond are
-    /// closed at accept and counted.
-    #[arg(
-        long,
-        env = "KVPLANE_MAX_ZMQ_CONNECTIONS",
-        default_value_t = defaults::MAX_ZMQ_CONNECTIONS
-    )]
-    max_zmq_connections: usize,
-    /// Seconds a ZMQ connection may go, after its handshake, without a complete message
-    /// before it is closed and counted; 0 (the default) or -1 = never, since LMCache workers
-    /// may be silent for hours (their heartbeat is off by default).
-    #[arg(
-        long,
-        env = "KVPLANE_ZMQ_IDLE_TIMEOUT",
-        default_value_t = defaults::ZMQ_IDLE_TIMEOUT_S,
-        allow_hyphen_values = true
-    )]
-    zmq_idle_timeout: f64,
-    /// Most workers registered at once; registrations (and heartbeats of unknown workers)
-    /// beyond are refused with an ErrorMsg.
-    #[arg(long, env = "KVPLANE_MAX_WORKERS", default_value_t = defaults::MAX_WORKERS)]
-    max_workers: usize,
-    /// Most keys one worker may hold over all its locations; admits of new keys beyond are
-    /// dropped and counted (evicts always apply).
-    #[arg(long, env = "KVPLANE_MAX_KEYS_PER_WORKER", default_value_t = defaults::MAX_KEYS_PER_WORKER)]
-    max_keys_per_worker: u64,
-    /// Most operations in one admit/evict batch (and keys in one full-sync batch); larger
-    /// batches are dropped whole and counted.
-    #[arg(long, env = "KVPLANE_MAX_BATCH_OPS", default_value_t = defaults::MAX_BATCH_OPS)]
-    max_batch_ops: usize,
-    /// Largest HTTP request body, in bytes; larger requests get 413 (4 MiB: a 256k-token
-    /// /lookup).
-    #[arg(long, env = "KVPLANE_MAX_BODY_BYTES", default_value_t = defaults::MAX_BODY_BYTES)]
-    max_body_bytes: usize,
-    /// Most JSON values (list items and fields) in one HTTP request body; bodies with more
-    /// get 413 before they are parsed.
-    #[arg(long, env = "KVPLANE_MAX_BODY_ITEMS", default_value_t = defaults::MAX_BODY_ITEMS)]
-    max_body_items: usize,
-    /// Most HTTP connections served at once; further connections wait in the accept queue.
-    #[arg(long, env = "KVPLANE_MAX_HTTP_CONNECTIONS", default_value_t = defaults::MAX_HTTP_CONNECTIONS)]
-    max_http_connections: usize,
-    /// Seconds a client may take to send a request's headers (counted from when its
-    /// connection is idle, so also the keep-alive idle timeout), and then its body; slower
-    /// clients are cut off.
-    #[arg(long, env = "KVPLANE_HTTP_READ_TIMEOUT", default_value_t = defaults::HTTP_READ_TIMEOUT_S)]
-    http_read_timeout: f64,
-    /// Bearer token the mutating HTTP routes (/clear /pin /compress /decompress /move)
-    /// require; unset, they are open to anyone who reaches the HTTP port.
-    #[arg(long, env = "KVPLANE_API_TOKEN", hide_env_values = true, value_parser = parse_token)]
-    api_token: Option<ApiToken>,
-    /// With `--api-token`: the read routes (lookups, fleet reads, `/metrics`, the dashboard)
-    /// need it too (`/healthz`, `/readyz` and `/openapi.json` never do).
-    #[arg(long, env = "KVPLANE_API_TOKEN_READS", requires = "api_token")]
-    api_token_reads: bool,
-    /// Tokens per chunk when HTTP /lookup hashes tokens (LMCache's `chunk_size`).
-    #[arg(long, env = "KVPLANE_LOOKUP_CHUNK_SIZE", default_value_t = defaults::LOOKUP_CHUNK_SIZE)]
-    lookup_chunk_size: usize,
-    /// Prefix hash of the first chunk when HTTP /lookup hashes tokens (LMCache's `NONE_HASH`:
-    /// 0, or vLLM's when the workers import vLLM); any integer in [-2^63, 2^64-1].
-    #[arg(
-        long,
-        env = "KVPLANE_LOOKUP_NONE_HASH",
-        default_value_t = defaults::LOOKUP_NONE_HASH.to_string(),
-        allow_hyphen_values = true
-    )]
-    lookup_none_hash: String,
-    /// Also run the KV indexer (docs/INDEXER.md) in this process, its HTTP API on this port
-    /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
-    #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
-    pub(crate) indexer_port: Option<u16>,
-    /// `--cluster`: hot standby on NATS JetStream (the controller's lease; hosted services
-    /// start once this process holds it).
-    #[command(flatten)]
-    pub(crate) cluster: ClusterArgs,
-    /// Run as a read replica of the cluster's controller (needs `--cluster`): follow the
-    /// leader's change log and serve the read routes on `--port` (no ZMQ socket, never the
-    /// lease; commands answer 409).
-    #[arg(long, env = "KVPLANE_SERVE_REPLICA", requires = "cluster")]
-    pub(crate) replica: bool,
-}
+/// The layered subcommands and their word in `KVPLANE_<SERVICE>_<FLAG>`.
+const LAYERED: &[(&str, &str)] = &[
+    ("serve", "SERVE"),
+    ("indexer", "INDEXER"),
+    ("router", "ROUTER"),
+    ("coordinator", "COORDINATOR"),
+    ("node", "NODE"),
+];
 
-/// `--cluster` and its settings, shared by `serve` and `coordinator` (the same flags and
-/// `KVPLANE_CLUSTER*` variables).
-#[derive(Debug, Clone, Default, Args)]
-pub(crate) struct ClusterArgs {
-    /// NATS JetStream for hot standby, `nats://HOST:PORT` (docs/CLUSTER.md): the process
-    /// follows the leader's change log without binding any port, and serves once it holds
-    /// the cluster's lease.
-    #[arg(long, env = "KVPLANE_CLUSTER")]
-    pub(crate) cluster: Option<String>,
-    /// The cluster's name, so several fleets can share one NATS (A-Z a-z 0-9 _ -).
-    #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = kvplane::config::defaults::cluster::NAME)]
-    pub(crate) cluster_name: String,
-    /// Most bytes the cluster's change stream keeps (oldest dropped first).
-    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = kvplane::config::defaults::cluster::MAX_BYTES)]
-    pub(crate) cluster_max_bytes: i64,
-    /// Seconds the lease lasts without renewal (renewed every quarter of it): a standby takes
-    /// over at most this long after the leader dies.
-    #[arg(long, env = "KVPLANE_CLUSTER_LEASE_TTL", default_value_t = kvplane::config::defaults::cluster::LEASE_TTL_S)]
-    pub(crate) cluster_lease_ttl: f64,
-    /// With `--cluster`: a standby (or a controller replica) publishes a snapshot of what it
-    /// follows every this many records (at most every 10 s; 0: never), so a follower starting
-    /// later restores it instead of replaying the whole log.
-    #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = kvplane::config::defaults::cluster::SNAPSHOT_RECORDS)]
-    pub(crate) cluster_snapshot_records: u64,
-}
-
-impl ClusterArgs {
-    /// The `--cluster` settings, if any.
-    pub(crate) fn config(&self) -> Result<Option<kvplane::cluster::ClusterConfig>, ConfigError> {
-        let Some(url) = &self.cluster else {
-            return Ok(None);
-        };
-        if !(self.cluster_lease_ttl.is_finite() && (0.1..=600.0).contains(&self.cluster_lease_ttl))
-        {
-            return Err(ConfigError::Value {
-                flag: "cluster-lease-ttl",
-                detail: format!(
-                    "{} is not between 0.1 and 600 seconds",
-                    self.cluster_lease_ttl
-                ),
-            });
-        }
-        Ok(Some(kvplane::cluster::ClusterConfig {
-            name: self.cluster_name.clone(),
-            max_bytes: self.cluster_max_bytes.max(1 << 20),
-            lease_ttl: std::time::Duration::from_secs_f64(self.cluster_lease_ttl),
-            snapshot_records: self.cluster_snapshot_records,
-            ..kvplane::cluster::ClusterConfig::new(url.clone())
-        }))
-    }
-}
-
-fn parse_token(s: &str) -> Result<ApiToken, std::convert::Infallible> {
-    Ok(ApiToken::new(s))
-}
-
-impl ServeArgs {
-    /// Validates the flags into the library's configuration.
-    ///
-    /// # Errors
-    /// [`ConfigError`] naming the flag at fault.
-    pub(crate) fn validate(&self) -> Result<ServeConfig, ConfigError> {
-        Ok(ServeConfig {
-            host: self.host.clone(),
-            http_port: self.port,
-            monitor_ports: MonitorPorts::from_json(&self.monitor_ports)?,
-            health_check_interval: config::period_or_off(
-                "health-check-interval",
-                self.health_check_interval,
-            )?,
-            worker_timeout: config::positive_seconds(
-                "lmcache-worker-timeout",
-                self.lmcache_worker_timeout,
-            )?,
-            advertise_host: self.advertise_host.clone().filter(|h| !h.is_empty()),
-            downlink_timeout: config::positive_seconds("downlink-timeout", self.downlink_timeout)?,
-            max_concurrent_probes: config::at_least_one(
-                "max-concurrent-probes",
-                self.max_concurrent_probes,
-            )?,
-            full_sync_timeout: config::positive_seconds(
-                "full-sync-timeout",
-                self.full_sync_timeout,
-            )?,
-            full_sync_completion_threshold: config::fraction(
-                "full-sync-completion-threshold",
-                self.full_sync_completion_threshold,
-            )?,
-            max_frame_bytes: config::at_least_one("max-frame-bytes", self.max_frame_bytes)?,
-            max_zmq_connections: config::at_least_one(
-                "max-zmq-connections",
-                self.max_zmq_connections,
-            )?,
-            zmq_idle_timeout: config::period_or_off("zmq-idle-timeout", self.zmq_idle_timeout)?,
-            max_workers: config::at_least_one("max-workers", self.max_workers)?,
-            max_keys_per_worker: self.max_keys_per_worker,
-            max_batch_ops: config::at_least_one("max-batch-ops", self.max_batch_ops)?,
-            max_body_bytes: config::at_least_one("max-body-bytes", self.max_body_bytes)?,
-            max_body_items: config::at_least_one("max-body-items", self.max_body_items)?,
-            max_http_connections: config::at_least_one(
-                "max-http-connections",
-                self.max_http_connections,
-            )?,
-            http_read_timeout: config::positive_seconds(
-                "http-read-timeout",
-                self.http_read_timeout,
-            )?,
-            api_token: self.api_token.clone().and_then(ApiToken::non_empty),
-            api_token_reads: self.api_token_reads,
-            lookup_chunk_size: config::at_least_one("lookup-chunk-size", self.lookup_chunk_size)?,
-            lookup_none_hash: config::chunk_hash("lookup-none-hash", &self.lookup_none_hash)?,
+/// The variable each flag of `sub` was read from before the twins (flag → variable).
+fn old_vars(plain: &clap::Command, sub: &str) -> Vec<(String, String)> {
+    plain
+        .find_subcommand(sub)
+        .map(|c| {
+            c.get_arguments()
+                .filter_map(|a| {
+                    let var = a.get_env()?.to_str()?.to_string();
+                    Some((a.get_long()?.to_string(), var))
+                })
+                .collect()
         })
+        .unwrap_or_default()
+}
+
+/// Old variables whose name differs from the twin, as deprecated aliases, less `except`.
+fn deprecated(service: &str, old: &[(String, String)], except: &[String]) -> Vec<Alias> {
+    old.iter()
+        .filter(|(flag, var)| *var != layers::twin(service, flag) && !except.contains(var))
+        .map(|(flag, var)| Alias {
+            var: var.clone(),
+            flag: flag.clone(),
+            convert: Convert::Text,
+            deprecated: true,
+        })
+        .collect()
+}
+
+/// The layers of subcommand `sub`, `None` for one that has none (`bench`).
+fn layout(plain: &clap::Command, sub: &str) -> Option<Layout> {
+    let old = old_vars(plain, sub);
+    Some(match sub {
+        "serve" => kvplane::controller::config::layout(&old),
+        // The node's old names that are serve's (KVPLANE_HOST, KVPLANE_PORT, …) belong to
+        // serve: a node no longer reads them.
+        "node" => {
+            let serves: Vec<String> = old_vars(plain, "serve")
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect();
+            Layout {
+                service: "NODE",
+                aliases: deprecated("NODE", &old, &serves),
+                ..Layout::default()
+            }
+        }
+        // LMCache's MP coordinator variables, after kvplane's.
+        "coordinator" => {
+            let mut aliases = deprecated("COORDINATOR", &old, &[]);
+            aliases.extend(
+                plain
+                    .find_subcommand(sub)?
+                    .get_arguments()
+                    .filter_map(|a| a.get_long())
+                    .filter(|f| *f != "help")
+                    .map(|flag| Alias {
+                        var: format!(
+                            "LMCACHE_MP_COORDINATOR_{}",
+                            flag.replace('-', "_").to_ascii_uppercase()
+                        ),
+                        flag: flag.to_string(),
+                        convert: Convert::Text,
+                        deprecated: false,
+                    }),
+            );
+            Layout {
+                service: "COORDINATOR",
+                aliases,
+                ..Layout::default()
+            }
+        }
+        "indexer" => Layout {
+            service: "INDEXER",
+            aliases: deprecated("INDEXER", &old, &[]),
+            ..Layout::default()
+        },
+        "router" => Layout {
+            service: "ROUTER",
+            aliases: deprecated("ROUTER", &old, &[]),
+            ..Layout::default()
+        },
+        _ => return None,
+    })
+}
+
+/// The command with every layered subcommand's flags given their twins and `--config`.
+pub(crate) fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    for (sub, service) in LAYERED {
+        cmd = cmd.mut_subcommand(sub, |c| layers::with_env_twins(c, service));
     }
+    cmd
+}
+
+/// Parses the process's arguments through every layer. A usage error or `--help` exits as
+/// clap does.
+///
+/// # Errors
+/// A layer's value is refused (naming the flag and where the value came from).
+pub(crate) fn parse() -> anyhow::Result<(Cli, Provenance)> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    parse_from(&args, &|k: &str| std::env::var(k).ok())
+}
+
+/// [`parse`] of `args`, the alias variables read through `env` (the twins through the
+/// process's environment, as clap reads them).
+pub(crate) fn parse_from(
+    args: &[OsString],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(Cli, Provenance)> {
+    let cmd = command();
+    // The first parse lets required flags be missing: the file may hold them. The second,
+    // with the layers' values, requires them.
+    let mut loose = cmd.clone();
+    for (sub, _) in LAYERED {
+        loose = loose.mut_subcommand(sub, |c| c.mut_args(|a| a.required(false)));
+    }
+    let first = loose
+        .try_get_matches_from(args)
+        .unwrap_or_else(|e| e.exit());
+    let plain = Cli::command();
+    let layered = first
+        .subcommand()
+        .and_then(|(name, sub)| Some((name, sub, layout(&plain, name)?)));
+    let Some((name, sub, layout)) = layered else {
+        return Ok((Cli::from_arg_matches(&first)?, Provenance::default()));
+    };
+    let sub_cmd = cmd
+        .find_subcommand(name)
+        .ok_or_else(|| anyhow::anyhow!("no subcommand {name}"))?;
+    let (words, prov) = layers::layer(sub_cmd, sub, &layout, env)?;
+    let matches = cmd
+        .try_get_matches_from(layers::reparse_args(args, words))
+        .map_err(|e| {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let first = first.trim_start_matches("error: ");
+            let explained = prov.explain(first);
+            if explained == first {
+                // Not about a layered value: clap's own message, usage and exit code.
+                e.exit();
+            }
+            anyhow::anyhow!(explained)
+        })?;
+    Ok((Cli::from_arg_matches(&matches)?, prov))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvplane::config::{ApiToken, MonitorPorts, ServeConfig};
     use kvplane::protocol::ChunkHash;
     use std::time::Duration;
 
@@ -303,6 +209,46 @@ mod tests {
             | Command::Coordinator(_)
             | Command::Node(_) => Err("not serve".into()),
         }
+    }
+
+    /// Every flag of every service has its `KVPLANE_<SERVICE>_<FLAG>` twin and `--config`.
+    #[test]
+    fn every_service_flag_has_its_twin() {
+        let cmd = command();
+        for (sub, service) in LAYERED {
+            let c = cmd.find_subcommand(sub).expect("subcommand");
+            assert!(
+                c.get_arguments().any(|a| a.get_long() == Some("config")),
+                "{sub}"
+            );
+            for a in c.get_arguments() {
+                let Some(long) = a.get_long() else { continue };
+                let var = a.get_env().and_then(|v| v.to_str()).unwrap_or_default();
+                assert_eq!(var, layers::twin(service, long), "{sub} --{long}");
+            }
+        }
+        // serve's old names and the node's are aliases; the node drops serve's.
+        let plain = Cli::command();
+        let serve = layout(&plain, "serve").expect("serve");
+        assert!(serve
+            .aliases
+            .iter()
+            .any(|a| a.var == "KVPLANE_PORT" && a.deprecated));
+        assert!(serve
+            .aliases
+            .iter()
+            .any(|a| a.var == "LMCACHE_CONTROLLER_CONTROLLER_PORT" && !a.deprecated));
+        let node = layout(&plain, "node").expect("node");
+        assert!(!node
+            .aliases
+            .iter()
+            .any(|a| a.var == "KVPLANE_HOST" || a.var == "KVPLANE_PORT"));
+        let coordinator = layout(&plain, "coordinator").expect("coordinator");
+        assert!(coordinator
+            .aliases
+            .iter()
+            .any(|a| a.var == "LMCACHE_MP_COORDINATOR_PORT"));
+        assert!(layout(&plain, "bench").is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `KVPLANE_HOST` do not leak into the coordinator). Precedence: the flag, then
 //! `KVPLANE_COORDINATOR_<NAME>`, then `LMCACHE_MP_COORDINATOR_<NAME>`, then the default
 //! (clap's `env` takes one name, so the variables are read here). The `--cluster` flags are
-//! `serve`'s ([`crate::cli::ClusterArgs`]: `KVPLANE_CLUSTER`, `KVPLANE_CLUSTER_NAME`, …).
+//! `serve`'s ([`kvplane::cluster::args::ClusterArgs`]: `KVPLANE_CLUSTER`, `KVPLANE_CLUSTER_NAME`, …).
 
 use clap::Args;
 use kvplane::config::{self, defaults::coordinator as d, ConfigError};
@@ -93,7 +93,7 @@ pub(crate) struct CoordinatorArgs {
     /// `--cluster`: a hot standby on NATS JetStream until it holds the coordinator lease
     /// (docs/CLUSTER.md); read from `KVPLANE_CLUSTER*`, as `serve` reads them.
     #[command(flatten)]
-    pub(crate) cluster: crate::cli::ClusterArgs,
+    pub(crate) cluster: kvplane::cluster::args::ClusterArgs,
 }
 
 /// Startup-resync settings as given (the validated form is `CoordinatorConfig::resync`).

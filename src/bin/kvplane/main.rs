@@ -1,25 +1,34 @@
 //! The `kvplane` binary: parse flags, start logging, run the library, map errors to exit codes.
 
 use anyhow::Context;
-use clap::Parser;
 mod cli;
 mod coordinator;
 mod node;
 
-use cli::{Cli, Command};
+use cli::Command;
 use kvplane::controller;
 use kvplane::service::runner::Runner;
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // A closed stderr must not panic the task that logs (it would not stop the process).
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let (cli, prov) = cli::parse()?;
+    for w in &prov.warnings {
+        tracing::warn!("{w}");
+    }
+    if let Some(f) = &prov.file {
+        tracing::info!("settings read from {}", f.display());
+    }
+    // A refused value names its flag; say where a layered one came from.
+    let explain = |e: kvplane::config::ConfigError| anyhow::anyhow!(prov.explain(&e.to_string()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -29,8 +38,8 @@ fn main() -> anyhow::Result<()> {
             if args.monitor_port.is_some() {
                 tracing::warn!("--monitor-port is deprecated and ignored (as in LMCache 0.5.6); use --monitor-ports");
             }
-            let config = args.validate()?;
-            let cluster = args.cluster.config()?;
+            let config = args.validate().map_err(explain)?;
+            let cluster = args.cluster.config().map_err(explain)?;
             if args.replica {
                 anyhow::ensure!(
                     args.indexer_port.is_none() && args.coordinator_port.is_none(),
@@ -120,7 +129,7 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
         Command::Node(args) => {
-            let config = args.validate()?;
+            let config = args.validate().map_err(explain)?;
             run(&runtime, |mut runner| {
                 runner.add_service("node", kvplane::node::start(config));
                 async { Ok(runner) }
@@ -172,8 +181,10 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Coordinator(args) => {
-            let (config, _) = args.validate(&|k: &str| std::env::var(k).ok())?;
-            let cluster = args.cluster.config()?;
+            let (config, _) = args
+                .validate(&|k: &str| std::env::var(k).ok())
+                .map_err(explain)?;
+            let cluster = args.cluster.config().map_err(explain)?;
             run(&runtime, |mut runner| {
                 match cluster {
                     // A standby until it holds the coordinator lease: nothing binds before.
