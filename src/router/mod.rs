@@ -185,11 +185,20 @@ pub struct RouterArgs {
     pub doctor_wait: f64,
 }
 
-fn secs(v: f64, default: f64) -> Duration {
+/// `v` seconds, refused (naming `flag`) unless positive and finite.
+fn secs(flag: &str, v: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v)
         .ok()
         .filter(|d| !d.is_zero())
-        .unwrap_or(Duration::from_secs_f64(default))
+        .ok_or_else(|| format!("{flag} must be a positive number of seconds, not {v}"))
+}
+
+/// `v`, refused (naming `flag`) when 0.
+fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
+    if v == 0 {
+        return Err(format!("{flag} must be > 0"));
+    }
+    Ok(v)
 }
 
 impl RouterArgs {
@@ -219,6 +228,9 @@ impl RouterArgs {
         if self.block_size == 0 {
             return Err("--block-size must be > 0".into());
         }
+        if self.load_scale < 1.0 {
+            return Err(format!("--load-scale must be ≥ 1, not {}", self.load_scale));
+        }
         Ok(RouterConfig {
             host: self.host.clone(),
             port: self.port,
@@ -234,15 +246,18 @@ impl RouterArgs {
                 cpu_tier: self.cpu_tier_weight,
                 disk_tier: self.disk_tier_weight,
                 temperature: self.temperature,
-                load_scale: self.load_scale.max(1.0),
+                load_scale: self.load_scale,
             },
-            connect_timeout: secs(self.connect_timeout, d::CONNECT_TIMEOUT_S),
-            response_timeout: secs(self.response_timeout, d::RESPONSE_TIMEOUT_S),
-            stream_idle_timeout: secs(self.stream_idle_timeout, d::STREAM_IDLE_TIMEOUT_S),
-            health_interval: secs(self.health_interval, d::HEALTH_INTERVAL_S),
-            max_body_bytes: self.max_body_bytes.max(1),
-            max_response_bytes: self.max_response_bytes.max(1),
-            max_http_connections: self.max_http_connections.max(1),
+            connect_timeout: secs("--connect-timeout", self.connect_timeout)?,
+            response_timeout: secs("--response-timeout", self.response_timeout)?,
+            stream_idle_timeout: secs("--stream-idle-timeout", self.stream_idle_timeout)?,
+            health_interval: secs("--health-interval", self.health_interval)?,
+            max_body_bytes: at_least_one("--max-body-bytes", self.max_body_bytes)?,
+            max_response_bytes: at_least_one("--max-response-bytes", self.max_response_bytes)?,
+            max_http_connections: at_least_one(
+                "--max-http-connections",
+                self.max_http_connections,
+            )?,
             indexer_port: self.indexer_port,
             auth: crate::web::access::Auth::from(&self.auth),
         })

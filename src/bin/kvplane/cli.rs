@@ -318,6 +318,52 @@ mod tests {
         }
     }
 
+    /// Zero limits and bad durations are refused naming the flag, never raised silently.
+    #[test]
+    fn indexer_and_router_refuse_what_they_used_to_clamp() {
+        for flag in [
+            "--queue-capacity",
+            "--max-queued-bytes",
+            "--max-frame-bytes",
+            "--max-services",
+            "--max-body-bytes",
+            "--max-http-connections",
+            "--replay-timeout-ms",
+            "--http-read-timeout",
+        ] {
+            let err = Cli::try_parse_from(["kvplane", "indexer", flag, "0"])
+                .map(|_| ())
+                .expect_err("refused");
+            assert!(err.to_string().contains(flag), "{flag}: {err}");
+        }
+        let err = Cli::try_parse_from(["kvplane", "indexer", "--cluster-max-bytes", "5"])
+            .map(|_| ())
+            .expect_err("refused");
+        assert!(err.to_string().contains("--cluster-max-bytes"), "{err}");
+        for (flag, value) in [
+            ("--connect-timeout", "0"),
+            ("--health-interval", "-1"),
+            ("--load-scale", "0.5"),
+            ("--max-body-bytes", "0"),
+        ] {
+            let cli = Cli::try_parse_from([
+                "kvplane",
+                "router",
+                "--model",
+                "m",
+                "--engine",
+                "http://h:1",
+                &format!("{flag}={value}"),
+            ])
+            .expect("parses");
+            let Command::Router(a) = cli.command else {
+                panic!("not router")
+            };
+            let err = a.config().expect_err("refused");
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
+    }
+
     #[test]
     fn router_engines_weights_and_refusals() {
         let router = |args: &[&str]| {

@@ -103,10 +103,17 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
         Command::Router(args) => {
-            let config = args.config().map_err(anyhow::Error::msg)?;
+            let config = args
+                .config()
+                .map_err(|e| anyhow::anyhow!(prov.explain(&e)))?;
             if args.doctor {
-                let wait = std::time::Duration::try_from_secs_f64(args.doctor_wait)
-                    .unwrap_or(std::time::Duration::from_secs(10));
+                let wait =
+                    std::time::Duration::try_from_secs_f64(args.doctor_wait).map_err(|_| {
+                        anyhow::anyhow!(prov.explain(&format!(
+                            "--doctor-wait: {} is not a number of seconds ≥ 0",
+                            args.doctor_wait
+                        )))
+                    })?;
                 let verdicts = runtime.block_on(kvplane::router::doctor(config, wait))?;
                 let ok = verdicts.iter().all(kvplane::router::doctor::Verdict::ok);
                 println!(

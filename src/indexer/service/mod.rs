@@ -78,29 +78,30 @@ pub struct IndexerArgs {
     #[arg(
         long,
         env = "KVPLANE_INDEXER_REPLAY_TIMEOUT_MS",
+        value_parser = clap::value_parser!(u64).range(1..),
         default_value_t = 5000
     )]
     pub replay_timeout_ms: u64,
     /// Live messages queued per publisher; when full, the publisher's socket is not read
     /// until there is room (the publisher's own send queue holds the rest; counted).
-    #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", default_value_t = d::QUEUE_CAPACITY)]
+    #[arg(long, env = "KVPLANE_INDEXER_QUEUE_CAPACITY", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::QUEUE_CAPACITY)]
     pub queue_capacity: usize,
     /// Payload bytes queued per publisher (live queue and replay buffer each) at most.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", default_value_t = d::MAX_QUEUED_BYTES)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_QUEUED_BYTES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::MAX_QUEUED_BYTES)]
     pub max_queued_bytes: usize,
     /// Largest ZMQ frame accepted from a publisher; a larger one closes that connection.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_FRAME_BYTES", default_value_t = d::MAX_FRAME_BYTES)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_FRAME_BYTES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::MAX_FRAME_BYTES)]
     pub max_frame_bytes: usize,
     /// Registered services at most; more registrations get 400 `out_of_range`.
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_SERVICES", default_value_t = d::MAX_SERVICES)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_SERVICES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::MAX_SERVICES)]
     pub max_services: usize,
     /// Largest HTTP request body, bytes (413 beyond, before it is read when announced).
-    #[arg(long, env = "KVPLANE_INDEXER_MAX_BODY_BYTES", default_value_t = d::MAX_BODY_BYTES)]
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_BODY_BYTES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// HTTP connections served at once; more wait in the kernel's accept queue.
     #[arg(
         long,
-        env = "KVPLANE_INDEXER_MAX_HTTP_CONNECTIONS",
+        env = "KVPLANE_INDEXER_MAX_HTTP_CONNECTIONS", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..),
         default_value_t = d::MAX_HTTP_CONNECTIONS
     )]
     pub max_http_connections: usize,
@@ -109,6 +110,7 @@ pub struct IndexerArgs {
     #[arg(
         long,
         env = "KVPLANE_INDEXER_HTTP_READ_TIMEOUT",
+        value_parser = positive_seconds,
         default_value_t = d::HTTP_READ_TIMEOUT_S
     )]
     pub http_read_timeout: f64,
@@ -120,7 +122,7 @@ pub struct IndexerArgs {
     #[arg(long, env = "KVPLANE_CLUSTER_NAME", default_value = crate::config::defaults::cluster::NAME)]
     pub cluster_name: String,
     /// Most bytes the cluster's change stream keeps (oldest dropped first).
-    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", default_value_t = crate::config::defaults::cluster::MAX_BYTES)]
+    #[arg(long, env = "KVPLANE_CLUSTER_MAX_BYTES", value_parser = clap::value_parser!(i64).range(crate::cluster::args::MIN_MAX_BYTES..), default_value_t = crate::config::defaults::cluster::MAX_BYTES)]
     pub cluster_max_bytes: i64,
     /// Run as a read replica of the cluster's ingester (needs `--cluster`): no publishers,
     /// `/register` answers 409, queries are answered from the followed changes.
@@ -137,6 +139,14 @@ fn max_memberships(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A positive, finite number of seconds (clap names the flag when this refuses).
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
+}
+
 impl IndexerArgs {
     /// The validated configuration.
     pub fn config(&self) -> IndexerConfig {
@@ -150,23 +160,22 @@ impl IndexerArgs {
                 ttl_secs: (self.ttl_secs > 0).then_some(self.ttl_secs),
             },
             publishers: self.publishers.clone(),
-            replay_timeout: Duration::from_millis(self.replay_timeout_ms.max(1)),
-            queue_capacity: self.queue_capacity.max(1),
-            max_frame_bytes: self.max_frame_bytes.max(1),
-            max_queued_bytes: self.max_queued_bytes.max(1),
-            max_services: self.max_services.max(1),
-            max_body_bytes: self.max_body_bytes.max(1),
-            max_http_connections: self.max_http_connections.max(1),
-            http_read_timeout: Duration::try_from_secs_f64(self.http_read_timeout)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .unwrap_or(Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S)),
+            // clap refuses 0 for each of these (their value parsers), naming the flag.
+            replay_timeout: Duration::from_millis(self.replay_timeout_ms),
+            queue_capacity: self.queue_capacity,
+            max_frame_bytes: self.max_frame_bytes,
+            max_queued_bytes: self.max_queued_bytes,
+            max_services: self.max_services,
+            max_body_bytes: self.max_body_bytes,
+            max_http_connections: self.max_http_connections,
+            // `positive_seconds` refused anything else at parse time.
+            http_read_timeout: Duration::from_secs_f64(self.http_read_timeout),
             cluster: self
                 .cluster
                 .as_ref()
                 .map(|url| crate::cluster::ClusterConfig {
                     name: self.cluster_name.clone(),
-                    max_bytes: self.cluster_max_bytes.max(1 << 20),
+                    max_bytes: self.cluster_max_bytes,
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             replica: self.replica,
