@@ -1,6 +1,7 @@
 //! `kvplane node`: a cache server speaking LMCache 0.5.6's `lm://` protocol, with an L1
 //! memory tier and an L2 disk tier (docs/NODE.md).
 //!
+//! - `args` — `kvplane node`'s flags ([`args::NodeArgs`]), validated into [`NodeConfig`].
 //! - `codec` — the wire format (186-byte request, 36-byte reply headers). Pure.
 //! - `lru` — the eviction policy both tiers share (budget, watermark, ratio, pins). Pure.
 //! - `disk` — L2's file format and blocking file operations.
@@ -15,6 +16,7 @@
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
+pub mod args;
 mod buffers;
 pub mod codec;
 mod commands;

@@ -3,7 +3,6 @@
 use anyhow::Context;
 mod cli;
 mod coordinator;
-mod node;
 
 use cli::Command;
 use kvplane::controller;

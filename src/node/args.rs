@@ -1,13 +1,15 @@
-//! Flags of `kvplane node` (each also read from `KVPLANE_<FLAG>`), validated into
-//! [`kvplane::node::NodeConfig`].
+//! Flags of `kvplane node`, validated into [`crate::node::NodeConfig`] naming the flag at
+//! fault. Each flag's variable is `KVPLANE_NODE_<FLAG>` (`service::layers`); the `env`
+//! written below is the flag's old name, read as a deprecated alias except where it is
+//! `kvplane serve`'s too (`KVPLANE_HOST`, `KVPLANE_PORT`, …). Parses nothing itself.
 
-use clap::Args;
-use kvplane::config::{self, defaults::node as d, ConfigError};
-use kvplane::node::config::{
+use super::config::{
     gib_to_bytes, CoordinatorLinkConfig, EvictionPolicy, L2Config, NodeConfig, PrefetchPolicy,
     StorePolicy,
 };
-use kvplane::worker::WorkerConfig;
+use crate::config::{self, defaults::node as d, ConfigError};
+use crate::worker::WorkerConfig;
+use clap::Args;
 use std::path::PathBuf;
 
 /// Flags of `kvplane node`, as given.
@@ -17,11 +19,11 @@ use std::path::PathBuf;
     mut_arg("api_token_reads", |a| a.env("KVPLANE_NODE_API_TOKEN_READS")),
     mut_arg("api_token_peers", |a| a.env("KVPLANE_NODE_API_TOKEN_PEERS"))
 )]
-pub(crate) struct NodeArgs {
+pub struct NodeArgs {
     /// `--api-token` and its scope on the HTTP listener (the coordinator's calls stay open
     /// without `--api-token-peers`: LMCache 0.5.6's coordinator sends no token).
     #[command(flatten)]
-    pub(crate) auth: kvplane::web::access::AuthArgs,
+    pub auth: crate::web::access::AuthArgs,
     /// Address both listeners bind to.
     #[arg(long, env = "KVPLANE_HOST", default_value = config::defaults::HOST)]
     host: String,
@@ -214,7 +216,7 @@ impl NodeArgs {
     ///
     /// # Errors
     /// [`ConfigError`] naming the flag at fault.
-    pub(crate) fn validate(&self) -> Result<NodeConfig, ConfigError> {
+    pub fn validate(&self) -> Result<NodeConfig, ConfigError> {
         let l1 = EvictionPolicy {
             budget: size("l1-size-gb", self.l1_size_gb)?,
             trigger_watermark: ratio(
@@ -250,7 +252,7 @@ impl NodeArgs {
         };
         let adapter = match self.l2_adapter.as_slice() {
             [] => None,
-            [one] => Some(kvplane::node::config::parse_l2_adapter(one).map_err(adapter_err)?),
+            [one] => Some(super::config::parse_l2_adapter(one).map_err(adapter_err)?),
             more => {
                 return Err(adapter_err(format!(
                     "{} adapters given: a node has one L2 tier (an L2 cascade is not built)",
@@ -345,12 +347,11 @@ impl NodeArgs {
         let coordinator = match &self.coordinator_url {
             None => None,
             Some(url) => {
-                let (host, port) = kvplane::node::parse_coordinator_url(url).map_err(|detail| {
-                    ConfigError::Value {
+                let (host, port) =
+                    super::parse_coordinator_url(url).map_err(|detail| ConfigError::Value {
                         flag: "coordinator-url",
                         detail,
-                    }
-                })?;
+                    })?;
                 let mut c = CoordinatorLinkConfig::new(host, port, instance_id.clone());
                 c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
                 c.heartbeat_interval = coordinator_heartbeat;
@@ -388,7 +389,7 @@ impl NodeArgs {
                 });
             },
             max_prefetch_jobs: d::MAX_PREFETCH_JOBS,
-            auth: kvplane::web::access::Auth::from(&self.auth),
+            auth: crate::web::access::Auth::from(&self.auth),
             host: self.host.clone(),
             port: self.port,
             http_port: (!self.no_http).then_some(self.http_port),
@@ -398,7 +399,7 @@ impl NodeArgs {
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
             read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
             max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
-            http: kvplane::node::config::http_limits(
+            http: super::config::http_limits(
                 config::at_least_one("max-http-connections", self.max_http_connections)?,
                 config::positive_seconds("http-read-timeout", self.http_read_timeout)?,
             ),
@@ -408,18 +409,22 @@ impl NodeArgs {
 
 #[cfg(test)]
 mod tests {
-    use crate::cli::{Cli, Command};
+    use super::super::config::{NodeConfig, PrefetchPolicy, StorePolicy};
+    use super::NodeArgs;
     use clap::Parser;
-    use kvplane::node::config::{NodeConfig, PrefetchPolicy, StorePolicy};
+
+    /// `kvplane node`'s flags alone.
+    #[derive(Parser)]
+    struct Node {
+        #[command(flatten)]
+        args: NodeArgs,
+    }
 
     fn parse(args: &[&str]) -> Result<NodeConfig, String> {
-        let mut full = vec!["kvplane", "node"];
+        let mut full = vec!["node"];
         full.extend_from_slice(args);
-        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
-        match cli.command {
-            Command::Node(a) => a.validate().map_err(|e| e.to_string()),
-            _ => Err("not node".into()),
-        }
+        let node = Node::try_parse_from(full).map_err(|e| e.to_string())?;
+        node.args.validate().map_err(|e| e.to_string())
     }
 
     #[test]
