@@ -68,6 +68,28 @@ impl From<Stopped> for ApiError {
 
 pub(crate) type Shared = Arc<ApiState>;
 
+/// `bytes` as JSON with every integral float (`2.0`, within ±2^53) written as an integer;
+/// `None` when it is not JSON or holds none.
+fn integral_floats_as_integers(bytes: &[u8]) -> Option<Value> {
+    fn walk(v: &mut Value) -> bool {
+        match v {
+            Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 {
+                    *v = Value::from(f as i64);
+                    return true;
+                }
+                false
+            }
+            Value::Array(items) => items.iter_mut().fold(false, |c, x| walk(x) | c),
+            Value::Object(map) => map.values_mut().fold(false, |c, x| walk(x) | c),
+            _ => false,
+        }
+    }
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    walk(&mut v).then_some(v)
+}
+
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
     let limits = state.http;
@@ -158,29 +180,40 @@ fn stack(state: &Shared, limits: HttpLimits) -> Stack {
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
 pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-        let mut loc = vec![json!("body")];
-        for seg in e.path().iter() {
-            match seg {
-                serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
-                serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
-                serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
-                serde_path_to_error::Segment::Unknown => {}
+    serde_path_to_error::deserialize(de)
+        .or_else(|e| {
+            // JSON has one number type: `2.0` is the integer 2 to LMCache's pydantic (and to the
+            // JSON schema). Tried only after a refusal, so well-formed bodies pay nothing.
+            if let Some(v) = integral_floats_as_integers(bytes) {
+                if let Ok(t) = serde_json::from_value(v) {
+                    return Ok(t);
+                }
             }
-        }
-        let msg = e.into_inner().to_string();
-        // serde names a missing field only in its message ("missing field `ip`"): FastAPI
-        // puts it in `loc`, and so do we.
-        // (The path already ends at an unknown field, for a body that refuses them.)
-        if let Some(field) = msg
-            .strip_prefix("missing field `")
-            .and_then(|rest| rest.split('`').next())
-        {
-            loc.push(json!(field));
-        }
-        ApiError::value_error(loc, msg)
-    })
+            Err(e)
+        })
+        .map_err(|e| {
+            state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+            let mut loc = vec![json!("body")];
+            for seg in e.path().iter() {
+                match seg {
+                    serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
+                    serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
+                    serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
+                    serde_path_to_error::Segment::Unknown => {}
+                }
+            }
+            let msg = e.into_inner().to_string();
+            // serde names a missing field only in its message ("missing field `ip`"): FastAPI
+            // puts it in `loc`, and so do we.
+            // (The path already ends at an unknown field, for a body that refuses them.)
+            if let Some(field) = msg
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                loc.push(json!(field));
+            }
+            ApiError::value_error(loc, msg)
+        })
 }
 
 pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {

@@ -17,12 +17,11 @@ use super::model::Model;
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{spawn_sampler, History, HistoryPage, Sample};
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -280,10 +279,7 @@ struct FeedQuery {
 
 async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
     let Ok(mut body) = read_feed(&d.api.handle).await else {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"detail": "the coordinator is shutting down"})),
-        )
+        return crate::web::error::ApiError::Unavailable("the coordinator is shutting down".into())
             .into_response();
     };
     if q.history.as_deref() == Some("1") {

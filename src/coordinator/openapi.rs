@@ -1,6 +1,8 @@
 //! `GET /openapi.json`: an OpenAPI 3.1 description of every route the coordinator serves,
-//! written from the route table (path, method, summary, answers). Request and reply bodies are
-//! described in docs/COORDINATOR.md; LMCache 0.5.6's own document lists their schemas.
+//! written from the route table (path, method, summary, answers). Request bodies carry
+//! LMCache 0.5.6's own schemas (`openapi_schemas.json`, copied from its coordinator's
+//! document); reply bodies are described in docs/COORDINATOR.md. Owns the document only: it
+//! must not decide what a route accepts (the handlers do) or who may call it (`api::policy`).
 
 use serde_json::{json, Map, Value};
 
@@ -113,6 +115,30 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
         &[200, 404, 502],
     ),
     (
+        "/cache/delete",
+        "post",
+        "Delete a token sequence's chunks on one MP server (tier l1, l2 or all)",
+        &[200, 404, 413, 422, 502],
+    ),
+    (
+        "/cache/pins",
+        "post",
+        "Pin a token sequence's chunks against L2 eviction",
+        &[200, 413, 422],
+    ),
+    (
+        "/cache/pins",
+        "delete",
+        "Unpin a token sequence's chunks",
+        &[200, 413, 422],
+    ),
+    (
+        "/cache/pins",
+        "get",
+        "Pinned keys, one page at a time",
+        &[200, 400, 422],
+    ),
+    (
         "/directory/lookup",
         "post",
         "Placements, token ids and access counts of keys or of a token sequence",
@@ -128,10 +154,70 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
         "/directory/keys",
         "get",
         "Directory keys and placements, one page at a time",
-        &[200, 422],
+        &[200, 400, 422],
     ),
     ("/directory/stats", "get", "Directory totals", &[200]),
 ];
+
+/// The schemas of LMCache 0.5.6's request bodies (see the file's `$comment`).
+const SCHEMAS: &str = include_str!("openapi_schemas.json");
+
+/// The component schema of a route's JSON body (LMCache 0.5.6's name for it), or a bare
+/// object where LMCache's document has none; `None` for routes without a body.
+fn body_schema(path: &str, method: &str) -> Option<Value> {
+    let name = match (method, path) {
+        ("post", "/instances") => "RegisterRequest",
+        ("put", "/quota/config") => "QuotaConfigRequest",
+        ("put", "/quota/{cache_salt}") => "SetQuotaRequest",
+        ("post", "/events") => "CacheEventsRequest",
+        ("post", "/cache/prefetches") => "PrefetchRequest",
+        ("post", "/cache/delete") => "DeleteRequest",
+        ("post" | "delete", "/cache/pins") => "PinRequest",
+        ("post", "/directory/lookup") => "DirectoryLookupRequest",
+        ("post", "/directory/blend-lookup") => "BlendLookupRequest",
+        // The <= 0.5.2 usage events (docs/COORDINATOR.md): not in 0.5.6's document.
+        ("post", "/quota/events") => return Some(json!({"type": "object"})),
+        _ => return None,
+    };
+    Some(json!({ "$ref": format!("#/components/schemas/{name}") }))
+}
+
+/// Query parameters besides `tier` on `/quota*`: name, schema.
+fn query_params(path: &str, method: &str) -> Vec<(&'static str, Value)> {
+    let page = || {
+        [
+            (
+                "offset",
+                json!({"type": "integer", "minimum": 0, "maximum": 9_007_199_254_740_991u64, "default": 0}),
+            ),
+            (
+                "limit",
+                json!({"type": "integer", "minimum": 1, "maximum": 10000, "default": 1000}),
+            ),
+        ]
+    };
+    let text = || json!({"type": "string", "default": ""});
+    match (method, path) {
+        ("get", "/cache/pins") => {
+            let mut q = vec![("cache_salt", text()), ("model_name", text())];
+            q.extend(page());
+            q
+        }
+        ("get", "/directory/keys") => {
+            let mut q = vec![
+                (
+                    "tier",
+                    json!({"type": "string", "enum": ["l1", "l2", "all"], "default": "all"}),
+                ),
+                ("instance_id", text()),
+                ("backend", text()),
+            ];
+            q.extend(page());
+            q
+        }
+        _ => Vec::new(),
+    }
+}
 
 /// The document.
 pub fn document() -> Value {
@@ -150,17 +236,28 @@ pub fn document() -> Value {
         if !params.is_empty() {
             op["parameters"] = Value::Array(params);
         }
-        if path.starts_with("/quota") && method != "post" {
+        // PUTs take the tier from the body; kvplane's quotas and usage are l2 only.
+        if path.starts_with("/quota") && matches!(method, "get" | "delete") {
             let tier = json!({"name": "tier", "in": "query", "required": false,
-                "schema": {"type": "string", "enum": ["l1", "l2", "all"], "default": "l2"}});
+                "schema": {"type": "string", "enum": ["l2"], "default": "l2"}});
             match op.get_mut("parameters").and_then(Value::as_array_mut) {
                 Some(list) => list.push(tier),
                 None => op["parameters"] = json!([tier]),
             }
         }
-        if matches!(method, "post" | "put") && path != "/instances/{instance_id}/heartbeat" {
+        let extra: Vec<Value> = query_params(path, method)
+            .into_iter()
+            .map(|(name, schema)| json!({"name": name, "in": "query", "required": false, "schema": schema}))
+            .collect();
+        if !extra.is_empty() {
+            match op.get_mut("parameters").and_then(Value::as_array_mut) {
+                Some(list) => list.extend(extra),
+                None => op["parameters"] = Value::Array(extra),
+            }
+        }
+        if let Some(schema) = body_schema(path, method) {
             op["requestBody"] = json!({"required": true,
-                "content": {"application/json": {"schema": {"type": "object"}}}});
+                "content": {"application/json": {"schema": schema}}});
         }
         paths
             .entry(path.to_owned())
@@ -168,10 +265,12 @@ pub fn document() -> Value {
             .as_object_mut()
             .map(|o| o.insert(method.to_owned(), op));
     }
+    let schemas: Value = serde_json::from_str(SCHEMAS).expect("openapi_schemas.json is JSON");
     json!({
         "openapi": "3.1.0",
         "info": {"title": "kvplane MP coordinator", "version": env!("CARGO_PKG_VERSION")},
         "paths": paths,
+        "components": {"schemas": schemas["schemas"]},
     })
 }
 
@@ -204,6 +303,20 @@ mod tests {
         assert!(hb.get("requestBody").is_none());
         let q = &paths["/quota/{cache_salt}"]["get"]["parameters"];
         assert_eq!(q[1]["name"], "tier");
-        assert!(paths["/events"]["post"]["requestBody"].is_object());
+        let events = &paths["/events"]["post"]["requestBody"]["content"]["application/json"];
+        assert_eq!(
+            events["schema"]["$ref"],
+            "#/components/schemas/CacheEventsRequest"
+        );
+        // Every body's schema is in the document.
+        for item in paths.values() {
+            for op in item.as_object().unwrap().values() {
+                let schema = &op["requestBody"]["content"]["application/json"]["schema"];
+                if let Some(r) = schema["$ref"].as_str() {
+                    let name = r.trim_start_matches("#/components/schemas/");
+                    assert!(doc["components"]["schemas"][name].is_object(), "{r}");
+                }
+            }
+        }
     }
 }

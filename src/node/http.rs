@@ -12,6 +12,7 @@ use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
 use crate::web::HttpLimits;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::State;
 use axum::extract::{Path, Query};
 use axum::http::header;
@@ -70,7 +71,8 @@ pub(crate) fn router(
         .route(
             "/cache/objects",
             get(
-                |State(s): State<AppState>, q: Query<super::objects::PageQuery>| {
+                |State(s): State<AppState>,
+                 q: Result<Query<super::objects::PageQuery>, QueryRejection>| {
                     super::objects::list(s.tiers, s.metrics, q)
                 },
             )

@@ -122,7 +122,7 @@ fn bad(metrics: &NodeMetrics, route: &str, status: StatusCode, detail: String) -
         .coordinator_requests
         .with_label_values(&[route, "bad_request"])
         .inc();
-    (status, Json(serde_json::json!({ "detail": detail }))).into_response()
+    crate::web::error::ApiError::of_status(status, detail).into_response()
 }
 
 /// `GET /cache/objects?tier=l1|l2&page_size=N&page_token=T`: keys in key order; the token is
@@ -130,8 +130,13 @@ fn bad(metrics: &NodeMetrics, route: &str, status: StatusCode, detail: String) -
 pub(crate) async fn list(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
-    q: Query<PageQuery>,
+    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    // A query that does not parse gets the one error shape, not axum's text.
+    let q = match q {
+        Ok(q) => q,
+        Err(e) => return bad(&metrics, "list", StatusCode::BAD_REQUEST, e.body_text()),
+    };
     let l2 = match q.tier.as_deref().unwrap_or("l2") {
         "l2" | "L2" => true,
         "l1" | "L1" => false,

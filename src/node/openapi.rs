@@ -38,17 +38,26 @@ pub(crate) fn operations() -> Vec<Operation> {
         )
         .query("page_size", json!({"type": "integer", "minimum": 1}), false)
         .query("page_token", json!({"type": "string"}), false)
-        .answers(&[(200, "A page of keys"), (400, "Bad tier or page size")]),
+        .answers(&[
+            (200, "A page of keys"),
+            (400, "A query that does not parse"),
+            (422, "A tier other than l1 or l2"),
+        ]),
         Operation::new(
             M::DELETE,
             "/cache/objects",
             Peer,
             "Delete objects (a coordinator's eviction)",
         )
+        .answers(&[
+            (200, "Deleted"),
+            (503, "The tier includes l2 and the node has no L2"),
+        ])
         .body(
             json!({"type": "object", "required": ["keys"], "properties": {
                 "keys": {"type": "array", "items": key},
-                "tier": tier, "adapter": {"type": "string"}, "force": {"type": "boolean"}}}),
+                "tier": tier, "force": {"type": "boolean"},
+                "adapter": {"description": "0.5.6's L2 adapter name: accepted and ignored (a node has one L2)"}}}),
         ),
         Operation::new(M::GET, "/pins", Read, "Pinned objects"),
         Operation::new(
@@ -57,10 +66,11 @@ pub(crate) fn operations() -> Vec<Operation> {
             Write,
             "Unpin what a controller's /pin pinned",
         )
-        .body(
+        .optional_body(
             json!({"type": "object", "additionalProperties": false, "properties": {
                 "location": {"type": "string", "enum": ["LocalCPUBackend", "LocalDiskBackend"]},
-                "tokens": {"type": "array", "items": {"type": "integer"}}}}),
+                "tokens": {"type": "array", "items": {"type": "integer",
+                    "minimum": -9223372036854775808i64, "maximum": 9223372036854775807i64}}}}),
         ),
         Operation::new(
             M::POST,
@@ -68,12 +78,18 @@ pub(crate) fn operations() -> Vec<Operation> {
             Peer,
             "Warm prefetch (a coordinator's)",
         )
+        .answers(&[
+            (202, "Submitted, or a noop (no complete chunk)"),
+            (503, "1,024 prefetches are running"),
+        ])
         .body(
             json!({"type": "object", "required": ["model_name", "world_size", "token_ids"],
-                "properties": {"model_name": {"type": "string"}, "world_size": {"type": "integer"},
+                "properties": {"model_name": {"type": "string"},
+                    "world_size": {"type": "integer", "minimum": 1, "maximum": 255},
                     "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                    "cache_salt": {"type": "string"}, "source_tier": {"type": "string"},
-                    "target_tier": {"type": "string"}}}),
+                    "cache_salt": {"type": "string"},
+                    "source_tier": {"type": "string", "enum": ["l2"]},
+                    "target_tier": {"type": "string", "enum": ["l1"]}}}),
         ),
         Operation::new(
             M::GET,

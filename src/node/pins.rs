@@ -29,7 +29,7 @@ struct UnpinBody {
 }
 
 fn detail(status: StatusCode, text: String) -> Response {
-    (status, Json(json!({ "detail": text }))).into_response()
+    crate::web::error::ApiError::of_status(status, text).into_response()
 }
 
 /// `GET /pins` → `{"LocalCPUBackend": {"count": n, "keys": [...]}, "LocalDiskBackend": …}`.

@@ -88,7 +88,7 @@ fn chunk_hashes(tokens: &[u32], chunk_size: usize) -> Vec<String> {
 }
 
 fn detail(status: StatusCode, text: impl Into<String>) -> Response {
-    (status, Json(json!({ "detail": text.into() }))).into_response()
+    crate::web::error::ApiError::of_status(status, text).into_response()
 }
 
 impl Prefetches {

@@ -169,6 +169,13 @@ impl Policy {
             .map_or_else(|| Access::of_method(method), |(_, _, a)| *a)
     }
 
+    /// Whether `method path` is one of the classified routes (not classed by its method).
+    pub fn lists(&self, method: &Method, path: &str) -> bool {
+        self.routes
+            .iter()
+            .any(|(m, p, _)| m == method && same_template(p, path))
+    }
+
     /// Every classified route.
     pub fn routes(&self) -> &[(Method, &'static str, Access)] {
         &self.routes

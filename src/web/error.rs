@@ -397,6 +397,23 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// An error of `status` for a handler that picks the status itself, with the variant's
+    /// reason code (`not_found`, `unavailable`, …; `invalid_value` for a 422).
+    pub fn of_status(status: StatusCode, message: impl Into<String>) -> Self {
+        let m = message.into();
+        match status {
+            StatusCode::BAD_REQUEST => ApiError::BadRequest(m),
+            StatusCode::NOT_FOUND => ApiError::NotFound(m),
+            StatusCode::CONFLICT => ApiError::Conflict(m),
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(m),
+            StatusCode::BAD_GATEWAY => ApiError::BadGateway(m),
+            StatusCode::SERVICE_UNAVAILABLE => ApiError::Unavailable(m),
+            StatusCode::GATEWAY_TIMEOUT => ApiError::GatewayTimeout(m),
+            StatusCode::INTERNAL_SERVER_ERROR => ApiError::Internal(m),
+            _ => Refusal::new(status, "invalid_value", m).into(),
+        }
+    }
+
     /// The status code.
     pub fn status(&self) -> StatusCode {
         match self {

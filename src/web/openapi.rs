@@ -23,6 +23,8 @@ pub struct Operation {
     pub access: Access,
     /// The JSON schema of the request body, if it takes one.
     pub body: Option<Value>,
+    /// The body may be left out (an empty body means the defaults).
+    pub body_optional: bool,
     /// Query parameters: name, JSON schema, required.
     pub query: Vec<(&'static str, Value, bool)>,
     /// The answers besides the errors every route may give: status, description.
@@ -38,6 +40,7 @@ impl Operation {
             summary,
             access,
             body: None,
+            body_optional: false,
             query: Vec::new(),
             answers: vec![(200, "OK")],
         }
@@ -46,6 +49,13 @@ impl Operation {
     /// With a JSON request body of this schema.
     pub fn body(mut self, schema: Value) -> Self {
         self.body = Some(schema);
+        self
+    }
+
+    /// With a JSON request body of this schema that may be left out.
+    pub fn optional_body(mut self, schema: Value) -> Self {
+        self.body = Some(schema);
+        self.body_optional = true;
         self
     }
 
@@ -77,15 +87,27 @@ fn error_answer(description: &str) -> Value {
            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
 }
 
+/// `code`'s error answer, unless the operation's table names its own.
+fn or_error(responses: &mut Map<String, Value>, code: &str, description: &str) {
+    responses
+        .entry(code.to_owned())
+        .or_insert_with(|| error_answer(description));
+}
+
 /// The document of `operations` for `title`; `auth` marks the operations needing the token.
 pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
     let mut paths = Map::new();
     for op in operations {
         let mut responses = Map::new();
         for (status, description) in &op.answers {
-            responses.insert(status.to_string(), json!({"description": description}));
+            let answer = if *status >= 400 {
+                error_answer(description)
+            } else {
+                json!({ "description": description })
+            };
+            responses.insert(status.to_string(), answer);
         }
-        responses.insert("404".into(), error_answer("No such route or object."));
+        or_error(&mut responses, "404", "No such route or object.");
         let mut o = json!({
             "operationId": operation_id(&op.method, op.path),
             "summary": op.summary,
@@ -108,24 +130,32 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
             o["parameters"] = Value::Array(params);
         }
         if let Some(schema) = &op.body {
-            o["requestBody"] = json!({"required": true,
+            o["requestBody"] = json!({"required": !op.body_optional,
                 "content": {"application/json": {"schema": schema}}});
-            responses.insert("400".into(), error_answer("Not JSON, or a value refused."));
-            responses.insert("413".into(), error_answer("Body over --max-body-bytes."));
-            responses.insert(
-                "422".into(),
-                error_answer("Body does not match the schema."),
+            or_error(&mut responses, "400", "Not JSON, or a value refused.");
+            or_error(
+                &mut responses,
+                "408",
+                "Body not received within --http-read-timeout.",
             );
+            or_error(&mut responses, "413", "Body over --max-body-bytes.");
+            or_error(
+                &mut responses,
+                "415",
+                "A body not declared as JSON (CSRF guard).",
+            );
+            or_error(&mut responses, "422", "Body does not match the schema.");
         }
         if !op.method.is_safe() {
-            responses.insert(
-                "403".into(),
-                error_answer("Cross-origin browser request (CSRF guard)."),
+            or_error(
+                &mut responses,
+                "403",
+                "Cross-origin browser request (CSRF guard).",
             );
         }
         if auth.requires(op.access) {
             o["security"] = json!([{"bearerAuth": []}]);
-            responses.insert("401".into(), error_answer("Missing or wrong bearer token."));
+            or_error(&mut responses, "401", "Missing or wrong bearer token.");
         }
         o["responses"] = Value::Object(responses);
         let item = paths

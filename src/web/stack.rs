@@ -2,9 +2,10 @@
 //! same way to the same mistake and is protected the same way:
 //!
 //! * per-route request metrics ([`super::metrics_layer`]), outermost, so refusals count too;
-//! * the CSRF guard ([`super::guard`]) on every state-changing request: for [`Access::Write`]
-//!   routes of a service whose clients send JSON, content type and origin; otherwise origin
-//!   alone (clients that send bodies without a type, or none);
+//! * the CSRF guard ([`super::guard`]) on every state-changing request: for the
+//!   [`Access::Write`] routes its policy lists, of a service whose clients send JSON, content
+//!   type and origin; otherwise origin alone (clients that send bodies without a type, or
+//!   none; a method no route serves, which then gets the one 405);
 //! * the bearer token ([`super::access::enforce`]) by the matched route's class;
 //! * the body limit (`--max-body-bytes`: an announced oversize body is refused before it is
 //!   read, a longer one when it passes the limit), each refusal counted;
@@ -86,11 +87,16 @@ async fn csrf(
     if request.method().is_safe() {
         return next.run(request).await;
     }
-    let access = match request.extensions().get::<MatchedPath>() {
-        Some(path) => policy.access(request.method(), path.as_str()),
-        None => Access::of_method(request.method()),
-    };
-    let checked = if strictness == Guard::JsonWrites && access == Access::Write {
+    // The body's type is checked on the write routes the policy lists (a JsonWrites service
+    // lists every route it serves), so a method no route serves gets the one 405, not a 415.
+    let json_write = request
+        .extensions()
+        .get::<MatchedPath>()
+        .is_some_and(|path| {
+            policy.lists(request.method(), path.as_str())
+                && policy.access(request.method(), path.as_str()) == Access::Write
+        });
+    let checked = if strictness == Guard::JsonWrites && json_write {
         guard::check(request.headers(), request.uri())
     } else {
         guard::check_origin(request.headers(), request.uri())

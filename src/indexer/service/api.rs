@@ -40,6 +40,15 @@ fn string(
     }
 }
 
+/// A non-negative integer; JSON has one number type, so `2.0` is the integer 2.
+fn whole(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(f))
+            .map(|f| f as u64)
+    })
+}
+
 fn uint(
     body: &Map<String, Value>,
     name: &'static str,
@@ -49,7 +58,7 @@ fn uint(
     match pick(body, &[name]) {
         None if required => Err(ApiError::field("missing", name, "required")),
         None => Ok(None),
-        Some(v) => match v.as_u64() {
+        Some(v) => match whole(v) {
             Some(n) if n <= max => Ok(Some(n)),
             Some(_) => Err(ApiError::field(
                 "out_of_range",
@@ -312,7 +321,7 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, v)| {
-            v.as_u64()
+            whole(v)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| ApiError {
                     index: Some(i),
@@ -343,7 +352,16 @@ pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
         .enumerate()
         .map(|(i, v)| {
             let parsed = match v {
-                Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|x| x as u64)),
+                Value::Number(n) => {
+                    n.as_u64()
+                        .or_else(|| n.as_i64().map(|x| x as u64))
+                        .or_else(|| {
+                            // JSON has one number type: `-2.0` is the integer -2.
+                            n.as_f64()
+                                .filter(|f| f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0)
+                                .map(|f| f as i64 as u64)
+                        })
+                }
                 Value::String(s) => match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
                     Some(hex) => u64::from_str_radix(hex, 16).ok(),
                     None => s

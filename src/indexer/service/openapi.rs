@@ -12,11 +12,14 @@ fn query_body(blocks: (&str, Value)) -> Value {
     let mut props = json!({
         "model": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
         "lora_id": {"type": ["integer", "null"], "deprecated": true},
-        "tenant_id": {"type": "string", "default": "default"},
-        "instance_id": {"type": "string"}, "block_size": {"type": "integer", "minimum": 1},
-        "cache_salt": {"type": "string"}});
+        "tenant_id": {"type": ["string", "null"], "default": "default"},
+        "instance_id": {"type": ["string", "null"]}, "block_size": {"type": "integer", "minimum": 1, "maximum": 4294967295u64},
+        "cache_salt": {"type": ["string", "null"]}});
     props[blocks.0] = blocks.1;
-    json!({"type": "object", "required": ["model", "block_size", blocks.0], "properties": props})
+    json!({"type": "object", "required": ["model", "block_size", blocks.0], "properties": props,
+        // lora_id is the deprecated form of lora_name: never both.
+        "not": {"required": ["lora_name", "lora_id"], "properties": {
+            "lora_name": {"type": "string"}, "lora_id": {"type": "integer"}}}})
 }
 
 fn answer() -> Value {
@@ -29,14 +32,27 @@ fn answer() -> Value {
 }
 
 fn op(summary: &str, body: Option<Value>, ok: Value, errors: &[&str]) -> Value {
+    // Prometheus' text format is the one answer that is not JSON.
+    let media = if ok["type"] == "string" {
+        "text/plain"
+    } else {
+        "application/json"
+    };
     let mut responses = json!({"200": {"description": "OK",
-        "content": {"application/json": {"schema": ok}}}});
+        "content": {media: {"schema": ok}}}});
     for code in errors {
         responses[*code] = json!({"description": "error",
             "content": {"application/json": {"schema": error()}}});
     }
     let mut o = json!({"summary": summary, "responses": responses});
     if let Some(b) = body {
+        for (code, what) in [
+            ("403", "Cross-origin browser request (CSRF guard)"),
+            ("415", "A body not declared as JSON (CSRF guard)"),
+        ] {
+            o["responses"][code] = json!({"description": what,
+                "content": {"application/json": {"schema": error()}}});
+        }
         o["requestBody"] = json!({"required": true,
             "content": {"application/json": {"schema": b}}});
     }
@@ -48,19 +64,21 @@ pub(crate) fn openapi_doc() -> Value {
     let register = json!({"type": "object",
         "required": ["endpoint", "type", "modelname", "instance_id", "block_size", "dp_rank"],
         "properties": {
-          "endpoint": {"type": "string", "example": "tcp://10.0.0.5:5557"},
-          "replay_endpoint": {"type": "string"},
+          "endpoint": {"type": "string", "example": "tcp://10.0.0.5:5557",
+                       "pattern": "^tcp://[^*]+:[0-9]{1,4}$"},
+          "replay_endpoint": {"type": ["string", "null"], "pattern": "^(tcp://[^*]+:[0-9]{1,4})?$"},
           "type": {"type": "string", "enum": ["vLLM", "SGLang", "Mooncake"]},
           "modelname": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
-          "tenant_id": {"type": "string"}, "instance_id": {"type": "string"},
-          "block_size": {"type": "integer", "minimum": 1},
-          "dp_rank": {"type": "integer", "minimum": 0},
-          "additionalsalt": {"type": "string"}}});
+          "tenant_id": {"type": ["string", "null"]}, "instance_id": {"type": "string", "minLength": 1},
+          "block_size": {"type": "integer", "minimum": 1, "maximum": 4294967295u64},
+          "dp_rank": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
+          "additionalsalt": {"type": ["string", "null"]}}});
     let unregister = json!({"type": "object", "required": ["instance_id"], "properties": {
-        "instance_id": {"type": "string"}, "tenant_id": {"type": "string"},
-        "dp_rank": {"type": "integer", "minimum": 0}}});
+        "instance_id": {"type": "string"}, "tenant_id": {"type": ["string", "null"]},
+        "dp_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295u64}}});
     let hashes = json!({"type": "array", "items": {"oneOf": [
-        {"type": "integer"}, {"type": "string"}]}});
+        {"type": "integer", "minimum": -9223372036854775808i64, "maximum": 18446744073709551615u64},
+        {"type": "string", "pattern": "^(0[xX][0-9a-fA-F]{1,16}|-?[0-9]{1,18})$"}]}});
     json!({
       "openapi": "3.1.0",
       "info": {"title": "kvplane indexer", "version": env!("CARGO_PKG_VERSION"),
