@@ -73,10 +73,10 @@ wait_ready() {
 start_controller() {
     local ports; ports=($(free_ports 4))
     base="http://127.0.0.1:${ports[0]}"; log="$out/controller.log"; examples=50; allow5xx="504"
-    KVPLANE_HOST=127.0.0.1 KVPLANE_PORT=${ports[0]} \
-    KVPLANE_MONITOR_PORTS="{\"pull\": ${ports[1]}, \"reply\": ${ports[2]}, \"heartbeat\": ${ports[3]}}" \
-    KVPLANE_API_TOKEN=$token KVPLANE_DOWNLINK_TIMEOUT=1 KVPLANE_HEALTH_CHECK_INTERVAL=-1 \
-    RUST_LOG=warn target/debug/kvplane serve --api-token-reads >"$log" 2>&1 &
+    RUST_LOG=warn target/debug/kvplane serve --host 127.0.0.1 --port "${ports[0]}" \
+        --monitor-ports "{\"pull\": ${ports[1]}, \"reply\": ${ports[2]}, \"heartbeat\": ${ports[3]}}" \
+        --downlink-timeout 1 --health-check-interval -1 \
+        --api-token "$token" --api-token-reads >"$log" 2>&1 &
     pid=$!; pids+=("$pid")
     wait_ready
     # Fake workers: instance "" answers every command, instance "0" never does (504 after 1 s).
