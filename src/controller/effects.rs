@@ -5,8 +5,10 @@
 //! Plain data: no I/O, no tokio. Produced by `model.rs`, consumed by `driver.rs` and
 //! `report.rs`.
 
-use super::model::WorkerKey;
 use crate::index::{BatchOutcome, IndexError};
+
+/// `(instance_id, worker_id)`: how LMCache names a worker.
+pub type WorkerKey = (String, i64);
 
 /// Why a PULL message had no effect (the `reason` label of `kvplane_frames_dropped_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 //! whatever order its messages arrive in.
 
 use super::command_log::CommandLog;
-pub use super::effects::{DropReason, Effect, Event, RemovalReason};
+pub use super::effects::{DropReason, Effect, Event, RemovalReason, WorkerKey};
 use crate::index::{
     BatchOutcome, HeartbeatOutcome, Index, RegisterOutcome, SyncBatchOutcome, SyncEndOutcome,
     REASON_WORKER_RE_REGISTERED,
@@ -20,9 +20,6 @@ use crate::protocol::{
     HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg,
 };
 use std::collections::HashMap;
-
-/// `(instance_id, worker_id)`: how LMCache names a worker.
-pub type WorkerKey = (String, i64);
 
 /// Which ROUTER socket a request came in on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

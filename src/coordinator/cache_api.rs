@@ -3,11 +3,12 @@
 //! deleted on one MP server, pinned L2 keys held back unless `force`). Token sequences become
 //! object keys with [`super::pins::resolve`]; the pin table lives in the model.
 
-use super::api::{address_of, invalid, parse, ApiError, Shared};
+use super::api_state::{address_of, invalid, parse, Shared};
 use super::limits::JsonBody;
 use super::outbound;
 use super::pins::{self, Pinned};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
+use crate::web::error::ApiError;
 use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;

@@ -204,7 +204,7 @@ impl Change {
                 let (a, b) = halves(&batch.ops)?;
                 let part = |ops: Vec<_>| Change::Apply {
                     batch: Batch {
-                        tokens: super::tokens::for_ops(&batch.tokens, &ops),
+                        tokens: super::events::for_ops(&batch.tokens, &ops),
                         instance_id: batch.instance_id.clone(),
                         incarnation: batch.incarnation,
                         seq: batch.seq,

@@ -10,7 +10,7 @@
 //! servers) and one on the model's owner (everything else), like `GET /instances` and
 //! `GET /quota`.
 
-use super::api::ApiState;
+use super::api_state::ApiState;
 use super::driver::{Handle, LoopStats, Stopped};
 use super::fleet::Fleet;
 use super::model::Model;

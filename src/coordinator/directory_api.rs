@@ -5,13 +5,14 @@
 //! `--enable-blend-lookup`). Large lookups and listings run as several owner jobs, so event
 //! ingest and quota requests wait for one slice, not a whole listing.
 
-use super::api::{parse, ApiError, Shared};
+use super::api_state::{parse, Shared};
 use super::blend::BlendIndex;
 use super::directory::{KeyFilter, Scan};
 use super::events::Tier;
 use super::keys::EncodedKey;
 use super::limits::JsonBody;
 use super::pins::{self, MAX_TOKEN_IDS};
+use crate::web::error::ApiError;
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};

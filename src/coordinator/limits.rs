@@ -1,15 +1,16 @@
 //! The coordinator's HTTP limits: what a refusal by each of them looks like and where it is
 //! counted. The limits themselves are enforced by the shared plumbing — [`crate::web::serve`]
-//! (connection cap, read timeouts), `web::limits::refuse_announced_oversize` and axum's
+//! (connection cap, read timeouts), `web::stack` (its announced-oversize check) and axum's
 //! `DefaultBodyLimit` (body bytes) — and by [`JsonBody`] here (JSON values per body, counted
 //! with `web::schema::too_many_values` before anything is parsed).
 //!
 //! Every refusal is counted exactly once, in [`Refused`], through [`refusals`]: a 413 by
-//! `web::limits::with_body_limits` (by the limit the response names, else as a body-bytes
+//! the HTTP stack's metrics layer (by the limit the response names, else as a body-bytes
 //! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
 //! `web::serve` calls.
 
-use super::api::{ApiError, ApiState};
+use super::api_state::ApiState;
+use crate::web::error::ApiError;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -55,7 +56,7 @@ impl Refused {
 
 /// Counts a refusal of the coordinator's HTTP server in [`Refused`] (through
 /// `web::limits::counting_hook` for connection waits and read timeouts, and
-/// `web::limits::with_body_limits` for 413s).
+/// the HTTP stack for 413s).
 pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {
     let state = Arc::clone(state);
     Arc::new(move |limit: WebLimit| state.refused.count(limit))

@@ -51,6 +51,7 @@
 //! state ([`crate::controller`]) or its index.
 
 pub mod api;
+mod api_state;
 pub mod blend;
 pub mod cache_api;
 pub mod changes;

@@ -680,7 +680,7 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
         ops.reverse();
     }
     let slice = |ops: Vec<Op>| Batch {
-        tokens: super::tokens::for_ops(&tokens, &ops),
+        tokens: super::events::for_ops(&tokens, &ops),
         instance_id: instance_id.clone(),
         incarnation,
         seq,

@@ -6,10 +6,8 @@
 //!
 //! [`Batch`]: super::events::Batch
 
-use super::events::{Entry, Op};
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
 
 /// The "unknown position" of a chunk (`token_offset` -1).
 pub const UNKNOWN_OFFSET: i64 = -1;
@@ -76,92 +74,4 @@ pub struct ChunkTokens {
     pub token_offset: i64,
     /// The token ids.
     pub token_ids: Vec<u32>,
-}
-
-/// The tokens of a store batch's entries, one per chunk hash (the last entry of a hash wins,
-/// as 0.5.6 applies entries in order); entries without tokens carry none.
-pub fn of_entries(entries: &[Entry]) -> Vec<ChunkTokens> {
-    let mut out: Vec<ChunkTokens> = Vec::new();
-    let mut at: HashMap<String, usize> = HashMap::new();
-    for e in entries {
-        let Some(ids) = &e.token_ids.0 else { continue };
-        if ids.is_empty() {
-            continue;
-        }
-        let hex = e.key.chunk_hash_hex.to_ascii_lowercase();
-        let t = ChunkTokens {
-            chunk_hash_hex: hex.clone(),
-            token_offset: e.token_offset,
-            token_ids: ids.clone(),
-        };
-        match at.get(&hex) {
-            Some(&i) => out[i] = t,
-            None => {
-                at.insert(hex, out.len());
-                out.push(t);
-            }
-        }
-    }
-    out
-}
-
-/// The part of `tokens` whose chunks `ops` store (for one slice of a batch).
-pub fn for_ops(tokens: &[ChunkTokens], ops: &[Op]) -> Vec<ChunkTokens> {
-    if tokens.is_empty() {
-        return Vec::new();
-    }
-    let stored: HashSet<String> = ops
-        .iter()
-        .filter_map(|op| match op {
-            Op::Store(k, _) => Some(k.chunk_hash_hex.to_ascii_lowercase()),
-            _ => None,
-        })
-        .collect();
-    tokens
-        .iter()
-        .filter(|t| stored.contains(&t.chunk_hash_hex))
-        .cloned()
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn out_of_range_tokens_drop_only_the_tokens() {
-        let e: Entry = serde_json::from_str(
-            r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"size_bytes":3,"token_ids":[1,4294967296],"token_offset":0}"#,
-        )
-        .unwrap();
-        assert_eq!(e.token_ids, WireTokens(None));
-        assert_eq!(e.size_bytes, 3);
-        let e: Entry = serde_json::from_str(
-            r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"token_ids":[1,-1]}"#,
-        )
-        .unwrap();
-        assert_eq!(e.token_ids, WireTokens(None));
-        assert_eq!(e.token_offset, UNKNOWN_OFFSET);
-        assert!(serde_json::from_str::<Entry>(
-            r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"token_ids":[1.5]}"#,
-        )
-        .is_err());
-    }
-
-    #[test]
-    fn one_binding_per_chunk_and_slices_keep_theirs() {
-        let entry = |hex: &str, rank: i64, first: u32| -> Entry {
-            serde_json::from_value(serde_json::json!({
-                "key": {"chunk_hash_hex": hex, "model_name": "m", "kv_rank": rank},
-                "size_bytes": 1, "token_ids": [first, first + 1], "token_offset": 0}))
-            .unwrap()
-        };
-        let t = of_entries(&[entry("AA", 0, 1), entry("aa", 1, 7), entry("bb", 0, 3)]);
-        assert_eq!(t.len(), 2);
-        assert_eq!((t[0].chunk_hash_hex.as_str(), t[0].token_ids[0]), ("aa", 7));
-        let e = entry("BB", 0, 3);
-        let part = for_ops(&t, &[Op::Store(e.key.clone(), 1), Op::Delete(e.key)]);
-        assert_eq!(part.len(), 1);
-        assert_eq!(part[0].chunk_hash_hex, "bb");
-    }
 }

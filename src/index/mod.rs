@@ -25,6 +25,7 @@ mod received;
 mod registry;
 mod snapshot;
 mod sync;
+mod sync_state;
 mod views;
 
 #[cfg(test)]
@@ -282,7 +283,7 @@ impl Index {
         for loc in w.locations.drain(..) {
             self.chunks.kill_holder(loc.holder);
         }
-        w.sync = sync::SyncState::Idle;
+        w.sync = sync_state::SyncState::Idle;
         let endpoint_changed = w.set_endpoint(ip, port, peer_init_url);
         w.touch(now);
         self.maybe_compact();

@@ -5,7 +5,7 @@
 //! allocates holders around registry changes. Lookups by `(&str, i64)` never allocate.
 
 use super::chunks::HolderId;
-use super::sync::SyncState;
+use super::sync_state::SyncState;
 use super::IndexError;
 use hashbrown::HashMap;
 

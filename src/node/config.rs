@@ -9,6 +9,11 @@ use std::time::Duration;
 
 pub use super::lru::EvictionPolicy;
 
+/// Most keys one `DELETE /cache/objects` may name (more: 413).
+pub(crate) const MAX_DELETE_KEYS: usize = 10_000;
+/// Largest `DELETE /cache/objects` body.
+pub(crate) const MAX_DELETE_BODY: usize = 4 << 20;
+
 /// Where a PUT goes (`--l2-store-policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StorePolicy {
@@ -182,8 +187,8 @@ impl NodeConfig {
 #[must_use]
 pub fn http_limits(max_connections: usize, read_timeout: Duration) -> HttpLimits {
     HttpLimits {
-        max_body_bytes: super::objects::MAX_DELETE_BODY,
-        max_body_items: super::objects::MAX_DELETE_KEYS + 16,
+        max_body_bytes: MAX_DELETE_BODY,
+        max_body_items: MAX_DELETE_KEYS + 16,
         max_connections,
         read_timeout,
     }

@@ -25,10 +25,7 @@ use std::sync::Arc;
 pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Default `page_size`.
 const DEFAULT_PAGE_SIZE: usize = 100;
-/// Most keys one DELETE may name (more: 413).
-pub(crate) const MAX_DELETE_KEYS: usize = 10_000;
-/// Largest DELETE body.
-pub(crate) const MAX_DELETE_BODY: usize = 4 << 20;
+use super::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
 
 /// The coordinator's form of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -20,11 +20,11 @@
 //!
 //! Knows no service: the policies come from the services' route tables.
 
-use super::auth::BearerToken;
+use super::auth::{bearer, BearerToken};
 use super::error::ApiError;
 use crate::config::ApiToken;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, Method};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -242,16 +242,6 @@ pub async fn enforce(State(policy): State<Arc<Policy>>, request: Request, next: 
         Some(_) => ApiError::Unauthorized { invalid: true }.into_response(),
         None => ApiError::Unauthorized { invalid: false }.into_response(),
     }
-}
-
-/// The bearer token of an `Authorization` header (scheme case-insensitive), if any.
-pub(super) fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
-    let scheme = value.get(..7)?;
-    if !scheme.eq_ignore_ascii_case(b"bearer ") {
-        return None;
-    }
-    Some(value[7..].trim_ascii())
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 //!
 //! Knows no service: the token comes in as the middleware's state, a [`BearerToken`].
 
-use super::access::bearer;
 use super::error::ApiError;
 use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap};
 
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -34,6 +34,16 @@ impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("BearerToken(<redacted>)")
     }
+}
+
+/// The bearer token of an `Authorization` header (scheme case-insensitive), if any.
+pub(super) fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let scheme = value.get(..7)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return None;
+    }
+    Some(value[7..].trim_ascii())
 }
 
 /// Compares two secrets in time that depends only on their lengths, not on where they
@@ -66,7 +76,7 @@ pub async fn require_token(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::{header, HeaderMap, HeaderValue};
+    use axum::http::HeaderValue;
 
     #[test]
     fn bearer_parsing() {

@@ -288,7 +288,7 @@ impl Refusal {
                 "too_large",
                 format!("the body is larger than {max} bytes (--max-body-bytes)"),
             )
-        } else if crate::web::serve::is_read_timeout(e) {
+        } else if super::limits::is_read_timeout(e) {
             Self::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "timeout",

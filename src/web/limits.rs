@@ -3,12 +3,7 @@
 //! [`LimitHook`] the service supplies, and a [`LimitHit`] response extension that the metrics
 //! layer turns into a call of that hook.
 
-use super::error::ApiError;
 use crate::config::defaults;
-use axum::extract::{Request, State};
-use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,31 +87,6 @@ impl Default for HttpLimits {
     }
 }
 
-/// Middleware: a request whose `Content-Length` announces more than `max_body_bytes` gets 413
-/// before its body is touched, so a client that sent `Expect: 100-continue` (curl does for
-/// large bodies) is never asked for it and nothing is read. Bodies without a length are
-/// still cut at the limit while read (`axum::extract::DefaultBodyLimit`). Use with
-/// `axum::middleware::from_fn_with_state(max_body_bytes, refuse_announced_oversize)`.
-pub async fn refuse_announced_oversize(
-    State(max_body_bytes): State<usize>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let announced = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    match announced {
-        Some(n) if n > max_body_bytes as u64 => ApiError::PayloadTooLarge(format!(
-            "the body announces {n} bytes; at most {max_body_bytes} are accepted \
-             (--max-body-bytes)"
-        ))
-        .into_response(),
-        _ => next.run(request).await,
-    }
-}
-
 /// Counts one refusal, by the limit it names (a service's own counters).
 pub type RefusalCounter = Arc<dyn Fn(WebLimit) + Send + Sync>;
 
@@ -135,33 +105,19 @@ pub fn counting_hook(service: &'static str, count: RefusalCounter) -> LimitHook 
     })
 }
 
-/// The body limits every service puts on its router: bodies cut at `max_body_bytes` while
-/// read (`DefaultBodyLimit`), a 413 before a body announced larger is read
-/// ([`refuse_announced_oversize`]), and each 413 counted once through `count`, by the limit
-/// it names (body bytes when it names none).
-pub fn with_body_limits<S: Clone + Send + Sync + 'static>(
-    router: axum::Router<S>,
-    max_body_bytes: usize,
-    count: RefusalCounter,
-) -> axum::Router<S> {
-    router
-        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            max_body_bytes,
-            refuse_announced_oversize,
-        ))
-        .layer(axum::middleware::from_fn_with_state(count, count_413))
-}
+/// The error a request body yields when the peer is too slow sending it.
+#[derive(Debug, thiserror::Error)]
+#[error("request body not received within the read timeout")]
+pub struct ReadTimedOut;
 
-async fn count_413(State(count): State<RefusalCounter>, request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
-    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-        count(
-            response
-                .extensions()
-                .get::<LimitHit>()
-                .map_or(WebLimit::BodyBytes, |h| h.limit),
-        );
+/// Whether `error` (a body extractor's rejection) comes from [`ReadTimedOut`].
+pub fn is_read_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = next {
+        if e.is::<ReadTimedOut>() {
+            return true;
+        }
+        next = e.source();
     }
-    response
+    false
 }

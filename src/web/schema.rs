@@ -551,7 +551,7 @@ impl<T: Body, S: Send + Sync> FromRequest<S> for ValidJson<T> {
             .await
             .map_err(|e: BytesRejection| match e.status() {
                 StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(e.body_text()),
-                _ if super::serve::is_read_timeout(&e) => ApiError::RequestTimeout,
+                _ if super::limits::is_read_timeout(&e) => ApiError::RequestTimeout,
                 _ => ApiError::field(FieldError::new(
                     "missing",
                     body_loc(&[]),

@@ -19,7 +19,8 @@
 //!
 //! HTTP/1.1 only (the services' clients: LMCache, curl, browsers, Prometheus).
 
-use super::limits::{HttpLimits, LimitHit, LimitHook, WebLimit};
+pub use super::limits::is_read_timeout;
+use super::limits::{HttpLimits, LimitHit, LimitHook, ReadTimedOut, WebLimit};
 use axum::body::{Body, Bytes};
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
@@ -43,23 +44,6 @@ use tower::ServiceExt;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
-/// The error a request body yields when the peer is too slow sending it.
-#[derive(Debug, thiserror::Error)]
-#[error("request body not received within the read timeout")]
-pub struct ReadTimedOut;
-
-/// Whether `error` (a body extractor's rejection) comes from [`ReadTimedOut`].
-pub fn is_read_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = next {
-        if e.is::<ReadTimedOut>() {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
 
 /// Serves `router` on `listener` under `limits` until `shutdown`, then lets each connection
 /// finish its request in flight. Refusals are reported to `on_limit`.

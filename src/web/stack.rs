@@ -17,9 +17,10 @@
 use super::access::{enforce, Access, Policy};
 use super::error::ApiError;
 use super::guard;
-use super::limits::{refuse_announced_oversize, HttpLimits, LimitHit, WebLimit};
+use super::limits::{HttpLimits, LimitHit, WebLimit};
 use super::metrics_layer::{track, HttpMetrics};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header;
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -104,5 +105,30 @@ async fn csrf(
     match checked {
         Ok(()) => next.run(request).await,
         Err(e) => e.into_response(),
+    }
+}
+
+/// Middleware: a request whose `Content-Length` announces more than `max_body_bytes` gets 413
+/// before its body is touched, so a client that sent `Expect: 100-continue` (curl does for
+/// large bodies) is never asked for it and nothing is read. Bodies without a length are
+/// still cut at the limit while read (`axum::extract::DefaultBodyLimit`). Use with
+/// `axum::middleware::from_fn_with_state(max_body_bytes, refuse_announced_oversize)`.
+pub async fn refuse_announced_oversize(
+    State(max_body_bytes): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > max_body_bytes as u64 => ApiError::PayloadTooLarge(format!(
+            "the body announces {n} bytes; at most {max_body_bytes} are accepted \
+             (--max-body-bytes)"
+        ))
+        .into_response(),
+        _ => next.run(request).await,
     }
 }

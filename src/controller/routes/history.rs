@@ -2,10 +2,10 @@
 //! [`sample_loop`] every [`SAMPLE_EVERY`] for [`HISTORY`], so the page has 15 minutes of data
 //! the moment it opens instead of collecting them itself.
 //!
-//! Owns the ring only; reads the counters through [`super::dashboard::counters`] and nothing
+//! Owns the ring only; reads the counters through [`super::counters::counters`] and nothing
 //! else of the controller's state. Memory is fixed: [`CAPACITY`] samples of six numbers.
 
-use super::dashboard::counters;
+use super::counters::counters;
 use crate::controller::Shared;
 use parking_lot::Mutex;
 use serde::Serialize;

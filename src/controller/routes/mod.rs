@@ -22,6 +22,7 @@
 //! that table. Routes read the controller's state through [`Shared`] and never hold its lock
 //! across an `.await`.
 
+mod counters;
 mod dashboard;
 mod failure;
 mod fleet;

@@ -1,0 +1,132 @@
+//! What the coordinator's routes share: [`ApiState`] (the owner's handle, limits, token
+//! settings, metadata and checkpoint writers), and the helpers every route file uses to read
+//! a body ([`parse`], [`invalid`]) and find an MP server ([`address_of`]). A leaf of the route
+//! files: `api.rs` (the router), `cache_api.rs`, `directory_api.rs`, `dashboard.rs` and
+//! `limits.rs` all stand on it, and it on none of them.
+
+use super::driver::{Handle, Stopped};
+use super::limits::Refused;
+use crate::web::access::Auth;
+use crate::web::error::ApiError;
+use crate::web::metrics_layer::HttpMetrics;
+use crate::web::HttpLimits;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the routes share.
+pub struct ApiState {
+    /// The model's owner.
+    pub handle: Handle,
+    /// Tokens per chunk (the MP servers' `--chunk-size`), for the prefetch noop rule.
+    pub chunk_size: usize,
+    /// Deadline of every call to an MP server.
+    pub outbound_timeout: Duration,
+    /// The HTTP limits (body bytes and values, connections, read timeout).
+    pub http: HttpLimits,
+    /// Most events in one request (over all its batches).
+    pub max_events_per_request: usize,
+    /// Requests refused by a limit, by limit name.
+    pub refused: Refused,
+    /// Saves quotas and pins after each change (`--metadata-path`).
+    pub metadata: super::metadata::Persister,
+    /// This coordinator's place in its cluster (`--cluster`; `None`: standalone).
+    pub cluster: Option<Arc<crate::cluster::ClusterStatus>>,
+    /// `--checkpoint-path` (`None`: off).
+    pub checkpoint: Option<Arc<super::checkpoint::Checkpointer>>,
+    /// `--enable-blend-lookup`: `(chunk_size, probe_stride)` (`None`: off).
+    pub blend: Option<(usize, usize)>,
+    /// Which optional routes are served (`--extra-config`, `--disable-metrics`).
+    pub features: super::Features,
+    /// `--api-token` and its scope.
+    pub auth: Auth,
+    /// Requests by route, counted and timed by the HTTP stack.
+    pub http_metrics: Arc<HttpMetrics>,
+}
+
+impl From<Stopped> for ApiError {
+    fn from(e: Stopped) -> Self {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+pub(crate) type Shared = Arc<ApiState>;
+
+/// Parses a JSON body; a failure's `loc` is the path to the offending field.
+pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de)
+        .or_else(|e| {
+            // JSON has one number type: `2.0` is the integer 2 to LMCache's pydantic (and to the
+            // JSON schema). Tried only after a refusal, so well-formed bodies pay nothing.
+            if let Some(v) = integral_floats_as_integers(bytes) {
+                if let Ok(t) = serde_json::from_value(v) {
+                    return Ok(t);
+                }
+            }
+            Err(e)
+        })
+        .map_err(|e| {
+            state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+            let mut loc = vec![json!("body")];
+            for seg in e.path().iter() {
+                match seg {
+                    serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
+                    serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
+                    serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
+                    serde_path_to_error::Segment::Unknown => {}
+                }
+            }
+            let msg = e.into_inner().to_string();
+            // serde names a missing field only in its message ("missing field `ip`"): FastAPI
+            // puts it in `loc`, and so do we.
+            // (The path already ends at an unknown field, for a body that refuses them.)
+            if let Some(field) = msg
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                loc.push(json!(field));
+            }
+            ApiError::value_error(loc, msg)
+        })
+}
+
+pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {
+    state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+    ApiError::value_error(vec![json!("body"), json!(field)], msg.into())
+}
+
+/// `bytes` as JSON with every integral float (`2.0`, within ±2^53) written as an integer;
+/// `None` when it is not JSON or holds none.
+fn integral_floats_as_integers(bytes: &[u8]) -> Option<Value> {
+    fn walk(v: &mut Value) -> bool {
+        match v {
+            Value::Number(n) if n.is_f64() => {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 {
+                    *v = Value::from(f as i64);
+                    return true;
+                }
+                false
+            }
+            Value::Array(items) => items.iter_mut().fold(false, |c, x| walk(x) | c),
+            Value::Object(map) => map.values_mut().fold(false, |c, x| walk(x) | c),
+            _ => false,
+        }
+    }
+    let mut v: Value = serde_json::from_slice(bytes).ok()?;
+    walk(&mut v).then_some(v)
+}
+
+/// The registered address of `id`, or 404.
+pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), ApiError> {
+    let key = id.to_owned();
+    s.handle
+        .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
+        })
+}
