@@ -5,13 +5,14 @@
 //! `limits.rs` all stand on it, and it on none of them.
 
 use super::driver::{Handle, Stopped};
-use super::limits::Refused;
 use crate::web::access::Auth;
 use crate::web::error::ApiError;
+use crate::web::limits::WebLimit;
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::HttpLimits;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,4 +130,39 @@ pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), 
         .ok_or_else(|| {
             ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
         })
+}
+
+/// Requests refused by each limit.
+#[derive(Debug, Default)]
+pub struct Refused {
+    /// Event requests over `max_events_per_request`.
+    pub events_per_request: AtomicU64,
+    /// Registrations over the instance limit.
+    pub instances: AtomicU64,
+    /// Bodies that failed validation (422).
+    pub invalid_bodies: AtomicU64,
+    /// Bodies over `--max-body-bytes` (413).
+    pub body_bytes: AtomicU64,
+    /// Bodies over `--max-body-items` JSON values (413).
+    pub body_items: AtomicU64,
+    /// Connections that waited for a slot at `--max-http-connections` (every slot busy).
+    pub connections: AtomicU64,
+    /// Idle keep-alive connections closed at `--max-http-connections` to admit a new one.
+    pub idle_closed: AtomicU64,
+    /// Peers cut off by `--http-read-timeout`.
+    pub read_timeout: AtomicU64,
+}
+
+impl Refused {
+    /// Counts one refusal by `limit`.
+    pub fn count(&self, limit: WebLimit) {
+        let counter = match limit {
+            WebLimit::BodyBytes => &self.body_bytes,
+            WebLimit::BodyItems => &self.body_items,
+            WebLimit::Connections => &self.connections,
+            WebLimit::IdleClosed => &self.idle_closed,
+            WebLimit::ReadTimeout => &self.read_timeout,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }

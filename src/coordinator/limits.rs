@@ -4,7 +4,7 @@
 //! `DefaultBodyLimit` (body bytes) — and by [`JsonBody`] here (JSON values per body, counted
 //! with `web::schema::too_many_values` before anything is parsed).
 //!
-//! Every refusal is counted exactly once, in [`Refused`], through [`refusals`]: a 413 by
+//! Every refusal is counted exactly once, in [`super::api_state::Refused`], through [`refusals`]: a 413 by
 //! the HTTP stack's metrics layer (by the limit the response names, else as a body-bytes
 //! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
 //! `web::serve` calls.
@@ -16,45 +16,9 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Requests refused by each limit.
-#[derive(Debug, Default)]
-pub struct Refused {
-    /// Event requests over `max_events_per_request`.
-    pub events_per_request: AtomicU64,
-    /// Registrations over the instance limit.
-    pub instances: AtomicU64,
-    /// Bodies that failed validation (422).
-    pub invalid_bodies: AtomicU64,
-    /// Bodies over `--max-body-bytes` (413).
-    pub body_bytes: AtomicU64,
-    /// Bodies over `--max-body-items` JSON values (413).
-    pub body_items: AtomicU64,
-    /// Connections that waited for a slot at `--max-http-connections` (every slot busy).
-    pub connections: AtomicU64,
-    /// Idle keep-alive connections closed at `--max-http-connections` to admit a new one.
-    pub idle_closed: AtomicU64,
-    /// Peers cut off by `--http-read-timeout`.
-    pub read_timeout: AtomicU64,
-}
-
-impl Refused {
-    /// Counts one refusal by `limit`.
-    pub fn count(&self, limit: WebLimit) {
-        let counter = match limit {
-            WebLimit::BodyBytes => &self.body_bytes,
-            WebLimit::BodyItems => &self.body_items,
-            WebLimit::Connections => &self.connections,
-            WebLimit::IdleClosed => &self.idle_closed,
-            WebLimit::ReadTimeout => &self.read_timeout,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Counts a refusal of the coordinator's HTTP server in [`Refused`] (through
+/// Counts a refusal of the coordinator's HTTP server in [`super::api_state::Refused`] (through
 /// `web::limits::counting_hook` for connection waits and read timeouts, and
 /// the HTTP stack for 413s).
 pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {

@@ -3,9 +3,9 @@
 //! background-loop outcomes and the refusals of each limit. Owns the names and help texts;
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
+use super::api_state::Refused;
 use super::driver::LoopStats;
 use super::fleet::Fleet;
-use super::limits::Refused;
 use super::model::{Counters, Model};
 use std::fmt::Write;
 use std::sync::atomic::Ordering;

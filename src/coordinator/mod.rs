@@ -222,7 +222,7 @@ fn state_with(
         outbound_timeout: config.outbound_timeout,
         http: config.http,
         max_events_per_request: config.max_events_per_request,
-        refused: limits::Refused::default(),
+        refused: api_state::Refused::default(),
         metadata: metadata::Persister::new(config.metadata_path.clone()),
         checkpoint: config
             .checkpoint
