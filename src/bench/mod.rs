@@ -4,12 +4,13 @@
 //! It speaks only the wire protocol and `GET /controller/key-stats`, so the same command
 //! measures both. Op streams and requests are pre-encoded, so the client is not what is
 //! measured. It reports the **applied** ingest rate (time until key-stats shows every op), P2P
-//! lookup latency percentiles, full-sync time and heartbeat latency, plus the controller's RSS
-//! when given its pid. `kvplane bench coordinator` ([`coordinator`]) and `kvplane bench node`
+//! lookup latency percentiles, full-sync time, heartbeat latency and the rate of workers coming
+//! and going ([`churn`]), plus the controller's RSS when given its pid. `kvplane bench coordinator` ([`coordinator`]) and `kvplane bench node`
 //! ([`node`]) measure the other services over their own wire protocols, `kvplane bench indexer`
 //! ([`indexer`]) the KV indexer over vLLM's KV-event stream and the indexer HTTP API. Depends on `protocol`
 //! and `transport` only.
 
+mod churn;
 pub mod cluster;
 mod conn;
 pub mod coordinator;
@@ -63,8 +64,9 @@ pub struct BenchArgs {
         default_value = "http://127.0.0.1:9000"
     )]
     pub http: String,
-    /// Comma-separated scenarios: ingest, lookup, sync, heartbeat; with `--cluster`
-    /// (scripts/bench-cluster.sh) also failover, replica-lag, http-lookup.
+    /// Comma-separated scenarios: ingest, lookup, sync, heartbeat; churn (workers that
+    /// register, admit and leave; run alone, against a controller nothing else changes); with
+    /// `--cluster` (scripts/bench-cluster.sh) also failover, replica-lag, http-lookup.
     #[arg(
         long,
         env = "KVPLANE_BENCH_SCENARIOS",
@@ -108,6 +110,12 @@ pub struct BenchArgs {
     /// Seconds of heartbeating.
     #[arg(long, env = "KVPLANE_BENCH_HEARTBEAT_SECONDS", default_value_t = 10.0)]
     pub heartbeat_seconds: f64,
+    /// Register → admit → deregister cycles of the `churn` scenario.
+    #[arg(long, env = "KVPLANE_BENCH_CHURN_CYCLES", default_value_t = 10_000)]
+    pub churn_cycles: usize,
+    /// Concurrent connections the `churn` cycles run over.
+    #[arg(long, env = "KVPLANE_BENCH_CHURN_LANES", default_value_t = 8)]
+    pub churn_lanes: usize,
     /// The cluster leader's pid, which the `failover` scenario SIGKILLs.
     #[arg(long, env = "KVPLANE_BENCH_LEADER_PID")]
     pub leader_pid: Option<u32>,
@@ -154,6 +162,8 @@ pub struct Report {
     pub full_sync: Option<scenarios::FullSync>,
     /// Heartbeats.
     pub heartbeat: Option<scenarios::Heartbeat>,
+    /// Register/deregister churn.
+    pub churn: Option<churn::Churn>,
     /// Failover of a cluster leader.
     pub failover: Option<cluster::Failover>,
     /// Read replicas' lag under ingest.
@@ -172,10 +182,17 @@ pub async fn run(args: &BenchArgs) -> Result<Report, String> {
     for s in &args.scenarios {
         if !matches!(
             s.as_str(),
-            "ingest" | "lookup" | "sync" | "heartbeat" | "failover" | "replica-lag" | "http-lookup"
+            "ingest"
+                | "lookup"
+                | "sync"
+                | "heartbeat"
+                | "churn"
+                | "failover"
+                | "replica-lag"
+                | "http-lookup"
         ) {
             return Err(format!(
-                "--scenarios: unknown scenario {s:?} (ingest, lookup, sync, heartbeat, \
+                "--scenarios: unknown scenario {s:?} (ingest, lookup, sync, heartbeat, churn, \
                  failover, replica-lag, http-lookup)"
             ));
         }
@@ -217,6 +234,13 @@ pub async fn run(args: &BenchArgs) -> Result<Report, String> {
             scenarios::heartbeat(args, run.wrapping_add(3))
                 .await
                 .map_err(|e| format!("heartbeat: {e}"))?,
+        );
+    }
+    if wants("churn") {
+        report.churn = Some(
+            churn::churn(args, run.wrapping_add(7))
+                .await
+                .map_err(|e| format!("churn: {e}"))?,
         );
     }
     if wants("replica-lag") {
@@ -267,6 +291,13 @@ impl Report {
                 out,
                 "heartbeat  p50 {:.1} µs  p99 {:.1} µs  p999 {:.1} µs  ({} workers × {:.0} s)",
                 h.latency.p50_us, h.latency.p99_us, h.latency.p999_us, h.workers, h.seconds
+            );
+        }
+        if let Some(c) = &self.churn {
+            let _ = writeln!(
+                out,
+                "churn      {:>12.0} cycles/s  ({} register/admit/deregister cycles over {} connections, drained in {:.3} s)",
+                c.cycles_per_sec, c.cycles, c.lanes, c.seconds
             );
         }
         if let Some(l) = &self.replica_lag {
