@@ -5,9 +5,9 @@
 //! it: the standby serves the same membership, usage, quotas and pins on the same port without
 //! a resync, and only the process holding the lease ever dispatched an eviction.
 
-use crate::support::http::{http, try_http};
+use crate::support::http::{http, try_http, until_json};
 use crate::support::nats::{Member, Nats};
-use crate::support::{free_port, loopback, STEP};
+use crate::support::{eventually, free_port, loopback, SLOW};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::delete;
@@ -17,10 +17,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::process::Child;
 
-const SLOW: Duration = Duration::from_secs(30);
 /// What a process logs when one of its eviction dispatches fails (the fake server refuses
 /// them all): the process dispatched.
 const DISPATCHED: &str = "eviction dispatch failed";
@@ -108,25 +105,11 @@ async fn ok(port: u16, method: &str, path: &str, body: Value) -> Value {
 
 /// Polls `path` until `cond` holds on its JSON (connection errors count as not yet).
 async fn until(port: u16, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let probe = tokio::time::timeout(STEP, try_http(loopback(port), "GET", path, None, &[]));
-        if let Ok(Ok((200, v))) = probe.await {
-            if cond(&v) {
-                return v;
-            }
-        }
-        assert!(start.elapsed() < SLOW, "{what}: not within {SLOW:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_json(loopback(port), path, what, SLOW, cond).await
 }
 
 async fn until_count(what: &str, counter: &AtomicU64, above: u64) {
-    let start = Instant::now();
-    while counter.load(Ordering::Relaxed) <= above {
-        assert!(start.elapsed() < SLOW, "{what}: not within {SLOW:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(what, SLOW, async || counter.load(Ordering::Relaxed) > above).await;
 }
 
 /// Everything the routes show of the state.
@@ -174,7 +157,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     })
     .await;
     let second = coordinator(&nats, cluster, port, "second");
-    second.wait_log("waiting for the lease").await;
+    second.wait_for_line("waiting for the lease").await;
 
     // The first leader started a new cluster: its startup resync lists the first server.
     let mp_reg = |id: Option<&str>| {
@@ -185,7 +168,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
         r
     };
     ok(port, "POST", "/instances", mp_reg(Some("mp-1"))).await;
-    first.wait_log("startup resync done").await;
+    first.wait_for_line("startup resync done").await;
     assert_eq!(fake.lists.load(Ordering::Relaxed), 1);
     let generated = ok(port, "POST", "/instances", mp_reg(None)).await;
     assert!(generated["instance_id"]
@@ -232,7 +215,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
 
     // The leader dispatches "hot"'s keys; the standby never does.
     until_count("the leader dispatches", &fake.deletes, 0).await;
-    first.wait_log(DISPATCHED).await;
+    first.wait_for_line(DISPATCHED).await;
     // Everything the leader applied is in NATS before it dies.
     until(port, "/coordinator/cluster", "changes replicated", |v| {
         let p = &v["published"];
@@ -255,15 +238,12 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     );
     assert!(!second.log().contains(DISPATCHED), "{}", second.log());
 
-    first.child.start_kill().expect("SIGKILL the leader");
-    let _ = tokio::time::timeout(STEP, first.child.wait()).await;
-    let killed = Instant::now();
+    first.kill().await;
     let deletes_at_kill = fake.deletes.load(Ordering::Relaxed);
     let now = until(port, "/coordinator/cluster", "the standby leads", |v| {
         v["role"] == "leader" && v["me"] != leader["me"]
     })
     .await;
-    let took = killed.elapsed();
     assert!(now["epoch"].as_u64() > leader["epoch"].as_u64(), "{now}");
     assert_eq!(now["followed"]["in_sync"], true, "{now}");
     assert_eq!(now["followed"]["gaps"], 0, "{now}");
@@ -275,11 +255,11 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     let after = state_of(port).await;
     assert_eq!(after, before);
     // No resync: the followed state was complete.
-    second.wait_log("startup resync skipped").await;
+    second.wait_for_line("startup resync skipped").await;
     assert_eq!(fake.lists.load(Ordering::Relaxed), 1);
     // It dispatches now, and new events and heartbeats apply to the state it took over.
     until_count("the new leader dispatches", &fake.deletes, deletes_at_kill).await;
-    second.wait_log(DISPATCHED).await;
+    second.wait_for_line(DISPATCHED).await;
     let more =
         json!({"batches": [wire_batch(5, "store", "l2", "fs", store(&["a4"], "kept", 1000))]});
     let got = ok(port, "POST", "/events", more).await;
@@ -301,19 +281,6 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     );
     let (_, dash) = call(port, "GET", "/api/dashboard", None).await;
     assert_eq!(dash["cluster"]["role"], "leader", "{dash}");
-    eprintln!(
-        "coordinator failover: the standby answered as leader {took:?} after SIGKILL \
-         (lease TTL 1 s)"
-    );
-}
-
-fn signal(child: &Child, sig: &str) {
-    let pid = child.id().expect("running").to_string();
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// A leader paused past its lease (SIGSTOP: a GC pause, a partition) dispatches nothing once
@@ -333,7 +300,7 @@ async fn a_paused_leader_resumes_without_dispatching_and_stops() {
     })
     .await;
     let second = coordinator(&nats, cluster, port, "paused-second");
-    second.wait_log("waiting for the lease").await;
+    second.wait_for_line("waiting for the lease").await;
     let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port()});
     ok(port, "POST", "/instances", reg).await;
     ok(
@@ -349,16 +316,13 @@ async fn a_paused_leader_resumes_without_dispatching_and_stops() {
     ok(port, "POST", "/events", batches).await;
     until_count("the leader dispatches", &fake.deletes, 0).await;
 
-    signal(&first.child, "-STOP");
+    first.signal("STOP");
     let sent = |log: &str| log.matches("status 500").count();
     let sent_before = sent(&first.log());
     // The standby takes the lease; the paused leader still holds the port, so it waits.
-    second.wait_log("coordinator took the lease").await;
-    signal(&first.child, "-CONT");
-    let exit = tokio::time::timeout(SLOW, first.child.wait())
-        .await
-        .expect("the deposed leader stops")
-        .expect("wait");
+    second.wait_for_line("coordinator took the lease").await;
+    first.signal("CONT");
+    let exit = first.wait_exit(SLOW).await;
     assert!(!exit.success(), "{exit:?}");
     let log = first.log();
     assert!(log.contains("lease was lost"), "{log}");
@@ -369,7 +333,7 @@ async fn a_paused_leader_resumes_without_dispatching_and_stops() {
         v["role"] == "leader" && v["followed"]["in_sync"] == true
     })
     .await;
-    second.wait_log(DISPATCHED).await;
+    second.wait_for_line(DISPATCHED).await;
 }
 
 /// 64 hex digits: a real chunk hash's length, so each event weighs in the log.
@@ -400,11 +364,11 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
     })
     .await;
     let mut early = coordinator_with(&nats, cluster, port, "snap-early", small);
-    early.wait_log("waiting for the lease").await;
+    early.wait_for_line("waiting for the lease").await;
     let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port(),
                      "metadata": {"zone": "a"}});
     ok(port, "POST", "/instances", reg).await;
-    first.wait_log("startup resync done").await;
+    first.wait_for_line("startup resync done").await;
     ok(
         port,
         "PUT",
@@ -441,7 +405,7 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
     for body in push(&mut seq, 60) {
         ok(port, "POST", "/events", body).await;
     }
-    early.wait_log("snapshot published").await;
+    early.wait_for_line("snapshot published").await;
     // An L1 delete after the snapshot: the restored placements must be found by it.
     seq += 1;
     let l1_delete = wire_batch(seq, "delete", "l1", "dram", store(&["a1"], "kept", 0));
@@ -481,13 +445,11 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
 
     // A standby starting now cannot read the log from its start: it restores the snapshot.
     let late = coordinator_with(&nats, cluster, port, "snap-late", small);
-    late.wait_log("restored a snapshot").await;
-    late.wait_log("waiting for the lease").await;
+    late.wait_for_line("restored a snapshot").await;
+    late.wait_for_line("waiting for the lease").await;
     // Only the late standby may take over: kill the early one, then the leader.
-    early.child.start_kill().expect("SIGKILL the early standby");
-    let _ = tokio::time::timeout(STEP, early.child.wait()).await;
-    first.child.start_kill().expect("SIGKILL the leader");
-    let _ = tokio::time::timeout(STEP, first.child.wait()).await;
+    early.kill().await;
+    first.kill().await;
     let now = until(
         port,
         "/coordinator/cluster",
@@ -505,7 +467,7 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
     );
     let after = state_of(port).await;
     assert_eq!(after, before);
-    late.wait_log("startup resync skipped").await;
+    late.wait_for_line("startup resync skipped").await;
     assert_eq!(fake.lists.load(Ordering::Relaxed), 1);
     eprintln!(
         "late standby: the log starts at {first_seq}, the snapshot was at stream sequence {}, \

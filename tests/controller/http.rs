@@ -2,14 +2,14 @@
 //! status code it can answer. Commands reach fake workers over real ZMQ REP sockets on
 //! 127.0.0.1 (the downlinks are real); every await is bounded.
 
-use crate::support::{call, vector, within, Answer, FakeWorker};
+use crate::support::{call, eventually, vector, within, Answer, FakeWorker, STEP};
 use kvplane::config::{ApiToken, ServeConfig};
 use kvplane::controller::routes::router;
 use kvplane::controller::{Clock, RouterKind, Shared};
 use kvplane::protocol::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CPU: &str = "LocalCPUBackend";
 
@@ -342,7 +342,6 @@ async fn a_silent_worker_makes_the_command_504_naming_it_within_the_timeout() {
     let mut silent = FakeWorker::start(|_| None).await;
     register(&shared, "inst", 0, ok.port, None);
     register(&shared, "inst", 1, silent.port, None);
-    let started = Instant::now();
     let task = post_later(
         &shared,
         "/clear",
@@ -365,9 +364,7 @@ async fn a_silent_worker_makes_the_command_504_naming_it_within_the_timeout() {
     .await;
     assert_eq!(f.body["status"], "pending", "{}", f.body);
     let a = joined(task).await;
-    let elapsed = started.elapsed();
     assert_eq!(a.status, 504, "{}", a.body);
-    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
     assert_eq!(a.body["event_id"], event.as_str());
     let detail = a.body["detail"].as_str().expect("detail");
     assert!(
@@ -956,21 +953,38 @@ async fn metrics_export_lmcache_gauges_and_http_requests_by_route() {
 
 #[tokio::test]
 async fn fan_out_is_concurrent_and_full_queues_are_503() {
+    // Both workers are asked at once: each answers only once both hold the command. Asked
+    // one after the other, the first would wait for the second until its timeout: a 504.
+    let roomy = shared_with(|c| c.downlink_timeout = STEP);
+    let both = Arc::new(tokio::sync::Barrier::new(2));
+    let answer_together = |both: Arc<tokio::sync::Barrier>| {
+        FakeWorker::start_async(move |_| {
+            let both = Arc::clone(&both);
+            async move {
+                both.wait().await;
+                Some(Msg::HealthWorkerRetMsg(HealthWorkerRetMsg {
+                    error_code: 0,
+                }))
+            }
+        })
+    };
+    let _x = answer_together(Arc::clone(&both)).await;
+    let _y = answer_together(Arc::clone(&both)).await;
+    register(&roomy, "pair", 0, _x.port, None);
+    register(&roomy, "pair", 1, _y.port, None);
+    let a = post(&roomy, "/health", r#"{"instance_id":"pair"}"#).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["error_codes"], json!({"0": 0, "1": 0}), "{}", a.body);
+
+    // Two silent workers: one 504 naming both.
     let shared = shared();
     let _a = FakeWorker::start(|_| None).await;
     let _b = FakeWorker::start(|_| None).await;
     register(&shared, "two", 0, _a.port, None);
     register(&shared, "two", 1, _b.port, None);
-    // Two silent workers cost one timeout (400 ms), not two: they are asked at once.
-    let started = Instant::now();
     let a = post(&shared, "/health", r#"{"instance_id":"two"}"#).await;
     assert_eq!(a.status, 504);
     assert_eq!(a.body["workers"].as_array().map(Vec::len), Some(2));
-    assert!(
-        started.elapsed() < Duration::from_millis(750),
-        "{:?}",
-        started.elapsed()
-    );
 
     // A worker with 64 commands already queued refuses more at once: 503 "busy".
     let _c = FakeWorker::start(|_| None).await;
@@ -1040,14 +1054,10 @@ async fn a_command_reaches_at_most_max_fan_out_workers_at_once() {
         })));
     }
     let call = post_later(&shared, "/health", json!({"instance_id": "wide"}));
-    let start = Instant::now();
-    while received.load(Ordering::SeqCst) < MAX_FAN_OUT {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "requests never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("MAX_FAN_OUT requests arrived", STEP, async || {
+        received.load(Ordering::SeqCst) >= MAX_FAN_OUT
+    })
+    .await;
     release.add_permits(workers);
     let answer = joined(call).await;
     assert_eq!(answer.status, 200, "{}", answer.body);

@@ -69,7 +69,7 @@ async fn batches_apply_in_order_and_peers_find_each_other() {
         &[(true, -9_000_000_000_000_000_000), (true, 12), (false, 14)],
     );
     a.push(&[third]).await;
-    eventually("all ops applied", STEP, || {
+    eventually("all ops applied", STEP, async || {
         keys(&server, "inst-a", 0).len() == 5
     })
     .await;
@@ -117,7 +117,7 @@ async fn lookup_prefers_the_requesters_tp_rank() {
         w.push(&[batch]).await;
         workers.push((w, rep));
     }
-    eventually("both ranks hold both keys", STEP, || {
+    eventually("both ranks hold both keys", STEP, async || {
         keys(&server, "holder", 0).len() == 2 && keys(&server, "holder", 1).len() == 2
     })
     .await;
@@ -187,7 +187,7 @@ async fn re_register_clears_the_workers_keys() {
     w.register(port, None).await;
     let batch = w.batch(CPU, &[(true, 1), (true, 2)]);
     w.push(&[batch]).await;
-    eventually("keys applied", STEP, || {
+    eventually("keys applied", STEP, async || {
         keys(&server, "inst-r", 0).len() == 2
     })
     .await;
@@ -206,7 +206,10 @@ async fn deregister_removes_the_worker_and_its_chunks() {
     a.register(port, Some("127.0.0.1:7001")).await;
     let batch = a.batch(CPU, &[(true, 5)]);
     a.push(&[batch]).await;
-    eventually("applied", STEP, || keys(&server, "gone", 0).len() == 1).await;
+    eventually("applied", STEP, async || {
+        keys(&server, "gone", 0).len() == 1
+    })
+    .await;
     a.push(&[Msg::DeRegisterMsg(DeRegisterMsg {
         instance_id: "gone".into(),
         worker_id: 0,
@@ -214,7 +217,7 @@ async fn deregister_removes_the_worker_and_its_chunks() {
         port: i64::from(port),
     })])
     .await;
-    eventually("deregistered", STEP, || {
+    eventually("deregistered", STEP, async || {
         server.shared.index().worker_count() == 0
     })
     .await;
@@ -259,7 +262,7 @@ async fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
     w.register(port, None).await;
     let stale = w.batch(CPU, &[(true, 999)]);
     w.push(&[stale]).await;
-    eventually("pre-sync key", STEP, || {
+    eventually("pre-sync key", STEP, async || {
         keys(&server, "inst-s", 0).len() == 1
     })
     .await;
@@ -300,7 +303,7 @@ async fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
     });
     w.push(&[sync_batch("s1", 1, &[3, 4]), during, end.clone()])
         .await;
-    eventually("batch 1 applied", STEP, || {
+    eventually("batch 1 applied", STEP, async || {
         keys(&server, "inst-s", 0).len() == 2
     })
     .await;
@@ -310,16 +313,15 @@ async fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
 
     // The worker resends the missing batch and End, as FullSyncSender does.
     w.push(&[sync_batch("s1", 0, &[1, 2]), end]).await;
-    let mut done = None;
-    for _ in 0..200 {
-        let s = status(&mut w, "s1").await;
-        if s.is_complete {
-            done = Some(s);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let s = done.expect("sync completes once the missing batch arrived");
+    let s = eventually(
+        "the sync completes once the missing batch arrived",
+        STEP,
+        async || {
+            let s = status(&mut w, "s1").await;
+            s.is_complete.then_some(s)
+        },
+    )
+    .await;
     assert!(s.can_exit_freeze && s.missing_batches.is_empty() && s.global_progress == 1.0);
     assert_eq!(keys(&server, "inst-s", 0), BTreeSet::from([1, 2, 3, 4]));
     server.stop().await;
@@ -359,8 +361,8 @@ async fn downlink_command_round_trip_and_timeout() {
         Msg::ClearWorkerRetMsg(ClearWorkerRetMsg { num_tokens: 7 })
     );
 
-    // The worker receives the next command but never answers: a timeout, not a hang.
-    let started = std::time::Instant::now();
+    // The worker receives the next command but never answers: a timeout, not a hang (the
+    // `within` bounds the wait).
     let call = tokio::spawn({
         let downlink = downlink.clone();
         async move {
@@ -377,7 +379,6 @@ async fn downlink_command_round_trip_and_timeout() {
         matches!(result, Err(kvplane::controller::DownlinkError::Timeout(_))),
         "{result:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
 
     // A fresh socket serves the next command once the worker answers again.
     drop(rep);
@@ -447,7 +448,7 @@ async fn silent_workers_are_probed_dead_ones_removed_live_ones_kept() {
     dead.register(dead_port, Some("127.0.0.1:7009")).await;
     let batch = dead.batch(CPU, &[(true, 77)]);
     dead.push(&[batch]).await;
-    eventually("dead worker's key applied", STEP, || {
+    eventually("dead worker's key applied", STEP, async || {
         keys(&server, "dead", 0).len() == 1
     })
     .await;
@@ -519,7 +520,7 @@ async fn the_liveness_loop_removes_a_dead_worker() {
     let mut dead = TestWorker::new(&server, "dead", 0);
     dead.register(dead_port, None).await;
     server.shared.clock().skip(timeout * 2);
-    eventually("dead worker removed", STEP, || {
+    eventually("dead worker removed", STEP, async || {
         server.shared.index().worker("dead", 0).is_none()
     })
     .await;
@@ -566,7 +567,7 @@ async fn rapid_deregister_register_cycles_leave_one_downlink_per_worker() {
         let batch = w.batch(CPU, &[(true, 1)]);
         w.push(&[batch]).await;
     }
-    eventually("every PULL message applied", STEP, || {
+    eventually("every PULL message applied", STEP, async || {
         server
             .shared
             .metrics
@@ -625,7 +626,7 @@ async fn garbage_on_every_socket_is_counted_and_valid_traffic_still_works() {
         Bytes::from(valid),
     ])
     .await;
-    eventually("valid op after garbage applied", STEP, || {
+    eventually("valid op after garbage applied", STEP, async || {
         keys(&server, "inst-g", 0).len() == 1
     })
     .await;
@@ -681,7 +682,7 @@ async fn json_frames_are_accepted_on_pull_and_router() {
         br#"{"type":"BatchedKVOperationMsg","instance_id":"json-inst","worker_id":0,"location":"LocalCPUBackend","operations":[{"op_type":"admit","key":18446744073709551615,"seq_num":0}]}"#,
     )])
     .await;
-    eventually("json batch applied", STEP, || {
+    eventually("json batch applied", STEP, async || {
         server.shared.index().keys_of("json-inst", 0, CPU) == vec![ChunkHash::from_u64(u64::MAX)]
     })
     .await;

@@ -5,81 +5,25 @@
 //! logged and ignored (it starts cold). Real processes, real sockets, real files.
 
 use crate::support::http::http;
+use crate::support::process::{Launch, Process};
+use crate::support::{eventually, STEP};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
 
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-fn start(args: &[&str]) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .arg("coordinator")
+/// A `kvplane coordinator` with blend lookups, no eviction loop and `args`, once it listens.
+async fn start(args: &[&str]) -> (Process, SocketAddr) {
+    let c = Launch::kvplane("coordinator")
         .args(["--host", "127.0.0.1", "--port", "0", "--chunk-size", "16"])
         .args(["--eviction-check-interval", "0", "--enable-blend-lookup"])
         .args(args)
         .env("KVPLANE_COORDINATOR_ENABLE_STARTUP_RESYNC", "0")
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kvplane starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let sink = Arc::clone(&log);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line.clone());
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let marker = "MP coordinator listening on http://";
-    let addr = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx.recv_timeout(left).expect("listening within 20 s");
-        if let Some(at) = line.find(marker) {
-            let a = line[at + marker.len()..].split_whitespace().next().unwrap();
-            break a.parse().expect("an address");
-        }
-    };
-    Proc { child, addr, log }
-}
-
-impl Proc {
-    fn logged(&self, text: &str) -> bool {
-        self.log.lock().unwrap().iter().any(|l| l.contains(text))
-    }
-
-    fn signal(mut self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(ok.success());
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(exit) = self.child.try_wait().expect("wait") {
-                if sig == "-TERM" {
-                    assert!(exit.success(), "{exit:?}");
-                }
-                return;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("no exit within 15 s of {sig}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+        .spawn();
+    let addr = c
+        .listening("MP coordinator listening on")
+        .await
+        .addr("http");
+    (c, addr)
 }
 
 fn recorded_events() -> Vec<Value> {
@@ -132,14 +76,14 @@ async fn a_restarted_coordinator_knows_what_it_knew() {
     let path = ckpt.to_str().unwrap().to_owned();
     let args = ["--checkpoint-path", &path, "--checkpoint-interval", "0"];
 
-    let c = start(&args);
+    let (mut c, addr) = start(&args).await;
     assert!(c.logged("no checkpoint at"));
     for body in recorded_events() {
-        let (status, _) = http(c.addr, "POST", "/events", Some(&body.to_string()), &[]).await;
+        let (status, _) = http(addr, "POST", "/events", Some(&body.to_string()), &[]).await;
         assert_eq!(status, 200);
     }
     let (s, _) = http(
-        c.addr,
+        addr,
         "PUT",
         "/quota/user-a",
         Some(r#"{"limit_gb": 1}"#),
@@ -147,25 +91,21 @@ async fn a_restarted_coordinator_knows_what_it_knew() {
     )
     .await;
     assert_eq!(s, 200);
-    let before = state(c.addr).await;
+    let before = state(addr).await;
     assert_eq!(before["/directory/stats"]["num_keys"], 6);
     assert!(before["/quota"]["total_gb"].as_f64().unwrap() > 0.0);
-    c.signal("-TERM");
+    c.stop().await;
     assert!(ckpt.exists(), "written at the clean stop");
 
-    let c = start(&args);
+    let (mut c, addr) = start(&args).await;
     assert!(c.logged("restored the checkpoint"));
-    assert_eq!(
-        state(c.addr).await,
-        before,
-        "nothing re-stored, nothing lost"
-    );
+    assert_eq!(state(addr).await, before, "nothing re-stored, nothing lost");
     // The event cursors came back: mp-a's last batch is a duplicate, the next one applies.
     let last = recorded_events()[3]["batches"][4].clone();
     let again = json!({ "batches": [last] });
-    let (_, r) = http(c.addr, "POST", "/events", Some(&again.to_string()), &[]).await;
+    let (_, r) = http(addr, "POST", "/events", Some(&again.to_string()), &[]).await;
     assert_eq!(r, json!({"applied": 0, "duplicates": 1, "stale": 0}));
-    let (_, metrics) = http(c.addr, "GET", "/metrics", None, &[]).await;
+    let (_, metrics) = http(addr, "GET", "/metrics", None, &[]).await;
     let metrics = metrics.as_str().unwrap().to_owned();
     assert!(
         metrics.lines().any(
@@ -174,27 +114,23 @@ async fn a_restarted_coordinator_knows_what_it_knew() {
         ),
         "{metrics}"
     );
-    c.signal("-TERM");
+    c.stop().await;
 
     // A damaged file: logged, ignored, started cold.
     let mut bytes = std::fs::read(&ckpt).unwrap();
     let n = bytes.len();
     bytes[n - 3] ^= 0xff;
     std::fs::write(&ckpt, &bytes).unwrap();
-    let c = start(&args);
-    assert!(
-        c.logged("ignoring the checkpoint"),
-        "{:?}",
-        c.log.lock().unwrap()
-    );
-    let (_, st) = http(c.addr, "GET", "/directory/stats", None, &[]).await;
+    let (mut c, addr) = start(&args).await;
+    assert!(c.logged("ignoring the checkpoint"), "{}", c.log());
+    let (_, st) = http(addr, "GET", "/directory/stats", None, &[]).await;
     assert_eq!(st["num_keys"], 0);
-    c.signal("-TERM");
+    c.stop().await;
     // An LMCache checkpoint (its magic) is named as such, and ignored.
     std::fs::write(&ckpt, b"LMCKPT\0\0\x01\0\0\0\x80").unwrap();
-    let c = start(&args);
+    let (mut c, _) = start(&args).await;
     assert!(c.logged("an LMCache coordinator checkpoint"));
-    c.signal("-TERM");
+    c.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -204,13 +140,13 @@ async fn a_killed_coordinator_comes_back_with_its_last_periodic_checkpoint() {
     let ckpt = dir.join("c.ckpt");
     let path = ckpt.to_str().unwrap().to_owned();
     let args = ["--checkpoint-path", &path, "--checkpoint-interval", "0.2"];
-    let c = start(&args);
+    let (mut c, addr) = start(&args).await;
     for body in recorded_events() {
-        http(c.addr, "POST", "/events", Some(&body.to_string()), &[]).await;
+        http(addr, "POST", "/events", Some(&body.to_string()), &[]).await;
     }
-    let before = state(c.addr).await;
+    let before = state(addr).await;
     let written = || async {
-        let (_, m) = http(c.addr, "GET", "/metrics", None, &[]).await;
+        let (_, m) = http(addr, "GET", "/metrics", None, &[]).await;
         m.as_str()
             .unwrap()
             .lines()
@@ -220,20 +156,13 @@ async fn a_killed_coordinator_comes_back_with_its_last_periodic_checkpoint() {
     };
     // Two more writes: the second one was captured after the events.
     let n0 = written().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if written().await >= n0 + 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no periodic checkpoint within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    c.signal("-KILL");
-    let c = start(&args);
-    assert_eq!(state(c.addr).await, before);
-    c.signal("-TERM");
+    eventually("two more periodic checkpoints", STEP, async || {
+        written().await >= n0 + 2
+    })
+    .await;
+    c.kill().await;
+    let (mut c, addr) = start(&args).await;
+    assert_eq!(state(addr).await, before);
+    c.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,7 +5,7 @@
 
 use crate::support::http::raw_exchange;
 use crate::support::http_limits::read_keepalive_response;
-use crate::support::{http, sample, within};
+use crate::support::{eventually, http, sample, within, STEP};
 use kvplane::coordinator::{self, CoordinatorConfig, CoordinatorServer as Coordinator};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -125,7 +125,7 @@ async fn healthz(s: &mut TcpStream, addr: SocketAddr) {
 async fn closed_by_server(s: &mut TcpStream) -> bool {
     let mut byte = [0u8; 1];
     matches!(
-        tokio::time::timeout(Duration::from_secs(5), s.read(&mut byte)).await,
+        tokio::time::timeout(STEP, s.read(&mut byte)).await,
         Ok(Ok(0) | Err(_))
     )
 }
@@ -227,14 +227,11 @@ async fn a_stalled_body_gets_408_and_is_counted() {
     // Headers never finished: the server hangs up, counted too.
     let answer = raw_exchange(addr, b"POST /events HTTP/1.1\r\nHost: x\r\n").await;
     assert!(!answer.starts_with("HTTP/1.1 2"), "{answer}");
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = metrics(addr).await;
-        if refused(&text, "read_timeout") >= 2.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let text = eventually("both read timeouts counted", STEP, async || {
+        let text = metrics(addr).await;
+        (refused(&text, "read_timeout") >= 2.0).then_some(text)
+    })
+    .await;
     assert_eq!(refused(&text, "read_timeout"), 2.0, "{text}");
     within("stop", c.stop()).await;
 }

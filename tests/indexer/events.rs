@@ -2,12 +2,11 @@
 //! PUB socket and a replay ROUTER speaking vLLM's framing, events encoded byte for byte as
 //! vLLM's msgspec structs) feeding a real indexer, checked through its HTTP API.
 
-use crate::support::{http, within};
+use crate::support::{eventually, http, within, SLOW, STEP};
 use bytes::Bytes;
 use kvplane::indexer::service::{start, IndexerConfig, IndexerServer};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use crate::support::vllm_pub::{mp, Publisher, TOPIC};
 
@@ -40,39 +39,33 @@ async fn until_query(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
-    let start = Instant::now();
-    loop {
+    eventually(what, STEP, async || {
         let (status, body) = post(addr, "/query", query_body(n_tokens)).await;
         assert_eq!(status, 200, "{body}");
         let row = body["default"][inst].clone();
         if check(&row) {
-            return row;
+            Ok(row)
+        } else {
+            Err(body)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{what}: last answer {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 async fn until_connected(addr: SocketAddr) {
-    let start = Instant::now();
-    loop {
+    eventually("connected", STEP, async || {
         let (_, body) = http(addr, "GET", "/services", None, &[]).await;
         let c = &body["services"][0]["connection"];
         if c["connected"] == json!(true)
             && c["replaying"] == json!(false)
             && c["replays"].as_u64() >= Some(1)
         {
-            return;
+            Ok(())
+        } else {
+            Err(body)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "never connected: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -143,21 +136,18 @@ async fn vllm_events_become_query_answers_with_replay_gaps_and_unregister() {
         Bytes::from_static(&[0xc1]),
     ])
     .await;
-    let start = Instant::now();
-    loop {
+    eventually("both drops counted", STEP, async || {
         let (_, text) = http(addr, "GET", "/metrics", None, &[]).await;
         let text = text.as_str().unwrap_or_default().to_owned();
         if text.contains("kvplane_indexer_frames_dropped_total{reason=\"bad_seq\"} 1")
             && text.contains("kvplane_indexer_frames_dropped_total{reason=\"malformed\"} 1")
         {
-            break;
+            Ok(())
+        } else {
+            Err(text)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "drops not counted: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 
     // Unregister removes every membership of the stream.
     let (status, body) = post(
@@ -325,8 +315,7 @@ async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
             .0,
         200
     );
-    let start_wait = Instant::now();
-    loop {
+    eventually("both publishers connected", STEP, async || {
         let (_, body) = http(addr, "GET", "/services", None, &[]).await;
         let up = body["services"].as_array().map_or(0, |l| {
             l.iter()
@@ -337,11 +326,12 @@ async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
                 .count()
         });
         if up == 2 {
-            break;
+            Ok(())
+        } else {
+            Err(body)
         }
-        assert!(start_wait.elapsed() < Duration::from_secs(10), "{body}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     // The flood: many batches of 64 blocks, far more than the 8-message queue holds.
     let toks: Vec<u32> = (0..256).collect();
     let big = mp::stored_map(&(0..64).collect::<Vec<u64>>(), None, &toks, 4, "GPU");
@@ -358,35 +348,35 @@ async fn a_flooding_or_stalled_publisher_does_not_block_the_others() {
     // The flood waited for room in its 8-message queue (the publisher held the rest) and
     // lost nothing: every message applied, no gap, no replay needed.
     let last = flood.next - 1;
-    let start_wait = Instant::now();
-    loop {
+    let (body, flood_row) = eventually("the flood applied in full", SLOW, async || {
         let (_, body) = http(addr, "GET", "/services", None, &[]).await;
         let flood_row = body["services"].as_array().and_then(|l| {
             l.iter()
                 .find(|s| s["instance_id"] == json!("flood"))
                 .cloned()
         });
-        let conn = |k: &str| {
-            flood_row
-                .as_ref()
-                .and_then(|r| r["connection"][k].as_u64())
-                .unwrap_or(0)
-        };
-        if conn("last_seq") == last {
-            assert!(conn("queue_full") > 0, "the queue never filled: {body}");
-            assert_eq!(conn("gaps"), 0, "{body}");
-            assert!(
-                conn("queued_bytes") <= IndexerConfig::default().max_queued_bytes as u64,
-                "{body}"
-            );
-            break;
+        let last_seq = flood_row
+            .as_ref()
+            .and_then(|r| r["connection"]["last_seq"].as_u64());
+        if last_seq == Some(last) {
+            Ok((body, flood_row))
+        } else {
+            Err(body)
         }
-        assert!(
-            start_wait.elapsed() < Duration::from_secs(20),
-            "the flood was not applied in full: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
+    let conn = |k: &str| {
+        flood_row
+            .as_ref()
+            .and_then(|r| r["connection"][k].as_u64())
+            .unwrap_or(0)
+    };
+    assert!(conn("queue_full") > 0, "the queue never filled: {body}");
+    assert_eq!(conn("gaps"), 0, "{body}");
+    assert!(
+        conn("queued_bytes") <= IndexerConfig::default().max_queued_bytes as u64,
+        "{body}"
+    );
     within("stop", server.stop()).await;
 }
 
@@ -432,18 +422,15 @@ async fn raw_metrics(addr: SocketAddr) -> (u16, String) {
 
 /// Polls `/readyz` until its readiness is `ready`; returns the last body.
 async fn until_ready(addr: SocketAddr, ready: bool, what: &str) -> Value {
-    let start = Instant::now();
-    loop {
+    eventually(what, SLOW, async || {
         let (status, body) = http(addr, "GET", "/readyz", None, &[]).await;
         if (status == 200) == ready && body["ready"] == json!(ready) {
-            return body;
+            Ok(body)
+        } else {
+            Err(format!("/readyz {status} {body}"))
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: /readyz {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 /// `--cluster`: an ingester and two read replicas on a real nats-server. The replicas answer
@@ -507,15 +494,15 @@ async fn two_read_replicas_follow_the_ingester_through_nats() {
     };
     let want = 3.0 + 1500.0 * 64.0;
     for addr in std::iter::once(ingester.addr).chain(replicas.iter().map(|r| r.addr)) {
-        let start = Instant::now();
-        while memberships(addr).await != want {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "{}",
-                memberships(addr).await
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually("every membership replicated", SLOW, async || {
+            let got = memberships(addr).await;
+            if got == want {
+                Ok(())
+            } else {
+                Err(got)
+            }
+        })
+        .await;
     }
     for r in &replicas {
         let ready = until_ready(r.addr, true, "after the split change").await;
@@ -547,19 +534,16 @@ async fn two_read_replicas_follow_the_ingester_through_nats() {
     .await;
     assert_eq!(status, 200);
     for r in &replicas {
-        let start = Instant::now();
-        loop {
+        eventually("unregister replicated", STEP, async || {
             let (_, body) = post(r.addr, "/query", query_body(12)).await;
             if body == json!({}) {
-                break;
+                return Ok(());
             }
-            if start.elapsed() > Duration::from_secs(10) {
-                let (_, lead) = http(ingester.addr, "GET", "/readyz", None, &[]).await;
-                let (_, follow) = http(r.addr, "GET", "/readyz", None, &[]).await;
-                panic!("unregister not replicated: {body}; ingester {lead}; replica {follow}");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let (_, lead) = http(ingester.addr, "GET", "/readyz", None, &[]).await;
+            let (_, follow) = http(r.addr, "GET", "/readyz", None, &[]).await;
+            Err(format!("{body}; ingester {lead}; replica {follow}"))
+        })
+        .await;
     }
 
     // A new ingester (empty index, new epoch): the replicas start over from it.

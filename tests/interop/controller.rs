@@ -6,10 +6,8 @@ use crate::support::*;
 use kvplane::protocol::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 const CPU: &str = "LocalCPUBackend";
-const SLOW: Duration = Duration::from_secs(40);
 
 fn is(event: &'static str) -> impl Fn(&Value) -> bool {
     move |e| e["event"] == event
@@ -33,7 +31,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     let reg = a.wait_for("registered", SLOW, is("registered")).await;
     assert_eq!(reg["heartbeat_url"], json!(ep(server.addrs.heartbeat)));
     b.wait_for("registered", SLOW, is("registered")).await;
-    eventually("both registered", SLOW, || {
+    eventually("both registered", SLOW, async || {
         server.shared.index().worker_count() == 2
     })
     .await;
@@ -45,7 +43,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         SLOW,
     )
     .await;
-    eventually("A's admits applied", SLOW, || {
+    eventually("A's admits applied", SLOW, async || {
         keys(&server, "inst-A", 0) == held.iter().copied().collect()
     })
     .await;
@@ -102,7 +100,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         e["event"] == "engine_call" && e["name"] == "clear"
     })
     .await;
-    eventually("A's evicts after clear applied", SLOW, || {
+    eventually("A's evicts after clear applied", SLOW, async || {
         keys(&server, "inst-A", 0).is_empty()
     })
     .await;
@@ -111,7 +109,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
     // the index.
     a.call(json!({"cmd": "admit", "keys": [201, 202, 203]}), SLOW)
         .await;
-    eventually("new admits applied", SLOW, || {
+    eventually("new admits applied", SLOW, async || {
         keys(&server, "inst-A", 0).len() == 3
     })
     .await;
@@ -124,7 +122,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         })
         .await;
     assert!(cmd.to_string().contains("worker_re_registered"), "{cmd}");
-    eventually("index rebuilt by A's full sync", SLOW, || {
+    eventually("index rebuilt by A's full sync", SLOW, async || {
         keys(&server, "inst-A", 0) == BTreeSet::from([201, 202, 203])
     })
     .await;
@@ -132,7 +130,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
         .wait_for("A's sync finished", SLOW, is("full_sync_finished"))
         .await;
     assert_eq!(done["ok"], json!(true), "{done}");
-    eventually("B re-registered too", SLOW, || {
+    eventually("B re-registered too", SLOW, async || {
         server.shared.index().worker_count() == 2
     })
     .await;
@@ -149,7 +147,7 @@ async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart
 
     a.close().await;
     b.close().await;
-    eventually("both deregistered", SLOW, || {
+    eventually("both deregistered", SLOW, async || {
         server.shared.index().worker_count() == 0
     })
     .await;

@@ -6,10 +6,10 @@
 //! server needs LMCache's compiled extension (`lmcache_native`, linked to real torch) for its
 //! storage manager, so it does not run here (docs/COORDINATOR.md says exactly why).
 
+use crate::support::lmcache::python;
+use crate::support::process::Launch;
+use crate::support::SLOW;
 use kvplane::coordinator::{self, CoordinatorConfig};
-use std::process::Stdio;
-use std::time::Duration;
-use tokio::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
@@ -20,19 +20,11 @@ async fn lmcache_registrar_and_event_wire_work_against_the_coordinator() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/interop/coordinator_client.py"
     );
-    let child = Command::new(crate::support::lmcache::python())
-        .arg(script)
+    let out = Launch::python("LMCache's coordinator client", python(), script)
         .arg(format!("http://{}", server.addr))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(60), child)
-        .await
-        .expect("the client finished within 60 s")
-        .expect("the client ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .run(SLOW)
+        .await;
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
     assert!(
         out.status.success() && stdout.contains(r#"{"done": true}"#),
         "client failed\nstdout:\n{stdout}\nstderr:\n{stderr}"

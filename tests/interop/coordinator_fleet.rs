@@ -15,7 +15,8 @@
 //!
 //! One fleet for all phases: an MP server costs ~700 MB and ~5-30 s to start (torch).
 
-use crate::support::mp_fleet::{self, close, get, until, MpServer, Proc};
+use crate::support::eventually;
+use crate::support::mp_fleet::{self, close, get, MpServer, Proc};
 use crate::support::{free_port, sample};
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -48,12 +49,12 @@ impl Fleet {
     }
 
     /// Stops the MP servers (SIGTERM: they deregister), then the coordinator.
-    fn stop(&mut self) {
+    async fn stop(&mut self) {
         for s in &mut self.servers {
-            s.proc.stop(Duration::from_secs(15));
+            s.proc.stop_within(Duration::from_secs(15)).await;
         }
         if let Some(c) = self.coordinator.as_mut() {
-            c.stop(Duration::from_secs(10));
+            c.stop_within(Duration::from_secs(10)).await;
         }
     }
 }
@@ -67,10 +68,12 @@ impl Drop for Fleet {
                 .map(|s| &s.proc)
                 .chain(self.coordinator.as_ref())
             {
-                eprintln!("---- {} ({}):\n{}", p.name, p.log.display(), p.tail(40));
+                eprintln!("---- {}:\n{}", p.name(), p.tail(40));
             }
         }
-        self.stop();
+        // The MP servers first (each SIGTERMed on drop: they deregister), then the coordinator.
+        self.servers.clear();
+        self.coordinator = None;
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -123,7 +126,7 @@ fn disks(fleet: &Fleet) -> Vec<(String, u64)> {
 /// Waits until kvplane's usage matches the disks ±10%: each private holder's L2, the shared
 /// pool (counted once), and the total. Returns the disks' bytes.
 async fn usage_matches_disks(fleet: &Fleet, what: &str) -> Vec<(String, u64)> {
-    until(what, WAIT, || async {
+    eventually(what, WAIT, || async {
         let disks = disks(fleet);
         let u = usage(fleet.addr()).await.ok_or("no usage yet")?;
         let sum: u64 = disks.iter().map(|d| d.1).sum();
@@ -162,7 +165,7 @@ async fn start_fleet(venv: PathBuf) -> Fleet {
     let shm_before = mp_fleet::shm_names();
     let args = checkpoint_args(&dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let coordinator = mp_fleet::coordinator(&dir, port, &args);
+    let coordinator = mp_fleet::coordinator(port, &args).await;
     let mut fleet = Fleet {
         dir: dir.clone(),
         venv: venv.clone(),
@@ -177,10 +180,10 @@ async fn start_fleet(venv: PathBuf) -> Fleet {
         ("shared-s", true),
     ] {
         let l2 = dir.join(format!("l2-{id}"));
-        let server = MpServer::start(&venv, &dir, id, &l2, shared, port);
+        let server = MpServer::start(&venv, id, &l2, shared, port);
         fleet.servers.push(server);
     }
-    until("three MP servers registered and declared", WAIT, || async {
+    eventually("three MP servers registered and declared", WAIT, || async {
         let u = get(fleet.addr(), "/instances/usage")
             .await
             .ok_or("coordinator not answering")?;
@@ -211,8 +214,7 @@ fn checkpoint_args(dir: &std::path::Path) -> Vec<String> {
 
 /// Drives the three servers at once, each with its own sequences.
 async fn drive_all(fleet: &Fleet) {
-    let drive =
-        |i: usize| fleet.servers[i].drive(&fleet.venv, &fleet.dir, 1000 * (i + 1), REQUESTS);
+    let drive = |i: usize| fleet.servers[i].drive(&fleet.venv, 1000 * (i + 1), REQUESTS);
     tokio::join!(drive(0), drive(1), drive(2));
 }
 
@@ -234,7 +236,7 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
 
     // (a) no quota: several eviction cycles later nothing was evicted.
     let cycles = metric(addr, "kvplane_coordinator_eviction_cycles_total").await;
-    until("three eviction cycles", WAIT, || async {
+    eventually("three eviction cycles", WAIT, || async {
         let now = metric(addr, "kvplane_coordinator_eviction_cycles_total").await;
         if now >= cycles + 3.0 {
             Ok(())
@@ -256,7 +258,7 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
     let (status, reply) =
         crate::support::http(addr, "PUT", "/quota/_default", Some(&body), &[]).await;
     assert_eq!(status, 200, "{reply}");
-    let after = until("the disks fall to the quota", WAIT, || async {
+    let after = eventually("the disks fall to the quota", WAIT, || async {
         let now = disks(&fleet);
         let sum: u64 = now.iter().map(|d| d.1).sum();
         if sum <= limit {
@@ -279,13 +281,13 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
     // checkpoint it would start blind: 0.5.6 MP servers never re-send what L2 holds.
     let on_disk = disks(&fleet);
     if let Some(c) = fleet.coordinator.as_mut() {
-        c.stop(Duration::from_secs(10));
+        c.stop_within(Duration::from_secs(10)).await;
     }
     let ckpt = fleet.dir.join("coordinator.ckpt");
     assert!(ckpt.exists(), "a clean stop writes {}", ckpt.display());
     let args = checkpoint_args(&fleet.dir);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    fleet.coordinator = Some(mp_fleet::coordinator(&fleet.dir, fleet.port, &args));
+    fleet.coordinator = Some(mp_fleet::coordinator(fleet.port, &args).await);
     let restored = usage_matches_disks(&fleet, "usage equals the disks after a restart").await;
     assert_eq!(restored, on_disk, "no server stored or evicted meanwhile");
     assert!(
@@ -295,19 +297,19 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
 
     // (e) SIGKILL a private server and restart it under the same id: the new incarnation
     // fences the old one's L1 placements; re-storing the same sequences is not counted twice.
-    let (l2, venv, dir) = {
+    let (l2, venv) = {
         let a = fleet.server("private-a");
-        (a.l2.clone(), fleet.venv.clone(), fleet.dir.clone())
+        (a.l2.clone(), fleet.venv.clone())
     };
     let i = fleet
         .servers
         .iter()
         .position(|s| s.id == "private-a")
         .expect("private-a");
-    fleet.servers[i].proc.kill9();
-    let restarted = MpServer::start(&venv, &dir, "private-a", &l2, false, fleet.port);
+    fleet.servers[i].proc.kill().await;
+    let restarted = MpServer::start(&venv, "private-a", &l2, false, fleet.port);
     fleet.servers[i] = restarted;
-    until("private-a re-registered and declared", WAIT, || async {
+    eventually("private-a re-registered and declared", WAIT, || async {
         let u = get(addr, "/instances/usage").await.ok_or("no answer")?;
         let a = u["instances"]
             .as_array()
@@ -325,7 +327,7 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
     .await;
     fleet
         .server("private-a")
-        .drive(&fleet.venv, &fleet.dir, 1000 * (i + 1), REQUESTS)
+        .drive(&fleet.venv, 1000 * (i + 1), REQUESTS)
         .await;
     let settled = usage_matches_disks(&fleet, "usage equals the disks after the restart").await;
     let a_disk = settled
@@ -351,7 +353,7 @@ async fn kvplane_accounts_and_evicts_a_real_mp_fleet_by_its_disks() {
     assert_eq!(copies, 1, "{listed}");
 
     // Clean shutdown: the MP servers deregister; nothing is left in /dev/shm.
-    fleet.stop();
+    fleet.stop().await;
     let left: Vec<String> = mp_fleet::shm_names()
         .difference(&fleet.shm_before)
         .cloned()

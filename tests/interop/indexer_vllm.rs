@@ -12,56 +12,37 @@
 //! removal and then `AllBlocksCleared` change the answers, and a second publisher process on
 //! the same ports is detected as a restart.
 
-use crate::support::{http, within};
+use crate::support::process::{Launch, Process};
+use crate::support::{eventually, free_port, http, within, SLOW, STEP};
 use kvplane::indexer::service::{start, IndexerConfig};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("probe port");
-    l.local_addr().expect("addr").port()
-}
 
 /// Starts `pub_demo.py` and waits until it has published its three batches.
-async fn publisher(dir: &Path, pub_port: u16, replay_port: u16, linger: &str) -> Child {
+async fn publisher(dir: &Path, pub_port: u16, replay_port: u16, linger: &str) -> Process {
     let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/vllm-publisher");
-    let mut child = Command::new(dir.join("venv/bin/python"))
-        .arg(tools.join("pub_demo.py"))
-        // vLLM's PUB binds only when the endpoint has `*`; we connect to it on 127.0.0.1.
-        .args(["--endpoint", &format!("tcp://*:{pub_port}")])
-        .args(["--replay", &format!("tcp://127.0.0.1:{replay_port}")])
-        .args([
-            "--topic",
-            "kv@pod1@m",
-            "--block-size",
-            "4",
-            "--hash",
-            "vllm-int",
-        ])
-        .args(["--linger", linger])
-        .env("PYTHONPATH", dir.join("shim"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python publisher starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    within("the publisher publishes", async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if line.contains("published 3 batches") {
-                return;
-            }
-        }
-        panic!("publisher exited before publishing");
-    })
-    .await;
-    child
+    let engine = Launch::python(
+        "vLLM's publisher",
+        dir.join("venv/bin/python"),
+        tools.join("pub_demo.py"),
+    )
+    // vLLM's PUB binds only when the endpoint has `*`; we connect to it on 127.0.0.1.
+    .args(["--endpoint", &format!("tcp://*:{pub_port}")])
+    .args(["--replay", &format!("tcp://127.0.0.1:{replay_port}")])
+    .args([
+        "--topic",
+        "kv@pod1@m",
+        "--block-size",
+        "4",
+        "--hash",
+        "vllm-int",
+    ])
+    .args(["--linger", linger])
+    .env("PYTHONPATH", dir.join("shim"))
+    .spawn();
+    engine.wait_for_line("published 3 batches").await;
+    engine
 }
 
 async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
@@ -69,17 +50,17 @@ async fn post(addr: SocketAddr, path: &str, body: Value) -> (u16, Value) {
 }
 
 async fn until_row(addr: SocketAddr, what: &str, check: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
     let query = json!({"model": "m", "block_size": 4, "token_ids": (1..=16).collect::<Vec<u32>>()});
-    loop {
+    eventually(what, SLOW, async || {
         let (_, body) = post(addr, "/query", query.clone()).await;
         let row = body["default"]["vllm-1"].clone();
         if check(&row) {
-            return row;
+            Ok(row)
+        } else {
+            Err(body)
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "{what}: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn one_version(dir: &Path) {
@@ -105,7 +86,7 @@ async fn one_version(dir: &Path) {
     // After its linger the publisher clears everything and exits.
     until_row(addr, "AllBlocksCleared", |r| r["GPU"] == json!(0)).await;
     let mut first = first;
-    let _ = within("first publisher exits", first.wait()).await;
+    let _ = first.exit_within(STEP).await;
     // A new engine process on the same ports: a restart, detected and applied.
     let _second = publisher(dir, pub_port, replay_port, "30").await;
     until_row(addr, "events of the restarted publisher", |r| {
@@ -222,7 +203,7 @@ async fn real_vllm_publisher_feeds_two_read_replicas() {
         assert_eq!(status, 200, "{ready}");
         assert_eq!(ready["in_sync"], json!(true), "{ready}");
     }
-    let _ = within("publisher exits", engine.wait()).await;
+    let _ = engine.exit_within(STEP).await;
     for r in replicas {
         within("stop", r.stop()).await;
     }

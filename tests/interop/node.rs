@@ -4,34 +4,22 @@
 //! stream of PUTs, after which every object served from its L2 is intact.
 
 use crate::support::node::*;
+use crate::support::process::Launch;
+use crate::support::{eventually, SLOW};
 use std::path::PathBuf;
-use std::process::Stdio;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lmcache_lm_connector_round_trips_identical_bytes() {
     let node = node_with(|_| {}).await;
     let script =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/lmcache_node_client.py");
-    let out = within(
-        "lmcache client",
-        tokio::process::Command::new(python())
-            .arg(script)
-            .arg("127.0.0.1")
-            .arg(node.addrs.lm.port().to_string())
-            .env("LMCACHE_TRACK_USAGE", "false")
-            .env("DO_NOT_TRACK", "1")
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "LMCache client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Launch::python("lmcache client", python(), script)
+        .arg("127.0.0.1")
+        .arg(node.addrs.lm.port().to_string())
+        .run(SLOW)
+        .await;
+    out.assert_success("LMCache client");
+    let stdout = &out.stdout;
     let checks: Vec<serde_json::Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -63,39 +51,16 @@ async fn lmcache_lm_connector_round_trips_identical_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_writes_leaves_only_intact_objects() {
     let dir = tempdir("sigkill");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .args(["node", "--host", "127.0.0.1", "--port", "0", "--no-http"])
+    let mut child = Launch::kvplane("node")
+        .args(["--host", "127.0.0.1", "--port", "0", "--no-http"])
         .arg("--l2-path")
         .arg(&dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kvplane starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let port: u16 = within("listening line", async {
-        while let Some(line) = lines.next_line().await.expect("stderr line") {
-            if let Some(rest) = line.split("lm=127.0.0.1:").nth(1) {
-                return rest
-                    .split_whitespace()
-                    .next()
-                    .expect("port")
-                    .parse()
-                    .expect("u16");
-            }
-        }
-        panic!("kvplane exited before listening")
-    })
-    .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        .spawn();
+    let lm = child.listening("kvplane node listening").await.addr("lm");
 
-    let stream = within(
-        "connect",
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .expect("connect");
+    let stream = within("connect", tokio::net::TcpStream::connect(lm))
+        .await
+        .expect("connect");
     let mut c = Client { stream };
     let n = 300u64;
     let size = |i: u64| 20_000 + (i as usize % 13) * 7_000;
@@ -108,8 +73,7 @@ async fn sigkill_mid_writes_leaves_only_intact_objects() {
     for i in n / 2..n {
         c.put(&format!("k{i}"), &body(i, size(i))).await;
     }
-    child.start_kill().expect("SIGKILL");
-    within("child exits", child.wait()).await.expect("wait");
+    child.kill().await;
 
     let node = node_with(|cfg| {
         cfg.l2 = Some(l2(
@@ -160,25 +124,12 @@ async fn the_binary_joins_a_coordinator_and_leaves_on_sigterm() {
         .await
         .expect("coordinator starts");
     let coord = server.addr;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .args([
-            "node",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-        ])
+    let mut child = Launch::kvplane("node")
+        .args(["--host", "127.0.0.1", "--port", "0", "--http-port", "0"])
         .env("KVPLANE_COORDINATOR_URL", format!("http://{coord}"))
         .env("KVPLANE_INSTANCE_ID", "node-bin")
         .env("KVPLANE_COORDINATOR_HEARTBEAT_INTERVAL", "0.1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kvplane starts");
+        .spawn();
     let listed = || async {
         let (_, v) = crate::support::http::http(coord, "GET", "/instances", None, &[]).await;
         v["instances"]
@@ -190,25 +141,13 @@ async fn the_binary_joins_a_coordinator_and_leaves_on_sigterm() {
             })
             .unwrap_or_default()
     };
-    let mut ids = Vec::new();
-    for _ in 0..500 {
-        ids = listed().await;
-        if !ids.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let ids = eventually("the node registered", STEP, async || {
+        let ids = listed().await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await;
     assert_eq!(ids, vec!["\"node-bin\"".to_owned()]);
-    let pid = child.id().expect("running").to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
-    let exit = within("exit after SIGTERM", child.wait())
-        .await
-        .expect("wait");
-    assert!(exit.success(), "{exit:?}");
+    child.stop().await;
     assert!(listed().await.is_empty(), "deregistered on SIGTERM");
     within("stop", server.stop()).await;
 }

@@ -7,20 +7,17 @@
 //! kvplane worker finding the first, `POST /clear` and `POST /health` reaching the worker's
 //! handler through LMCache's REQ socket, and a controller restart rebuilt by a full sync.
 
-use crate::support::free_port;
 use crate::support::lmcache::python;
+use crate::support::process::{Launch, Process};
+use crate::support::{eventually, free_port, SLOW};
 use kvplane::protocol::{ChunkHash, ClearWorkerMsg, HealthWorkerMsg};
 use kvplane::worker::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use std::time::Duration;
 
 const CPU: &str = LOCAL_CPU_BACKEND;
-/// Bound on anything that waits for the Python controller.
-const SLOW: Duration = Duration::from_secs(60);
 
 /// [`crate::support::http`] to `127.0.0.1:port` with an optional JSON body.
 async fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
@@ -52,12 +49,11 @@ async fn http_up(port: u16) -> bool {
 
 /// The real LMCache controller on fixed loopback ports.
 struct LmcacheController {
-    child: Child,
+    process: Process,
     http: u16,
     pull: u16,
     reply: u16,
     heartbeat: u16,
-    log: PathBuf,
 }
 
 impl LmcacheController {
@@ -67,63 +63,37 @@ impl LmcacheController {
     }
 
     async fn start_on(http: u16, pull: u16, reply: u16, heartbeat: u16) -> Self {
-        let log = std::env::temp_dir().join(format!("kvplane-worker-interop-{http}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests/interop/run_lmcache_controller.py");
         let ports = json!({"pull": pull, "reply": reply, "heartbeat": heartbeat}).to_string();
-        let child = Command::new(python())
-            .arg(script)
+        let mut process = Launch::python("the LMCache controller", python(), script)
             .args(["--host", "127.0.0.1", "--port", &http.to_string()])
             .args(["--monitor-ports", &ports])
-            .env("LMCACHE_TRACK_USAGE", "false")
-            .env("DO_NOT_TRACK", "1")
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python starts");
-        let mut controller = LmcacheController {
-            child,
+            .spawn();
+        eventually("the LMCache controller answers HTTP", SLOW, async || {
+            if let Some(status) = process.try_exit() {
+                panic!(
+                    "LMCache controller exited ({status}):\n{}",
+                    process.tail(40)
+                );
+            }
+            http_up(http).await
+        })
+        .await;
+        eprintln!(
+            "real LMCache 0.5.6 controller up (http {http}, pull {pull}, reply {reply}, heartbeat {heartbeat})"
+        );
+        LmcacheController {
+            process,
             http,
             pull,
             reply,
             heartbeat,
-            log,
-        };
-        let started = Instant::now();
-        while !http_up(http).await {
-            if let Ok(Some(status)) = controller.child.try_wait() {
-                panic!(
-                    "LMCache controller exited ({status}):\n{}",
-                    controller.log_tail()
-                );
-            }
-            assert!(
-                started.elapsed() < SLOW,
-                "LMCache controller not answering HTTP after {SLOW:?}:\n{}",
-                controller.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        eprintln!(
-            "real LMCache 0.5.6 controller up in {:.1?} (http {http}, pull {pull}, reply {reply}, heartbeat {heartbeat})",
-            started.elapsed()
-        );
-        controller
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
     async fn stop(mut self) {
-        let _ = self.child.start_kill();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        self.process.kill().await;
     }
 
     /// `key_count` of `instance` in `/controller/key-stats`.
@@ -139,19 +109,16 @@ impl LmcacheController {
 
     /// Polls until `instance` has `n` keys.
     async fn wait_keys(&self, instance: &str, n: u64) {
-        let started = Instant::now();
-        loop {
+        let what = format!("{n} keys of {instance} in LMCache");
+        eventually(&what, SLOW, async || {
             let got = self.keys_of(instance).await;
             if got == Some(n) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{got:?}; its log:\n{}", self.process.tail(40)))
             }
-            assert!(
-                started.elapsed() < SLOW,
-                "{instance} has {got:?} keys in LMCache, want {n}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await;
     }
 }
 
@@ -200,17 +167,6 @@ fn config(c: &LmcacheController, instance: &str, peer: Option<String>) -> Worker
     cfg
 }
 
-async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !cond() {
-        assert!(
-            started.elapsed() < SLOW,
-            "not reached within {SLOW:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvplane_workers_work_with_the_real_lmcache_controller() {
     // Worker logs in the test output with e.g. RUST_LOG=kvplane::worker=info.
@@ -247,7 +203,7 @@ async fn kvplane_workers_work_with_the_real_lmcache_controller() {
             .await
             .expect("bounded")
             .expect("registered");
-        wait_until("LMCache's start-up full sync done", || {
+        eventually("LMCache's start-up full sync done", SLOW, async || {
             let s = w.status();
             s.full_syncs_completed >= 1 && s.state == WorkerState::Ready
         })
@@ -355,7 +311,7 @@ async fn kvplane_workers_work_with_the_real_lmcache_controller() {
     controller.stop().await;
     let controller = LmcacheController::start_on(http_port, pull, reply, heartbeat).await;
     controller.wait_keys("inst-A", 5).await;
-    wait_until("A's resync complete", || {
+    eventually("A's resync complete", SLOW, async || {
         let s = a.status();
         s.full_syncs_completed >= 2 && s.state == WorkerState::Ready
     })
@@ -369,10 +325,9 @@ async fn kvplane_workers_work_with_the_real_lmcache_controller() {
             .expect("bounded")
             .expect("shutdown");
     }
-    let started = Instant::now();
-    while controller.keys_of("inst-A").await.is_some() {
-        assert!(started.elapsed() < SLOW, "A not deregistered");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("A deregistered", SLOW, async || {
+        controller.keys_of("inst-A").await.is_none()
+    })
+    .await;
     controller.stop().await;
 }

@@ -190,7 +190,7 @@ async fn pins_hold_through_pressure_and_restart_until_released() {
     let (status, _) = post(http_addr, "/unpin", &json!({"location": "GPU"})).await;
     assert_eq!(status, 400);
     put_all(&node, &filler(60), 1000).await;
-    eventually("released objects evicted from L2", STEP, || {
+    eventually("released objects evicted from L2", STEP, async || {
         node.usage().l2_objects <= 12
     })
     .await;
@@ -270,7 +270,7 @@ async fn moves_between_tiers_and_to_another_node() {
         .iter()
         .map(|c| c.hash.as_i128())
         .collect();
-    eventually("node B reported", STEP, || {
+    eventually("node B reported", STEP, async || {
         let held = server.shared.index().keys_of("node-b", 0, CPU);
         hashes
             .iter()
@@ -398,7 +398,7 @@ async fn each_tp_rank_registers_as_its_own_worker() {
     let mut all = rank0.clone();
     all.extend(rank1.iter().cloned());
     put_all(&node, &all, 500).await;
-    eventually("a worker per rank", STEP, || {
+    eventually("a worker per rank", STEP, async || {
         node.controller_ranks() == vec![0, 1]
     })
     .await;
@@ -411,7 +411,7 @@ async fn each_tp_rank_registers_as_its_own_worker() {
             .collect()
     };
     let (h0, h1) = (hashes(&tokens()), hashes(&other));
-    eventually("each rank's keys under its worker", STEP, || {
+    eventually("each rank's keys under its worker", STEP, async || {
         let held = |w| server.shared.index().keys_of("node-a", w, CPU);
         held(0).len() == 3 && held(1).len() == 3 && held(1).contains(&h1[0])
     })

@@ -2,6 +2,7 @@
 //! startup resync pages the node's `GET /cache/objects` and its usage takes the node's L2 in;
 //! its eviction loop deletes from the node through `DELETE /cache/objects`.
 
+use crate::support::eventually;
 use crate::support::node::*;
 use kvplane::coordinator::{self, CoordinatorConfig};
 use kvplane::node::config::{PrefetchPolicy, StorePolicy};
@@ -80,15 +81,10 @@ async fn resync_then(eviction: Option<Duration>) {
     }
     // Wait (bounded) until the three L2 files are complete: the listing shows complete ones.
     let http = node.addrs.http.expect("http");
-    let mut listed = 0;
-    for _ in 0..200 {
-        listed = node_l2_objects(http).await;
-        if listed == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(listed, 3);
+    eventually("three objects listed on L2", STEP, async || {
+        node_l2_objects(http).await == 3
+    })
+    .await;
 
     let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
     c.health_check_interval = None;
@@ -137,15 +133,12 @@ async fn resync_then(eviction: Option<Duration>) {
         .expect("driver answers");
     assert!(usage > 0.0, "usage took the node's L2 in: {usage}");
     if eviction.is_some() {
-        let mut left = usize::MAX;
-        for _ in 0..300 {
-            left = node_l2_objects(http).await;
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert_eq!(left, 0, "the coordinator's eviction deleted every object");
+        eventually(
+            "the coordinator's eviction deleted every object",
+            STEP,
+            async || node_l2_objects(http).await == 0,
+        )
+        .await;
         // The eviction's delete names no tier, so it is 0.5.6's default, L2: quotas count
         // L2 bytes, and L1's copy stays under the node's own L1 LRU.
         assert!(client.get("m@1@0@00b0@bfloat16").await.is_some());
@@ -194,14 +187,11 @@ async fn node_registers_heartbeats_and_reports_usage() {
         let (_, v) = crate::support::http::http(coord, "GET", "/instances", None, &[]).await;
         v["instances"].as_array().cloned().unwrap_or_default()
     };
-    let mut listed = Vec::new();
-    for _ in 0..300 {
-        listed = instances().await;
-        if !listed.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let listed = eventually("the node registered", STEP, async || {
+        let listed = instances().await;
+        (!listed.is_empty()).then_some(listed)
+    })
+    .await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["instance_id"], "node-c");
     assert_eq!(listed[0]["ip"], "127.0.0.1");
@@ -222,18 +212,15 @@ async fn node_registers_heartbeats_and_reports_usage() {
     let gib = f64::from(1u32 << 30);
     // File bytes: body + 56-byte header + the 19-byte key.
     let want = 4.0 * (4096.0 + 56.0 + 19.0) / gib;
-    let mut seen = 0.0;
-    for _ in 0..300 {
-        seen = usage().await;
+    eventually("usage of the 4 files", STEP, async || {
+        let seen = usage().await;
         if (seen - want).abs() < 1e-12 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("usage {seen} GiB, want {want}"))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        (seen - want).abs() < 1e-12,
-        "usage {seen} GiB, want {want} (4 files)"
-    );
+    })
+    .await;
 
     // L1 stores are events too: the coordinator counts them per instance (0.5.6's
     // `/instances/{id}/usage`), body bytes in `l1`/`dram`, file bytes in `l2`/`fs`.
@@ -245,15 +232,10 @@ async fn node_registers_heartbeats_and_reports_usage() {
             .and_then(|m| m.iter().find(|r| r["tier"] == tier))
             .and_then(|r| r["used_bytes"].as_u64())
     };
-    let mut l1 = None;
-    for _ in 0..300 {
-        l1 = used("l1").await;
-        if l1 == Some(4 * 4096) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(l1, Some(4 * 4096), "L1 bytes of the four objects");
+    eventually("L1 bytes of the four objects", STEP, async || {
+        used("l1").await == Some(4 * 4096)
+    })
+    .await;
     assert_eq!(used("l2").await, Some(4 * (4096 + 56 + 19)));
 
     // A delete on the node is a delete event: usage drops by one file.
@@ -266,40 +248,31 @@ async fn node_registers_heartbeats_and_reports_usage() {
     )
     .await;
     assert_eq!(status, 200);
-    for _ in 0..300 {
-        seen = usage().await;
+    eventually("usage after the delete", STEP, async || {
+        let seen = usage().await;
         if (seen - want * 0.75).abs() < 1e-12 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("usage {seen} GiB, want {}", want * 0.75))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        (seen - want * 0.75).abs() < 1e-12,
-        "usage after delete {seen}"
-    );
-    for _ in 0..300 {
-        l1 = used("l1").await;
-        if l1 == Some(3 * 4096) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(l1, Some(3 * 4096), "the delete left L1 too");
+    })
+    .await;
+    eventually("the delete left L1 too", STEP, async || {
+        used("l1").await == Some(3 * 4096)
+    })
+    .await;
 
     // Forgotten by the coordinator (as after its restart): the next heartbeat gets 404 and
     // the node registers again.
     let (status, _) =
         crate::support::http::http(coord, "DELETE", "/instances/node-c", None, &[]).await;
     assert_eq!(status, 204);
-    let mut back = false;
-    for _ in 0..300 {
-        if instances().await.len() == 1 {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(back, "the node registered again after a heartbeat 404");
+    eventually(
+        "the node registered again after a heartbeat 404",
+        STEP,
+        async || instances().await.len() == 1,
+    )
+    .await;
     let metrics = scrape(&node).await;
     assert!(
         metrics.contains(
@@ -362,14 +335,11 @@ async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     let submit = serde_json::json!({
         "instance_id": "node-p", "model_name": "m", "world_size": 1, "token_ids": tokens,
     });
-    let (mut status, mut reply) = (0, serde_json::Value::Null);
-    for _ in 0..300 {
-        (status, reply) = post(submit.clone()).await;
-        if status != 404 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (status, reply) = eventually("the prefetch accepted (no 404)", STEP, async || {
+        let (status, reply) = post(submit.clone()).await;
+        (status != 404).then_some((status, reply))
+    })
+    .await;
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["status"], "submitted");
     assert_eq!(reply["chunks"], 3);
@@ -563,15 +533,15 @@ async fn quota_eviction_takes_the_least_recently_read_keys_first() {
         v["usage_gb"].as_f64().unwrap_or(-1.0)
     };
     let wait_usage = |files: f64| async move {
-        let mut seen = 0.0;
-        for _ in 0..500 {
-            seen = usage().await;
+        eventually("usage of the files", STEP, async || {
+            let seen = usage().await;
             if (seen - files * file / gib).abs() < 1e-12 {
-                return;
+                Ok(())
+            } else {
+                Err(format!("usage {seen} GiB, want {files} files"))
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("usage {seen} GiB, want {files} files");
+        })
+        .await;
     };
     let mut client = Client::connect(&node).await;
     // Stored oldest first: 0..6.
@@ -688,16 +658,11 @@ async fn salted_keys_are_prefetched_and_counted_under_their_salt() {
     assert!(node.in_l1(&salted), "the salted chunk was loaded");
     assert!(!node.in_l1(&plain), "the unsalted one is another tenant's");
     // Its L2 file counts under the salt's quota.
-    let mut usage = 0.0;
-    for _ in 0..300 {
+    eventually("tenant-a's usage counts the salted key", STEP, async || {
         let (_, v) = crate::support::http::http(coord, "GET", "/quota/tenant-a", None, &[]).await;
-        usage = v["usage_gb"].as_f64().unwrap_or(0.0);
-        if usage > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(usage > 0.0, "tenant-a's usage counts the salted key");
+        v["usage_gb"].as_f64().unwrap_or(0.0) > 0.0
+    })
+    .await;
     node.stop().await;
     crate::support::within("stop", server.stop()).await;
 }

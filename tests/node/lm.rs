@@ -2,6 +2,7 @@
 //! spill and promotion, restart recovery with torn files planted, concurrent clients, and
 //! every bad-input case (each answered, counted, and harmless to other clients).
 
+use crate::support::eventually;
 use crate::support::node::*;
 use kvplane::node::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
 use kvplane::node::config::{EvictionPolicy, PrefetchPolicy, StorePolicy};
@@ -504,15 +505,10 @@ async fn an_object_being_sent_is_pinned_and_never_evicted_mid_read() {
         .send_header(Command::Get, "big", 0, ObjectMeta::default())
         .await;
     let hit = r#"kvplane_node_requests_total{command="get",outcome="hit"}"#;
-    let mut started = false;
-    for _ in 0..500 {
-        if sample(&scrape(&node).await, hit) == 1.0 {
-            started = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(started, "the GET reached the node");
+    eventually("the GET reached the node", STEP, async || {
+        sample(&scrape(&node).await, hit) == 1.0
+    })
+    .await;
     // 38 MiB > 0.8 × 40 MiB: a cycle must free 7.6 MiB, and only the new object is evictable.
     let mut writer = Client::connect(&node).await;
     writer.put("small", &body(2, 8 * MIB)).await;

@@ -70,7 +70,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
-    eventually("L1 and L2 reported", STEP, || {
+    eventually("L1 and L2 reported", STEP, async || {
         held(&server, "node-a", CPU) == set(&[0xa1, 0xa2, 0xa3])
             && held(&server, "node-a", DISK) == set(&[0xa1, 0xa2, 0xa3])
     })
@@ -100,7 +100,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
-    eventually("L1 eviction reported", STEP, || {
+    eventually("L1 eviction reported", STEP, async || {
         let cpu = held(&server, "node-a", CPU);
         !cpu.contains(&0xa1)
             && cpu.contains(&0xa4)
@@ -121,7 +121,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     .await;
     assert_eq!(status, 200);
     node.flush_reports(STEP).await;
-    eventually("delete reported", STEP, || {
+    eventually("delete reported", STEP, async || {
         !held(&server, "node-a", CPU).contains(&0xa2)
             && held(&server, "node-a", DISK) == set(&[0xa1, 0xa3, 0xa4])
     })
@@ -132,7 +132,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     // Stopping deregisters: the controller forgets the node's keys.
     drop(client);
     node.stop().await;
-    eventually("deregistered", STEP, || {
+    eventually("deregistered", STEP, async || {
         held(&server, "node-a", DISK).is_empty()
     })
     .await;
@@ -141,7 +141,7 @@ async fn the_controller_sees_what_each_tier_holds() {
     // registration), and L1 starts empty.
     let node = reporting_node(&server, "node-a", &dir, 4000, |_| {}).await;
     assert_eq!(node.recovery.recovered, 3);
-    eventually("recovered L2 re-reported", STEP, || {
+    eventually("recovered L2 re-reported", STEP, async || {
         held(&server, "node-a", DISK) == set(&[0xa1, 0xa3, 0xa4])
             && held(&server, "node-a", CPU).is_empty()
     })
@@ -169,7 +169,7 @@ async fn reports_are_batched_under_load() {
     node.flush().await;
     node.flush_reports(STEP).await;
     let all: HashSet<u64> = (1..=n).collect();
-    eventually("every admit reported", STEP, || {
+    eventually("every admit reported", STEP, async || {
         held(&server, "node-b", CPU) == all && held(&server, "node-b", DISK) == all
     })
     .await;
@@ -266,7 +266,7 @@ async fn l2_evictions_are_reported() {
         !on_l2.is_empty() && on_l2.len() < 8,
         "L2 evicted some: {on_l2:?}"
     );
-    eventually("L2 evictions reported", STEP, || {
+    eventually("L2 evictions reported", STEP, async || {
         held(&server, "node-e", DISK) == on_l2
     })
     .await;
@@ -299,7 +299,7 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
     client.health().await;
     node.flush().await;
     node.flush_reports(STEP).await;
-    eventually("both tiers reported", STEP, || {
+    eventually("both tiers reported", STEP, async || {
         held(&server, "node-c", CPU) == set(&[0xc1, 0xc2, 0xc3])
             && held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
     })
@@ -310,7 +310,7 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["num_tokens"], 24, "{reply}");
     node.flush_reports(STEP).await;
-    eventually("L1 clear reported", STEP, || {
+    eventually("L1 clear reported", STEP, async || {
         held(&server, "node-c", CPU).is_empty()
             && held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
     })
@@ -331,7 +331,7 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
     node.stop().await;
     let node = reporting_node(&server, "node-c", &dir, 1 << 20, |_| {}).await;
     assert_eq!(node.recovery.recovered, 3);
-    eventually("recovered L2 re-reported", STEP, || {
+    eventually("recovered L2 re-reported", STEP, async || {
         held(&server, "node-c", DISK) == set(&[0xc1, 0xc2, 0xc3])
     })
     .await;
@@ -339,7 +339,7 @@ async fn the_controllers_clear_empties_one_tier_and_counts_its_tokens() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["num_tokens"], 24, "{reply}");
     node.flush_reports(STEP).await;
-    eventually("L2 clear reported", STEP, || {
+    eventually("L2 clear reported", STEP, async || {
         held(&server, "node-c", DISK).is_empty()
     })
     .await;

@@ -10,7 +10,8 @@
 //! these instructions, unless `KVPLANE_SKIP_TOKENIZERS=1` says on purpose that it is skipped.
 
 use crate::support::engine::Engine;
-use crate::support::{eventually, http, within};
+use crate::support::process::{Launch, Stream};
+use crate::support::{eventually, http, within, SLOW, STEP};
 use http_body_util::BodyExt;
 use kvplane::indexer::index::{LoraNs, QueryScope};
 use kvplane::router::tokenize::ModelTokenizer;
@@ -69,7 +70,7 @@ async fn until_indexed(
     eventually(
         "the engine's blocks reach the index",
         Duration::from_secs(10),
-        || {
+        async || {
             let rows = indexer.query_tokens(
                 &QueryScope {
                     tenant: "default",
@@ -218,11 +219,11 @@ async fn streams_pass_through_chunk_by_chunk() {
     assert_eq!(events[4], "data: [DONE]");
     assert!(events[3].contains("\"cached_tokens\":0"), "{seen}");
     // The usage chunk was accounted, and the reservation released at the end.
-    eventually("accounted", Duration::from_secs(5), || {
+    eventually("accounted", STEP, async || {
         r.state.accounting.lock().overall().requests == 1
     })
     .await;
-    eventually("released", Duration::from_secs(5), || {
+    eventually("released", STEP, async || {
         r.state.engines[0].load().in_flight == 0
     })
     .await;
@@ -251,11 +252,9 @@ async fn streams_pass_through_chunk_by_chunk() {
     );
     assert!(!text.contains("\"choices\":[]"), "{text}");
     assert_eq!(events[3], "data: [DONE]");
-    eventually(
-        "the second stream accounted",
-        Duration::from_secs(5),
-        || r.state.accounting.lock().overall().requests == 2,
-    )
+    eventually("the second stream accounted", STEP, async || {
+        r.state.accounting.lock().overall().requests == 2
+    })
     .await;
     let predicted = r.state.accounting.lock().overall();
     assert!(
@@ -449,8 +448,8 @@ async fn a_slow_engine_times_out_and_the_next_requests_go_elsewhere() {
     );
     eventually(
         "the timed-out request released its load",
-        Duration::from_secs(5),
-        || r.state.engines[0].load().in_flight == 0,
+        STEP,
+        async || r.state.engines[0].load().in_flight == 0,
     )
     .await;
     r.stop().await;
@@ -485,7 +484,7 @@ async fn a_stalled_stream_is_cut() {
         ),
         1.0
     );
-    eventually("released", Duration::from_secs(5), || {
+    eventually("released", STEP, async || {
         r.state.engines[0].load().in_flight == 0
     })
     .await;
@@ -584,8 +583,8 @@ async fn the_doctor_names_block_size_and_salt_mismatches() {
     r.stop().await;
 }
 
-#[test]
-fn tokenizer_matches_python_tokenizers_and_transformers() {
+#[tokio::test]
+async fn tokenizer_matches_python_tokenizers_and_transformers() {
     let Ok(python) = std::env::var("KVPLANE_TOKENIZERS_PYTHON") else {
         if std::env::var("KVPLANE_SKIP_TOKENIZERS").as_deref() == Ok("1") {
             eprintln!("skipped: KVPLANE_SKIP_TOKENIZERS=1");
@@ -617,17 +616,21 @@ fn tokenizer_matches_python_tokenizers_and_transformers() {
     ];
     let req = json!({"model_dir": model_dir(), "texts": texts, "chats": chats});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/router-tokenizers/encode.py");
-    let mut child = std::process::Command::new(&python)
+    let mut encode = Launch::new("encode.py", &python)
         .arg(&script)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python starts");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), req.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().expect("python runs");
-    assert!(out.status.success(), "encode.py failed");
-    let want: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        .stdin()
+        .spawn();
+    encode.write_line(&req.to_string()).await;
+    encode.close_stdin();
+    let status = encode.wait_exit(SLOW).await;
+    assert!(status.success(), "encode.py failed:\n{}", encode.log());
+    let out = eventually("encode.py's answer read", STEP, async || {
+        encode
+            .closed(Stream::Stdout)
+            .then(|| encode.text(Stream::Stdout))
+    })
+    .await;
+    let want: Value = serde_json::from_str(&out).expect("JSON");
     let tok = tokenizer();
     for (i, text) in texts.iter().enumerate() {
         let ids = tok.encode(text, true).unwrap();

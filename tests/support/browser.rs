@@ -2,12 +2,11 @@
 //! (`scripts/setup-browser.sh` installs both), and one bounded run of a `tests/browser/*.mjs`
 //! script whose last stdout line is a JSON report `{"ok": true, ...}`.
 
+use super::process::Launch;
 use serde_json::Value;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -46,38 +45,17 @@ pub fn ready() -> bool {
 /// Runs `tests/browser/<script>` with `args` under node, killed after `deadline`; panics with
 /// its output unless it exits 0 and its last JSON line says `"ok": true`. Returns that report.
 pub async fn run(script: &str, args: &[OsString], deadline: Duration) -> Value {
-    let mut child = tokio::process::Command::new("node")
+    let out = Launch::new(&format!("node {script} (Node 20 needed)"), "node")
         .arg(repo().join("tests/browser").join(script))
         .args(args)
         .current_dir(repo().join("tests/browser"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node starts (Node 20 needed)");
-    let mut stdout = child.stdout.take().expect("stdout piped");
-    let mut stderr = child.stderr.take().expect("stderr piped");
-    let (mut out, mut err) = (String::new(), String::new());
-    let run = async {
-        let (a, b, status) = tokio::join!(
-            stdout.read_to_string(&mut out),
-            stderr.read_to_string(&mut err),
-            child.wait()
-        );
-        let _ = (a, b);
-        status
-    };
-    let status = match tokio::time::timeout(deadline, run).await {
-        Ok(status) => status.expect("node ran"),
-        Err(_) => panic!("{script} did not finish within {deadline:?}"),
-    };
-    println!("{out}");
-    eprintln!("{err}");
-    assert!(
-        status.success(),
-        "{script} failed ({status}):\n{out}\n{err}"
-    );
+        .run(deadline)
+        .await;
+    println!("{}", out.stdout);
+    eprintln!("{}", out.stderr);
+    out.assert_success(script);
     let report: Value = out
+        .stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())

@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use kvplane::protocol::{decode, encode, Msg};
 use kvplane::transport::RepServer;
 use serde_json::Value;
+use std::future::Future;
 use std::net::SocketAddr;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -38,6 +39,16 @@ impl FakeWorker {
     /// Starts a worker that answers each command with `answer(command)`, or stays silent when
     /// it returns `None`.
     pub async fn start(answer: impl Fn(&Msg) -> Option<Msg> + Send + 'static) -> Self {
+        Self::start_async(move |msg| std::future::ready(answer(&msg))).await
+    }
+
+    /// [`FakeWorker::start`] with an answer that may wait (on a barrier, a gate) before it is
+    /// sent; the command is recorded as it arrives.
+    pub async fn start_async<F, Fut>(answer: F) -> Self
+    where
+        F: Fn(Msg) -> Fut + Send + 'static,
+        Fut: Future<Output = Option<Msg>> + Send,
+    {
         let (mut rep, addr) = within("bind rep", RepServer::bind("127.0.0.1:0"))
             .await
             .expect("rep binds");
@@ -45,9 +56,8 @@ impl FakeWorker {
         let task = tokio::spawn(async move {
             while let Ok(bytes) = rep.recv().await {
                 let Ok(msg) = decode(&bytes) else { continue };
-                let reply = answer(&msg);
-                let _ = tx.send(msg);
-                if let Some(reply) = reply {
+                let _ = tx.send(msg.clone());
+                if let Some(reply) = answer(msg).await {
                     let _ = rep.reply(Bytes::from(encode(&reply))).await;
                 }
             }
@@ -185,6 +195,25 @@ fn dechunk(mut s: &str) -> String {
         s = rest[n..].trim_start_matches("\r\n");
     }
     out
+}
+
+/// Polls `GET path` on `addr` until a 200 answer's JSON satisfies `cond` (connection errors
+/// count as not yet), for at most `limit`; that answer.
+pub async fn until_json(
+    addr: SocketAddr,
+    path: &str,
+    what: &str,
+    limit: std::time::Duration,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
+    super::eventually(what, limit, async || {
+        match try_http(addr, "GET", path, None, &[]).await {
+            Ok((200, v)) if cond(&v) => Ok(v),
+            Ok((status, v)) => Err(format!("{status} {v}")),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await
 }
 
 /// Sends `request` as raw bytes on a fresh connection and reads until the server closes it.

@@ -3,7 +3,7 @@
 //! poll of a service's `http_limits_hit_total{limit}` counter.
 
 use super::http::raw_exchange;
-use super::{sample, within};
+use super::{eventually, sample, within, STEP};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -38,22 +38,23 @@ pub fn hits(text: &str, prefix: &str, limit: &str) -> f64 {
     )
 }
 
-/// Scrapes (at most 100 times, 20 ms apart) until `limit` was hit `n` times; the last scrape.
+/// Scrapes until `limit` was hit `n` times (bounded by [`STEP`]); that scrape.
 pub async fn until_hits<F: Future<Output = String>>(
     mut scrape: impl FnMut() -> F,
     prefix: &str,
     limit: &str,
     n: f64,
 ) -> String {
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = scrape().await;
+    let what = format!("{n} hits of {limit}");
+    eventually(&what, STEP, async || {
+        let text = scrape().await;
         if hits(&text, prefix, limit) >= n {
-            break;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    text
+    })
+    .await
 }
 
 /// A request whose body stalls gets 408 naming `--http-read-timeout`; one whose headers never

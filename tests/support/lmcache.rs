@@ -1,12 +1,12 @@
 //! Drives a real LMCache 0.5.6 `LMCacheWorker` (tests/interop/lmcache_worker.py) from Rust:
-//! JSON commands on its stdin, JSON events from its stdout. Loopback only.
+//! JSON commands on its stdin, JSON events from its stdout, through the one launcher
+//! ([`Launch`]). Loopback only.
 
+use super::eventually;
+use super::process::{Launch, Process, Stream};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use std::time::Duration;
 
 /// The interpreter of the project's venv (scripts/setup-python.sh), or `$KVPLANE_PYTHON`.
 pub fn python() -> PathBuf {
@@ -25,9 +25,9 @@ pub fn python() -> PathBuf {
 /// One real LMCache worker process.
 pub struct LmcacheWorker {
     pub name: String,
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
+    process: Process,
+    /// Stdout lines read so far (events are the JSON ones).
+    read: usize,
     /// Every event seen so far, in order.
     pub events: Vec<Value>,
 }
@@ -37,40 +37,21 @@ impl LmcacheWorker {
     pub async fn start(name: &str, args: &[String]) -> Self {
         let script =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop/lmcache_worker.py");
-        let mut child = Command::new(python())
-            .arg(script)
+        let process = Launch::python(&format!("LMCache worker {name}"), python(), script)
             .args(args)
-            .env("LMCACHE_TRACK_USAGE", "false")
-            .env("DO_NOT_TRACK", "1")
-            .env("PYTHONUNBUFFERED", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python starts");
-        let stdin = child.stdin.take().expect("stdin");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+            .stdin()
+            .spawn();
         LmcacheWorker {
             name: name.to_owned(),
-            child,
-            stdin,
-            lines,
+            process,
+            read: 0,
             events: Vec::new(),
         }
     }
 
     /// Sends one command.
     pub async fn send(&mut self, cmd: Value) {
-        let mut line = cmd.to_string();
-        line.push('\n');
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            self.stdin.write_all(line.as_bytes()),
-        )
-        .await
-        .expect("stdin write in time")
-        .expect("stdin write");
+        self.process.write_line(&cmd.to_string()).await;
     }
 
     /// Waits for the first event (already seen or new) matching `pred`.
@@ -93,32 +74,38 @@ impl LmcacheWorker {
         limit: Duration,
         pred: impl Fn(&Value) -> bool,
     ) -> Value {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = tokio::time::timeout(left, self.lines.next_line())
-                .await
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "{}: no {what} within {limit:?}; events: {:?}",
-                        self.name, self.events
-                    )
-                })
-                .expect("stdout read")
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{}: exited while waiting for {what}; events: {:?}",
-                        self.name, self.events
-                    )
-                });
-            let Ok(event) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            self.events.push(event.clone());
-            if pred(&event) {
-                return event;
+        let label = format!("{}: {what}", self.name);
+        eventually(&label, limit, async || {
+            let lines = self.process.lines_from(Stream::Stdout, self.read);
+            self.read += lines.len();
+            let mut matched = None;
+            for line in lines {
+                let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if matched.is_none() && pred(&event) {
+                    matched = Some(event.clone());
+                }
+                self.events.push(event);
             }
-        }
+            if matched.is_some() {
+                return Ok(matched);
+            }
+            if self.process.closed(Stream::Stdout) {
+                // Exited: no event will come.
+                return Ok(None);
+            }
+            Err(format!("events: {:?}", self.events))
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: exited while waiting for {what}; events: {:?}\n{}",
+                self.name,
+                self.events,
+                self.process.tail(40)
+            )
+        })
     }
 
     /// Sends a command with an id and waits for its reply event.
@@ -132,16 +119,13 @@ impl LmcacheWorker {
 
     /// Waits (at most `limit`) for the process to exit, e.g. after `{"cmd": "crash"}`.
     pub async fn wait_exit(&mut self, limit: Duration) {
-        tokio::time::timeout(limit, self.child.wait())
-            .await
-            .unwrap_or_else(|_| panic!("{}: still running after {limit:?}", self.name))
-            .expect("wait for the worker process");
+        self.process.wait_exit(limit).await;
     }
 
-    /// Deregisters and waits for the process to exit.
+    /// Deregisters and waits (at most 15 s) for the process to exit; killed otherwise.
     pub async fn close(mut self) {
         self.send(json!({"cmd": "close"})).await;
-        let _ = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
+        let _ = self.process.exit_within(Duration::from_secs(15)).await;
     }
 }
 

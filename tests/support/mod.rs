@@ -17,11 +17,14 @@ pub mod lmcache;
 pub mod mp_fleet;
 pub mod nats;
 pub mod node;
+pub mod process;
 pub mod vllm_pub;
+pub mod wait;
 pub mod zmtp;
 
 #[allow(unused_imports)] // not every test binary uses them
 pub use http::*;
+pub use wait::*;
 
 use bytes::Bytes;
 use kvplane::config::ServeConfig;
@@ -31,32 +34,9 @@ use kvplane::transport::{DealerClient, PushSender, RepServer};
 use kvplane::worker::{Backoff, FullSyncConfig, WorkerConfig};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashSet};
-use std::future::Future;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-/// Bound on any single await in a test.
-pub const STEP: Duration = Duration::from_secs(10);
-
-/// Awaits `f`, failing the test after [`STEP`].
-pub async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(STEP, f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
-}
-
-/// Polls `cond` every 10 ms until it holds, failing after `limit`.
-pub async fn eventually(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < limit,
-            "condition not reached within {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use std::time::Duration;
 
 /// Starts a server with `tweak` applied to the ephemeral test configuration.
 pub async fn server_with(tweak: impl FnOnce(&mut ServeConfig)) -> Server {
@@ -198,37 +178,26 @@ pub async fn ask(dealer: &mut DealerClient, msg: &Msg) -> Msg {
 /// Binds a REP socket on a fixed port, retrying for a bounded time: the zeromq crate
 /// releases a dropped socket's port asynchronously.
 pub async fn rebind_rep(port: u16) -> RepServer {
-    let start = Instant::now();
-    loop {
-        match RepServer::bind(&format!("127.0.0.1:{port}")).await {
-            Ok((rep, _)) => return rep,
-            Err(e) if start.elapsed() < STEP => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("port {port} not free after {STEP:?}: {e}"),
-        }
-    }
+    let what = format!("port {port} free to bind again");
+    eventually(&what, STEP, async || {
+        RepServer::bind(&format!("127.0.0.1:{port}"))
+            .await
+            .map(|(rep, _)| rep)
+    })
+    .await
 }
 
 /// Starts a server on the ZMQ ports of a stopped one (a restart), retrying for a bounded time
 /// while the old sockets release their ports.
 pub async fn restart_on(addrs: kvplane::controller::BoundAddrs) -> Server {
-    let start = Instant::now();
-    loop {
+    eventually("a restart on the same ports", STEP, async || {
         let mut config = ServeConfig::ephemeral();
         config.monitor_ports.pull = addrs.pull.map(|a| a.port());
         config.monitor_ports.reply = addrs.reply.map(|a| a.port());
         config.monitor_ports.heartbeat = addrs.heartbeat.map(|a| a.port());
-        match within("server restart", kvplane::controller::start(config)).await {
-            Ok(server) => return server,
-            Err(e) if start.elapsed() < STEP => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("restart on the same ports failed for {STEP:?}: {e}"),
-        }
-    }
+        kvplane::controller::start(config).await
+    })
+    .await
 }
 
 /// The text of a golden-vector file of `tests/conformance/lmcache-0.5.6/` (in the repository;
@@ -354,6 +323,56 @@ pub fn free_port() -> u16 {
         if given.insert(port) {
             return port;
         }
+    }
+}
+
+/// Whether the peer of `s` has not hung up: reads (and drops) whatever it sent so far, and
+/// answers `true` while the connection is open with nothing more to read.
+pub fn still_connected(s: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    loop {
+        match s.try_read(&mut buf) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// Fixed loopback ports for one `kvplane serve` child, chosen free beforehand ([`free_port`])
+/// so that it can restart on them, or a standby can take them over.
+#[derive(Clone, Copy, Debug)]
+pub struct ServePorts {
+    pub http: u16,
+    pub pull: u16,
+    pub reply: u16,
+    pub heartbeat: u16,
+}
+
+impl ServePorts {
+    pub fn free() -> Self {
+        ServePorts {
+            http: free_port(),
+            pull: free_port(),
+            reply: free_port(),
+            heartbeat: free_port(),
+        }
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        loopback(self.http)
+    }
+
+    /// The environment that puts `kvplane serve` on these ports.
+    pub fn env(&self) -> [(&'static str, String); 3] {
+        let monitor = serde_json::json!({
+            "pull": self.pull, "reply": self.reply, "heartbeat": self.heartbeat
+        });
+        [
+            ("KVPLANE_HOST", "127.0.0.1".to_owned()),
+            ("KVPLANE_PORT", self.http.to_string()),
+            ("KVPLANE_MONITOR_PORTS", monitor.to_string()),
+        ]
     }
 }
 

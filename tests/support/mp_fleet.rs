@@ -1,19 +1,19 @@
 //! A real LMCache 0.5.6 multi-process fleet on 127.0.0.1 for tests/interop/coordinator_fleet.rs: the
 //! `kvplane coordinator` binary, `lmcache server` MP servers each with its own `fs` L2
 //! directory, and LMCache's own `lmcache bench server --mode cpu` to store real KV through
-//! them. Processes are stopped on drop (MP servers by SIGTERM first, so they deregister), every
-//! wait is bounded, and each port is fresh.
+//! them. Processes start through the one launcher ([`Launch`]) and are stopped on drop (by
+//! SIGTERM first, so MP servers deregister), every wait is bounded, and each port is fresh.
 //!
 //! The venv is `$KVPLANE_MP_FLEET_VENV` (`scripts/setup-mp-fleet.sh` prints it; `scripts/test.sh`
 //! exports it), else `<repo>/.venv-mp` when built. Without one the tests FAIL under CI
 //! (`CI=true`) and are skipped with a loud message elsewhere.
 
 use super::free_port;
+use super::process::{Launch, Process};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Chunk size of the whole fleet (tokens per key): 256-token requests give 16 keys each.
 pub const CHUNK: usize = 16;
@@ -43,82 +43,23 @@ pub fn venv() -> Option<PathBuf> {
     None
 }
 
-/// A child process killed on drop, its output in `log`.
-pub struct Proc {
-    pub name: String,
-    child: Option<Child>,
-    pub log: PathBuf,
-}
+/// A process of the fleet: SIGTERM on drop (MP servers deregister), SIGKILL after the grace.
+pub type Proc = Process;
 
-impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
-        let out = std::fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("log file");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name} starts: {e}"));
-        Proc {
-            name: name.to_owned(),
-            child: Some(child),
-            log,
-        }
-    }
-
-    /// SIGTERM, then SIGKILL when it has not exited within `grace`.
-    pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-
-    /// SIGKILL at once (a crash).
-    pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// The last `n` lines of its log.
-    pub fn tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop(Duration::from_secs(10));
-    }
-}
-
-fn lmcache_env(cmd: &mut Command) {
-    cmd.env("LMCACHE_TRACK_USAGE", "false")
+/// LMCache's environment for its processes: no usage tracking, no banner, unbuffered.
+fn lmcache(name: &str, venv: &Path) -> Launch {
+    Launch::new(name, venv.join("bin/lmcache"))
+        .env("LMCACHE_TRACK_USAGE", "false")
         .env("DO_NOT_TRACK", "1")
         .env("LMCACHE_DISABLE_BANNER", "1")
-        .env("PYTHONUNBUFFERED", "1");
+        .env("PYTHONUNBUFFERED", "1")
 }
 
-/// A `kvplane coordinator` process with short loops.
-pub fn coordinator(dir: &Path, port: u16, extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvplane"));
-    cmd.args(["coordinator", "--host", "127.0.0.1", "--port"])
+/// A `kvplane coordinator` process with short loops on `port` (fixed: the MP servers are
+/// told it, and a restart comes back on it), once it listens.
+pub async fn coordinator(port: u16, extra: &[&str]) -> Proc {
+    let c = Launch::kvplane("coordinator")
+        .args(["--host", "127.0.0.1", "--port"])
         .arg(port.to_string())
         .args([
             "--eviction-check-interval",
@@ -133,12 +74,10 @@ pub fn coordinator(dir: &Path, port: u16, extra: &[&str]) -> Proc {
         ])
         .arg(CHUNK.to_string())
         .args(extra)
-        .env("RUST_LOG", "info");
-    Proc::spawn(
-        "coordinator",
-        cmd,
-        dir.join(format!("coordinator-{port}.log")),
-    )
+        .stop_on_drop(Duration::from_secs(10))
+        .spawn();
+    c.wait_for_line("MP coordinator listening on").await;
+    c
 }
 
 /// One `lmcache server` MP server and where its L2 lives.
@@ -156,7 +95,6 @@ impl MpServer {
     /// reporting events to the coordinator on `coordinator_port`.
     pub fn start(
         venv: &Path,
-        dir: &Path,
         id: &str,
         l2: &Path,
         shared: bool,
@@ -165,50 +103,50 @@ impl MpServer {
         std::fs::create_dir_all(l2).expect("L2 dir");
         let (rpc_port, http_port) = (free_port(), free_port());
         let adapter = serde_json::json!({"type": "fs", "base_path": l2, "shared": shared});
-        let mut cmd = Command::new(venv.join("bin/lmcache"));
-        cmd.args([
-            "server",
-            "--instance-id",
-            id,
-            "--host",
-            "127.0.0.1",
-            "--port",
-        ])
-        .arg(rpc_port.to_string())
-        .args(["--chunk-size", &CHUNK.to_string()])
-        .args([
-            "--l1-size-gb",
-            "0.25",
-            "--no-l1-use-lazy",
-            "--eviction-policy",
-            "LRU",
-        ])
-        .args(["--supported-transfer-mode", "auto", "--l2-adapter"])
-        .arg(adapter.to_string())
-        .args(["--http-host", "127.0.0.1", "--http-port"])
-        .arg(http_port.to_string())
-        .arg("--coordinator-url")
-        .arg(format!("http://127.0.0.1:{coordinator_port}"))
-        .args(["--coordinator-advertise-ip", "127.0.0.1"])
-        .args(["--coordinator-heartbeat-interval", "2"])
-        .args(["--coordinator-event-reporting"])
-        .args(["--coordinator-event-flush-interval", "0.5"]);
-        lmcache_env(&mut cmd);
-        let log = dir.join(format!("{id}-{http_port}.log"));
+        let proc = lmcache(&format!("MP server {id}"), venv)
+            .args([
+                "server",
+                "--instance-id",
+                id,
+                "--host",
+                "127.0.0.1",
+                "--port",
+            ])
+            .arg(rpc_port.to_string())
+            .args(["--chunk-size", &CHUNK.to_string()])
+            .args([
+                "--l1-size-gb",
+                "0.25",
+                "--no-l1-use-lazy",
+                "--eviction-policy",
+                "LRU",
+            ])
+            .args(["--supported-transfer-mode", "auto", "--l2-adapter"])
+            .arg(adapter.to_string())
+            .args(["--http-host", "127.0.0.1", "--http-port"])
+            .arg(http_port.to_string())
+            .arg("--coordinator-url")
+            .arg(format!("http://127.0.0.1:{coordinator_port}"))
+            .args(["--coordinator-advertise-ip", "127.0.0.1"])
+            .args(["--coordinator-heartbeat-interval", "2"])
+            .args(["--coordinator-event-reporting"])
+            .args(["--coordinator-event-flush-interval", "0.5"])
+            .stop_on_drop(Duration::from_secs(15))
+            .spawn();
         MpServer {
             id: id.to_owned(),
             rpc_port,
             http_port,
             l2: l2.to_owned(),
-            proc: Proc::spawn(id, cmd, log),
+            proc,
         }
     }
 
     /// Stores `requests` × 256 tokens (16 keys each) through LMCache's own bench client,
     /// sequences `start..start + requests` (distinct starts give distinct keys).
-    pub async fn drive(&self, venv: &Path, dir: &Path, start: usize, requests: usize) {
-        let mut cmd = tokio::process::Command::new(venv.join("bin/lmcache"));
-        cmd.args(["bench", "server", "--rpc-url"])
+    pub async fn drive(&self, venv: &Path, start: usize, requests: usize) {
+        let out = lmcache(&format!("lmcache bench on {}", self.id), venv)
+            .args(["bench", "server", "--rpc-url"])
             .arg(format!("tcp://127.0.0.1:{}", self.rpc_port))
             .args(["--mode", "cpu", "--transfer-mode", "lmcache_driven"])
             .args(["--kvcache-shape-spec", "(2,64,16,2,64):float16:2"])
@@ -218,24 +156,9 @@ impl MpServer {
             .arg((start + requests).to_string())
             .args(["--interval", "0.05", "--url"])
             .arg(format!("http://127.0.0.1:{}", self.http_port))
-            .env("LMCACHE_TRACK_USAGE", "false")
-            .env("DO_NOT_TRACK", "1")
-            .env("LMCACHE_DISABLE_BANNER", "1")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        let log = dir.join(format!("bench-{}-{start}.log", self.id));
-        let out = std::fs::File::create(&log).expect("log");
-        cmd.stdout(out.try_clone().expect("log")).stderr(out);
-        let status = tokio::time::timeout(Duration::from_secs(240), cmd.status())
-            .await
-            .unwrap_or_else(|_| panic!("lmcache bench on {} within 240 s", self.id))
-            .expect("lmcache bench runs");
-        assert!(
-            status.success(),
-            "lmcache bench on {}: {status}\n{}",
-            self.id,
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+            .run(Duration::from_secs(240))
+            .await;
+        out.assert_success(&format!("lmcache bench on {}", self.id));
     }
 
     /// Bytes of the `.data` files in its L2 directory.
@@ -280,26 +203,6 @@ pub async fn get(addr: SocketAddr, path: &str) -> Option<Value> {
     match super::try_http(addr, "GET", path, None, &[]).await {
         Ok((200, v)) => Some(v),
         _ => None,
-    }
-}
-
-/// Polls `check` every 500 ms until it returns `Some`, failing after `limit` with `what` and
-/// the last value `show` gave.
-pub async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "timed out after {limit:?}: {what}; last: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

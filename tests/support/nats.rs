@@ -1,15 +1,16 @@
-//! A real `nats-server` with JetStream on 127.0.0.1 for the cluster tests: an ephemeral port,
-//! its store in a fresh temporary directory, killed when dropped.
+//! A real `nats-server` with JetStream on 127.0.0.1 for the cluster tests: a port it picks and
+//! logs, its store in a fresh temporary directory, killed when dropped; and the `kvplane
+//! --cluster` members on it, started with [`Launch`].
 //!
 //! The binary is `$KVPLANE_NATS_SERVER`, else `nats-server` on the PATH or in /usr/sbin
 //! (`scripts/setup-nats.sh` installs Debian's package; `scripts/test.sh` runs it). Without
 //! one the tests FAIL with these instructions, unless `KVPLANE_SKIP_NATS=1` says on purpose
 //! that they are skipped.
 
-use super::{free_port, within};
+use super::process::{Launch, Process};
+use super::{eventually, STEP};
 use std::path::PathBuf;
-use std::process::Stdio;
-use tokio::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A running `nats-server -js`.
 pub struct Nats {
@@ -17,7 +18,7 @@ pub struct Nats {
     pub url: String,
     port: u16,
     store: PathBuf,
-    child: Option<Child>,
+    server: Option<Process>,
 }
 
 fn binary() -> Option<PathBuf> {
@@ -31,8 +32,12 @@ fn binary() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// What nats-server logs once it accepts clients, before the bound address.
+const LISTENING: &str = "Listening for client connections on ";
+
 impl Nats {
-    /// Starts a server, or `None` when `KVPLANE_SKIP_NATS=1` and there is none.
+    /// Starts a server on a port of its choosing, or `None` when `KVPLANE_SKIP_NATS=1` and
+    /// there is none.
     pub async fn start() -> Option<Nats> {
         let Some(bin) = binary() else {
             if std::env::var("KVPLANE_SKIP_NATS").as_deref() == Ok("1") {
@@ -45,39 +50,36 @@ impl Nats {
                  purpose"
             );
         };
-        let port = free_port();
-        let store =
-            std::env::temp_dir().join(format!("kvplane-nats-{}-{port}", std::process::id()));
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let store = std::env::temp_dir().join(format!(
+            "kvplane-nats-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&store);
         std::fs::create_dir_all(&store).expect("nats store dir");
         let mut nats = Nats {
-            url: format!("nats://127.0.0.1:{port}"),
-            port,
+            url: String::new(),
+            port: 0,
             store,
-            child: None,
+            server: None,
         };
-        nats.spawn(&bin).await;
+        // -p -1: a random free port, read back from its listening line.
+        nats.spawn(&bin, "-1").await;
         Some(nats)
     }
 
-    async fn spawn(&mut self, bin: &PathBuf) {
-        let child = Command::new(bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+    async fn spawn(&mut self, bin: &PathBuf, port: &str) {
+        let server = Launch::new("nats-server", bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", port])
             .arg("-sd")
             .arg(&self.store)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("nats-server starts");
-        self.child = Some(child);
-        let addr = format!("127.0.0.1:{}", self.port);
-        within("nats-server listens", async {
-            while tokio::net::TcpStream::connect(&addr).await.is_err() {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+            .spawn();
+        let line = server.listening(LISTENING).await;
+        self.port = line.addr_after(LISTENING).port();
+        self.url = format!("nats://127.0.0.1:{}", self.port);
+        server.wait_for_line("Server is ready").await;
+        self.server = Some(server);
     }
 
     /// An indexer of cluster `name` on this server: the ingester, or a `--replica`.
@@ -94,9 +96,8 @@ impl Nats {
 
     /// Kills the server (SIGKILL) and waits for it.
     pub async fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.start_kill();
-            let _ = within("nats-server exits", c.wait()).await;
+        if let Some(mut server) = self.server.take() {
+            server.kill().await;
         }
     }
 
@@ -104,26 +105,32 @@ impl Nats {
     pub async fn restart(&mut self) {
         self.kill().await;
         let bin = binary().expect("nats-server");
-        self.spawn(&bin).await;
+        let port = self.port.to_string();
+        // The old socket may linger for a moment: retry the bind (bounded).
+        eventually("nats-server restarts on its port", STEP, async || {
+            let server = Launch::new("nats-server", &bin)
+                .args(["-js", "-a", "127.0.0.1", "-p", &port])
+                .arg("-sd")
+                .arg(&self.store)
+                .spawn();
+            let ready = server.try_wait_for_line("Server is ready", STEP).await;
+            ready.map(|_| self.server = Some(server))
+        })
+        .await;
     }
 }
 
 impl Drop for Nats {
     fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.start_kill();
-        }
+        // The process is SIGKILLed by its own drop.
+        self.server = None;
         let _ = std::fs::remove_dir_all(&self.store);
     }
 }
 
-/// One `kvplane <subcommand> --cluster` process of a cluster on a [`Nats`] (lease TTL 1 s), its
-/// stderr in a temp file; SIGKILLed when dropped.
-pub struct Member {
-    /// The process (tests kill or stop it).
-    pub child: Child,
-    log: PathBuf,
-}
+/// One `kvplane <subcommand> --cluster` process of a cluster on a [`Nats`] (lease TTL 1 s): a
+/// [`Process`], SIGKILLed when dropped.
+pub type Member = Process;
 
 impl Nats {
     /// Starts `kvplane <subcommand>` in `cluster`, with `env` on top of the cluster settings.
@@ -134,52 +141,12 @@ impl Nats {
         name: &str,
         env: &[(&str, &str)],
     ) -> Member {
-        let log = std::env::temp_dir().join(format!(
-            "kvplane-{subcommand}-{cluster}-{}-{name}.log",
-            std::process::id()
-        ));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-            .arg(subcommand)
+        Launch::kvplane(subcommand)
+            .named(&format!("kvplane {subcommand} {name} of cluster {cluster}"))
             .env("KVPLANE_CLUSTER", &self.url)
             .env("KVPLANE_CLUSTER_NAME", cluster)
             .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
-            .env("RUST_LOG", "info")
-            .env("RUST_BACKTRACE", "0")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(file)
-            .kill_on_drop(true)
+            .envs(env)
             .spawn()
-            .expect("kvplane starts");
-        Member { child, log }
-    }
-}
-
-impl Member {
-    /// Everything the process logged so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits (at most 30 s) until the log contains `what`.
-    pub async fn wait_log(&self, what: &str) {
-        let limit = std::time::Duration::from_secs(30);
-        let start = std::time::Instant::now();
-        while !self.log().contains(what) {
-            assert!(
-                start.elapsed() < limit,
-                "no {what:?} in the log within {limit:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_file(&self.log);
     }
 }

@@ -43,6 +43,12 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
         "20",
         "--heartbeat-seconds",
         "1",
+        "--scenarios",
+        "ingest,lookup,sync,heartbeat,churn",
+        "--churn-cycles",
+        "300",
+        "--churn-lanes",
+        "4",
         "--timeout",
         "30",
         "--pid",
@@ -65,10 +71,12 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
     assert_eq!((sync.keys, sync.batches), (4500, 3));
     let hb = report.heartbeat.as_ref().expect("heartbeat ran");
     assert_eq!(hb.latency.count, 20);
+    let churn = report.churn.as_ref().expect("churn ran");
+    assert_eq!((churn.cycles, churn.lanes), (300, 4));
     assert!(report.rss.start.is_some() && report.rss.end.is_some());
     assert!(report.summary().contains("ops/s applied"));
     // Everything was deregistered afterwards.
-    eventually("bench workers deregistered", STEP, || {
+    eventually("bench workers deregistered", STEP, async || {
         server.shared.index().worker_count() == 0
     })
     .await;

@@ -1,167 +1,63 @@
 //! The `kvplane serve` binary: flags from `KVPLANE_*` environment variables, port 0 on every
-//! socket, bound addresses logged, clean exit on SIGTERM.
+//! socket, bound addresses logged, clean exit on SIGTERM; a bad flag named; a large body of
+//! bad tokens answered small. (Its peak memory for that body is a ceiling of
+//! `scripts/soak.sh`.)
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use crate::support::process::{Launch, Process};
+use crate::support::{http, STEP};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::time::Duration;
 
-#[test]
-fn serve_reads_env_flags_logs_addresses_and_stops_on_sigterm() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .arg("serve")
+#[tokio::test]
+async fn serve_reads_env_flags_logs_addresses_and_stops_on_sigterm() {
+    let mut kv = Launch::kvplane("serve")
         .env("KVPLANE_HOST", "127.0.0.1")
         .env("KVPLANE_PORT", "0")
         .env(
             "KVPLANE_MONITOR_PORTS",
             r#"{"pull": 0, "reply": 0, "heartbeat": 0}"#,
         )
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kvplane starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let line = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("the listening line is logged within 20 s");
-        if line.contains("kvplane controller listening") {
-            break line;
-        }
-    };
-    let field = |name: &str| -> String {
-        let start = line
-            .find(&format!("{name}="))
-            .unwrap_or_else(|| panic!("{name} in {line}"));
-        line[start + name.len() + 1..]
-            .split_whitespace()
-            .next()
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let http = field("http");
-    assert!(
-        http.starts_with("127.0.0.1:") && !http.ends_with(":0"),
-        "{line}"
-    );
-    for socket in ["pull", "reply", "heartbeat"] {
-        let v = field(socket);
+        .spawn();
+    let line = kv.listening("kvplane controller listening").await;
+    for socket in ["http", "pull", "reply", "heartbeat"] {
+        let addr = line.addr(socket);
         assert!(
-            v.starts_with("Some(127.0.0.1:") && !v.contains(":0)"),
-            "{socket}: {line}"
+            addr.ip().is_loopback() && addr.port() != 0,
+            "{socket}: {line:?}"
         );
     }
-
-    let addr = http.parse().expect("HTTP address");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (status, body) = runtime.block_on(crate::support::http(addr, "GET", "/healthz", None, &[]));
+    let (status, body) = http(line.addr("http"), "GET", "/healthz", None, &[]).await;
     assert_eq!(
         (status, &body["status"]),
         (200, &serde_json::json!("ok")),
         "{body}"
     );
-
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(exit) = child.try_wait().expect("wait") {
-            break exit;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("kvplane did not exit within 10 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(exit.success(), "exit status {exit:?}");
+    kv.stop().await;
 }
 
-#[test]
-fn bad_flags_fail_with_a_message_naming_the_flag() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvplane"))
-        .args(["serve", "--monitor-ports", "not json"])
-        .output()
-        .expect("runs");
+#[tokio::test]
+async fn bad_flags_fail_with_a_message_naming_the_flag() {
+    let out = Launch::kvplane("serve")
+        .args(["--monitor-ports", "not json"])
+        .run(STEP)
+        .await;
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--monitor-ports"), "{err}");
+    assert!(out.stderr.contains("--monitor-ports"), "{}", out.stderr);
 }
 
-/// A `kvplane serve` child on ephemeral ports with `args`, and its HTTP address; killed on
-/// drop.
-struct Child {
-    child: std::process::Child,
-    http: String,
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_serve(args: &[&str]) -> Child {
-    // KVPLANE_TEST_BIN: a copy of the binary, for a target directory other builds write to.
-    let bin = std::env::var_os("KVPLANE_TEST_BIN")
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_kvplane").into());
-    let mut child = Command::new(bin)
-        .arg("serve")
+/// A `kvplane serve` child on ephemeral ports with `args`, and its HTTP address.
+async fn spawn_serve(args: &[&str]) -> (Process, SocketAddr) {
+    let kv = Launch::kvplane("serve")
         .args(["--host", "127.0.0.1", "--port", "0"])
         .args(["--monitor-ports", r#"{"pull": 0, "reply": 0}"#])
         .args(args)
-        .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kvplane starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        // Drain stderr until the child exits: a closed pipe would fail its log writes.
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut child = Child {
-        child,
-        http: String::new(),
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let line = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("the listening line is logged within 20 s");
-        if line.contains("kvplane controller listening") {
-            break line;
-        }
-    };
-    let start = line.find("http=").expect("http address logged") + 5;
-    child.http = line[start..]
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    child
+        .spawn();
+    let http = kv
+        .listening("kvplane controller listening")
+        .await
+        .addr("http");
+    (kv, http)
 }
 
 /// Reads one response head (up to the blank line), byte by byte.
@@ -219,59 +115,44 @@ fn post(http: &str, path: &str, body: &[u8]) -> (String, usize) {
     (status, answer.len() + payload.len())
 }
 
-/// Peak resident memory of a process, in bytes (`VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM");
-    kb * 1024
-}
-
 /// Defect 1 of issue 9: a 5 MB `/lookup` of invalid tokens made a 103 MB answer and took
 /// 1.6 GB. Now it is a 413 before any parsing, whether the byte limit (the default) or the
 /// value limit (`--max-body-bytes` raised) refuses it; and the largest body of bad tokens the
 /// value limit lets through is parsed and answered with the first errors and a count. Every
-/// answer is small and the peak memory stays far below what one request used to take.
-#[test]
-fn a_5_mb_body_of_bad_tokens_gets_a_small_answer_in_bounded_memory() {
-    const CEILING: u64 = 200 << 20;
+/// answer is small. The peak memory this takes is held under a ceiling by `scripts/soak.sh`
+/// (resident memory depends on the build and the machine: a soak measure, not a test's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5_mb_body_of_bad_tokens_gets_a_small_answer() {
     let bad_tokens = |n: usize| format!(r#"{{"tokens":[{}]}}"#, vec!["\"a\""; n].join(","));
     let body = bad_tokens(1_250_000);
     assert!(body.len() >= 5_000_000);
+    // The exchanges are blocking socket calls: off the runtime's threads.
+    let post = |http: SocketAddr, body: String| async move {
+        tokio::task::spawn_blocking(move || post(&http.to_string(), "/lookup", body.as_bytes()))
+            .await
+            .expect("the exchange ran")
+    };
 
-    let defaults = spawn_serve(&[]);
-    let (status, size) = post(&defaults.http, "/lookup", body.as_bytes());
+    let (mut defaults, http) = spawn_serve(&[]).await;
+    let (status, size) = post(http, body.clone()).await;
     assert!(status.starts_with("HTTP/1.1 413"), "{status}");
     assert!(size < 4096, "{size} bytes");
     // Just under the value limit (2^18): parsed, then refused with 20 errors and a count.
     let under = bad_tokens((1 << 18) - 1);
     for _ in 0..3 {
-        let (status, size) = post(&defaults.http, "/lookup", under.as_bytes());
+        let (status, size) = post(http, under.clone()).await;
         assert!(status.starts_with("HTTP/1.1 422"), "{status}");
         assert!(size < 8192, "{size} bytes");
     }
-    let rss = peak_rss(defaults.child.id());
-    eprintln!(
-        "peak RSS after a 5 MB and three 1 MB bodies of bad tokens: {} MB",
-        rss >> 20
-    );
-    assert!(rss < CEILING, "peak RSS {} MB", rss >> 20);
+    defaults.stop().await;
 
-    let raised = spawn_serve(&["--max-body-bytes", "8388608"]);
+    let (mut raised, http) = spawn_serve(&["--max-body-bytes", "8388608"]).await;
     for _ in 0..3 {
-        let (status, size) = post(&raised.http, "/lookup", body.as_bytes());
+        let (status, size) = post(http, body.clone()).await;
         assert!(status.starts_with("HTTP/1.1 413"), "{status}");
         assert!(size < 4096, "{size} bytes");
     }
-    let rss = peak_rss(raised.child.id());
-    eprintln!(
-        "peak RSS after three 5 MB bodies read whole: {} MB",
-        rss >> 20
-    );
-    assert!(rss < CEILING, "peak RSS {} MB", rss >> 20);
+    raised.stop().await;
 }
 
 /// Runs `kvplane ARGS` with `env` until a stderr line contains `marker` (then SIGKILLs it),

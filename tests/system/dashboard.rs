@@ -284,7 +284,7 @@ async fn dashboard_shows_the_fleet_live_and_runs_an_action() {
             .expect("heartbeat");
     }
     let expected_workers = 8;
-    eventually("fleet indexed", STEP, || {
+    eventually("fleet indexed", STEP, async || {
         let ix = server.shared.index();
         ix.worker_count() == expected_workers && ix.key_count() > 10_000
     })

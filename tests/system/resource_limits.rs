@@ -83,7 +83,7 @@ async fn max_keys_per_worker_drops_new_admits_and_keeps_evicts() {
     let other = b.batch(CPU, &[(true, 1), (true, 2), (true, 3)]);
     a.push(&[first, second]).await;
     b.push(&[other]).await;
-    eventually("batches applied", STEP, || {
+    eventually("batches applied", STEP, async || {
         keys(&server, "b", 0).len() == 3 && keys(&server, "a", 0).len() == 5
     })
     .await;
@@ -116,7 +116,7 @@ async fn max_batch_ops_drops_whole_batches() {
     let big = a.batch(CPU, &big);
     let ok = a.batch(CPU, &ok);
     a.push(&[big, ok]).await;
-    eventually("the 50-op batch applied", STEP, || {
+    eventually("the 50-op batch applied", STEP, async || {
         keys(&server, "a", 0).len() == 50
     })
     .await;
@@ -158,7 +158,7 @@ async fn max_frame_bytes_drops_the_frame_and_the_socket_keeps_serving() {
     // Small frames still flow, on fresh connections and on the old one.
     let small = a.batch(CPU, &[(true, 1), (true, 2)]);
     a.push(&[small]).await;
-    eventually("small batch applied", STEP, || {
+    eventually("small batch applied", STEP, async || {
         keys(&server, "a", 0) == BTreeSet::from([1, 2])
     })
     .await;
@@ -287,7 +287,10 @@ async fn transport_frame_limit_is_counted_and_the_pull_loop_goes_on() {
 
     let batch = a.batch(CPU, &[(true, 1), (true, 2)]);
     a.push(&[batch]).await;
-    eventually("batch applied", STEP, || keys(&server, "a", 0).len() == 2).await;
+    eventually("batch applied", STEP, async || {
+        keys(&server, "a", 0).len() == 2
+    })
+    .await;
     let text = metrics(&server).await;
     assert_eq!(
         sample(
@@ -446,7 +449,7 @@ async fn connections_beyond_the_cap_wait_only_while_every_slot_is_busy() {
     )
     .await
     .expect("read");
-    eventually("the close is counted", STEP, || {
+    eventually("the close is counted", STEP, async || {
         hits("http_idle_closed") == 1
     })
     .await;
@@ -463,7 +466,7 @@ async fn connections_beyond_the_cap_wait_only_while_every_slot_is_busy() {
     fourth.write_all(get.as_bytes()).await.expect("write");
     let early = tokio::time::timeout(Duration::from_millis(300), read_response(&mut fourth)).await;
     assert!(early.is_err(), "served beyond the cap");
-    eventually("the wait is counted", STEP, || {
+    eventually("the wait is counted", STEP, async || {
         hits("http_connections") == 1
     })
     .await;
@@ -497,7 +500,7 @@ async fn slow_clients_are_cut_off_and_counted_idle_ones_are_just_closed() {
         .expect("write");
     let mut out = Vec::new();
     within("hang-up", s.read_to_end(&mut out)).await.ok();
-    eventually("a headers timeout is counted", STEP, || hits() == 1).await;
+    eventually("a headers timeout is counted", STEP, async || hits() == 1).await;
     // Headers complete, body stalled: 408, counted.
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(
@@ -510,7 +513,7 @@ async fn slow_clients_are_cut_off_and_counted_idle_ones_are_just_closed() {
     within("408", s.read_to_end(&mut out)).await.ok();
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
-    eventually("a body timeout is counted", STEP, || hits() == 2).await;
+    eventually("a body timeout is counted", STEP, async || hits() == 2).await;
     // An idle keep-alive connection is closed by the same timer, and not counted.
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(format!("GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())

@@ -7,7 +7,8 @@
 //! kvplane builds `zeromq` from `vendor/zeromq`, patched (`vendor/zeromq/KVPLANE-PATCHES.md`);
 //! the regression tests near the end pin what the patch fixes.
 
-use crate::support::{hold_port, within, STEP};
+use crate::support::process::Launch;
+use crate::support::{eventually, hold_port, still_connected, within, SLOW, STEP};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -42,13 +43,14 @@ async fn raw_connect(port: u16) -> TcpStream {
 
 /// Writes `bytes`, half-closes, and reads until the listener closes the connection. Write
 /// errors are expected when the listener hangs up first. Panics if the listener keeps the
-/// connection open: a broken peer must be dropped (while the listener's `recv` runs).
+/// connection open (past [`STEP`]): a broken peer must be dropped (while the listener's `recv`
+/// runs).
 async fn raw_send_and_close(port: u16, bytes: &[u8], case: &str) {
     let mut stream = raw_connect(port).await;
     let _ = stream.write_all(bytes).await;
     let _ = stream.shutdown().await;
     let mut sink = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut sink)).await;
+    let closed = tokio::time::timeout(STEP, stream.read_to_end(&mut sink)).await;
     assert!(closed.is_ok(), "{case}: listener kept the connection open");
 }
 
@@ -303,7 +305,8 @@ async fn req_to_dead_port_times_out_then_recovers() {
     let result = within("request", client.request(bytes("ping"))).await;
     let elapsed = start.elapsed();
     assert!(matches!(result, Err(TransportError::Timeout)), "{result:?}");
-    assert!(elapsed >= SHORT && elapsed < SHORT * 3, "took {elapsed:?}");
+    // Not before the bound; how soon after it is not a test's question.
+    assert!(elapsed >= SHORT, "took {elapsed:?}");
 
     drop(hold);
     let (mut rep, _) = within("bind", RepServer::bind(&format!("127.0.0.1:{port}")))
@@ -442,13 +445,11 @@ async fn incompatible_peer_is_a_connect_error() {
         .await
         .expect("bind");
     let mut client = ReqClient::new(addr.to_string(), Duration::from_secs(5));
-    let start = Instant::now();
     let result = within("request", client.request(bytes("x"))).await;
     assert!(
         matches!(result, Err(TransportError::Connect { .. })),
         "{result:?}"
     );
-    assert!(start.elapsed() < Duration::from_secs(2));
 }
 
 /// A 1 MiB frame of random bytes arrives intact, and the PULL keeps working afterwards.
@@ -629,15 +630,10 @@ async fn dropping_pull_listener_closes_its_connections() {
     within("recv", pull.recv()).await.expect("recv");
     drop(pull);
 
-    let mut failed = false;
-    for _ in 0..100 {
-        if within("send", push.send("more".into())).await.is_err() {
-            failed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(failed, "PUSH never noticed the PULL side was dropped");
+    eventually("PUSH notices the PULL side was dropped", STEP, async || {
+        within("send", push.send("more".into())).await.is_err()
+    })
+    .await;
 }
 
 /// A `PushSender` recovers when the PULL side restarts on the same port: some sends fail or
@@ -657,15 +653,12 @@ async fn push_sender_reconnects_after_pull_restart() {
     );
     drop(pull);
     // The port is released when the accept task notices the drop, not synchronously.
-    let mut rebound = None;
-    for _ in 0..100 {
-        if let Ok((pull, _)) = within("rebind", PullListener::bind(&addr.to_string())).await {
-            rebound = Some(pull);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let mut pull = rebound.expect("port never released after drop");
+    let mut pull = eventually("the port released after the drop", STEP, async || {
+        PullListener::bind(&addr.to_string())
+            .await
+            .map(|(pull, _)| pull)
+    })
+    .await;
 
     let mut delivered = None;
     for i in 0..100 {
@@ -690,13 +683,13 @@ const CHILD_ENV: &str = "KVPLANE_TRANSPORT_CHILD";
 /// Runs the `#[ignore]`d test `name` alone in a child process and asserts that it passed. Used
 /// where a regression would kill the process (the test runner must outlive it) or where the
 /// test measures the process (no other test may run beside it).
-fn run_child_test(name: &str) -> String {
+async fn run_child_test(name: &str) -> String {
     let exe = std::env::current_exe().expect("test binary");
     // The test's path inside this binary: `transport::name` (module_path! starts with the crate).
     let path = module_path!()
         .split_once("::")
         .map_or(module_path!(), |(_, m)| m);
-    let output = std::process::Command::new(exe)
+    let out = Launch::new(&format!("child test {name}"), exe)
         .args([
             &format!("{path}::{name}"),
             "--exact",
@@ -705,16 +698,16 @@ fn run_child_test(name: &str) -> String {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, name)
-        .output()
-        .expect("run child");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+        .run(SLOW)
+        .await;
     assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "child {name} failed: status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        output.status
+        out.status.success() && out.stdout.contains("1 passed"),
+        "child {name} failed: status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
     );
-    stdout
+    out.stdout
 }
 
 /// True when this process is the child started for test `name`.
@@ -723,16 +716,27 @@ fn is_child(name: &str) -> bool {
 }
 
 /// Connects, writes `bytes` (a write error is fine: the listener may hang up first) and,
-/// without closing its own side, expects the listener to close the connection within 2 s.
-/// Returns how long that took after the connection was made.
+/// without closing its own side, expects the listener to close the connection (within
+/// [`STEP`]). Returns how long that took after the connection was made.
 async fn assert_listener_hangs_up(port: u16, bytes: &[u8], case: &str) -> Duration {
     let mut stream = raw_connect(port).await;
     let start = Instant::now();
     let _ = tokio::time::timeout(STEP, stream.write_all(bytes)).await;
     let mut sink = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut sink)).await;
+    let closed = tokio::time::timeout(STEP, stream.read_to_end(&mut sink)).await;
     assert!(closed.is_ok(), "{case}: listener kept the connection open");
     start.elapsed()
+}
+
+/// [`assert_listener_hangs_up`], and proof that the hang-up came from a check of what was
+/// sent, not from the handshake timeout: a silent peer connected first is still connected.
+async fn assert_hung_up_at_once(port: u16, bytes: &[u8], case: &str) {
+    let witness = raw_connect(port).await;
+    assert_listener_hangs_up(port, bytes, case).await;
+    assert!(
+        still_connected(&witness),
+        "{case}: hung up on only by the handshake timeout"
+    );
 }
 
 /// Limits small enough to break cheaply in tests.
@@ -815,9 +819,9 @@ fn over_limit_peers(socket_type: &str) -> Vec<(&'static str, Vec<u8>)> {
 /// 1 TiB), and the same claim for a message frame after a complete handshake, are rejected:
 /// the listener hangs up on them, the process lives, and other peers are served. Runs in a
 /// child process, so that a regression kills the child, not the test runner.
-#[test]
-fn oversized_frame_claim_is_rejected_and_the_process_lives() {
-    run_child_test("oversized_frame_claim_child");
+#[tokio::test]
+async fn oversized_frame_claim_is_rejected_and_the_process_lives() {
+    run_child_test("oversized_frame_claim_child").await;
 }
 
 /// Child of `oversized_frame_claim_is_rejected_and_the_process_lives`; does nothing unless
@@ -838,8 +842,8 @@ async fn oversized_frame_claim_child() {
         .await
         .expect("bind");
     let receiver = tokio::spawn(async move { recv_message(&mut pull, &mut Vec::new()).await });
-    assert_listener_hangs_up(addr.port(), &attack, "73-byte 1 TiB claim").await;
-    assert_listener_hangs_up(addr.port(), &after_handshake, "1 TiB frame").await;
+    assert_hung_up_at_once(addr.port(), &attack, "73-byte 1 TiB claim").await;
+    assert_hung_up_at_once(addr.port(), &after_handshake, "1 TiB frame").await;
     let mut push = PushSender::new(addr.to_string());
     within("send", push.send(vec![bytes("alive")], SHORT))
         .await
@@ -855,8 +859,8 @@ async fn oversized_frame_claim_child() {
         let payload = request.frames.last().cloned().unwrap_or_default();
         router.reply(&request.peer, payload).await.expect("reply");
     });
-    assert_listener_hangs_up(addr.port(), &attack, "73-byte 1 TiB claim").await;
-    assert_listener_hangs_up(addr.port(), &after_handshake, "1 TiB frame").await;
+    assert_hung_up_at_once(addr.port(), &attack, "73-byte 1 TiB claim").await;
+    assert_hung_up_at_once(addr.port(), &after_handshake, "1 TiB frame").await;
     let mut client = DealerClient::new(addr.to_string(), SHORT);
     let reply = within("request", client.request(bytes("alive")))
         .await
@@ -1035,39 +1039,14 @@ fn stall_handshakes(port: u16) -> tokio::task::JoinSet<()> {
     set
 }
 
-/// The resident set size of this process, in KiB.
-#[cfg(target_os = "linux")]
-fn vm_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
-}
-
 /// 200 connections, each claiming a 60 MiB frame (within the 64 MiB default) and sending
-/// none of it, cost next to no memory: the reader prepares memory only as a frame's bytes
-/// arrive. Runs in a child process so that no other test moves the measured RSS.
-#[cfg(target_os = "linux")]
-#[test]
-fn idle_frame_claims_cost_no_memory() {
-    let stdout = run_child_test("idle_frame_claims_child");
-    let report = stdout.lines().find(|l| l.contains("RSS")).unwrap_or("");
-    println!("{report}");
-}
-
-/// Child of `idle_frame_claims_cost_no_memory`; does nothing unless run by it.
-#[cfg(target_os = "linux")]
+/// none of it, leave the listener serving others. That they cost next to no memory (the
+/// reader prepares memory only as a frame's bytes arrive) is a ceiling of `scripts/soak.sh`
+/// against the real binary: resident memory is a soak measure, not a test's.
 #[tokio::test]
-#[ignore = "run as a child process by idle_frame_claims_cost_no_memory"]
-async fn idle_frame_claims_child() {
+async fn idle_frame_claims_leave_the_listener_serving() {
     const CONNECTIONS: usize = 200;
     const CLAIM: u64 = 60 << 20;
-    const ALLOWED_GROWTH_KIB: u64 = 6 * 1024;
-    if !is_child("idle_frame_claims_child") {
-        return;
-    }
     let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
         .await
         .expect("bind");
@@ -1087,7 +1066,6 @@ async fn idle_frame_claims_child() {
         within("recv", rx.recv()).await,
         Some(vec![bytes("warm-up")])
     );
-    let before = vm_rss_kib();
 
     let mut claim = zmtp_handshake("PUSH");
     claim.extend_from_slice(&zmtp_header(CLAIM, false, false));
@@ -1105,16 +1083,6 @@ async fn idle_frame_claims_child() {
         .await
         .expect("send");
     assert_eq!(within("recv", rx.recv()).await, Some(vec![bytes("after")]));
-    let after = vm_rss_kib();
-
-    let growth = after.saturating_sub(before);
-    println!(
-        "RSS {before} KiB -> {after} KiB (+{growth} KiB) with {CONNECTIONS} idle 60 MiB claims"
-    );
-    assert!(
-        growth <= ALLOWED_GROWTH_KIB,
-        "{CONNECTIONS} idle claims grew RSS by {growth} KiB"
-    );
     drop(idle);
     receiver.abort();
 }

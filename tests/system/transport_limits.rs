@@ -7,8 +7,8 @@
 //! nothing asserts on how long anything took: every wait is bounded, and each check follows
 //! from an event the test observed (a hang-up, a message received).
 
-use crate::support::within;
 use crate::support::zmtp::{zmtp_handshake, zmtp_header};
+use crate::support::{eventually, within, STEP};
 use bytes::Bytes;
 use kvplane::transport::{
     DropReason, PullListener, PushSender, TransportError, TransportLimits, TransportStats,
@@ -139,15 +139,10 @@ async fn connection_cap_closes_extra_connections_at_accept() {
     // connection is refused as well, and it reconnects on the next send).
     drop(first);
     let mut push = PushSender::new(format!("127.0.0.1:{port}"));
-    let mut sent = false;
-    for _ in 0..200 {
-        if push.send(vec![bytes("served")], SHORT).await.is_ok() {
-            sent = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(sent, "no place freed for the PUSH peer");
+    eventually("a place freed for the PUSH peer", STEP, async || {
+        push.send(vec![bytes("served")], SHORT).await.is_ok()
+    })
+    .await;
     let (messages, dropped) = within("receiver", receiver).await.expect("receiver");
     assert_eq!(messages, [vec![bytes("served")]]);
     assert!(dropped.is_empty(), "{dropped:?}");
