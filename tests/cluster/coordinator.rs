@@ -5,7 +5,7 @@
 //! it: the standby serves the same membership, usage, quotas and pins on the same port without
 //! a resync, and only the process holding the lease ever dispatched an eviction.
 
-use crate::support::http::{http, try_http, until_json};
+use crate::support::http::{http, until_json};
 use crate::support::nats::{Member, Nats};
 use crate::support::{eventually, free_port, loopback, SLOW};
 use axum::extract::{Query, State};

@@ -1,9 +1,9 @@
 //! The `kvplane serve` binary: flags from `KVPLANE_*` environment variables, port 0 on every
 //! socket, bound addresses logged, clean exit on SIGTERM; a bad flag named; a large body of
-//! bad tokens answered small. (Its peak memory for that body is a ceiling of
-//! `scripts/soak.sh`.)
+//! bad tokens answered small (its peak memory for that body is a ceiling of `scripts/soak.sh`);
+//! LMCache's controller configuration forms and every service's `--config` file.
 
-use crate::support::process::{Launch, Process};
+use crate::support::process::{Launch, Process, START};
 use crate::support::{http, STEP};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -155,43 +155,15 @@ async fn a_5_mb_body_of_bad_tokens_gets_a_small_answer() {
     raised.stop().await;
 }
 
-/// Runs `kvplane ARGS` with `env` until a stderr line contains `marker` (then SIGKILLs it),
-/// or until it exits; returns that line, or everything it wrote and its status.
-fn run_until(args: &[&str], env: &[(&str, &str)], marker: &str) -> Result<String, String> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvplane"));
-    cmd.args(args)
-        .env("RUST_LOG", "info")
-        .env("RUST_BACKTRACE", "0")
+/// Runs `kvplane ARGS` with `env` until a line contains `marker` (then kills it), or until it
+/// exits; returns that line, or why not with everything it wrote last.
+async fn run_until(args: &[&str], env: &[(&str, &str)], marker: &str) -> Result<String, String> {
+    let kv = Launch::kvplane(args[0])
+        .args(&args[1..])
         .env("RUST_LIB_BACKTRACE", "0")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("kvplane starts");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut seen = String::new();
-    let found = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) if line.contains(marker) => break Some(line),
-            Ok(line) => {
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            Err(_) => break None,
-        }
-    };
-    let _ = child.kill();
-    let status = child.wait().expect("waited");
-    found.ok_or_else(|| format!("{status:?}\n{seen}"))
+        .envs(env)
+        .spawn();
+    kv.try_wait_for_line(marker, START).await
 }
 
 /// A file in a fresh temporary directory.
@@ -206,8 +178,8 @@ fn config_file(name: &str, text: &str) -> String {
 /// LMCache's controller forms drive `kvplane serve`: its YAML keys in the file that
 /// `LMCACHE_CONTROLLER_CONFIG_FILE` names, its `LMCACHE_CONTROLLER_<KEY>` variables over the
 /// file, kvplane's twins and flags over both.
-#[test]
-fn serve_takes_lmcache_controller_config_file_and_variables() {
+#[tokio::test]
+async fn serve_takes_lmcache_controller_config_file_and_variables() {
     // The file asks for a privileged port and two sockets; LMCache's variable moves the
     // port to 0, kvplane's twin moves the host.
     let file = config_file(
@@ -226,6 +198,7 @@ fn serve_takes_lmcache_controller_config_file_and_variables() {
         ],
         "kvplane controller listening",
     )
+    .await
     .expect("serve starts from LMCache's forms");
     assert!(line.contains("http=127.0.0.1:"), "{line}");
     assert!(line.contains("heartbeat=None"), "the file's ports: {line}");
@@ -246,6 +219,7 @@ fn serve_takes_lmcache_controller_config_file_and_variables() {
         &[("LMCACHE_CONTROLLER_CONFIG_FILE", &other)],
         "kvplane controller listening",
     )
+    .await
     .expect("serve starts");
     assert!(line.contains("heartbeat=None"), "{line}");
 
@@ -278,6 +252,7 @@ fn serve_takes_lmcache_controller_config_file_and_variables() {
             &env,
             "kvplane controller listening",
         )
+        .await
         .expect_err("refused");
         for s in says {
             assert!(err.contains(s), "{s:?} in {err}");
@@ -286,8 +261,8 @@ fn serve_takes_lmcache_controller_config_file_and_variables() {
 }
 
 /// Every service reads `--config` (keys are its flags' names), under its twins.
-#[test]
-fn every_service_reads_its_config_file() {
+#[tokio::test]
+async fn every_service_reads_its_config_file() {
     for (service, yaml, marker) in [
         ("indexer", "host: 127.0.0.1\nport: 0\n", "kvplane indexer listening"),
         (
@@ -307,11 +282,11 @@ fn every_service_reads_its_config_file() {
         ),
     ] {
         let path = config_file(&format!("{service}.yaml"), yaml);
-        let line = run_until(&[service, "--config", &path], &[], marker)
+        let line = run_until(&[service, "--config", &path], &[], marker).await
             .unwrap_or_else(|e| panic!("{service}: {e}"));
         assert!(line.contains("127.0.0.1:"), "{service}: {line}");
         let bad = config_file(&format!("{service}-bad.yaml"), "no_such_flag: 1\n");
-        let err = run_until(&[service, "--config", &bad], &[], marker).expect_err("refused");
+        let err = run_until(&[service, "--config", &bad], &[], marker).await.expect_err("refused");
         assert!(err.contains("unknown key \"no_such_flag\""), "{service}: {err}");
     }
     // The node no longer reads serve's KVPLANE_PORT; its twin it does.
@@ -320,6 +295,7 @@ fn every_service_reads_its_config_file() {
         &[("KVPLANE_PORT", "1"), ("KVPLANE_NODE_PORT", "0")],
         "kvplane node listening",
     )
+    .await
     .expect("node starts on its twin's port");
     assert!(!line.contains(":1 "), "{line}");
 }
