@@ -4,13 +4,14 @@
 //! `--servers` simulated MP servers register (`POST /instances`), each on its own keep-alive
 //! connection, and heartbeat once a second (`PUT /instances/{id}/heartbeat`, phases spread over
 //! the second). Phase 1 measures heartbeats alone; phase 2 measures them again while
-//! `--senders` of those servers post store events as fast as the coordinator answers
-//! (`POST /events`, the 0.5.6 `CacheEventsRequest` form both coordinators accept, one batch of
-//! `--batch` entries per request, each a new key of `--key-bytes`, spread over `--salts`
-//! tenants; with `--token-ids N` each entry carries N token ids and its `token_offset`, as a
-//! real MP server's store batches do: private `fs` L2 placements of many instances). The event
-//! rate counts only **applied** events: the clock stops when
-//! `GET /quota/{salt}` shows the usage of every key sent. Every call is bounded; a non-2xx answer fails the run.
+//! `--senders` of those servers post store events as fast as the coordinator answers, for the
+//! phase's seconds or exactly `--event-batches` batches each (`POST /events`, the 0.5.6
+//! `CacheEventsRequest` form both coordinators accept, one batch of `--batch` entries per
+//! request, each a new key of `--key-bytes`, spread over `--salts` tenants; with `--token-ids
+//! N` each entry carries N token ids and its `token_offset`, as a real MP server's store
+//! batches do: private `fs` L2 placements of many instances). The event rate counts only
+//! **applied** events: the clock stops when `GET /quota/{salt}` shows the usage of every key
+//! sent. Every call is bounded; a non-2xx answer fails the run.
 
 use super::conn::Conn;
 use super::http::split_base;
@@ -44,6 +45,10 @@ pub struct CoordinatorBenchArgs {
     /// Servers posting events back to back (closed loop), each on its own connection.
     #[arg(long, env = "KVPLANE_BENCH_SENDERS", default_value_t = 4)]
     pub senders: usize,
+    /// Batches each sender posts in phase 2, however long that takes (default: as many as
+    /// fit in `--seconds`). A fixed workload, for instruction counts (scripts/bench-callgrind.sh).
+    #[arg(long, env = "KVPLANE_BENCH_EVENT_BATCHES")]
+    pub event_batches: Option<u64>,
     /// Tenants (`cache_salt`s) the event keys are spread over, each with a large quota.
     #[arg(long, env = "KVPLANE_BENCH_SALTS", default_value_t = 1)]
     pub salts: usize,
@@ -127,9 +132,15 @@ pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
 /// # Errors
 /// A message naming the phase and what failed.
 pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, String> {
-    if args.servers == 0 || args.batch == 0 || args.senders == 0 || args.senders > args.servers {
+    if args.servers == 0
+        || args.batch == 0
+        || args.senders == 0
+        || args.senders > args.servers
+        || args.event_batches == Some(0)
+    {
         return Err(
-            "--servers, --batch and --senders must be ≥ 1, and --senders ≤ --servers".into(),
+            "--servers, --batch, --senders and --event-batches must be ≥ 1, and --senders ≤ --servers"
+                .into(),
         );
     }
     if args.token_ids > 1 << 16 {
@@ -248,6 +259,7 @@ pub async fn run(args: &CoordinatorBenchArgs) -> Result<CoordinatorReport, Strin
                 key_bytes: args.key_bytes,
                 token_ids: args.token_ids,
                 seed: mix(run ^ ((s as u64) << 48)),
+                limit: args.event_batches,
             },
             stop.clone(),
             timeout,
@@ -369,6 +381,8 @@ struct EventStream {
     key_bytes: u64,
     token_ids: usize,
     seed: u64,
+    /// Batches to post whatever `stop` says (`--event-batches`).
+    limit: Option<u64>,
 }
 
 impl EventStream {
@@ -413,7 +427,8 @@ impl EventStream {
     }
 }
 
-/// Posts batches back to back until `stop`; returns the events sent and the round trips.
+/// Posts batches back to back until `stop`, or exactly `stream.limit` batches when set;
+/// returns the events sent and the round trips.
 async fn send_events(
     mut conn: Conn,
     stream: EventStream,
@@ -423,7 +438,14 @@ async fn send_events(
     let mut body = String::with_capacity(stream.batch * (160 + 8 * stream.token_ids) + 256);
     let mut samples = Vec::new();
     let mut seq = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    loop {
+        let done = match stream.limit {
+            Some(limit) => seq >= limit,
+            None => stop.load(Ordering::Relaxed),
+        };
+        if done {
+            break;
+        }
         seq += 1;
         stream.body(seq, &mut body);
         let sent = Instant::now();

@@ -166,6 +166,50 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_scenario_with_event_batches_posts_exactly_that_many() {
+    let coordinator = kvplane::coordinator::start(
+        kvplane::coordinator::CoordinatorConfig::with_defaults("127.0.0.1", 0),
+    )
+    .await
+    .expect("coordinator starts");
+    let url = format!("http://{}", coordinator.addr);
+    let args = CoordinatorWrapper::parse_from([
+        "bench",
+        "--url",
+        &url,
+        "--servers",
+        "4",
+        "--seconds",
+        "1",
+        "--senders",
+        "2",
+        "--batch",
+        "10",
+        "--event-batches",
+        "3",
+        "--timeout",
+        "30",
+    ])
+    .bench;
+    let report = tokio::time::timeout(SCENARIO, kvplane::bench::coordinator::run(&args))
+        .await
+        .expect("the scenario finishes")
+        .expect("the scenario succeeds");
+    // 2 senders × 3 batches × 10 entries, whatever the phase's seconds allowed.
+    assert_eq!(report.events, 60, "{report:?}");
+    assert_eq!(report.event_request.count, 6);
+    assert_eq!(report.heartbeat_loaded.count, 4);
+    let zero = CoordinatorWrapper::try_parse_from(["bench", "--event-batches", "0"])
+        .expect("parses")
+        .bench;
+    let err = kvplane::bench::coordinator::run(&zero)
+        .await
+        .expect_err("zero batches is refused");
+    assert!(err.contains("--event-batches"), "{err}");
+    coordinator.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_scenario_stores_and_reads_back_every_object() {
     let node = kvplane::node::start(kvplane::node::NodeConfig::ephemeral())
         .await
