@@ -146,10 +146,11 @@ pub struct ServeArgs {
     /// start once this process holds it).
     #[command(flatten)]
     pub cluster: crate::cluster::args::ClusterArgs,
-    /// Run as a read replica of the cluster's controller (needs `--cluster`): follow the
+    /// Run as a read replica of the cluster's controller (needs `--cluster`, from any of its sources: checked after the
+    /// configuration layers, so `KVPLANE_CLUSTER` and a config file count): follow the
     /// leader's change log and serve the read routes on `--port` (no ZMQ socket, never the
     /// lease; commands answer 409).
-    #[arg(long, env = "KVPLANE_SERVE_REPLICA", requires = "cluster")]
+    #[arg(long, env = "KVPLANE_SERVE_REPLICA")]
     pub replica: bool,
 }
 

@@ -321,7 +321,9 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, v)| {
-            whole(v)
+            // Plain integers only, as the byte-level reader of `query_body.rs` reads them (the
+            // two must agree): an id written as a float is refused.
+            v.as_u64()
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| ApiError {
                     index: Some(i),
