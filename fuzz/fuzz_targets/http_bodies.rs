@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
         r.path,
         String::from_utf8_lossy(&bytes)
     );
-    if r.access == Access::Token && !good_token {
+    if r.access == Access::Write && !good_token {
         assert_eq!(
             status,
             StatusCode::UNAUTHORIZED,
