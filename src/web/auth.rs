@@ -1,15 +1,9 @@
-//! Bearer-token access control, as a middleware a service puts on the routes that need it
-//! (the controller: the mutating routes, when `--api-token` is set). Anything without the
-//! right `Authorization: Bearer <token>` is a 401 with `WWW-Authenticate: Bearer`.
-//!
-//! Knows no service: the token comes in as the middleware's state, a [`BearerToken`].
+//! The bearer token itself: [`BearerToken`] (compared in constant time, never shown by
+//! `Debug`) and reading it from an `Authorization` header. Which routes need it, and the one
+//! check every service runs, is [`super::access`].
 
-use super::error::ApiError;
-use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
 
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
 /// The token a route requires (cheap to clone; never shown by `Debug`).
@@ -57,20 +51,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         .zip(b)
         .fold(0u8, |acc, (x, y)| acc | std::hint::black_box(x ^ y));
     diff == 0
-}
-
-/// Middleware: lets the request through when it carries the right token; 401 otherwise.
-/// Use with `axum::middleware::from_fn_with_state(token, require_token)`.
-pub async fn require_token(
-    State(token): State<BearerToken>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match bearer(request.headers()) {
-        Some(given) if token.matches(given) => next.run(request).await,
-        Some(_) => ApiError::Unauthorized { invalid: true }.into_response(),
-        None => ApiError::Unauthorized { invalid: false }.into_response(),
-    }
 }
 
 #[cfg(test)]
