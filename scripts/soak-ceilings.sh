@@ -36,7 +36,7 @@ start() { # NAME ARGS…: a fresh `kvplane serve`; sets kv (its pid), http, pull
     local name=$1
     shift
     read -r http pull reply hb < <(free_ports)
-    "$bin" serve --host 127.0.0.1 --port "$http" \
+    RUST_LOG=warn "$bin" serve --host 127.0.0.1 --port "$http" \
         --monitor-ports "{\"pull\": $pull, \"reply\": $reply, \"heartbeat\": $hb}" "$@" \
         >"$dir/ceiling-$name.log" 2>&1 &
     kv=$!
@@ -71,7 +71,7 @@ check() { # WHAT VALUE CEILING UNIT: VALUE must not exceed CEILING
 answer() { # FILE CODE MAX_BYTES: POST FILE to /lookup; the answer is CODE in under MAX_BYTES
     local code head body
     read -r code head body < <(curl -s -o /dev/null \
-        -w '%{http_code} %{size_header} %{size_download}' \
+        -w '%{http_code} %{size_header} %{size_download}\n' \
         -H 'Content-Type: application/json' --data-binary "@$1" \
         "http://127.0.0.1:$http/lookup")
     if [ "$code" = "$2" ] && [ $((head + body)) -lt "$3" ]; then
