@@ -22,7 +22,8 @@ Usage (the interop venv, scripts/setup-python.sh: lmcache 0.5.6, pyzmq, msgspec)
       median p50/p90/p99 per label, with the load average around each run
 
 Common options: --requests N (timed, default 20000), --warmup N (default 2000), --hashes H
-(per request, default 100), --chains C (chains of H keys admitted, default 100), --json.
+(per request, default 100), --chains C (chains of H keys admitted, default 100), --json;
+--server-cpus 2,3 pins the servers it starts (tokio then runs one worker per CPU given).
 Exit status 1 on any wrong answer or failed step.
 """
 
@@ -243,7 +244,9 @@ def lookup(args) -> dict:
     return report
 
 
-def echo_server(port_pipe) -> None:
+def echo_server(port_pipe, cpus) -> None:
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     ctx = zmq.Context()
     s = ctx.socket(zmq.ROUTER)
     s.setsockopt(zmq.LINGER, 0)
@@ -258,7 +261,8 @@ def echo_server(port_pipe) -> None:
 def echo(args) -> dict:
     """The floor: the same request bytes to a pyzmq ROUTER echo in another process."""
     parent, child = multiprocessing.Pipe()
-    server = multiprocessing.get_context("fork").Process(target=echo_server, args=(child,), daemon=True)
+    server = multiprocessing.get_context("fork").Process(
+        target=echo_server, args=(child, args.server_cpus), daemon=True)
     server.start()
     port = parent.recv()
     ctx = zmq.Context()
@@ -303,8 +307,10 @@ def wait_tcp(port: int, proc: subprocess.Popen, seconds: float = 60) -> None:
 def against_binary(args, binary: str, log) -> dict:
     http, pull, reply, hb = free_ports(4)
     ports = json.dumps({"pull": pull, "reply": reply, "heartbeat": hb})
+    cpus = args.server_cpus
     proc = subprocess.Popen([binary, "serve", "--host", "127.0.0.1", "--port", str(http),
-                             "--monitor-ports", ports], stdout=log, stderr=log)
+                             "--monitor-ports", ports], stdout=log, stderr=log,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     try:
         wait_tcp(reply, proc)
         wait_tcp(pull, proc)
@@ -351,6 +357,9 @@ def main() -> int:
     p.add_argument("--chains", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--server-cpus", type=lambda v: {int(c) for c in v.split(",")}, default=None,
+                   help="compare/echo: CPUs (comma-separated) the servers run on, e.g. 2,3; "
+                        "pin the probe itself elsewhere with taskset")
     args = p.parse_intermixed_args()
     if min(args.requests, args.hashes, args.chains, args.rounds) < 1 or args.warmup < 0:
         p.error("--requests, --hashes, --chains and --rounds must be positive, --warmup not negative")
