@@ -1,15 +1,15 @@
 //! `decode`: any bytes through the frame decoder (msgpack, and JSON when the frame starts with
 //! `{`). Besides "never panics", it checks three properties on every input:
 //!
-//! 1. the allocation-free batch decoder, when it accepts a frame, agrees with the general one
-//!    (same header, same operations);
+//! 1. the allocation-free batch and lookup decoders, when they accept a frame, agree with the
+//!    general one (same header, same operations or hashes);
 //! 2. whatever decodes re-encodes (msgpack) to bytes that decode to the same message, and
 //!    encoding is then a fixed point;
 //! 3. the same holds through the JSON encoding, for messages JSON can carry (no NaN or
 //!    infinite floats, which JSON has no form for).
 #![no_main]
 
-use kvplane::protocol::{decode, decode_batch, encode, encode_json, Msg};
+use kvplane::protocol::{decode, decode_batch, decode_lookup, encode, encode_json, Msg};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -28,6 +28,18 @@ fuzz_target!(|data: &[u8]| {
         }
     } else {
         assert!(ops.is_empty(), "a refused frame leaves no ops behind");
+    }
+
+    let mut hashes = Vec::new();
+    if let Some(view) = decode_lookup(data, &mut hashes) {
+        match &decoded {
+            Ok(Msg::BatchedP2PLookupMsg(m)) => {
+                assert_eq!(m.instance_id, view.instance_id, "lookup fast path: instance_id");
+                assert_eq!(m.worker_id, view.worker_id, "lookup fast path: worker_id");
+                assert_eq!(m.hashes, hashes, "lookup fast path: hashes");
+            }
+            other => panic!("lookup fast path accepted a frame the decoder gives {other:?}"),
+        }
     }
 
     let Ok(msg) = decoded else { return };

@@ -27,7 +27,7 @@ use crate::config::ServeConfig;
 use crate::index::{BatchOutcome, Index, IndexConfig};
 use crate::metrics::Metrics;
 use crate::net::{host_port, route_source};
-use crate::protocol::{encode, KVOpEvent, Msg};
+use crate::protocol::{encode, ChunkHash, KVOpEvent, Msg};
 use parking_lot::{
     MappedRwLockReadGuard, MappedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
 };
@@ -265,6 +265,27 @@ impl Shared {
                 .observe(started.elapsed().as_secs_f64());
         }
         self.report_all(fx);
+        reply
+    }
+
+    /// Answers a `BatchedP2PLookupMsg` that the reply loop decoded in place
+    /// (`protocol::decode_lookup`): the same reply, metrics and read lock as
+    /// [`Shared::handle_request`] of that message, without building it.
+    pub fn p2p_lookup(&self, hashes: &[ChunkHash], instance_id: &str, worker_id: i64) -> Msg {
+        self.metrics
+            .requests
+            .with_label_values(&["BatchedP2PLookupMsg"])
+            .inc();
+        let started = Instant::now();
+        let (reply, event) = self
+            .world
+            .read()
+            .fleet
+            .p2p_lookup(hashes, instance_id, worker_id);
+        self.metrics
+            .p2p_lookup_seconds
+            .observe(started.elapsed().as_secs_f64());
+        super::report::report(&self.reporter(), event);
         reply
     }
 

@@ -6,7 +6,7 @@ use super::driver::Shared;
 use super::limits::Limit;
 use super::model::RouterKind;
 use super::report::record_batch;
-use crate::protocol::{decode, decode_batch, encode, ErrorMsg, KVOpEvent, Msg};
+use crate::protocol::{decode, decode_batch, decode_lookup, encode, ErrorMsg, KVOpEvent, Msg};
 use crate::transport::{PullListener, RouterListener, TransportError};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -19,6 +19,10 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Capacity of the PULL loop's scratch ops vector kept after a multipart (a 50-op LMCache
 /// batch needs 50); above it, the vector is freed.
 const MAX_RETAINED_OPS: usize = 1 << 16;
+
+/// Capacity of the reply loop's scratch hashes vector kept after a lookup (LMCache asks for a
+/// request's chunks, hundreds at most); above it, the vector is freed.
+const MAX_RETAINED_HASHES: usize = 1 << 16;
 
 /// Receives admit/evict batches, full-sync batches and deregistrations until shutdown.
 pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: CancellationToken) {
@@ -114,7 +118,9 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
 }
 
 /// Answers requests on a ROUTER socket until shutdown: exactly one reply per request, in
-/// order (the loop is sequential), `ErrorMsg` for anything it cannot handle.
+/// order (the loop is sequential), `ErrorMsg` for anything it cannot handle. On the reply
+/// socket a P2P lookup, the hot request, is decoded in place (`decode_lookup`) into a reused
+/// hashes vector; anything else goes through the general decoder.
 pub async fn router_loop(
     shared: Arc<Shared>,
     mut socket: RouterListener,
@@ -128,6 +134,8 @@ pub async fn router_loop(
         RouterKind::Heartbeat => &shared.sockets.heartbeat,
     };
     let _serving = stats.start_serving();
+    let received = m.frames_received.with_label_values(&[label]);
+    let mut hashes = Vec::new();
     loop {
         let request = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -143,7 +151,7 @@ pub async fn router_loop(
                 }
             },
         };
-        m.frames_received.with_label_values(&[label]).inc();
+        received.inc();
         let _active = stats.handling(1);
         let reply = match request.frames.as_slice() {
             // A DEALER sends [b"", payload]; the ROUTER prepends the identity, stripped here.
@@ -152,6 +160,11 @@ pub async fn router_loop(
                     m.dropped(label, "too_large");
                     frame_too_large(&shared, label, payload.len());
                     error_reply("frame larger than the controller's --max-frame-bytes")
+                } else if let Some(lookup) = (kind == RouterKind::Reply)
+                    .then(|| decode_lookup(payload, &mut hashes))
+                    .flatten()
+                {
+                    shared.p2p_lookup(&hashes, lookup.instance_id, lookup.worker_id)
                 } else {
                     match decode(payload) {
                         Ok(msg) => shared.handle_request_frame(kind, msg, Some(payload)),
@@ -188,6 +201,9 @@ pub async fn router_loop(
             if let Some(held_back) = shared.drop_log.admit() {
                 tracing::warn!(socket = label, held_back, "could not reply: {e}");
             }
+        }
+        if hashes.capacity() > MAX_RETAINED_HASHES {
+            hashes = Vec::new();
         }
     }
 }

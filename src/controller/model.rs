@@ -16,8 +16,8 @@ use crate::index::{
 };
 use crate::net::host_port;
 use crate::protocol::{
-    BatchedP2PLookupRetMsg, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg, HeartbeatCommand,
-    HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg,
+    BatchedP2PLookupRetMsg, ChunkHash, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg,
+    HeartbeatCommand, HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg,
 };
 use std::collections::HashMap;
 
@@ -531,10 +531,22 @@ impl Fleet {
     }
 
     fn on_p2p_lookup(&self, m: &crate::protocol::BatchedP2PLookupMsg, fx: &mut Vec<Effect>) -> Msg {
-        let hit = self
-            .index
-            .p2p_lookup(&m.hashes, &m.instance_id, m.worker_id);
-        fx.push(Effect::Report(Event::P2pLookup { hit: hit.is_some() }));
+        let (reply, event) = self.p2p_lookup(&m.hashes, &m.instance_id, m.worker_id);
+        fx.push(Effect::Report(event));
+        reply
+    }
+
+    /// Answers a P2P lookup of `hashes` from a requester (a read: nothing changes); the event
+    /// says whether it was a hit. [`Fleet::on_read_request`] of a `BatchedP2PLookupMsg`, for
+    /// a request decoded in place (`protocol::decode_lookup`).
+    pub fn p2p_lookup(
+        &self,
+        hashes: &[ChunkHash],
+        instance_id: &str,
+        worker_id: i64,
+    ) -> (Msg, Event) {
+        let hit = self.index.p2p_lookup(hashes, instance_id, worker_id);
+        let event = Event::P2pLookup { hit: hit.is_some() };
         let entry = match hit {
             Some(hit) => (
                 hit.instance_id.to_owned(),
@@ -544,9 +556,10 @@ impl Fleet {
             ),
             None => (String::new(), String::new(), 0, String::new()),
         };
-        Msg::BatchedP2PLookupRetMsg(BatchedP2PLookupRetMsg {
+        let reply = Msg::BatchedP2PLookupRetMsg(BatchedP2PLookupRetMsg {
             layout_info: vec![entry],
-        })
+        });
+        (reply, event)
     }
 
     fn on_sync_start(

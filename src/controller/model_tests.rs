@@ -321,3 +321,41 @@ fn push_messages_report_their_drop_reason() {
     assert_eq!(res, Ok(()));
     assert_eq!(f.index().key_count(), 1);
 }
+
+#[test]
+fn p2p_lookup_of_a_decoded_request_answers_as_the_message_does() {
+    let mut f = fleet();
+    let mut holder = register("holder", 0, 7);
+    if let Msg::RegisterMsg(m) = &mut holder {
+        m.peer_init_url = Some("127.0.0.1:9".into());
+    }
+    f.on_request(RouterKind::Reply, holder, &ctx(1.0));
+    let ops: Vec<KVOpEvent> = (0..3)
+        .map(|i| KVOpEvent {
+            op_type: OpType::Admit,
+            key: ChunkHash::from_u64(i),
+            seq_num: i as i64,
+        })
+        .collect();
+    f.apply_batch("holder", 0, "LocalCPUBackend", &ops, 1.0);
+    for hashes in [
+        vec![ChunkHash::from_u64(0), ChunkHash::from_u64(1)],
+        vec![ChunkHash::from_u64(5)],
+        vec![],
+    ] {
+        let msg = crate::protocol::BatchedP2PLookupMsg {
+            hashes: hashes.clone(),
+            instance_id: "asker".into(),
+            worker_id: 0,
+        };
+        let (reply, fx) = f.on_read_request(RouterKind::Reply, Msg::BatchedP2PLookupMsg(msg));
+        let (direct, event) = f.p2p_lookup(&hashes, "asker", 0);
+        assert_eq!(format!("{direct:?}"), format!("{reply:?}"));
+        assert_eq!(format!("{:?}", [Effect::Report(event)]), format!("{fx:?}"));
+    }
+    let (hit, _) = f.p2p_lookup(&[ChunkHash::from_u64(0)], "asker", 0);
+    assert!(
+        format!("{hit:?}").contains("holder"),
+        "the holder is found: {hit:?}"
+    );
+}

@@ -76,13 +76,22 @@ pub fn decode(frame: &[u8]) -> Result<Msg, DecodeError> {
 pub fn encode(msg: &Msg) -> Vec<u8> {
     // Writing into a Vec cannot fail, and every field type of `Msg` has a msgpack form
     // (maps have string or integer keys), so serialisation has no error path in practice.
-    rmp_serde::to_vec_named(msg).unwrap_or_else(|e| {
-        let fallback = Msg::ErrorMsg(super::ErrorMsg {
-            error: format!("kvplane could not encode {}: {e}", msg.tag()),
-        });
-        rmp_serde::to_vec_named(&fallback).unwrap_or_default()
-    })
+    // Sized for the common small replies, so that writing them does not grow the buffer
+    // several times over.
+    let mut buf = Vec::with_capacity(ENCODE_CAPACITY);
+    match rmp_serde::encode::write_named(&mut buf, msg) {
+        Ok(()) => buf,
+        Err(e) => {
+            let fallback = Msg::ErrorMsg(super::ErrorMsg {
+                error: format!("kvplane could not encode {}: {e}", msg.tag()),
+            });
+            rmp_serde::to_vec_named(&fallback).unwrap_or_default()
+        }
+    }
 }
+
+/// Initial buffer of [`encode`]: a P2P lookup or heartbeat reply fits.
+const ENCODE_CAPACITY: usize = 256;
 
 /// Encodes a message as JSON (the same map; for logs, tests and the JSON frame path).
 pub fn encode_json(msg: &Msg) -> String {

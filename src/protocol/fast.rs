@@ -1,10 +1,12 @@
-//! Allocation-free decoding of `BatchedKVOperationMsg`, the one hot message.
+//! Allocation-free decoding of the two hot messages: `BatchedKVOperationMsg` (PULL) and
+//! `BatchedP2PLookupMsg` (reply ROUTER).
 //!
-//! [`decode_batch`] accepts exactly the well-formed batches the general decoder accepts (any
-//! key order, unknown keys skipped) and borrows the strings from the frame. On anything
-//! unusual — another type, a duplicate or missing field, a wrong type, a JSON frame — it
-//! returns `None` and the caller uses [`super::decode`], which produces the precise error. So
-//! the fast path changes speed, never behaviour (a property test checks this).
+//! [`decode_batch`] and [`decode_lookup`] accept exactly the well-formed messages the general
+//! decoder accepts (any key order, unknown keys skipped), borrow the strings from the frame and
+//! put the ops or hashes into the caller's reused vector. On anything unusual — another type,
+//! a duplicate or missing field, a wrong type, a JSON frame — they return `None` and the caller
+//! uses [`super::decode`], which produces the precise error. So the fast paths change speed,
+//! never behaviour (property tests check this).
 
 use super::{ChunkHash, KVOpEvent, OpType};
 
@@ -74,6 +76,58 @@ fn parse<'a>(frame: &'a [u8], ops: &mut Vec<KVOpEvent>) -> Option<BatchView<'a>>
     })
 }
 
+/// The fields of a `BatchedP2PLookupMsg` decoded in place; its hashes went into the caller's
+/// vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupView<'a> {
+    /// The requester's instance id (its own holders are excluded).
+    pub instance_id: &'a str,
+    /// The requester's worker id (TP rank).
+    pub worker_id: i64,
+}
+
+const LOOKUP_TAG: &[u8] = b"BatchedP2PLookupMsg";
+
+/// Decodes `frame` if it is a well-formed `BatchedP2PLookupMsg`, replacing the contents of
+/// `hashes` with its hashes; `None` otherwise (and `hashes` is then unspecified).
+pub fn decode_lookup<'a>(frame: &'a [u8], hashes: &mut Vec<ChunkHash>) -> Option<LookupView<'a>> {
+    hashes.clear();
+    let mut r = Reader { buf: frame, pos: 0 };
+    let entries = r.map_len()?;
+    let (mut tag, mut instance_id, mut worker_id, mut have_hashes) = (false, None, None, false);
+    for _ in 0..entries {
+        match r.str()? {
+            b"type" if !tag => {
+                if r.str()? != LOOKUP_TAG {
+                    return None;
+                }
+                tag = true;
+            }
+            b"instance_id" if instance_id.is_none() => {
+                instance_id = Some(std::str::from_utf8(r.str()?).ok()?)
+            }
+            b"worker_id" if worker_id.is_none() => worker_id = Some(r.int()?.as_i64()?),
+            b"hashes" if !have_hashes => {
+                let n = r.array_len()?;
+                hashes.reserve(n);
+                for _ in 0..n {
+                    hashes.push(r.int()?.hash());
+                }
+                have_hashes = true;
+            }
+            b"type" | b"instance_id" | b"worker_id" | b"hashes" => return None,
+            _ => r.skip()?,
+        }
+    }
+    if !tag || !have_hashes || r.pos != frame.len() {
+        return None;
+    }
+    Some(LookupView {
+        instance_id: instance_id?,
+        worker_id: worker_id?,
+    })
+}
+
 /// A msgpack integer as read: signed or unsigned.
 #[derive(Clone, Copy)]
 enum Int {
@@ -86,6 +140,14 @@ impl Int {
         match self {
             Int::Signed(v) => Some(v),
             Int::Unsigned(v) => i64::try_from(v).ok(),
+        }
+    }
+
+    /// The chunk hash this integer is on the wire.
+    fn hash(self) -> ChunkHash {
+        match self {
+            Int::Signed(v) => ChunkHash::from_i64(v),
+            Int::Unsigned(v) => ChunkHash::from_u64(v),
         }
     }
 }
@@ -115,6 +177,12 @@ impl<'a> Reader<'a> {
                 .iter()
                 .fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
         )
+    }
+
+    /// The next `N` bytes as an array (integers are read with `from_be_bytes` on it: a hash
+    /// is 8 of them, and a lookup or a batch carries hundreds).
+    fn fixed<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
     }
 
     fn map_len(&mut self) -> Option<usize> {
@@ -153,14 +221,14 @@ impl<'a> Reader<'a> {
         Some(match m {
             0x00..=0x7f => Int::Unsigned(u64::from(m)),
             0xe0..=0xff => Int::Signed(i64::from(m as i8)),
-            0xcc => Int::Unsigned(self.be(1)?),
-            0xcd => Int::Unsigned(self.be(2)?),
-            0xce => Int::Unsigned(self.be(4)?),
-            0xcf => Int::Unsigned(self.be(8)?),
-            0xd0 => Int::Signed(i64::from(self.be(1)? as u8 as i8)),
-            0xd1 => Int::Signed(i64::from(self.be(2)? as u16 as i16)),
-            0xd2 => Int::Signed(i64::from(self.be(4)? as u32 as i32)),
-            0xd3 => Int::Signed(self.be(8)? as i64),
+            0xcc => Int::Unsigned(u64::from(self.byte()?)),
+            0xcd => Int::Unsigned(u64::from(u16::from_be_bytes(self.fixed()?))),
+            0xce => Int::Unsigned(u64::from(u32::from_be_bytes(self.fixed()?))),
+            0xcf => Int::Unsigned(u64::from_be_bytes(self.fixed()?)),
+            0xd0 => Int::Signed(i64::from(self.byte()? as i8)),
+            0xd1 => Int::Signed(i64::from(i16::from_be_bytes(self.fixed()?))),
+            0xd2 => Int::Signed(i64::from(i32::from_be_bytes(self.fixed()?))),
+            0xd3 => Int::Signed(i64::from_be_bytes(self.fixed()?)),
             _ => return None,
         })
     }
@@ -177,12 +245,7 @@ impl<'a> Reader<'a> {
                         _ => return None,
                     })
                 }
-                b"key" if key.is_none() => {
-                    key = Some(match self.int()? {
-                        Int::Signed(v) => ChunkHash::from_i64(v),
-                        Int::Unsigned(v) => ChunkHash::from_u64(v),
-                    })
-                }
+                b"key" if key.is_none() => key = Some(self.int()?.hash()),
                 b"seq_num" if seq_num.is_none() => seq_num = Some(self.int()?.as_i64()?),
                 b"op_type" | b"key" | b"seq_num" => return None,
                 _ => self.skip()?,
@@ -230,7 +293,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{decode, encode, BatchedKVOperationMsg, Msg};
+    use crate::protocol::{decode, encode, BatchedKVOperationMsg, BatchedP2PLookupMsg, Msg};
     use proptest::prelude::*;
 
     fn general(frame: &[u8]) -> Option<(String, i64, String, Vec<KVOpEvent>)> {
@@ -277,8 +340,81 @@ mod tests {
         );
     }
 
+    fn general_lookup(frame: &[u8]) -> Option<(String, i64, Vec<ChunkHash>)> {
+        match decode(frame) {
+            Ok(Msg::BatchedP2PLookupMsg(m)) => Some((m.instance_id, m.worker_id, m.hashes)),
+            _ => None,
+        }
+    }
+
+    fn fast_lookup(frame: &[u8]) -> Option<(String, i64, Vec<ChunkHash>)> {
+        // A dirty scratch vector, as the reply loop reuses one.
+        let mut hashes = vec![ChunkHash::from_u64(7); 3];
+        decode_lookup(frame, &mut hashes).map(|v| (v.instance_id.into(), v.worker_id, hashes))
+    }
+
+    #[test]
+    fn lookups_take_the_fast_path_and_other_messages_do_not() {
+        let msg = Msg::BatchedP2PLookupMsg(BatchedP2PLookupMsg {
+            hashes: vec![
+                ChunkHash::from_i64(i64::MIN),
+                ChunkHash::from_i64(-1),
+                ChunkHash::from_u64(0),
+                ChunkHash::from_u64(u64::MAX),
+            ],
+            instance_id: "asker".into(),
+            worker_id: 3,
+        });
+        let bytes = encode(&msg);
+        assert!(fast_lookup(&bytes).is_some());
+        assert_eq!(fast_lookup(&bytes), general_lookup(&bytes));
+        let batch = encode(&Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+            instance_id: "i".into(),
+            worker_id: 1,
+            location: "L".into(),
+            operations: vec![],
+        }));
+        assert_eq!(fast_lookup(&batch), None, "another type");
+        assert_eq!(fast(&bytes), None, "a lookup is not a batch");
+        let json =
+            br#"{"type":"BatchedP2PLookupMsg","hashes":[1],"instance_id":"a","worker_id":0}"#;
+        assert_eq!(fast_lookup(json), None, "JSON takes the general path");
+        assert!(general_lookup(json).is_some());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+        /// Whenever the lookup fast path accepts a frame, the general decoder decodes it to
+        /// the same request.
+        #[test]
+        fn lookup_fast_path_agrees_with_the_general_decoder(
+            hashes in proptest::collection::vec((any::<i64>(), any::<u64>(), any::<bool>()), 0..8),
+            worker_id in any::<i64>(),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..3),
+            extra in any::<bool>(),
+        ) {
+            let hashes = hashes.iter().map(|(i, u, s)| {
+                if *s { ChunkHash::from_i64(*i) } else { ChunkHash::from_u64(*u) }
+            }).collect();
+            let msg = Msg::BatchedP2PLookupMsg(BatchedP2PLookupMsg {
+                hashes, instance_id: "inst".into(), worker_id,
+            });
+            let mut bytes = encode(&msg);
+            if extra {
+                bytes[0] += 1;
+                bytes.extend_from_slice(&[0xa1, b'z', 0x92, 0x01, 0xc0]);
+            }
+            prop_assert!(fast_lookup(&bytes).is_some());
+            prop_assert_eq!(fast_lookup(&bytes), general_lookup(&bytes));
+            for (pos, byte) in flips {
+                let at = pos % bytes.len();
+                bytes[at] = byte;
+            }
+            if let Some(f) = fast_lookup(&bytes) {
+                prop_assert_eq!(Some(f), general_lookup(&bytes));
+            }
+        }
 
         /// Whenever the fast path accepts a frame, the general decoder decodes it to the same
         /// batch: the fast path never changes what is accepted or how.

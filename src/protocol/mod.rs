@@ -12,7 +12,7 @@ mod ops;
 pub mod token_hash;
 
 pub use codec::{decode, encode, encode_json, peek_tag, DecodeError};
-pub use fast::{decode_batch, BatchView};
+pub use fast::{decode_batch, decode_lookup, BatchView, LookupView};
 pub use hash::ChunkHash;
 pub use messages::*;
 pub use ops::{KVOpEvent, OpType};
