@@ -351,7 +351,10 @@ async fn apply_loop<H: Host>(
                     st.snapshots.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(bytes = data.len(), "cluster: {service} snapshot published");
                 }
-                Err(e) => tracing::warn!("cluster: {service} snapshot not published: {e}"),
+                Err(e) => {
+                    st.snapshots_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("cluster: {service} snapshot not published: {e}");
+                }
             }
         });
     }

@@ -286,52 +286,6 @@ pub struct PublishStats {
     pub failed: AtomicU64,
 }
 
-/// Sends `service`'s payloads from `rx`, in order, until `rx` closes or `cancel` (the
-/// services not yet on [`ChangeLog`]).
-pub fn spawn_publisher(
-    cluster: Cluster,
-    service: &str,
-    mut rx: mpsc::Receiver<Bytes>,
-    stats: Arc<PublishStats>,
-    cancel: CancellationToken,
-    tasks: &tokio_util::task::TaskTracker,
-) {
-    let subject = cluster.subject(service);
-    tasks.spawn(async move {
-        let mut pending = std::collections::VecDeque::new();
-        loop {
-            let payload = tokio::select! {
-                () = cancel.cancelled() => break,
-                p = rx.recv() => match p {
-                    Some(p) => p,
-                    None => break,
-                },
-            };
-            match cluster.js.publish(subject.clone(), payload).await {
-                Ok(ack) => pending.push_back(std::future::IntoFuture::into_future(ack)),
-                Err(e) => {
-                    stats.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("cluster publish to {subject} failed: {e}");
-                }
-            }
-            // Settle acknowledgements: all of them once the queue is empty, else beyond
-            // the window.
-            while pending.len() > ACK_WINDOW || (rx.is_empty() && !pending.is_empty()) {
-                let Some(ack) = pending.pop_front() else {
-                    break;
-                };
-                match ack.await {
-                    Ok(_) => stats.acked.fetch_add(1, Ordering::Relaxed),
-                    Err(e) => {
-                        tracing::warn!("cluster publish to {subject} not acknowledged: {e}");
-                        stats.failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-        }
-    });
-}
-
 /// State a reader shares with whoever reports on it.
 #[derive(Debug, Default)]
 pub struct ReaderStatus {

@@ -50,8 +50,17 @@ impl Cluster {
     /// Publishes `data` as `service`'s latest snapshot (see the module docs).
     ///
     /// # Errors
-    /// NATS did not take a part or the marker (the previous snapshot stays the latest).
+    /// Larger than the stream keeps, or NATS did not take a part or the marker (the previous
+    /// snapshot stays the latest).
     pub async fn publish_snapshot(&self, service: &str, data: &[u8]) -> Result<(), String> {
+        if i64::try_from(data.len()).unwrap_or(i64::MAX) > self.config.max_bytes {
+            // Its first parts would be discarded before the marker is stored.
+            return Err(format!(
+                "{} bytes, more than --cluster-max-bytes ({}) keeps",
+                data.len(),
+                self.config.max_bytes
+            ));
+        }
         let stream = self.snap_stream(service).await.map_err(|e| e.to_string())?;
         let previous = self.last_marker(&stream, service).await;
         let id: u64 = rand::random();

@@ -64,6 +64,8 @@ pub struct ClusterStatus {
     pub(super) processed: AtomicU64,
     pub(super) bad_records: AtomicU64,
     pub(super) snapshots: AtomicU64,
+    /// Snapshots that could not be published (too large, NATS did not take them).
+    pub(super) snapshots_failed: AtomicU64,
     /// The stream sequence of the snapshot restored at start (0: none).
     pub(super) restored_at: AtomicU64,
     dispatches_fenced: Arc<AtomicU64>,
@@ -103,6 +105,7 @@ impl ClusterStatus {
             processed: AtomicU64::new(0),
             bad_records: AtomicU64::new(0),
             snapshots: AtomicU64::new(0),
+            snapshots_failed: AtomicU64::new(0),
             restored_at: AtomicU64::new(0),
             dispatches_fenced: Arc::default(),
             resynced: AtomicBool::new(false),
@@ -244,6 +247,7 @@ impl ClusterStatus {
                 "applied": n(&self.applied),
                 "bad_records": n(&self.bad_records),
                 "snapshots_published": n(&self.snapshots),
+                "snapshots_failed": n(&self.snapshots_failed),
                 "restored_snapshot_at": n(&self.restored_at),
             },
             "published": {
@@ -271,7 +275,7 @@ impl ClusterStatus {
         let n = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64;
         let flag = |b: bool| f64::from(u8::from(b));
         #[rustfmt::skip]
-        let series: [(&str, &str, &str, f64); 19] = [
+        let series: [(&str, &str, &str, f64); 20] = [
             ("leader", "gauge", "1 while this process leads (holds the lease and publishes).", flag(self.is_leader())),
             ("replica", "gauge", "1 on a read replica (follows, never leads).", flag(self.replica)),
             ("connected", "gauge", "1 while the connection to NATS is up.", flag(self.cluster.connected())),
@@ -284,6 +288,7 @@ impl ClusterStatus {
             ("records_applied_total", "counter", "Change records applied while following.", n(&self.applied)),
             ("bad_records_total", "counter", "Log messages that were not records (dropped).", n(&self.bad_records)),
             ("snapshots_published_total", "counter", "Snapshots of the followed state this follower published.", n(&self.snapshots)),
+            ("snapshots_failed_total", "counter", "Snapshots not published: larger than the stream keeps, or NATS did not take them.", n(&self.snapshots_failed)),
             ("records_published_total", "counter", "Change records NATS acknowledged.", n(&self.published.acked)),
             ("records_lost_total", "counter", "Change records not replicated: publish failed, queue full, or too large.", self.lost() as f64),
             ("records_unacknowledged", "gauge", "Change records queued or sent but not yet acknowledged by NATS.", self.unacknowledged() as f64),

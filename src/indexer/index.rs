@@ -81,7 +81,7 @@ impl Default for IndexConfig {
 }
 
 /// What the index counted, since it started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     /// Block stores that made or refreshed a membership.
     pub stored: u64,
@@ -929,6 +929,10 @@ impl Index {
         out
     }
 }
+
+#[path = "index_dump.rs"]
+mod dump;
+pub use dump::IndexDump;
 
 #[cfg(test)]
 #[path = "index_tests.rs"]

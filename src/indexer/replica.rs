@@ -1,23 +1,31 @@
 //! The indexer's change log, for read replicas (`--cluster`, docs/CLUSTER.md): every change
-//! the ingester applies to its [`Index`] as one [`Op`], in apply order, and the pure
-//! [`Follower`] that applies the same ops to a replica's own index.
+//! the ingester applies to its [`Index`] as one [`Change`], in apply order, and the indexer's
+//! [`Core`] (the index with its stream routes) as the replication core's [`Replicated`]
+//! state: a replica applies the same changes to its own through the core
+//! (`crate::cluster`), which numbers, publishes, follows and snapshots them.
 //!
 //! The index is deterministic (the ingester passes the time into every change), so a replica
-//! that applies the same ops in the same order holds the same memberships and gives the same
-//! answers. Ops carry the ingester's epoch (fixed for one ingester process) and a sequence
-//! number from 1 within it: a new epoch means the ingester restarted with an empty index, so
-//! the follower starts over too; a missing sequence number means the follower's index may
-//! differ from the ingester's, so it says it is not in sync until the next epoch. Pure and
-//! synchronous: no clocks, no I/O.
+//! that applies the same changes in the same order holds the same memberships, records at the
+//! same arena positions, and gives the same answers. Every ingester starts empty: its epoch's
+//! first record is [`Change::Start`], and a replica that sees a new epoch empties its index
+//! first ([`Replicated::new_epoch`]); a missing record means its index may differ from the
+//! ingester's, so it says it is not in sync until the next epoch (or a snapshot taken in
+//! sync). Pure and synchronous: no clocks, no I/O.
 
 use super::events::{KvEvent, Medium};
-use super::index::{Index, IndexConfig, StreamId, StreamSpec};
+use super::index::{Index, IndexConfig, IndexDump, StreamId, StreamSpec};
+use crate::cluster::{Replicated, Stamp};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// One change to the index, as the ingester applied it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Change {
+    /// An ingester started, with an empty index: the first record of its epoch.
+    Start {
+        /// Who (host, process).
+        holder: String,
+    },
     /// A stream was added under the ingester's id.
     AddStream {
         /// The ingester's stream id.
@@ -63,144 +71,64 @@ pub enum Change {
     },
 }
 
-/// A [`Change`] with its place in the log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Op {
-    /// The ingester's epoch (random per ingester process).
-    pub epoch: u64,
-    /// 1, 2, … within the epoch.
-    pub seq: u64,
-    /// The ingester's wall clock when it applied the change, milliseconds since the Unix
-    /// epoch (for the replication lag a replica reports).
-    pub at_ms: u64,
-    /// The change.
-    pub change: Change,
-}
+/// A record of the indexer's log.
+pub type Record = crate::cluster::Record<Change>;
 
-impl Op {
-    /// The bytes published for this op (msgpack).
-    ///
-    /// # Errors
-    /// Never for the types above; kept as a `Result` because the encoder returns one.
-    pub fn encode(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-        rmp_serde::to_vec(self)
-    }
-
-    /// An op from published bytes.
-    ///
-    /// # Errors
-    /// When the bytes are not an op.
-    pub fn decode(bytes: &[u8]) -> Result<Self, rmp_serde::decode::Error> {
-        rmp_serde::from_slice(bytes)
-    }
-}
-
-/// What applying one op did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Applied {
-    /// Applied in order.
-    InOrder,
-    /// A new epoch: the index was emptied first, then the op applied.
-    NewEpoch,
-    /// One or more ops were missing before this one: applied, but the index may now differ
-    /// from the ingester's until the next epoch.
-    AfterGap,
-    /// Already applied (a duplicate or an older epoch's op): ignored.
-    Stale,
-}
-
-/// Where a replica's index is in the log; applies [`Op`]s to it.
+/// The index and the streams each publisher feeds, behind the indexer's one lock: what an
+/// ingester changes and a replica follows.
 #[derive(Debug)]
-pub struct Follower {
-    config: IndexConfig,
-    /// Ingester stream id → this index's id.
+pub struct Core {
+    /// The index.
+    pub index: Index,
+    /// Publisher id → the streams it feeds (the ingester's).
+    pub routes: HashMap<u32, Vec<StreamId>>,
+    /// The ingester's stream id → this index's (a replica's).
     ids: HashMap<u32, StreamId>,
-    epoch: Option<u64>,
-    last_seq: u64,
-    in_sync: bool,
-    last_at_ms: u64,
-    gaps: u64,
 }
 
-impl Follower {
-    /// At the start of the log, for an index made with `config`.
+/// A replica's index and its stream ids, as a snapshot holds them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CoreDump {
+    index: IndexDump,
+    /// `(ingester's stream id, this index's)`, sorted.
+    ids: Vec<(u32, u32)>,
+}
+
+impl Core {
+    /// An empty index made with `config`.
     pub fn new(config: IndexConfig) -> Self {
-        Self {
-            config,
+        Core {
+            index: Index::new(config),
+            routes: HashMap::new(),
             ids: HashMap::new(),
-            epoch: None,
-            last_seq: 0,
-            in_sync: false,
-            last_at_ms: 0,
-            gaps: 0,
         }
     }
 
-    /// Whether every op of the current epoch from 1 on was applied (none missing).
-    pub fn in_sync(&self) -> bool {
-        self.in_sync
-    }
-
-    /// The current epoch and the last op applied in it.
-    pub fn position(&self) -> (Option<u64>, u64) {
-        (self.epoch, self.last_seq)
-    }
-
-    /// The ingester's clock of the last op applied (ms since the Unix epoch; 0: none).
-    pub fn last_at_ms(&self) -> u64 {
-        self.last_at_ms
-    }
-
-    /// Gaps seen since start.
-    pub fn gaps(&self) -> u64 {
-        self.gaps
-    }
-
-    /// The ingester's stream id → this index's id, for reading stream stats.
+    /// The ingester's stream id → this index's, for reading stream stats.
     pub fn stream(&self, ingester_id: u32) -> Option<StreamId> {
         self.ids.get(&ingester_id).copied()
     }
+}
 
-    /// Applies one op to `index` (the replica's, only ever changed through this).
-    pub fn apply(&mut self, index: &mut Index, op: &Op) -> Applied {
-        let outcome = match self.epoch {
-            Some(e) if e == op.epoch && op.seq <= self.last_seq => return Applied::Stale,
-            Some(e) if e == op.epoch && op.seq == self.last_seq + 1 => Applied::InOrder,
-            Some(e) if e == op.epoch => {
-                self.gaps += 1;
-                self.in_sync = false;
-                Applied::AfterGap
-            }
-            _ => {
-                // A new ingester (or the first op seen): start over from an empty index.
-                *index = Index::new(self.config);
-                self.ids.clear();
-                self.epoch = Some(op.epoch);
-                self.in_sync = op.seq == 1;
-                if !self.in_sync {
-                    self.gaps += 1;
-                }
-                Applied::NewEpoch
-            }
-        };
-        self.last_seq = op.seq;
-        self.last_at_ms = op.at_ms;
-        self.change(index, &op.change);
-        outcome
-    }
+impl Replicated for Core {
+    const SERVICE: &'static str = "indexer";
+    type Change = Change;
+    type Dump = CoreDump;
 
-    fn change(&mut self, index: &mut Index, change: &Change) {
+    fn apply(&mut self, change: Change, _: &Stamp) {
+        let Core { index, ids, .. } = self;
         match change {
+            Change::Start { .. } => {}
             Change::AddStream { stream, spec } => {
-                if let Some(old) = self.ids.remove(stream) {
+                if let Some(old) = ids.remove(&stream) {
                     index.remove_stream(old);
                 }
-                if let Some(id) = index.add_stream(spec.clone()) {
-                    self.ids.insert(*stream, id);
+                if let Some(id) = index.add_stream(spec) {
+                    ids.insert(stream, id);
                 }
             }
             Change::RemoveStream { stream } => {
-                if let Some(id) = self.ids.remove(stream) {
+                if let Some(id) = ids.remove(&stream) {
                     index.remove_stream(id);
                 }
             }
@@ -209,30 +137,91 @@ impl Follower {
                 events,
                 now,
             } => {
-                let ids: Vec<StreamId> = streams
-                    .iter()
-                    .filter_map(|s| self.ids.get(s).copied())
-                    .collect();
-                for ev in events {
-                    for id in &ids {
-                        index.apply(*id, ev, *now);
+                let local: Vec<StreamId> =
+                    streams.iter().filter_map(|s| ids.get(s).copied()).collect();
+                for ev in &events {
+                    for id in &local {
+                        index.apply(*id, ev, now);
                     }
                 }
             }
             Change::ClearStream { stream, tier } => {
-                if let Some(id) = self.ids.get(stream) {
-                    index.clear_stream(*id, *tier);
+                if let Some(id) = ids.get(&stream) {
+                    index.clear_stream(*id, tier);
                 }
             }
             Change::Expire { now } => {
-                index.expire(*now);
+                index.expire(now);
             }
             Change::ExpireSlice { from, len, now } => {
-                let from = usize::try_from(*from).unwrap_or(usize::MAX);
-                let len = usize::try_from(*len).unwrap_or(usize::MAX);
-                index.expire_slice(from, len, *now);
+                let from = usize::try_from(from).unwrap_or(usize::MAX);
+                let len = usize::try_from(len).unwrap_or(usize::MAX);
+                index.expire_slice(from, len, now);
             }
         }
+    }
+
+    fn dump(&self) -> CoreDump {
+        let mut ids: Vec<(u32, u32)> = self.ids.iter().map(|(&k, v)| (k, v.0)).collect();
+        ids.sort_unstable();
+        CoreDump {
+            index: self.index.dump(),
+            ids,
+        }
+    }
+
+    fn restore(&self, dump: CoreDump) -> Result<Self, String> {
+        let index = Index::restore(*self.index.config(), dump.index)?;
+        let ids = dump
+            .ids
+            .into_iter()
+            .map(|(k, v)| (k, StreamId(v)))
+            .collect::<HashMap<_, _>>();
+        if ids.values().any(|&id| index.stream_spec(id).is_none()) {
+            return Err("a stream id names no stream of the index".into());
+        }
+        Ok(Core {
+            index,
+            routes: HashMap::new(),
+            ids,
+        })
+    }
+
+    fn takeover(holder: String, _fresh: bool) -> Change {
+        Change::Start { holder }
+    }
+
+    /// Every epoch starts from an empty index.
+    fn fresh(_: &Change) -> bool {
+        true
+    }
+
+    /// The events of an `Apply` in two halves.
+    fn split(change: &Change) -> Option<(Change, Change)> {
+        let Change::Apply {
+            streams,
+            events,
+            now,
+        } = change
+        else {
+            return None;
+        };
+        if events.len() < 2 {
+            return None;
+        }
+        let (a, b) = events.split_at(events.len() / 2);
+        let part = |events: &[KvEvent]| Change::Apply {
+            streams: streams.clone(),
+            events: events.to_vec(),
+            now: *now,
+        };
+        Some((part(a), part(b)))
+    }
+
+    /// A new ingester: start over from an empty index.
+    fn new_epoch(&mut self) {
+        self.index = Index::new(*self.index.config());
+        self.ids.clear();
     }
 }
 

@@ -273,6 +273,11 @@ impl Store {
         true
     }
 
+    /// Seconds per tick of the store's clock.
+    pub(crate) fn tick_secs(&self) -> u32 {
+        self.tick_secs
+    }
+
     /// The store's clock at `now` (seconds): ticks, wrapping at 16 bits.
     pub(crate) fn tick(&self, now: u32) -> u16 {
         (now / self.tick_secs) as u16
@@ -621,6 +626,10 @@ impl Store {
         }
     }
 }
+
+#[path = "table_dump.rs"]
+mod dump;
+pub(crate) use dump::StoreDump;
 
 #[cfg(test)]
 #[path = "table_tests.rs"]

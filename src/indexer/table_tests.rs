@@ -372,3 +372,32 @@ fn a_batch_of_frees_can_make_many_more_heads_than_there_were() {
     assert_eq!(s.heads(), 5_000);
     assert_eq!(check_reachable(&s), 5_000);
 }
+
+/// A dump restores the same arena with tables that find every record; a dump whose links
+/// point outside what it holds is refused, not a panic later.
+#[test]
+fn a_dump_restores_the_arena_and_a_broken_one_is_refused() {
+    let mut s = Store::new(1);
+    let a = put(&mut s, 0, 10, 0, 100, Medium::Gpu, 1, None);
+    put(&mut s, 0, 11, 0, 101, Medium::Gpu, 1, Some((a, 100)));
+    let b = put(&mut s, 1, 20, 1, 200, Medium::Cpu, 2, None);
+    s.drop_ref(b, Medium::Cpu, true);
+    s.collect_lanes();
+    let dump = s.dump();
+    let restored = Store::restore(dump.clone()).expect("restores");
+    assert_eq!(restored.dump(), dump);
+    assert_eq!(check_reachable(&restored), check_reachable(&s));
+    assert_eq!(restored.find_engine(0, 11), s.find_engine(0, 11));
+    let broken = |f: &dyn Fn(&mut StoreDump)| {
+        let mut d = dump.clone();
+        f(&mut d);
+        Store::restore(d)
+    };
+    assert!(broken(&|d| d.lanes.clear()).is_err(), "a record's lane");
+    assert!(broken(&|d| d.free = 999).is_err(), "a free link");
+    assert!(broken(&|d| d.recs.truncate(21)).is_err(), "a torn arena");
+    assert!(
+        broken(&|d| d.ns_lanes.clear()).is_err(),
+        "a lane's namespace"
+    );
+}

@@ -1,5 +1,6 @@
 //! `--cluster` over a real `nats-server`: the controller's and the coordinator's hot
-//! standby taking over from a SIGKILLed leader. One test binary; all modules share
+//! standby taking over from a SIGKILLed leader, and every service's followers restoring a
+//! snapshot after the log dropped its start. One test binary; all modules share
 //! `tests/support`.
 
 #[path = "../support/mod.rs"]
@@ -7,3 +8,4 @@ mod support;
 
 mod controller;
 mod coordinator;
+mod indexer;

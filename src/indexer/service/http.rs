@@ -78,6 +78,7 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .route("/services", get(services))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/indexer/cluster", get(cluster_status))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi));
     stack
@@ -262,6 +263,12 @@ async fn readyz(State(st): St) -> impl IntoResponse {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(body))
+}
+
+/// This indexer's place in its `--cluster`: the replication core's status document, as
+/// `/controller/cluster` and `/coordinator/cluster` answer it.
+async fn cluster_status(State(st): St) -> Json<Value> {
+    Json(super::cluster::status_json(&st))
 }
 
 async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) -> impl IntoResponse {

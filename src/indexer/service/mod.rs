@@ -17,8 +17,8 @@ use openapi::openapi_doc;
 
 use crate::config::defaults::indexer as d;
 use crate::indexer::events::KvEvent;
-use crate::indexer::index::{Index, IndexConfig, StreamId, StreamSpec, SWEEP_SLICE};
-use crate::indexer::replica::Change;
+use crate::indexer::index::{IndexConfig, StreamId, StreamSpec, SWEEP_SLICE};
+use crate::indexer::replica::{Change, Core};
 use crate::indexer::seq::{SeqConfig, SeqCounters};
 use crate::service::{bind_tcp, Running, StartError};
 use api::{ApiError, EngineType, Registration, Unregistration};
@@ -128,6 +128,10 @@ pub struct IndexerArgs {
     /// `/register` answers 409, queries are answered from the followed changes.
     #[arg(long, env = "KVPLANE_INDEXER_REPLICA", requires = "cluster")]
     pub replica: bool,
+    /// A replica publishes a snapshot of its index every this many records it applies (at
+    /// most one every 10 s, only in sync; 0: never), for replicas that start later.
+    #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = crate::config::defaults::cluster::SNAPSHOT_RECORDS)]
+    pub cluster_snapshot_records: u64,
 }
 
 /// `--max-memberships`: 1 to [`crate::indexer::index::MAX_MEMBERSHIPS`].
@@ -176,6 +180,7 @@ impl IndexerArgs {
                 .map(|url| crate::cluster::ClusterConfig {
                     name: self.cluster_name.clone(),
                     max_bytes: self.cluster_max_bytes,
+                    snapshot_records: self.cluster_snapshot_records,
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             replica: self.replica,
@@ -283,12 +288,6 @@ struct Registry {
     next_publisher: u32,
 }
 
-/// The index and the streams each publisher feeds, behind one lock.
-struct Core {
-    index: Index,
-    routes: HashMap<u32, Vec<StreamId>>,
-}
-
 /// Everything the indexer's tasks and routes share.
 pub struct IndexerState {
     core: RwLock<Core>,
@@ -311,10 +310,7 @@ impl IndexerState {
         shutdown: CancellationToken,
     ) -> Self {
         Self {
-            core: RwLock::new(Core {
-                index: Index::new(config.index),
-                routes: HashMap::new(),
-            }),
+            core: RwLock::new(Core::new(config.index)),
             role,
             registry: Mutex::new(Registry::default()),
             metrics: IndexerMetrics::default(),
@@ -333,7 +329,7 @@ impl IndexerState {
     fn apply(&self, id: u32, events: &[KvEvent]) {
         let now = self.now_secs();
         let mut core = self.core.write();
-        let Core { index, routes } = &mut *core;
+        let Core { index, routes, .. } = &mut *core;
         let Some(streams) = routes.get(&id) else {
             return;
         };
@@ -358,7 +354,7 @@ impl IndexerState {
     /// Drops every block of every stream publisher `id` feeds (a restart).
     fn clear_publisher(&self, id: u32) {
         let mut core = self.core.write();
-        let Core { index, routes } = &mut *core;
+        let Core { index, routes, .. } = &mut *core;
         if let Some(streams) = routes.get(&id) {
             for s in streams {
                 index.clear_stream(*s, None);
@@ -668,7 +664,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
     let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let (role, ops) = cluster::Role::join(config.cluster.as_ref(), config.replica, config.index)
+    let role = cluster::Role::join(config.cluster.as_ref(), config.replica, &shutdown, &tasks)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
     let state = Arc::new(IndexerState::new(
@@ -677,7 +673,9 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
         tasks.clone(),
         shutdown.clone(),
     ));
-    cluster::spawn(&state, ops, &shutdown, &tasks);
+    cluster::follow(&state, &shutdown, &tasks)
+        .await
+        .map_err(|e| StartError::Cluster(e.to_string()))?;
     if state.role.is_replica() && !initial.is_empty() {
         tracing::warn!("--publishers ignored: a replica follows the ingester's registrations");
     }

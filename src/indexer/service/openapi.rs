@@ -98,6 +98,8 @@ pub(crate) fn openapi_doc() -> Value {
         "/healthz": {"get": op("Liveness", None, json!({"type": "object"}), &["405"])},
         "/readyz": {"get": op("Ready: answering from a complete index (a replica: caught up)", None,
             json!({"type": "object"}), &["405", "503"])},
+        "/indexer/cluster": {"get": op("Place in the --cluster (role, log position, lag, published records; {\"role\": \"standalone\"} without one)", None,
+            json!({"type": "object"}), &["405"])},
         "/metrics": {"get": op("Prometheus metrics (text)", None, json!({"type": "string"}), &["405"])},
         "/openapi.json": {"get": op("This document", None, json!({"type": "object"}), &["405"])}
       }
