@@ -76,7 +76,10 @@ fn words(n: std::ops::Range<usize>) -> Vec<String> {
     n.map(|i| format!("word-{i:04}")).collect()
 }
 
-fn drain(rx: &mut tokio::sync::mpsc::Receiver<Bytes>) -> Vec<Record<Change>> {
+/// The records queued in `rx`, decoded.
+pub(crate) fn drain<C: serde::de::DeserializeOwned>(
+    rx: &mut tokio::sync::mpsc::Receiver<Bytes>,
+) -> Vec<Record<C>> {
     let mut out = Vec::new();
     while let Ok(b) = rx.try_recv() {
         out.push(Record::decode(&b).expect("a record"));

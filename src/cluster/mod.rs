@@ -426,4 +426,4 @@ async fn read(
 
 #[cfg(test)]
 #[path = "core_tests.rs"]
-mod core_tests;
+pub(crate) mod core_tests;

@@ -3,6 +3,7 @@
 //! applies as the whole; a lapsed lease refuses dispatches.
 
 use super::*;
+use crate::cluster::core_tests::drain;
 use crate::cluster::{Applied, Lease, LogStats, Record};
 use crate::coordinator::changes::tests::{
     batch, config, fleet_view, key, model_view, reg, stores, Follower,
@@ -13,7 +14,6 @@ use crate::coordinator::events::Op;
 use crate::coordinator::events::Tier;
 use crate::coordinator::logged::ChangeLog;
 use crate::coordinator::model::Model;
-use bytes::Bytes;
 use serde_json::json;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -26,14 +26,6 @@ fn recorder() -> (Dispatcher, Arc<AtomicU64>) {
         Box::pin(async { Ok(()) })
     });
     (d, calls)
-}
-
-fn drain(rx: &mut mpsc::Receiver<Bytes>) -> Vec<Record<Change>> {
-    let mut out = Vec::new();
-    while let Ok(b) = rx.try_recv() {
-        out.push(Record::decode(&b).expect("a record"));
-    }
-    out
 }
 
 fn takeover(epoch: u64) -> Record<Change> {

@@ -126,10 +126,8 @@ impl Handle {
         &self,
         f: impl FnOnce(&Model, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
-        call(&self.keys, move |k: &mut Keys, now, wall| {
-            f(k.model(), now, wall)
-        })
-        .await
+        self.change_keys(move |k, now, wall| f(k.model(), now, wall))
+            .await
     }
 
     /// Runs `f` on the fleet (with monotonic and wall-clock now) and returns its result. A
@@ -141,10 +139,8 @@ impl Handle {
         &self,
         f: impl FnOnce(&Fleet, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
-        call(&self.fleet, move |m: &mut Members, now, wall| {
-            f(m.fleet(), now, wall)
-        })
-        .await
+        self.change_fleet(move |m, now, wall| f(m.fleet(), now, wall))
+            .await
     }
 
     /// Runs `f` on the key owner's [`Keys`]: a change through one of its logged methods.

@@ -197,32 +197,36 @@ fn a_new_epoch_starts_over_from_an_empty_index() {
     assert!(!late.cursor.in_sync());
 }
 
-#[test]
-fn a_sliced_ttl_sweep_replicates_slice_by_slice() {
-    let config = IndexConfig {
+fn ttl_10s() -> IndexConfig {
+    IndexConfig {
         ttl_secs: Some(10),
         ..IndexConfig::default()
-    };
-    let (mut leader, mut ids) = (Index::new(config), Vec::new());
-    let mut follower = Follower::new(config);
+    }
+}
+
+/// [`changes`], then `refresh` stored on stream 1 at 15 s, then the TTL sweep at 20 s in two
+/// slices of the arena: the first `cut` records, then the rest.
+fn swept(refresh: KvEvent, cut: u64) -> Vec<Change> {
     let mut changes = changes();
-    // Stream 0 stored at 1 and 3 (now 20: expired); stream 1 refreshed at 15 (kept).
     changes.push(Change::Apply {
         streams: vec![1],
-        events: vec![stored(2, 700, Medium::Disk)],
+        events: vec![refresh],
         now: 15,
     });
-    // The sweep in two slices of the arena: two records, then the rest.
-    changes.push(Change::ExpireSlice {
-        from: 0,
-        len: 2,
-        now: 20,
-    });
-    changes.push(Change::ExpireSlice {
-        from: 2,
-        len: 1 << 20,
-        now: 20,
-    });
+    for (from, len) in [(0, cut), (cut, 1 << 20)] {
+        changes.push(Change::ExpireSlice { from, len, now: 20 });
+    }
+    changes
+}
+
+#[test]
+fn a_sliced_ttl_sweep_replicates_slice_by_slice() {
+    let config = ttl_10s();
+    let (mut leader, mut ids) = (Index::new(config), Vec::new());
+    let mut follower = Follower::new(config);
+    // Stream 0 stored at 1 and 3 (now 20: expired); stream 1 refreshed at 15 (kept); the
+    // sweep in two slices of the arena: two records, then the rest.
+    let changes = swept(stored(2, 700, Medium::Disk), 2);
     let mut expired_after_first = None;
     for op in ops(3, &changes) {
         lead(&mut leader, &mut ids, &op.change);
@@ -261,28 +265,9 @@ fn a_sliced_ttl_sweep_replicates_slice_by_slice() {
 /// the ingester).
 #[test]
 fn a_snapshot_restores_the_index_and_the_log_goes_on_from_it() {
-    let config = IndexConfig {
-        ttl_secs: Some(10),
-        ..IndexConfig::default()
-    };
+    let config = ttl_10s();
     let (mut leader, mut ids) = (Index::new(config), Vec::new());
-    let mut changes = changes();
-    changes.push(Change::Apply {
-        streams: vec![1],
-        events: vec![stored(3, 800, Medium::Gpu)],
-        now: 15,
-    });
-    changes.push(Change::ExpireSlice {
-        from: 0,
-        len: 3,
-        now: 20,
-    });
-    changes.push(Change::ExpireSlice {
-        from: 3,
-        len: 1 << 20,
-        now: 20,
-    });
-    let log = ops(4, &changes);
+    let log = ops(4, &swept(stored(3, 800, Medium::Gpu), 3));
     let mid = 4;
     let mut first = Follower::new(config);
     for op in &log {
