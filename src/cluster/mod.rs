@@ -254,9 +254,20 @@ impl Cluster {
     /// # Errors
     /// Not sent, not acknowledged, or no answer within the timeout.
     pub async fn publish_acked(&self, service: &str, payload: Bytes) -> Result<(), String> {
+        self.publish_to(self.subject(service), payload)
+            .await
+            .map(drop)
+    }
+
+    /// Publishes `payload` on `subject` and waits for the server to store it; its stream
+    /// sequence.
+    ///
+    /// # Errors
+    /// Not sent, not acknowledged, or no answer within the timeout.
+    pub(crate) async fn publish_to(&self, subject: String, payload: Bytes) -> Result<u64, String> {
         let send = async {
             self.js
-                .publish(self.subject(service), payload)
+                .publish(subject, payload)
                 .await
                 .map_err(|e| e.to_string())?
                 .await
@@ -265,7 +276,7 @@ impl Cluster {
         tokio::time::timeout(self.config.timeout, send)
             .await
             .map_err(|_| format!("no answer within {:?}", self.config.timeout))?
-            .map(|_| ())
+            .map(|ack| ack.sequence)
     }
 }
 

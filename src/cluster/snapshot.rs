@@ -68,20 +68,11 @@ impl Cluster {
         let part_bytes = self.max_message_bytes().max(4096);
         let mut parts = Vec::with_capacity(data.len() / part_bytes + 1);
         for chunk in data.chunks(part_bytes) {
-            let send = async {
-                self.js
-                    .publish(subject.clone(), Bytes::copy_from_slice(chunk))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            let ack = tokio::time::timeout(self.config.timeout, send)
+            let seq = self
+                .publish_to(subject.clone(), Bytes::copy_from_slice(chunk))
                 .await
-                .map_err(|_| {
-                    format!("snapshot part: no answer within {:?}", self.config.timeout)
-                })??;
-            parts.push(ack.sequence);
+                .map_err(|e| format!("snapshot part: {e}"))?;
+            parts.push(seq);
         }
         let marker = Marker {
             id,
@@ -89,18 +80,9 @@ impl Cluster {
             bytes: data.len() as u64,
         };
         let payload = rmp_serde::to_vec(&marker).map_err(|e| e.to_string())?;
-        let latest = Bytes::from(payload);
-        let send = async {
-            self.js
-                .publish(self.snap_subject(service, "latest"), latest)
-                .await
-                .map_err(|e| e.to_string())?
-                .await
-                .map_err(|e| e.to_string())
-        };
-        tokio::time::timeout(self.config.timeout, send)
+        self.publish_to(self.snap_subject(service, "latest"), Bytes::from(payload))
             .await
-            .map_err(|_| "snapshot marker: no answer".to_owned())??;
+            .map_err(|e| format!("snapshot marker: {e}"))?;
         if let Some(old) = previous.filter(|m| m.id != id) {
             let purge = stream
                 .purge()
