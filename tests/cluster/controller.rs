@@ -330,19 +330,33 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
     )
     .await;
 
+    // The leader applies before its records reach the stream; a replica's readiness speaks for
+    // what the stream holds, so wait for every record to be acknowledged there first.
+    until(
+        &ports,
+        "/controller/cluster",
+        "the leader's records are all in the stream",
+        |v| v["published"]["pending"] == 0 && v["published"]["acked"].as_u64() > Some(0),
+    )
+    .await;
     let lookup = json!({"hashes": [2, 3, 4, 5]}).to_string();
     let (_, at_leader) = http(loopback(ports.http), "POST", "/lookup", Some(&lookup), &[]).await;
     for &port in &replica_ports {
+        // Readiness comes from the last delivery's count of what remains, so it can be one
+        // delivery behind: the index must converge to the leader's, and then say ready.
+        let stats = until_on(
+            port,
+            "/controller/key-stats",
+            "the replica holds the leader's index",
+            |v| *v == leader_stats,
+        )
+        .await;
+        assert_eq!(stats["total_key_count"], held);
         let ready = until_on(port, "/readyz", "the replica is caught up", |v| {
             v["status"] == "ready"
         })
         .await;
         assert_eq!(ready["replica"]["pending"], 0, "{ready}");
-        let stats = until_on(port, "/controller/key-stats", "replica key stats", |_| true).await;
-        assert_eq!(
-            stats, leader_stats,
-            "a caught-up replica holds the leader's index"
-        );
         let workers = until_on(port, "/controller/workers", "replica workers", |_| true).await;
         assert_eq!(workers["total_count"], 4, "{workers}");
         let (status, answer) = http(loopback(port), "POST", "/lookup", Some(&lookup), &[]).await;
