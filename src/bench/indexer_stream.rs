@@ -10,12 +10,11 @@
 //! recompute the blocks from `token_ids`.
 
 use super::stats::mix;
+use crate::transport::{Publisher, ReplayServer};
 use bytes::Bytes;
 use rmp::encode::{write_array_len, write_f64, write_nil, write_str, write_uint};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use zeromq::prelude::*;
-use zeromq::{PubSocket, RouterSocket, ZmqMessage};
 
 /// Shape of the stream.
 #[derive(Debug, Clone, Copy)]
@@ -88,7 +87,7 @@ impl Shape {
 /// One simulated engine: its PUB socket, its replay ROUTER and its pre-encoded messages
 /// (message `i` has sequence number `i`).
 pub(super) struct EnginePublisher {
-    socket: PubSocket,
+    socket: Publisher,
     /// `tcp://127.0.0.1:port` of the PUB socket.
     pub(super) endpoint: String,
     /// `tcp://127.0.0.1:port` of the replay ROUTER.
@@ -100,35 +99,26 @@ pub(super) struct EnginePublisher {
     replay_task: tokio::task::JoinHandle<()>,
 }
 
-fn frames(f: Vec<Bytes>) -> Result<ZmqMessage, String> {
-    ZmqMessage::try_from(f).map_err(|e| format!("zmq message: {e:?}"))
-}
-
 impl EnginePublisher {
     /// Binds both sockets on 127.0.0.1 (ephemeral ports) and starts serving replays.
     ///
     /// # Errors
     /// A bind failure.
     pub(super) async fn start(messages: Vec<Bytes>) -> Result<Self, String> {
-        let mut socket = PubSocket::new();
-        let endpoint = socket
-            .bind("tcp://127.0.0.1:0")
+        let (socket, pub_addr) = Publisher::bind("127.0.0.1:0")
             .await
-            .map_err(|e| format!("bind PUB: {e}"))?
-            .to_string();
-        let mut router = RouterSocket::new();
-        let replay_endpoint = router
-            .bind("tcp://127.0.0.1:0")
+            .map_err(|e| format!("bind PUB: {e}"))?;
+        let endpoint = format!("tcp://{pub_addr}");
+        let (mut router, router_addr) = ReplayServer::bind("127.0.0.1:0")
             .await
-            .map_err(|e| format!("bind ROUTER: {e}"))?
-            .to_string();
+            .map_err(|e| format!("bind ROUTER: {e}"))?;
+        let replay_endpoint = format!("tcp://{router_addr}");
         let messages = Arc::new(messages);
         let served = Arc::clone(&messages);
         let published = Arc::new(AtomicUsize::new(0));
         let upto = Arc::clone(&published);
         let replay_task = tokio::spawn(async move {
-            while let Ok(req) = router.recv().await {
-                let f = req.into_vec();
+            while let Ok(f) = router.recv().await {
                 let [id, _empty, seq] = &f[..] else { continue };
                 let Ok(start) = <[u8; 8]>::try_from(&seq[..]) else {
                     continue;
@@ -136,28 +126,24 @@ impl EnginePublisher {
                 let start = u64::from_be_bytes(start) as usize;
                 let end = upto.load(Ordering::Acquire);
                 for (s, payload) in served.iter().enumerate().take(end).skip(start) {
-                    let Ok(msg) = frames(vec![
+                    let msg = vec![
                         id.clone(),
                         Bytes::new(),
                         Bytes::new(),
                         Bytes::copy_from_slice(&(s as u64).to_be_bytes()),
                         payload.clone(),
-                    ]) else {
-                        return;
-                    };
+                    ];
                     if router.send(msg).await.is_err() {
                         return;
                     }
                 }
-                let Ok(end) = frames(vec![
+                let end = vec![
                     id.clone(),
                     Bytes::new(),
                     Bytes::new(),
                     Bytes::from_static(&[0xff; 8]),
                     Bytes::new(),
-                ]) else {
-                    return;
-                };
+                ];
                 let _ = router.send(end).await;
             }
         });
@@ -200,11 +186,11 @@ impl EnginePublisher {
 
     /// Sends message `seq` under its sequence number.
     async fn send(&mut self, seq: usize) -> Result<(), String> {
-        let msg = frames(vec![
+        let msg = vec![
             Bytes::new(),
             Bytes::copy_from_slice(&(seq as u64).to_be_bytes()),
             self.messages[seq].clone(),
-        ])?;
+        ];
         self.socket
             .send(msg)
             .await

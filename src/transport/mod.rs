@@ -8,7 +8,9 @@
 //! Controller side: [`PullListener`] (fire-and-forget worker batches), [`RouterListener`]
 //! (requests from workers' DEALER sockets, replies by peer identity, splittable into
 //! [`RouterReceiver`] and [`RouterSender`]) and [`ReqClient`] (the downlink to one worker's REP
-//! socket). Worker side: [`PushSender`], [`DealerClient`] and [`RepServer`]. The listeners'
+//! socket). Worker side: [`PushSender`], [`DealerClient`] and [`RepServer`]. Indexer side:
+//! [`Subscriber`] and [`ReplayClient`]; their engine-side twins, for load generators and
+//! simulated engines: [`Publisher`] and [`ReplayServer`]. The listeners'
 //! `bind_with` takes the [`TransportLimits`] their peers must keep to; clients use the
 //! defaults.
 //!
@@ -49,6 +51,7 @@
 
 mod client;
 mod listener;
+mod publisher;
 mod stats;
 mod subscriber;
 
@@ -57,6 +60,7 @@ pub use listener::{
     PeerId, PullListener, RouterListener, RouterReceiver, RouterRequest, RouterSender,
     DEFAULT_REPLY_TIMEOUT,
 };
+pub use publisher::{Publisher, ReplayServer};
 pub use stats::{DropReason, TransportStats};
 pub use subscriber::{ReplayClient, Subscriber, SubscriberEvent};
 

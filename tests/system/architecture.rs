@@ -1,7 +1,10 @@
 //! The dependency direction of docs/ARCHITECTURE.md, checked on the source: every
 //! `crate::<module>` path in `src/<module>/` must be an edge the table below allows. Shared
 //! plumbing never reaches up into a service, and no service reaches into another; a new edge
-//! is a design decision, made here and in docs/ARCHITECTURE.md together.
+//! is a design decision, made here and in docs/ARCHITECTURE.md together. The crates that
+//! must stay behind one module (the ZMQ library behind `transport`, the NATS client behind
+//! `cluster`) are checked the same way over every Rust file of `src/`, the binary's and the
+//! load generators' included, and over `benches/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -72,6 +75,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
 ];
 
+/// External crate → the only `src/` module whose code may name it.
+const CONFINED: &[(&str, &str)] = &[("zeromq", "transport"), ("async_nats", "cluster")];
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for entry in entries {
@@ -82,6 +88,24 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+}
+
+/// Whether code (comments excluded) names the crate `name` as a path (`name::…`) or in a
+/// `use name` / `extern crate name`.
+fn names_crate(text: &str, name: &str) -> bool {
+    text.lines().any(|line| {
+        let code = line.split("//").next().unwrap_or("");
+        code.match_indices(name).any(|(at, _)| {
+            let before = code[..at].chars().next_back();
+            let after = &code[at + name.len()..];
+            let starts_word = !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            starts_word
+                && (after.starts_with("::")
+                    || (code[..at].trim_end().ends_with("use")
+                        || code[..at].trim_end().ends_with("crate"))
+                        && after.starts_with([';', ' ']))
+        })
+    })
 }
 
 /// The `crate::<name>` modules a source text uses, comments excluded.
@@ -143,6 +167,49 @@ fn modules_depend_only_in_the_documented_direction() {
     // The check saw every module of the table, so a rename cannot make it vacuous.
     let expected: BTreeSet<&str> = allowed.keys().copied().collect();
     assert_eq!(checked, expected);
+}
+
+#[test]
+fn confined_crates_are_named_only_by_their_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    rust_files(&root.join("benches"), &mut files);
+    let mut violations = Vec::new();
+    let mut seen = BTreeSet::new();
+    for file in &files {
+        let module = file
+            .strip_prefix(&src)
+            .ok()
+            .and_then(|rel| rel.components().next())
+            .and_then(|c| c.as_os_str().to_str())
+            .map(|m| m.strip_suffix(".rs").unwrap_or(m));
+        let text = std::fs::read_to_string(file).expect("read source");
+        for &(krate, owner) in CONFINED {
+            if names_crate(&text, krate) {
+                if module == Some(owner) {
+                    seen.insert(krate);
+                } else {
+                    violations.push(format!("{}: names `{krate}`", file.display()));
+                }
+            }
+        }
+    }
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    // Each owner really uses its crate, so the scan cannot pass by seeing nothing.
+    assert_eq!(seen.len(), CONFINED.len(), "{seen:?}");
+}
+
+#[test]
+fn the_crate_scanner_sees_paths_and_uses_and_skips_comments_and_words() {
+    assert!(names_crate("use zeromq::prelude::*;", "zeromq"));
+    assert!(names_crate("let s = zeromq::PubSocket::new();", "zeromq"));
+    assert!(names_crate("use async_nats;", "async_nats"));
+    assert!(!names_crate("// zeromq::PubSocket", "zeromq"));
+    assert!(!names_crate("let my_zeromq::x = 1;", "zeromq"));
+    assert!(!names_crate("/// the `zeromq` crate", "zeromq"));
+    assert!(!names_crate("let zeromq_like = 1;", "zeromq"));
 }
 
 #[test]
