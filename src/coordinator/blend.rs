@@ -8,7 +8,7 @@
 //! in the directory's binding). Claims — which namespaces (model, salt, world size) hold a
 //! chunk — are counted here for `GET /directory/stats`; the directory decides them. Pure.
 
-use super::directory::Hash32;
+use super::chunk_hash::Hash32;
 use hashbrown::HashMap;
 
 /// The polynomial base (odd, so multiplication is a bijection mod 2^64).

@@ -14,6 +14,7 @@
 //! ([`DirCounters`]). Pure: no I/O, no clock.
 
 use super::blend::{self, BlendIndex, Namespace};
+pub use super::chunk_hash::Hash32;
 use super::events::{Batch, Op, Tier};
 use super::keys::EncodedKey;
 use super::tokens::UNKNOWN_OFFSET;
@@ -31,17 +32,6 @@ const SHARDS: usize = 256;
 /// Most token ids the directory keeps over all chunks (1 GiB as `u32`: 1 Mi chunks of 256
 /// tokens); a chunk beyond is kept without its tokens (`tokens_refused`).
 pub const MAX_TOKEN_IDS: usize = 256 << 20;
-
-/// The directory's limits for a model of `m`: as many keys as the model tracks, names for
-/// four times the instance limit (restarted servers with fresh ids), blend off.
-pub fn config_for(m: &super::model::ModelConfig) -> DirectoryConfig {
-    DirectoryConfig {
-        max_keys: m.max_tracked_keys,
-        max_token_ids: MAX_TOKEN_IDS,
-        max_names: m.max_instances.saturating_mul(4).saturating_add(64),
-        blend: None,
-    }
-}
 
 /// Limits of the directory.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,51 +57,6 @@ pub struct DirCounters {
     pub names_refused: u64,
     /// Chunks whose token ids were not kept at `max_token_ids`.
     pub tokens_refused: u64,
-}
-
-/// A chunk hash, inline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Hash32 {
-    bytes: [u8; 32],
-    len: u8,
-}
-
-impl Hash32 {
-    /// From hex (any case); `None` if not even-length hex of at most 32 bytes.
-    pub fn parse(hex: &str) -> Option<Self> {
-        let raw = hex.as_bytes();
-        if !raw.len().is_multiple_of(2) || raw.len() > 64 {
-            return None;
-        }
-        let mut h = Hash32 {
-            bytes: [0; 32],
-            len: u8::try_from(raw.len() / 2).ok()?,
-        };
-        for (i, pair) in raw.chunks_exact(2).enumerate() {
-            let s = std::str::from_utf8(pair).ok()?;
-            h.bytes[i] = u8::from_str_radix(s, 16).ok()?;
-        }
-        Some(h)
-    }
-
-    fn from_bytes(b: &[u8]) -> Option<Self> {
-        let mut h = Hash32 {
-            bytes: [0; 32],
-            len: u8::try_from(b.len()).ok().filter(|&l| l <= 32)?,
-        };
-        h.bytes[..b.len()].copy_from_slice(b);
-        Some(h)
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-
-    /// Lowercase hex.
-    pub fn hex(&self) -> String {
-        self.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

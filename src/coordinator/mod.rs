@@ -56,6 +56,7 @@ pub mod blend;
 pub mod cache_api;
 pub mod changes;
 pub mod checkpoint;
+pub mod chunk_hash;
 pub mod cluster;
 pub mod dashboard;
 pub mod directory;

@@ -10,6 +10,7 @@
 //! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
 //! owner answers other requests between the slices of a large request.
 
+use super::directory::DirectoryConfig;
 use super::events::{Admit, Batch, Gate, Op, Tier};
 use super::fleet::Instance;
 use super::holders::FLEET;
@@ -205,7 +206,7 @@ impl Model {
             counters: Counters::default(),
             in_flight: hashbrown::HashMap::new(),
             cycle: 0,
-            directory: super::directory::Directory::new(super::directory::config_for(&config)),
+            directory: super::directory::Directory::new(directory_config(&config)),
             config,
         }
     }
@@ -251,10 +252,8 @@ impl Model {
             dump.usage,
         );
         model.counters = dump.counters;
-        model.directory = super::directory::Directory::restore(
-            super::directory::config_for(&model.config),
-            dump.directory,
-        );
+        model.directory =
+            super::directory::Directory::restore(directory_config(&model.config), dump.directory);
         Ok(model)
     }
 
@@ -708,6 +707,17 @@ fn max_holders(config: &ModelConfig) -> usize {
 #[path = "eviction.rs"]
 mod eviction;
 pub use eviction::{dispatches, Dispatch, Victims};
+
+/// The directory's limits for a model of `m`: as many keys as the model tracks, names for
+/// four times the instance limit (restarted servers with fresh ids), blend off.
+fn directory_config(m: &ModelConfig) -> DirectoryConfig {
+    DirectoryConfig {
+        max_keys: m.max_tracked_keys,
+        max_token_ids: super::directory::MAX_TOKEN_IDS,
+        max_names: m.max_instances.saturating_mul(4).saturating_add(64),
+        blend: None,
+    }
+}
 
 #[cfg(test)]
 #[path = "model_tests.rs"]
