@@ -163,6 +163,9 @@ pub mod defaults {
         pub const MAX_RESPONSE_BYTES: usize = 64 << 20;
         /// HTTP connections served at once.
         pub const MAX_HTTP_CONNECTIONS: usize = 4096;
+        /// Seconds a shared reservation counts at most (the response timeout: an answer
+        /// still streaming after it stops counting for the other replicas).
+        pub const RESERVATION_TTL_S: f64 = 600.0;
     }
 
     /// Defaults of `--cluster` (docs/CLUSTER.md).

@@ -10,7 +10,7 @@
 //! succeeded, whether or not it can reach NATS to hear so.
 
 use super::{Cluster, ClusterError};
-use async_nats::jetstream::{kv, stream};
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -61,41 +61,7 @@ impl Cluster {
     /// JetStream disabled, or no answer within the timeout.
     pub async fn lease_bucket(&self) -> Result<LeaseBucket, ClusterError> {
         let bucket = format!("kvplane-{}-leases", self.config.name);
-        let err = |reason: String| ClusterError::Stream {
-            stream: format!("KV_{bucket}"),
-            reason,
-        };
-        let open = async {
-            match self.js.get_key_value(bucket.clone()).await {
-                Ok(store) => Ok(store),
-                Err(_) => {
-                    // The bucket's stream, made as JetStream's key-value convention says
-                    // (async-nats' own create_key_value first reads account fields that
-                    // servers before 2.10, Debian's 2.9 among them, do not send).
-                    self.js
-                        .get_or_create_stream(stream::Config {
-                            name: format!("KV_{bucket}"),
-                            subjects: vec![format!("$KV.{bucket}.>")],
-                            max_messages_per_subject: 1,
-                            max_age: self.config.lease_ttl,
-                            storage: stream::StorageType::File,
-                            allow_rollup: true,
-                            deny_delete: true,
-                            allow_direct: true,
-                            discard: stream::DiscardPolicy::New,
-                            ..Default::default()
-                        })
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    self.js.get_key_value(bucket.clone()).await
-                }
-            }
-            .map_err(|e| e.to_string())
-        };
-        let store = tokio::time::timeout(self.config.timeout, open)
-            .await
-            .map_err(|_| err(format!("no answer within {:?}", self.config.timeout)))?
-            .map_err(err)?;
+        let store = self.open_kv(&bucket, self.config.lease_ttl).await?;
         // The bucket's entries expire after the max age it was created with, whatever this
         // process was told: renewing or trusting a lease on another TTL would let two holders
         // overlap. The bucket's wins.

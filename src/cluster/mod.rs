@@ -9,7 +9,8 @@
 //! reader, epochs, gaps, fencing, periodic snapshots, takeover, `follower.rs`), one record
 //! envelope ([`Record`], `record.rs`), leases with revision fencing (`lease.rs`), snapshots in
 //! parts (`snapshot.rs`), the cursor in a log (`log.rs`, pure), and one status document and
-//! metric set ([`ClusterStatus`], `status.rs`).
+//! metric set ([`ClusterStatus`], `status.rs`); besides, compare-and-set entries shared by
+//! every process ([`CasBucket`], `cas.rs`: the routers' reservations).
 //!
 //! Here: connecting with a deadline, one bounded JetStream stream per (cluster, service) —
 //! `KVPLANE_<cluster>_<service>`, subject `kvplane.<cluster>.<service>` — and an ordered
@@ -18,6 +19,7 @@
 //! Must not: know what a change means; use any service module.
 
 pub mod args;
+mod cas;
 mod follower;
 mod leader;
 mod lease;
@@ -28,6 +30,7 @@ mod snapshot;
 mod status;
 mod takeover;
 
+pub use cas::{CasBucket, CasEntry, CasError};
 pub use follower::{lead_without_lease, Follower, Leadership};
 pub use leader::{ChangeLog, MAX_QUEUED_BYTES, RECORD_QUEUE};
 pub use lease::{Lease, LeaseBucket, LeaseGuard, RenewError};

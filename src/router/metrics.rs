@@ -23,7 +23,10 @@ pub struct RouterMetrics {
     pub usage_missing: IntCounterVec,
     /// Requests refused by a router limit, by limit.
     pub limits_hit: IntCounterVec,
+    /// The counters of the reservations shared with other replicas (`--cluster`).
+    pub shared: super::shared::SharedCounters,
     in_flight: IntGaugeVec,
+    shared_held: IntGaugeVec,
     waiting: IntGaugeVec,
     up: IntGaugeVec,
     cached: IntGaugeVec,
@@ -106,6 +109,32 @@ impl Default for RouterMetrics {
                 "Requests refused by a router limit",
                 &["limit"],
             ),
+            shared: super::shared::SharedCounters {
+                reservations: counter(
+                    &r,
+                    "kvplane_router_shared_reservations_total",
+                    "Reservation writes to the cluster: reserved, conflict (another replica wrote first; decided again), full, too_many, unreachable",
+                    &["outcome"],
+                ),
+                expired: counter(
+                    &r,
+                    "kvplane_router_shared_reservations_expired_total",
+                    "Reservations dropped past their deadline (--reservation-ttl) instead of released",
+                    &[],
+                ),
+                releases: counter(
+                    &r,
+                    "kvplane_router_shared_releases_total",
+                    "Reservations released, by outcome: released, queue_full, gave_up, unreachable (the others expire at their deadline)",
+                    &["outcome"],
+                ),
+            },
+            shared_held: gauge(
+                &r,
+                "kvplane_router_shared_held",
+                "Reservations every replica holds on the engine (--cluster), as this replica last saw them",
+                &["engine"],
+            ),
             in_flight: gauge(
                 &r,
                 "kvplane_router_in_flight",
@@ -152,6 +181,8 @@ pub struct EngineGauges<'a> {
     pub waiting: u64,
     /// Routed to.
     pub up: bool,
+    /// Every replica's reservations (`None`: not shared).
+    pub shared: Option<u64>,
 }
 
 impl RouterMetrics {
@@ -192,6 +223,11 @@ impl RouterMetrics {
                 .with_label_values(&[e.name])
                 .set(e.waiting as i64);
             self.up.with_label_values(&[e.name]).set(i64::from(e.up));
+            if let Some(held) = e.shared {
+                self.shared_held
+                    .with_label_values(&[e.name])
+                    .set(held as i64);
+            }
         }
         for (engine, t) in accounting.per_engine() {
             self.totals(engine, t);

@@ -13,6 +13,8 @@ pub mod doctor;
 mod metrics;
 pub mod routes;
 pub mod score;
+pub mod shared;
+pub mod slots;
 pub mod state;
 pub mod tokenize;
 pub mod upstream;
@@ -44,12 +46,15 @@ pub struct EngineSpec {
     pub dp_rank: u32,
     /// `vLLM` or `SGLang` (its events' format).
     pub kind: EngineType,
+    /// Requests it takes at once from every router replica together (`None`:
+    /// `--engine-slots`).
+    pub slots: Option<u64>,
 }
 
 impl std::str::FromStr for EngineSpec {
     type Err = String;
 
-    /// `URL[,instance=ID][,events=tcp://H:P][,replay=tcp://H:P][,dp_rank=N][,type=vLLM|SGLang]`.
+    /// `URL[,instance=ID][,events=tcp://H:P][,replay=tcp://H:P][,dp_rank=N][,type=vLLM|SGLang][,slots=N]`.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut parts = s.split(',');
         let url = parts.next().unwrap_or_default().trim_end_matches('/');
@@ -66,6 +71,7 @@ impl std::str::FromStr for EngineSpec {
             replay: None,
             dp_rank: 0,
             kind: EngineType::Vllm,
+            slots: None,
         };
         for part in parts {
             let (k, v) = part
@@ -76,6 +82,14 @@ impl std::str::FromStr for EngineSpec {
                 "events" if v.starts_with("tcp://") => spec.events = Some(v.to_owned()),
                 "replay" if v.starts_with("tcp://") => spec.replay = Some(v.to_owned()),
                 "dp_rank" => spec.dp_rank = v.parse().map_err(|_| format!("dp_rank={v}"))?,
+                "slots" => {
+                    spec.slots = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| format!("slots={v}: a number > 0"))?,
+                    )
+                }
                 "type" => {
                     spec.kind = match v.to_ascii_lowercase().as_str() {
                         "vllm" => EngineType::Vllm,
@@ -110,7 +124,7 @@ pub struct RouterArgs {
     #[arg(long, env = "KVPLANE_ROUTER_PORT", default_value_t = d::PORT)]
     pub port: u16,
     /// An engine (repeat the flag; the env twin separates them with spaces):
-    /// `http://host:port[,instance=ID][,events=tcp://host:port][,replay=tcp://host:port][,dp_rank=N][,type=vLLM|SGLang]`.
+    /// `http://host:port[,instance=ID][,events=tcp://host:port][,replay=tcp://host:port][,dp_rank=N][,type=vLLM|SGLang][,slots=N]`.
     #[arg(
         long = "engine",
         env = "KVPLANE_ROUTER_ENGINES",
@@ -176,6 +190,22 @@ pub struct RouterArgs {
     /// 127.0.0.1; 0 picks a free one (logged).
     #[arg(long, env = "KVPLANE_ROUTER_INDEXER_PORT", default_value_t = 0)]
     pub indexer_port: u16,
+    /// Requests an engine takes at once from every replica together (an engine's own
+    /// `slots=N` wins); 0: unlimited. A request finding every engine full is answered 429.
+    #[arg(long, env = "KVPLANE_ROUTER_ENGINE_SLOTS", default_value_t = 0)]
+    pub engine_slots: u64,
+    /// NATS JetStream (`nats://HOST:PORT[,…]`) through which router replicas share their
+    /// reservations, so two replicas routing at once see each other's choice
+    /// (docs/ROUTER.md, "Replicas that do not herd").
+    #[arg(long, env = "KVPLANE_ROUTER_CLUSTER")]
+    pub cluster: Option<String>,
+    /// The cluster's name (replicas of one fleet share it; A-Z a-z 0-9 _ -).
+    #[arg(long, env = "KVPLANE_ROUTER_CLUSTER_NAME", default_value = crate::config::defaults::cluster::NAME)]
+    pub cluster_name: String,
+    /// Seconds a shared reservation counts at most: one whose release never came (a replica
+    /// that died, NATS down at the release) stops counting then (counted as expired).
+    #[arg(long, env = "KVPLANE_ROUTER_RESERVATION_TTL", default_value_t = d::RESERVATION_TTL_S)]
+    pub reservation_ttl: f64,
     /// Check hash parity with every engine and exit (0: all agree; 1: a mismatch, named):
     /// a probe prompt per engine, its published blocks against the index's key, its reuse.
     #[arg(long)]
@@ -260,6 +290,15 @@ impl RouterArgs {
             )?,
             indexer_port: self.indexer_port,
             auth: crate::web::access::Auth::from(&self.auth),
+            engine_slots: (self.engine_slots > 0).then_some(self.engine_slots),
+            cluster: self
+                .cluster
+                .as_ref()
+                .map(|url| crate::cluster::ClusterConfig {
+                    name: self.cluster_name.clone(),
+                    ..crate::cluster::ClusterConfig::new(url.clone())
+                }),
+            reservation_ttl: secs("--reservation-ttl", self.reservation_ttl)?,
         })
     }
 }
@@ -303,6 +342,12 @@ pub struct RouterConfig {
     pub indexer_port: u16,
     /// `--api-token` and its scope (docs/ROUTER.md, "Authentication").
     pub auth: crate::web::access::Auth,
+    /// Slots of an engine without its own `slots=N` (`None`: unlimited).
+    pub engine_slots: Option<u64>,
+    /// The cluster through which replicas share reservations (`None`: local only).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// How long a shared reservation counts at most.
+    pub reservation_ttl: Duration,
 }
 
 impl RouterConfig {
@@ -327,6 +372,9 @@ impl RouterConfig {
             max_http_connections: d::MAX_HTTP_CONNECTIONS,
             indexer_port: 0,
             auth: crate::web::access::Auth::default(),
+            engine_slots: None,
+            cluster: None,
+            reservation_ttl: Duration::from_secs_f64(d::RESERVATION_TTL_S),
         }
     }
 }
@@ -389,13 +437,42 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         })?;
     }
     let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let metrics = metrics::RouterMetrics::default();
+    let shared = match &config.cluster {
+        Some(cluster) => {
+            let instances: Vec<String> =
+                config.engines.iter().map(|e| e.instance.clone()).collect();
+            let joined = shared::Shared::start(
+                cluster.clone(),
+                &instances,
+                config.reservation_ttl,
+                metrics.shared.clone(),
+                &shutdown,
+                &tasks,
+            )
+            .await;
+            match joined {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    shutdown.cancel();
+                    tasks.close();
+                    tasks.wait().await;
+                    indexer.stop().await;
+                    return Err(StartError::resource("join --cluster", e));
+                }
+            }
+        }
+        None => None,
+    };
     let state = Arc::new(RouterState::new(
         config,
         Arc::clone(&indexer.state),
         tokenizer,
+        shared,
+        metrics,
     ));
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
     tasks.spawn(health_loop(Arc::clone(&state), shutdown.clone()));
     let count = {
         let st = Arc::clone(&state);

@@ -2,7 +2,7 @@
 //! `/v1/chat/completions`, `/v1/models`), `/health`, `/metrics` and `/router/stats`.
 
 use super::metrics::EngineGauges;
-use super::state::{Decision, Kind, Reservation, RouterState};
+use super::state::{Decision, Kind, NoRoute, Reservation, RouterState};
 use super::upstream::{self, Failure, StreamObserver};
 use crate::web::access::Access;
 use crate::web::error::{ApiError, Refusal};
@@ -184,16 +184,13 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     } else {
         0.0
     };
-    let (order, decision) = st.decide(tokens.as_deref(), lora, salt, draw);
+    let (matched, decision) = st.query(tokens.as_deref(), lora, salt);
+    let prompt_len = tokens.as_ref().map_or(0, |t| t.len() as u64);
     let source = if st.tokenizer.is_some() {
         "local"
     } else {
         "engine"
     };
-    st.metrics
-        .decision_seconds
-        .with_label_values(&[source])
-        .observe(started.elapsed().as_secs_f64());
     let stream = parsed.get("stream").and_then(Value::as_bool) == Some(true);
     // A stream reports its usage only when asked: ask on the client's behalf (so every
     // answer is accounted) and take the usage-only event out of what the client sees.
@@ -204,10 +201,41 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     } else {
         body
     };
-    for i in order {
+    // Engines whose connect failed: the next route skips them.
+    let mut skip = Vec::new();
+    loop {
+        let routed = st.route(&matched, prompt_len, draw, &skip).await;
+        if skip.is_empty() {
+            st.metrics
+                .decision_seconds
+                .with_label_values(&[source])
+                .observe(started.elapsed().as_secs_f64());
+        }
+        let (i, mut reservation) = match routed {
+            Ok(r) => r,
+            Err(NoRoute::NoneUp) => break,
+            Err(refusal) => {
+                let (limit, message) = if refusal == NoRoute::Full {
+                    ("engine_slots", "every engine's slots are held; retry")
+                } else {
+                    (
+                        "route_attempts",
+                        "other router replicas took every engine chosen; retry",
+                    )
+                };
+                st.metrics.limits_hit.with_label_values(&[limit]).inc();
+                st.metrics
+                    .requests
+                    .with_label_values(&["none", "4xx"])
+                    .inc();
+                let mut resp = error(StatusCode::TOO_MANY_REQUESTS, limit, message);
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+                return resp;
+            }
+        };
         let engine = Arc::clone(&st.engines[i]);
         let name = engine.spec.instance.clone();
-        let mut reservation = st.reserve(i);
         let mut req = hyper::Request::post(format!("{}{path}", engine.spec.url));
         for h in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
             if let Some(v) = headers.get(&h) {
@@ -233,6 +261,7 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
                 if engine.set_up(false) {
                     tracing::warn!(engine = %name, "engine failed ({}); not routed to until it answers a health probe", f.label());
                 }
+                skip.push(i);
                 if f != Failure::Connect {
                     st.metrics.requests.with_label_values(&[&name, "5xx"]).inc();
                     let status = if f == Failure::Timeout {
@@ -517,14 +546,16 @@ async fn metrics(
     axum::Extension(http): axum::Extension<Arc<crate::web::metrics_layer::HttpMetrics>>,
 ) -> Response {
     let accounting = st.accounting.lock();
+    let now = crate::cluster::now_ms();
     let mut text = st.metrics.render(
-        st.engines.iter().map(|e| {
+        st.engines.iter().enumerate().map(|(i, e)| {
             let load = e.load();
             EngineGauges {
                 name: &e.spec.instance,
                 in_flight: load.in_flight,
                 waiting: load.waiting,
                 up: e.is_up(),
+                shared: st.shared.as_ref().map(|s| s.live(i, now)),
             }
         }),
         &accounting,

@@ -1,9 +1,13 @@
 //! The router's driver: the engines with the load it tracks, the in-process index, the
-//! tokenizer, and the decision (tokens → index rows → [`super::score`]) with its reservation.
+//! tokenizer, and the decision (tokens → index rows → [`super::score`]) with its reservation:
+//! local, or shared with the other replicas through the cluster ([`super::shared`]), where a
+//! decision and its reservation are one step (decide, write if nobody wrote since, else decide
+//! again).
 
 use super::accounting::{Accounting, Outcome};
 use super::metrics::RouterMetrics;
 use super::score::{self, Candidate, Load, Matched};
+use super::shared::{Miss, Shared};
 use super::tokenize::ModelTokenizer;
 use super::upstream::{self, HttpClient};
 use super::{EngineSpec, RouterConfig};
@@ -20,14 +24,17 @@ use std::sync::Arc;
 pub struct Engine {
     /// Its flag.
     pub spec: EngineSpec,
+    /// Requests it takes at once from all replicas together (`None`: unlimited).
+    pub slots: Option<u64>,
     in_flight: AtomicU64,
     waiting: AtomicU64,
     up: AtomicBool,
 }
 
 impl Engine {
-    fn new(spec: EngineSpec) -> Self {
+    fn new(spec: EngineSpec, default_slots: Option<u64>) -> Self {
         Self {
+            slots: spec.slots.or(default_slots),
             spec,
             in_flight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
@@ -59,15 +66,43 @@ impl Engine {
 pub struct Reservation {
     engine: Arc<Engine>,
     waiting: bool,
+    /// The shared reservation to release: the replicas' view, the engine's index, its id.
+    shared: Option<(Arc<Shared>, usize, u64)>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Reservation {
+    /// A local share of `engine`, taken only while it holds fewer than `slots`.
+    fn try_new(engine: Arc<Engine>, slots: Option<u64>) -> Option<Self> {
+        engine
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (slots.is_none_or(|s| n < s)).then_some(n + 1)
+            })
+            .ok()?;
+        engine.waiting.fetch_add(1, Ordering::Relaxed);
+        Some(Self {
+            engine,
+            waiting: true,
+            shared: None,
+        })
+    }
+
+    /// A local share of `engine` whatever its slots (the shared write already took one).
     fn new(engine: Arc<Engine>) -> Self {
-        engine.in_flight.fetch_add(1, Ordering::Relaxed);
+        engine.in_flight.fetch_add(1, Ordering::AcqRel);
         engine.waiting.fetch_add(1, Ordering::Relaxed);
         Self {
             engine,
             waiting: true,
+            shared: None,
         }
     }
 
@@ -87,9 +122,26 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.answered();
-        self.engine.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.engine.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some((shared, engine, id)) = self.shared.take() {
+            shared.release(engine, id);
+        }
     }
 }
+
+/// Why no engine took a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoRoute {
+    /// No engine is up.
+    NoneUp,
+    /// Every engine up has all its slots held.
+    Full,
+    /// Every try to write a reservation met another replica's write.
+    Contended,
+}
+
+/// Tries of one route-and-reserve before it gives up ([`NoRoute::Contended`]).
+pub const ROUTE_ATTEMPTS: usize = 8;
 
 /// The routing decision for one request.
 #[derive(Debug)]
@@ -130,6 +182,8 @@ pub struct RouterState {
     pub metrics: RouterMetrics,
     /// Predicted against delivered.
     pub accounting: Mutex<Accounting>,
+    /// The reservations shared with the other replicas (`--cluster`).
+    pub shared: Option<Arc<Shared>>,
     rotate: AtomicUsize,
 }
 
@@ -148,12 +202,14 @@ impl RouterState {
         config: RouterConfig,
         indexer: Arc<IndexerState>,
         tokenizer: Option<ModelTokenizer>,
+        shared: Option<Arc<Shared>>,
+        metrics: RouterMetrics,
     ) -> Self {
         let engines = config
             .engines
             .iter()
             .cloned()
-            .map(|s| Arc::new(Engine::new(s)))
+            .map(|s| Arc::new(Engine::new(s, config.engine_slots)))
             .collect();
         let client = upstream::client(config.connect_timeout);
         Self {
@@ -162,8 +218,9 @@ impl RouterState {
             indexer,
             tokenizer,
             client,
-            metrics: RouterMetrics::default(),
+            metrics,
             accounting: Mutex::new(Accounting::default()),
+            shared,
             rotate: AtomicUsize::new(0),
         }
     }
@@ -259,16 +316,14 @@ impl RouterState {
         None
     }
 
-    /// Scores every engine for `tokens` and returns the order to try them in (the chosen
-    /// one first, then the others by score) with the decision's figures.
-    pub fn decide(
+    /// What the index says each engine holds of `tokens` (in engine order) in the request's
+    /// namespace, with the decision's figures.
+    pub fn query(
         &self,
         tokens: Option<&[u32]>,
         lora: &str,
         salt: &str,
-        draw: f64,
-    ) -> (Vec<usize>, Decision) {
-        let n = self.engines.len();
+    ) -> (Vec<Matched>, Decision) {
         let prompt_len = tokens.map_or(0, |t| t.len() as u64);
         let rows = match tokens {
             Some(t) if !t.is_empty() => self.indexer.query_tokens(
@@ -284,45 +339,26 @@ impl RouterState {
             ),
             _ => Default::default(),
         };
-        let mut candidates: Vec<Candidate> = self
+        let matched: Vec<Matched> = self
             .engines
             .iter()
             .map(|e| {
-                let m = rows
-                    .get(&e.spec.instance)
+                rows.get(&e.spec.instance)
                     .map_or(Matched::default(), |r| Matched {
                         gpu: r.gpu,
                         cpu: r.cpu,
                         disk: r.disk,
                         longest: r.longest_matched,
-                    });
-                Candidate {
-                    matched: m,
-                    load: e.load(),
-                    up: e.is_up(),
-                }
+                    })
             })
             .collect();
         let reusable = score::reusable(prompt_len, prompt_len, self.config.block_size);
-        let predicted = candidates
+        let predicted = matched
             .iter()
-            .map(|c| score::reusable(c.matched.longest, prompt_len, self.config.block_size))
+            .map(|m| score::reusable(m.longest, prompt_len, self.config.block_size))
             .collect();
-        let rotate = self.rotate.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        let mut order = Vec::with_capacity(n);
-        // The first pick, then the rest by picking again without the ones already taken (a
-        // connect failure moves on to the next best).
-        while order.len() < n {
-            let Some(i) =
-                score::choose(&candidates, prompt_len, &self.config.weights, rotate, draw)
-            else {
-                break;
-            };
-            order.push(i);
-            candidates[i].up = false;
-        }
         (
-            order,
+            matched,
             Decision {
                 tokens: tokens.map(<[u32]>::len),
                 predicted,
@@ -331,9 +367,88 @@ impl RouterState {
         )
     }
 
-    /// Takes a share of `engine`'s load for one request.
-    pub fn reserve(&self, engine: usize) -> Reservation {
-        Reservation::new(Arc::clone(&self.engines[engine]))
+    /// Chooses an engine for a prompt of `prompt_len` tokens matched as `matched` (not one in
+    /// `skip`) and takes its reservation, as one step: the load scored is this replica's
+    /// plus the other replicas' reservations, an engine whose slots are all held is not
+    /// chosen, and a shared reservation is written only if nobody wrote that engine's entry
+    /// since it was read (else the decision is made again, at most [`ROUTE_ATTEMPTS`] times).
+    /// With NATS unreachable, the reservation is local only (counted).
+    ///
+    /// # Errors
+    /// [`NoRoute`]: none up, all full, or too contended.
+    pub async fn route(
+        &self,
+        matched: &[Matched],
+        prompt_len: u64,
+        draw: f64,
+        skip: &[usize],
+    ) -> Result<(usize, Reservation), NoRoute> {
+        let _turn = match &self.shared {
+            Some(s) => Some(s.route_lock.lock().await),
+            None => None,
+        };
+        let mut refused: Vec<usize> = Vec::new();
+        for _ in 0..ROUTE_ATTEMPTS {
+            let now = crate::cluster::now_ms();
+            let mut full = false;
+            let candidates: Vec<Candidate> = self
+                .engines
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    let mut load = e.load();
+                    let held = match &self.shared {
+                        Some(s) => {
+                            // Another replica's request counts as one still waiting for its
+                            // first byte (when answers start is not shared).
+                            let others = s.others(i, now);
+                            load.in_flight += others;
+                            load.waiting += others;
+                            s.live(i, now).max(load.in_flight)
+                        }
+                        None => load.in_flight,
+                    };
+                    let is_full = refused.contains(&i) || e.slots.is_some_and(|s| held >= s);
+                    let up = e.is_up() && !skip.contains(&i);
+                    full |= up && is_full;
+                    Candidate {
+                        matched: matched.get(i).copied().unwrap_or_default(),
+                        load,
+                        up: up && !is_full,
+                    }
+                })
+                .collect();
+            let rotate = self.rotate.fetch_add(1, Ordering::Relaxed) % candidates.len().max(1);
+            let Some(i) =
+                score::choose(&candidates, prompt_len, &self.config.weights, rotate, draw)
+            else {
+                return Err(if full { NoRoute::Full } else { NoRoute::NoneUp });
+            };
+            let engine = Arc::clone(&self.engines[i]);
+            let Some(shared) = &self.shared else {
+                match Reservation::try_new(engine, self.engines[i].slots) {
+                    Some(r) => return Ok((i, r)),
+                    None => continue,
+                }
+            };
+            match shared.reserve(i, engine.slots).await {
+                Ok(id) => {
+                    let mut r = Reservation::new(engine);
+                    r.shared = Some((Arc::clone(shared), i, id));
+                    return Ok((i, r));
+                }
+                Err(Miss::Conflict) => {}
+                Err(Miss::Full(_)) => refused.push(i),
+                Err(Miss::Unreachable(e)) => {
+                    tracing::warn!("shared reservation not written ({e}); reserved locally only");
+                    if let Some(r) = Reservation::try_new(engine, self.engines[i].slots) {
+                        return Ok((i, r));
+                    }
+                    refused.push(i);
+                }
+            }
+        }
+        Err(NoRoute::Contended)
     }
 
     /// Accounts an answer's `usage` against the decision.

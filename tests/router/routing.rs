@@ -325,7 +325,7 @@ async fn lora_and_cache_salt_are_part_of_the_key() {
     let adapter = b["engine"].as_str().unwrap().to_owned();
     until_indexed(&r, &ids, &adapter, "", "sql-adapter", full).await;
     let holder = |lora: &str, salt: &str| {
-        let (_, d) = r.state.decide(Some(&ids), lora, salt, 0.0);
+        let (_, d) = r.state.query(Some(&ids), lora, salt);
         d.predicted
     };
     let e = |name: &str| usize::from(name == "e1");

@@ -58,8 +58,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &["cluster", "config", "net", "service", "web"],
     ),
     // The router runs the indexer's index in process (the one service-to-service edge: a
-    // router is the indexer's client, embedded).
-    ("router", &["config", "indexer", "service", "web"]),
+    // router is the indexer's client, embedded); with `--cluster` its replicas share their
+    // reservations through the cluster's compare-and-set bucket.
+    (
+        "router",
+        &["cluster", "config", "indexer", "service", "web"],
+    ),
     // The node reports what it holds as a worker does, through the worker library.
     (
         "node",

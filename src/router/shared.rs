@@ -1,0 +1,353 @@
+//! Reservations shared by the router replicas of one cluster (docs/ROUTER.md, "Replicas that
+//! do not herd"): each engine's [`Table`] is one entry of the cluster's compare-and-set bucket
+//! `kvplane-<cluster>-router`, so a replica scores with every replica's reservations and takes
+//! an engine's slot only by a write that fails if anyone wrote that engine's entry since it
+//! was read. Every entry is watched into a local view; a conflict reads the entry again.
+//!
+//! Owns: the view, the write of a reservation, the release queue and its worker. Must not:
+//! score (that is `score.rs`), or hold a reservation past its deadline in the view's counts.
+
+use super::slots::{Held, Refused, Table};
+use crate::cluster::{CasBucket, CasEntry, CasError, Cluster, ClusterConfig};
+use parking_lot::Mutex;
+use prometheus::IntCounterVec;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Releases waiting to be written; beyond, a release is dropped (counted) and its
+/// reservation expires at its deadline.
+pub const RELEASE_QUEUE: usize = 65_536;
+
+/// Writes tried per batch of releases of one engine before giving up (counted).
+const RELEASE_ATTEMPTS: usize = 16;
+
+/// Longest wait for NATS to answer one read or write of an entry.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// After NATS did not answer, reservations are local only for this long (counted as
+/// `unreachable`) instead of each request waiting its turn for [`CALL_TIMEOUT`].
+pub const BACKOFF_MS: u64 = 1000;
+
+/// The counters the shared reservations bump (`kvplane_router_*`, registered in the router's
+/// metrics).
+#[derive(Clone)]
+pub struct SharedCounters {
+    /// Reservation writes, by outcome.
+    pub reservations: IntCounterVec,
+    /// Reservations dropped from an entry past their deadline (by the write that dropped
+    /// them: each once).
+    pub expired: IntCounterVec,
+    /// Releases, by outcome (`released`, `queue_full`, `gave_up`, `unreachable`).
+    pub releases: IntCounterVec,
+}
+
+#[derive(Clone, Debug, Default)]
+struct View {
+    table: Table,
+    /// `None`: never written.
+    revision: Option<u64>,
+}
+
+/// Why one reservation write did not take the slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Miss {
+    /// Another replica wrote the entry since it was read (the view is read again).
+    Conflict,
+    /// The engine's slots are all held, or its entry is at its bound.
+    Full(Refused),
+    /// NATS did not answer.
+    Unreachable(String),
+}
+
+/// The shared reservations of one replica.
+pub struct Shared {
+    bucket: CasBucket,
+    /// This replica's id in the entries.
+    pub replica: u64,
+    ttl: Duration,
+    keys: Vec<String>,
+    by_key: HashMap<String, usize>,
+    view: Mutex<Vec<View>>,
+    releases: mpsc::Sender<(usize, u64)>,
+    counters: SharedCounters,
+    /// Until when (wall clock, ms) NATS is not asked for reservations: it did not answer.
+    down_until: AtomicU64,
+    /// Held while a replica decides and writes, so its own requests do not conflict with
+    /// each other (they see each other's writes in the view at once).
+    pub route_lock: tokio::sync::Mutex<()>,
+}
+
+/// An engine's key: `engine.` and its instance name in hex (keys take few characters).
+fn key(instance: &str) -> String {
+    let hex: String = instance.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("engine.{hex}")
+}
+
+impl Shared {
+    /// Joins `cluster`'s bucket for `instances` (the engines, in order), reads every entry,
+    /// and starts the watch and the release worker.
+    ///
+    /// # Errors
+    /// NATS unreachable, JetStream off.
+    pub async fn start(
+        cluster: ClusterConfig,
+        instances: &[String],
+        ttl: Duration,
+        counters: SharedCounters,
+        shutdown: &CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Result<Arc<Self>, String> {
+        let cluster = Cluster::connect(cluster).await.map_err(|e| e.to_string())?;
+        let bucket = cluster
+            .cas_bucket("router")
+            .await
+            .map_err(|e| e.to_string())?
+            .with_timeout(CALL_TIMEOUT);
+        let keys: Vec<String> = instances.iter().map(|i| key(i)).collect();
+        let by_key = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), i))
+            .collect();
+        let (tx, rx) = mpsc::channel(RELEASE_QUEUE);
+        let shared = Arc::new(Self {
+            bucket,
+            replica: rand::random(),
+            ttl,
+            view: Mutex::new(vec![View::default(); keys.len()]),
+            keys,
+            by_key,
+            releases: tx,
+            counters,
+            down_until: AtomicU64::new(0),
+            route_lock: tokio::sync::Mutex::new(()),
+        });
+        for engine in 0..shared.keys.len() {
+            shared.refresh(engine).await.map_err(|e| e.to_string())?;
+        }
+        let (watch_tx, mut watch_rx) = mpsc::channel::<CasEntry>(1024);
+        shared.bucket.watch(watch_tx, shutdown.clone(), tasks);
+        let s = Arc::clone(&shared);
+        tasks.spawn(async move {
+            while let Some(entry) = watch_rx.recv().await {
+                s.seen(&entry);
+            }
+        });
+        let s = Arc::clone(&shared);
+        let stop = shutdown.clone();
+        tasks.spawn(async move { s.release_worker(rx, stop).await });
+        Ok(shared)
+    }
+
+    /// Takes `entry` into the view when it is newer than what the view holds.
+    fn seen(&self, entry: &CasEntry) {
+        let Some(&engine) = self.by_key.get(&entry.key) else {
+            return;
+        };
+        let table = match Table::decode(&entry.value) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(key = %entry.key, "unreadable reservation entry: {e}");
+                Table::default()
+            }
+        };
+        let mut view = self.view.lock();
+        let v = &mut view[engine];
+        if v.revision.is_none_or(|r| r < entry.revision) {
+            *v = View {
+                table,
+                revision: Some(entry.revision),
+            };
+        }
+    }
+
+    /// Reads `engine`'s entry now into the view.
+    async fn refresh(&self, engine: usize) -> Result<(), CasError> {
+        if let Some(entry) = self.bucket.get(&self.keys[engine]).await? {
+            self.seen(&entry);
+        }
+        Ok(())
+    }
+
+    /// Reservations held on `engine` by other replicas that count at `now_ms`.
+    pub fn others(&self, engine: usize, now_ms: u64) -> u64 {
+        self.view.lock()[engine].table.others(self.replica, now_ms)
+    }
+
+    /// Every replica's reservations on `engine` that count at `now_ms`.
+    pub fn live(&self, engine: usize, now_ms: u64) -> u64 {
+        self.view.lock()[engine].table.live(now_ms)
+    }
+
+    /// Takes one of `engine`'s `slots` (unlimited: `None`) for this replica, written only if
+    /// nobody wrote the entry since the view read it; the reservation's id.
+    ///
+    /// # Errors
+    /// [`Miss`]: a conflict (the view is read again: decide again), full, or NATS down.
+    pub async fn reserve(&self, engine: usize, slots: Option<u64>) -> Result<u64, Miss> {
+        let now = crate::cluster::now_ms();
+        if now < self.down_until.load(Ordering::Relaxed) {
+            self.counters
+                .reservations
+                .with_label_values(&["unreachable"])
+                .inc();
+            return Err(Miss::Unreachable("NATS did not answer a moment ago".into()));
+        }
+        let (mut table, revision) = {
+            let view = self.view.lock();
+            (view[engine].table.clone(), view[engine].revision)
+        };
+        let expired = table.prune(now);
+        let id = rand::random();
+        let held = Held {
+            id,
+            replica: self.replica,
+            until_ms: now.saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let outcome = |o: &str| self.counters.reservations.with_label_values(&[o]).inc();
+        if let Err(refused) = table.reserve(held, slots, now) {
+            outcome(match refused {
+                Refused::Full => "full",
+                Refused::TooMany => "too_many",
+            });
+            return Err(Miss::Full(refused));
+        }
+        match self
+            .bucket
+            .put_if(&self.keys[engine], table.encode(), revision)
+            .await
+        {
+            Ok(rev) => {
+                outcome("reserved");
+                self.expired(expired);
+                self.seen(&CasEntry {
+                    key: self.keys[engine].clone(),
+                    value: table.encode(),
+                    revision: rev,
+                });
+                Ok(id)
+            }
+            Err(CasError::Conflict) => {
+                outcome("conflict");
+                // Read it again; a failure here shows as the next write's.
+                let _ = self.refresh(engine).await;
+                Err(Miss::Conflict)
+            }
+            Err(CasError::Unreachable(e)) => {
+                outcome("unreachable");
+                self.down_until
+                    .store(crate::cluster::now_ms() + BACKOFF_MS, Ordering::Relaxed);
+                Err(Miss::Unreachable(e))
+            }
+        }
+    }
+
+    fn expired(&self, n: usize) {
+        if n > 0 {
+            self.counters
+                .expired
+                .with_label_values::<&str>(&[])
+                .inc_by(n as u64);
+        }
+    }
+
+    /// Queues the release of reservation `id` on `engine` (the answer ended).
+    pub fn release(&self, engine: usize, id: u64) {
+        if self.releases.try_send((engine, id)).is_err() {
+            self.counters
+                .releases
+                .with_label_values(&["queue_full"])
+                .inc();
+        }
+    }
+
+    /// Writes the queued releases, batched per engine, until `shutdown`; then writes what is
+    /// queued once more (a stopping replica frees its slots at once rather than at their
+    /// deadlines).
+    async fn release_worker(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<(usize, u64)>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let first = tokio::select! {
+                () = shutdown.cancelled() => None,
+                r = rx.recv() => r,
+            };
+            let Some(first) = first else { break };
+            let mut batch = vec![first];
+            while let Ok(r) = rx.try_recv() {
+                batch.push(r);
+            }
+            self.write_releases(batch).await;
+        }
+        rx.close();
+        let mut rest = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            rest.push(r);
+        }
+        if !rest.is_empty() {
+            self.write_releases(rest).await;
+        }
+    }
+
+    async fn write_releases(&self, batch: Vec<(usize, u64)>) {
+        let mut per_engine: HashMap<usize, Vec<u64>> = HashMap::new();
+        for (engine, id) in batch {
+            per_engine.entry(engine).or_default().push(id);
+        }
+        for (engine, ids) in per_engine {
+            let label = self.release_one(engine, &ids).await;
+            self.counters
+                .releases
+                .with_label_values(&[label])
+                .inc_by(ids.len() as u64);
+        }
+    }
+
+    async fn release_one(&self, engine: usize, ids: &[u64]) -> &'static str {
+        for _ in 0..RELEASE_ATTEMPTS {
+            let now = crate::cluster::now_ms();
+            let (mut table, revision) = {
+                let view = self.view.lock();
+                (view[engine].table.clone(), view[engine].revision)
+            };
+            let expired = table.prune(now);
+            if table.release(ids) == 0 && expired == 0 {
+                // Already gone (expired and pruned by another write).
+                return "released";
+            }
+            let value = table.encode();
+            match self
+                .bucket
+                .put_if(&self.keys[engine], value.clone(), revision)
+                .await
+            {
+                Ok(rev) => {
+                    self.expired(expired);
+                    self.seen(&CasEntry {
+                        key: self.keys[engine].clone(),
+                        value,
+                        revision: rev,
+                    });
+                    return "released";
+                }
+                Err(CasError::Conflict) => {
+                    if self.refresh(engine).await.is_err() {
+                        return "unreachable";
+                    }
+                }
+                Err(CasError::Unreachable(e)) => {
+                    tracing::warn!("releasing reservations: {e}; they expire at their deadline");
+                    return "unreachable";
+                }
+            }
+        }
+        "gave_up"
+    }
+}
