@@ -19,16 +19,16 @@ R="${R:-3}"
 source "$(dirname "${BASH_SOURCE[0]}")/nats-bench-env.sh"
 
 HTTP=$(fp); PULL=$(fp); REPLY=$(fp); HB=$(fp)
-export KVPLANE_HOST=127.0.0.1 KVPLANE_CLUSTER="nats://127.0.0.1:$NP" KVPLANE_CLUSTER_NAME=bench
-export KVPLANE_CLUSTER_LEASE_TTL="${LEASE_TTL:-1.5}" RUST_LOG=warn
-export KVPLANE_MONITOR_PORTS="{\"pull\": $PULL, \"reply\": $REPLY, \"heartbeat\": $HB}"
-KVPLANE_PORT=$HTTP "$BIN" serve 2>"$SD/leader.log" & LEADER=$!; PIDS+=($LEADER)
+export KVPLANE_SERVE_HOST=127.0.0.1 KVPLANE_SERVE_CLUSTER="nats://127.0.0.1:$NP" KVPLANE_SERVE_CLUSTER_NAME=bench
+export KVPLANE_SERVE_CLUSTER_LEASE_TTL="${LEASE_TTL:-1.5}" RUST_LOG=warn
+export KVPLANE_SERVE_MONITOR_PORTS="{\"pull\": $PULL, \"reply\": $REPLY, \"heartbeat\": $HB}"
+KVPLANE_SERVE_PORT=$HTTP "$BIN" serve 2>"$SD/leader.log" & LEADER=$!; PIDS+=($LEADER)
 until ready "$HTTP"; do sleep 0.05; done
-KVPLANE_PORT=$HTTP "$BIN" serve 2>"$SD/standby.log" & PIDS+=($!)
+KVPLANE_SERVE_PORT=$HTTP "$BIN" serve 2>"$SD/standby.log" & PIDS+=($!)
 RP=()
 for _ in $(seq 1 "$R"); do
     p=$(fp); RP+=("$p")
-    KVPLANE_PORT=$p "$BIN" serve --replica 2>>"$SD/replicas.log" & PIDS+=($!)
+    KVPLANE_SERVE_PORT=$p "$BIN" serve --replica 2>>"$SD/replicas.log" & PIDS+=($!)
 done
 for p in "${RP[@]}"; do until ready "$p"; do sleep 0.05; done; done
 sleep 0.5

@@ -6,9 +6,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/nats-bench-env.sh"
 for round in 1 2 3; do
   for mode in standalone leader; do
     HTTP=$(fp); PULL=$(fp); REPLY=$(fp); HB=$(fp)
-    env=(KVPLANE_HOST=127.0.0.1 KVPLANE_PORT=$HTTP RUST_LOG=warn
-         "KVPLANE_MONITOR_PORTS={\"pull\": $PULL, \"reply\": $REPLY, \"heartbeat\": $HB}")
-    if [ $mode = leader ]; then env+=(KVPLANE_CLUSTER=nats://127.0.0.1:$NP KVPLANE_CLUSTER_NAME=ing$round); fi
+    env=(KVPLANE_SERVE_HOST=127.0.0.1 KVPLANE_SERVE_PORT=$HTTP RUST_LOG=warn
+         "KVPLANE_SERVE_MONITOR_PORTS={\"pull\": $PULL, \"reply\": $REPLY, \"heartbeat\": $HB}")
+    if [ $mode = leader ]; then env+=(KVPLANE_SERVE_CLUSTER=nats://127.0.0.1:$NP KVPLANE_SERVE_CLUSTER_NAME=ing$round); fi
     env "${env[@]}" "$BIN" serve 2>/dev/null & P=$!
     until ready "$HTTP"; do sleep 0.05; done
     printf "%s round %s: " $mode $round

@@ -64,9 +64,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-KVPLANE_HOST=127.0.0.1 KVPLANE_PORT=$http_port \
-KVPLANE_MONITOR_PORTS="{\"pull\": $pull_port, \"reply\": $reply_port, \"heartbeat\": $hb_port}" \
-KVPLANE_HEALTH_CHECK_INTERVAL=2 KVPLANE_LMCACHE_WORKER_TIMEOUT=8 RUST_LOG=warn \
+KVPLANE_SERVE_HOST=127.0.0.1 KVPLANE_SERVE_PORT=$http_port \
+KVPLANE_SERVE_MONITOR_PORTS="{\"pull\": $pull_port, \"reply\": $reply_port, \"heartbeat\": $hb_port}" \
+KVPLANE_SERVE_HEALTH_CHECK_INTERVAL=2 KVPLANE_SERVE_LMCACHE_WORKER_TIMEOUT=8 RUST_LOG=warn \
     "$bin" serve >"$dir/kvplane.log" 2>&1 &
 kv=$!
 pids+=("$kv")

@@ -298,7 +298,7 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
                 &ports,
                 &format!("replica-{i}"),
                 &[
-                    ("KVPLANE_PORT", &port.to_string()),
+                    ("KVPLANE_SERVE_PORT", &port.to_string()),
                     ("KVPLANE_SERVE_REPLICA", "true"),
                 ],
             )
@@ -446,8 +446,8 @@ async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
     let cluster = "snapshots";
     // A 1 MiB log: the first records are dropped once ~1 MiB more follows them.
     let small: &[(&str, &str)] = &[
-        ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
-        ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+        ("KVPLANE_SERVE_CLUSTER_MAX_BYTES", "1048576"),
+        ("KVPLANE_SERVE_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
     let _leader = controller_with(&nats, cluster, &ports, "leader", small);
     until(&ports, "/controller/cluster", "the leader leads", |v| {
@@ -461,10 +461,10 @@ async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
             &ports,
             name,
             &[
-                ("KVPLANE_PORT", &port.to_string()),
+                ("KVPLANE_SERVE_PORT", &port.to_string()),
                 ("KVPLANE_SERVE_REPLICA", "true"),
-                ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
-                ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+                ("KVPLANE_SERVE_CLUSTER_MAX_BYTES", "1048576"),
+                ("KVPLANE_SERVE_CLUSTER_SNAPSHOT_RECORDS", "100"),
             ],
         )
     };

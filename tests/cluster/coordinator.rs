@@ -355,8 +355,8 @@ async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
     let cluster = "coordsnap";
     // A 1 MiB log: its first records are dropped once ~1 MiB more follows them.
     let small: &[(&str, &str)] = &[
-        ("KVPLANE_CLUSTER_MAX_BYTES", "1048576"),
-        ("KVPLANE_CLUSTER_SNAPSHOT_RECORDS", "100"),
+        ("KVPLANE_COORDINATOR_CLUSTER_MAX_BYTES", "1048576"),
+        ("KVPLANE_COORDINATOR_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
     let mut first = coordinator_with(&nats, cluster, port, "snap-first", small);
     let leader = until(port, "/coordinator/cluster", "first leads", |v| {

@@ -1,6 +1,6 @@
 //! The `kvplane coordinator` binary: flags from LMCache's `LMCACHE_MP_COORDINATOR_*` and
 //! kvplane's `KVPLANE_COORDINATOR_*` variables, port 0, the listening line, clean exit on
-//! SIGTERM; a bad value names its flag; `--cluster` is read from `KVPLANE_CLUSTER*` and checked.
+//! SIGTERM; a bad value names its flag; `--cluster` is read from `KVPLANE_COORDINATOR_CLUSTER*` (and the deprecated `KVPLANE_CLUSTER*`) and checked.
 
 use crate::support::process::Launch;
 use crate::support::{http, STEP};
@@ -65,7 +65,7 @@ async fn a_bad_lmcache_variable_names_the_flag() {
 async fn cluster_flags_are_read_and_checked() {
     // Unreachable NATS: the start fails at once, naming --cluster (no port was bound).
     let out = Launch::kvplane("coordinator")
-        .env("KVPLANE_CLUSTER", "nats://127.0.0.1:1")
+        .env("KVPLANE_COORDINATOR_CLUSTER", "nats://127.0.0.1:1")
         .env("KVPLANE_COORDINATOR_PORT", "0")
         .run(STEP)
         .await;
@@ -77,6 +77,7 @@ async fn cluster_flags_are_read_and_checked() {
     );
     let out = Launch::kvplane("coordinator")
         .args(["--cluster", "nats://127.0.0.1:1"])
+        // The old shared name still counts (deprecated).
         .env("KVPLANE_CLUSTER_LEASE_TTL", "0")
         .run(STEP)
         .await;

@@ -369,9 +369,9 @@ impl ServePorts {
             "pull": self.pull, "reply": self.reply, "heartbeat": self.heartbeat
         });
         [
-            ("KVPLANE_HOST", "127.0.0.1".to_owned()),
-            ("KVPLANE_PORT", self.http.to_string()),
-            ("KVPLANE_MONITOR_PORTS", monitor.to_string()),
+            ("KVPLANE_SERVE_HOST", "127.0.0.1".to_owned()),
+            ("KVPLANE_SERVE_PORT", self.http.to_string()),
+            ("KVPLANE_SERVE_MONITOR_PORTS", monitor.to_string()),
         ]
     }
 }

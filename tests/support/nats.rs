@@ -141,11 +141,12 @@ impl Nats {
         name: &str,
         env: &[(&str, &str)],
     ) -> Member {
+        let var = |flag: &str| format!("KVPLANE_{}_{flag}", subcommand.to_uppercase());
         Launch::kvplane(subcommand)
             .named(&format!("kvplane {subcommand} {name} of cluster {cluster}"))
-            .env("KVPLANE_CLUSTER", &self.url)
-            .env("KVPLANE_CLUSTER_NAME", cluster)
-            .env("KVPLANE_CLUSTER_LEASE_TTL", "1.0")
+            .env(&var("CLUSTER"), &self.url)
+            .env(&var("CLUSTER_NAME"), cluster)
+            .env(&var("CLUSTER_LEASE_TTL"), "1.0")
             .envs(env)
             .spawn()
     }

@@ -10,12 +10,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 #[tokio::test]
-async fn serve_reads_env_flags_logs_addresses_and_stops_on_sigterm() {
+async fn serve_reads_its_variables_logs_addresses_and_stops_on_sigterm() {
     let mut kv = Launch::kvplane("serve")
-        .env("KVPLANE_HOST", "127.0.0.1")
-        .env("KVPLANE_PORT", "0")
+        .env("KVPLANE_SERVE_HOST", "127.0.0.1")
+        .env("KVPLANE_SERVE_PORT", "0")
         .env(
-            "KVPLANE_MONITOR_PORTS",
+            "KVPLANE_SERVE_MONITOR_PORTS",
             r#"{"pull": 0, "reply": 0, "heartbeat": 0}"#,
         )
         .spawn();
@@ -32,6 +32,27 @@ async fn serve_reads_env_flags_logs_addresses_and_stops_on_sigterm() {
         (status, &body["status"]),
         (200, &serde_json::json!("ok")),
         "{body}"
+    );
+    kv.stop().await;
+}
+
+#[tokio::test]
+async fn serve_still_reads_its_deprecated_variables_and_says_so() {
+    let mut kv = Launch::kvplane("serve")
+        .env("KVPLANE_HOST", "127.0.0.1")
+        .env("KVPLANE_PORT", "0")
+        .env(
+            "KVPLANE_MONITOR_PORTS",
+            r#"{"pull": 0, "reply": 0, "heartbeat": 0}"#,
+        )
+        .spawn();
+    let line = kv.listening("kvplane controller listening").await;
+    let http = line.addr("http");
+    assert!(http.ip().is_loopback() && http.port() != 0, "{line:?}");
+    assert!(
+        kv.logged("KVPLANE_PORT is deprecated: use KVPLANE_SERVE_PORT"),
+        "{}",
+        kv.log()
     );
     kv.stop().await;
 }

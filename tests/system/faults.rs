@@ -216,7 +216,7 @@ impl Kvplane {
             let mut process = Launch::kvplane("serve")
                 .named(&format!("kvplane serve (try {tries})"))
                 .envs_owned(&on_ports)
-                .env("KVPLANE_HEALTH_CHECK_INTERVAL", "-1")
+                .env("KVPLANE_SERVE_HEALTH_CHECK_INTERVAL", "-1")
                 .env("RUST_LOG", "warn")
                 .envs(env)
                 .spawn();
