@@ -139,6 +139,12 @@ pub mod defaults {
         pub const MAX_HTTP_CONNECTIONS: usize = 1024;
         /// Seconds to send a request's headers (also the keep-alive idle time), then its body.
         pub const HTTP_READ_TIMEOUT_S: f64 = 30.0;
+        /// The topic of a publisher that connects to `--bind`: llm-d's convention.
+        pub const TOPIC_PATTERN: &str = "kv@{address}@{model}";
+        /// Tokens per block of an instance created by its topic (vLLM's default).
+        pub const TOPIC_BLOCK_SIZE: u32 = 16;
+        /// Instances created by their topic at most.
+        pub const MAX_TOPIC_INSTANCES: usize = 1024;
     }
 
     /// Defaults of `kvplane router` (docs/ROUTER.md).

@@ -62,7 +62,7 @@ pub use listener::{
 };
 pub use publisher::{Publisher, ReplayServer};
 pub use stats::{DropReason, TransportStats};
-pub use subscriber::{ReplayClient, Subscriber, SubscriberEvent};
+pub use subscriber::{BoundSubscriber, ReplayClient, Subscriber, SubscriberEvent};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! The KV indexer's sockets: a SUB subscriber to an engine's event publisher, and the DEALER
-//! client of its replay ROUTER (vLLM's `replay_endpoint`).
+//! The KV indexer's sockets: a SUB subscriber to an engine's event publisher, a bound SUB
+//! socket that publishers connect to (the central topology, [`BoundSubscriber`]), and the
+//! DEALER client of a publisher's replay ROUTER (vLLM's `replay_endpoint`).
 //!
 //! Bytes only, as the rest of this module: the indexer decides what frames mean. The SUB
 //! socket reconnects by itself (`zeromq` 0.7 does this for SUB); its monitor tells
@@ -14,7 +15,8 @@ use futures_util::StreamExt;
 use zeromq::prelude::*;
 use zeromq::{DealerSocket, SocketEvent, SubSocket, ZmqMessage};
 
-use super::{connect_socket, socket_error, Result, TransportError, TransportLimits};
+use super::{bind_socket, connect_socket, socket_error, Result, TransportError, TransportLimits};
+use std::net::SocketAddr;
 
 /// How long [`Subscriber::next`] waits on the monitor after a receive error before trying
 /// again (the socket reconnects in the background meanwhile).
@@ -98,6 +100,45 @@ impl Subscriber {
                         self.failed = true;
                     }
                 },
+            }
+        }
+    }
+}
+
+/// A SUB socket bound to an address, subscribed to every topic, that any number of
+/// publishers connect to (vLLM connects its PUB when its endpoint names a concrete host).
+/// Messages of every publisher arrive interleaved; the first frame (the topic) tells them
+/// apart. Connections come and go without being reported: a connecting publisher is named by
+/// its topic, not by its socket.
+pub struct BoundSubscriber {
+    socket: SubSocket,
+}
+
+impl BoundSubscriber {
+    /// Binds `addr` (`tcp://*:5556`, `tcp://host:port` or `host:port`; port 0 picks one) and
+    /// returns the address bound. `limits` bound what each connecting publisher may send.
+    ///
+    /// # Errors
+    /// [`TransportError::Bind`] when the address cannot be bound.
+    pub async fn bind(addr: &str, limits: &TransportLimits) -> Result<(Self, SocketAddr)> {
+        let mut socket = SubSocket::with_options(limits.socket_options());
+        socket.subscribe("").await.map_err(socket_error)?;
+        let local = bind_socket(&mut socket, addr).await?;
+        Ok((Self { socket }, local))
+    }
+
+    /// The next multipart message from any connected publisher, every frame. One publisher's
+    /// broken connection is dropped by the socket (and counted in the limits' stats) and the
+    /// others go on: this keeps waiting. Cancel-safe.
+    pub async fn next(&mut self) -> Vec<Bytes> {
+        loop {
+            match self.socket.recv().await {
+                Ok(m) => return m.into_vec(),
+                Err(e) => {
+                    tracing::debug!("bound subscriber: a publisher's connection failed: {e}");
+                    // An error with no peer left would return at once again: do not spin.
+                    tokio::time::sleep(RETRY_AFTER_ERROR).await;
+                }
             }
         }
     }

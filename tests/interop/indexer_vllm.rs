@@ -102,7 +102,7 @@ async fn one_version(dir: &Path) {
 
 /// The publisher environments of `KVPLANE_VLLM_PUBLISHERS`, checked; `None` when
 /// `KVPLANE_SKIP_VLLM=1` says on purpose that the test is skipped.
-fn publisher_dirs() -> Option<Vec<PathBuf>> {
+pub(crate) fn publisher_dirs() -> Option<Vec<PathBuf>> {
     let list = match std::env::var("KVPLANE_VLLM_PUBLISHERS") {
         Ok(list) => list,
         Err(_) if std::env::var("KVPLANE_SKIP_VLLM").as_deref() == Ok("1") => {

@@ -9,6 +9,7 @@ mod support;
 mod controller;
 mod coordinator;
 mod coordinator_fleet;
+mod indexer_central;
 mod indexer_vllm;
 mod node;
 mod worker;

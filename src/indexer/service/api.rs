@@ -385,6 +385,46 @@ pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
         .collect()
 }
 
+/// Reads `--publishers`: a list of `/register` bodies, or `{"kvevent_instance": [...]}`.
+///
+/// # Errors
+/// The file cannot be read or parsed, or an entry is not a valid registration.
+pub(crate) fn publishers_file(
+    path: &std::path::Path,
+) -> Result<Vec<Registration>, crate::service::StartError> {
+    let err = |message: String| {
+        crate::service::StartError::Config(format!("--publishers {}: {message}", path.display()))
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let list = match &value {
+        serde_json::Value::Array(l) => l.clone(),
+        serde_json::Value::Object(o) => match o.get("kvevent_instance") {
+            Some(serde_json::Value::Array(l)) => l.clone(),
+            Some(serde_json::Value::Object(m)) => m.values().cloned().collect(),
+            _ => {
+                return Err(err(
+                    "expected a list or {\"kvevent_instance\": [...]}".into()
+                ))
+            }
+        },
+        _ => {
+            return Err(err(
+                "expected a list or {\"kvevent_instance\": [...]}".into()
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let body = v
+                .as_object()
+                .ok_or_else(|| err(format!("entry {i} is not an object")))?;
+            registration(body).map_err(|e| err(format!("entry {i}: {}", e.message)))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

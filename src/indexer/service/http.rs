@@ -239,6 +239,9 @@ async fn services(State(st): St) -> Json<Value> {
                 "duplicates": seq.duplicates,
                 "unrepaired_gaps": seq.unrepaired_gaps,
                 "queue_full": s.queue_full.load(Ordering::Relaxed),
+                "dropped": s.dropped.load(Ordering::Relaxed),
+                "bound": p.bound.is_some(),
+                "by_topic": p.by_topic,
                 "queued_bytes": s.queued_bytes.load(Ordering::Relaxed),
                 "error": s.error.lock().clone(),
             });
@@ -358,7 +361,7 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
         }
     }
     let registry = st.registry.lock();
-    let families: [PublisherFamily; 6] = [
+    let families: [PublisherFamily; 7] = [
         ("gaps", "Sequence gaps seen.", |s| s.seq.lock().gaps),
         ("replays", "Replays started.", |s| s.seq.lock().replays),
         ("replay_failures", "Replays failed or timed out.", |s| {
@@ -374,6 +377,11 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
             "queue_full",
             "Live messages that found the queue full and waited (the socket unread meanwhile).",
             |s| s.queue_full.load(Ordering::Relaxed),
+        ),
+        (
+            "dropped",
+            "Live messages from a --bind socket dropped because the queue was full (replayed).",
+            |s| s.dropped.load(Ordering::Relaxed),
         ),
     ];
     for (name, help, f) in families {

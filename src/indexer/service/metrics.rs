@@ -14,6 +14,8 @@ pub struct IndexerMetrics {
     frames_dropped: Mutex<BTreeMap<&'static str, u64>>,
     events_rejected: Mutex<BTreeMap<&'static str, u64>>,
     http_limits_hit: Mutex<BTreeMap<&'static str, u64>>,
+    /// Messages on `--bind` sockets that reached no instance, by reason.
+    pub topics: super::central::TopicCounters,
 }
 
 impl IndexerMetrics {
@@ -115,6 +117,21 @@ impl IndexerMetrics {
                 "kvplane_indexer_http_limits_hit_total",
                 &[("limit", limit)],
                 *n,
+            );
+        }
+        out.family(
+            "kvplane_indexer_topic_refused_total",
+            "counter",
+            "Messages on --bind sockets that reached no instance, by reason (too_few_frames, \
+             topic_too_long, no_match: not of --topic-pattern, instance_cap: \
+             --max-topic-instances reached, conflict: the endpoint is fed by another socket or \
+             its registration was refused).",
+        );
+        for (reason, n) in self.topics.by_reason() {
+            out.sample(
+                "kvplane_indexer_topic_refused_total",
+                &[("reason", reason)],
+                n,
             );
         }
     }

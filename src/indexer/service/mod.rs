@@ -1,10 +1,12 @@
 //! `kvplane indexer`: the async shell around the pure model — registrations, one
-//! subscriber/applier task pair per publisher endpoint, the TTL sweep, the HTTP API.
+//! subscriber/applier task pair per publisher endpoint (or, for publishers that connect to a
+//! `--bind` socket, one applier fed by that socket's task), the TTL sweep, the HTTP API.
 //!
 //! Owns the shared [`IndexerState`] (the index behind one lock, the registry behind another;
 //! the index lock is never held across an `.await`). Sockets are in [`crate::transport`].
 
 pub mod api;
+pub mod central;
 mod cluster;
 mod dashboard;
 mod http;
@@ -132,6 +134,23 @@ pub struct IndexerArgs {
     /// most one every 10 s, only in sync; 0: never), for replicas that start later.
     #[arg(long, env = "KVPLANE_CLUSTER_SNAPSHOT_RECORDS", default_value_t = crate::config::defaults::cluster::SNAPSHOT_RECORDS)]
     pub cluster_snapshot_records: u64,
+    /// Bind a SUB socket publishers connect to (`tcp://*:5556`; repeat the flag, the env
+    /// twin separates them with commas): llm-d's central topology. Each message's topic names
+    /// its instance (`--topic-pattern`).
+    #[arg(long = "bind", env = "KVPLANE_INDEXER_BIND", value_delimiter = ',')]
+    pub binds: Vec<String>,
+    /// How the topic of a message on a `--bind` socket names its instance: `{address}` (the
+    /// instance, matched to a registration whose endpoint is `tcp://{address}`) and
+    /// `{model}` between literal text.
+    #[arg(long, env = "KVPLANE_INDEXER_TOPIC_PATTERN", default_value = d::TOPIC_PATTERN, value_parser = central::TopicPattern::parse)]
+    pub topic_pattern: central::TopicPattern,
+    /// Tokens per block of an instance created by its topic (no registration).
+    #[arg(long, env = "KVPLANE_INDEXER_TOPIC_BLOCK_SIZE", value_parser = clap::value_parser!(u32).range(1..), default_value_t = d::TOPIC_BLOCK_SIZE)]
+    pub topic_block_size: u32,
+    /// Instances created by their topic at most; messages of further new topics are dropped
+    /// and counted (`kvplane_indexer_topic_refused_total{reason="instance_cap"}`).
+    #[arg(long, env = "KVPLANE_INDEXER_MAX_TOPIC_INSTANCES", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = d::MAX_TOPIC_INSTANCES)]
+    pub max_topic_instances: usize,
 }
 
 /// `--max-memberships`: 1 to [`crate::indexer::index::MAX_MEMBERSHIPS`].
@@ -185,6 +204,12 @@ impl IndexerArgs {
                 }),
             replica: self.replica,
             auth: crate::web::access::Auth::from(&self.auth),
+            central: central::CentralConfig {
+                binds: self.binds.clone(),
+                pattern: self.topic_pattern.clone(),
+                block_size: self.topic_block_size,
+                max_instances: self.max_topic_instances,
+            },
         }
     }
 }
@@ -222,6 +247,8 @@ pub struct IndexerConfig {
     pub replica: bool,
     /// `--api-token` and its scope.
     pub auth: crate::web::access::Auth,
+    /// `--bind` sockets and how their topics name instances.
+    pub central: central::CentralConfig,
 }
 
 impl Default for IndexerConfig {
@@ -242,6 +269,7 @@ impl Default for IndexerConfig {
             cluster: None,
             replica: false,
             auth: crate::web::access::Auth::default(),
+            central: central::CentralConfig::default(),
         }
     }
 }
@@ -260,6 +288,9 @@ pub struct PublisherStatus {
     /// Live messages that found the queue full (by count or by bytes) and waited, the
     /// socket unread meanwhile (the publisher holds what follows).
     pub queue_full: AtomicU64,
+    /// Live messages from a `--bind` socket dropped because the queue was full (the socket
+    /// is shared, so it is never left unread; the gap is replayed).
+    pub dropped: AtomicU64,
     /// Payload bytes in the live queue now.
     pub queued_bytes: std::sync::atomic::AtomicUsize,
     /// The sequence tracker's counters.
@@ -274,6 +305,15 @@ struct Publisher {
     kind: EngineType,
     status: Arc<PublisherStatus>,
     cancel: CancellationToken,
+    /// Its applier's queue.
+    feed: publisher::Feed,
+    /// Stops the receiver that connects to the endpoint (kept stopped once the publisher is
+    /// seen connecting to a `--bind` socket).
+    receiver: CancellationToken,
+    /// The `--bind` socket (its index) the publisher's messages arrive on, once seen there.
+    bound: Option<usize>,
+    /// Registered by its topic, not by `/register` (an explicit registration replaces it).
+    by_topic: bool,
 }
 
 struct Service {
@@ -433,8 +473,20 @@ impl IndexerState {
     /// # Errors
     /// 409 when the key or the endpoint is registered with another configuration.
     pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, ApiError> {
+        self.register_as(reg, false)
+    }
+
+    /// Registers a stream, `by_topic` (first seen on a `--bind` socket) or explicitly. An
+    /// explicit registration of an endpoint first registered by its topic replaces that
+    /// instance (its blocks go; the publisher's history comes back by replay when the
+    /// registration names a replay endpoint).
+    fn register_as(self: &Arc<Self>, reg: Registration, by_topic: bool) -> Result<bool, ApiError> {
         self.writable()?;
         let mut registry = self.registry.lock();
+        let mut bound = None;
+        if !by_topic {
+            bound = self.replace_topic_instance(&mut registry, &reg);
+        }
         let key = reg.key();
         if let Some(existing) = registry.services.get(&key) {
             if existing.reg == reg {
@@ -456,7 +508,7 @@ impl IndexerState {
             ));
         }
         if let Some(p) = registry.publishers.get(&reg.endpoint) {
-            if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind {
+            if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind || p.by_topic {
                 return Err(ApiError::conflict(
                     "endpoint",
                     format!(
@@ -516,7 +568,8 @@ impl IndexerState {
                 max_buffered_bytes: self.config.max_queued_bytes,
                 ..SeqConfig::default()
             };
-            publisher::spawn(
+            // A publisher known to connect to a `--bind` socket gets no receiver of its own.
+            let (feed, receiver) = publisher::spawn(
                 self,
                 publisher::PublisherTask {
                     id: pub_id,
@@ -526,6 +579,7 @@ impl IndexerState {
                     status: Arc::clone(&status),
                     cancel: cancel.clone(),
                 },
+                !by_topic && bound.is_none(),
             );
             registry.publishers.insert(
                 reg.endpoint.clone(),
@@ -535,6 +589,10 @@ impl IndexerState {
                     kind: reg.kind,
                     status,
                     cancel,
+                    feed,
+                    receiver,
+                    bound,
+                    by_topic,
                 },
             );
         }
@@ -574,34 +632,39 @@ impl IndexerState {
             )));
         }
         for key in &keys {
-            let Some(service) = registry.services.remove(key) else {
-                continue;
-            };
-            let endpoint = service.reg.endpoint.clone();
-            let Some(pub_id) = registry.publishers.get(&endpoint).map(|p| p.id) else {
-                continue;
-            };
-            let last = {
-                let mut core = self.core.write();
-                core.index.remove_stream(service.stream);
-                self.role.record(Change::RemoveStream {
-                    stream: service.stream.0,
-                });
-                let streams = core.routes.entry(pub_id).or_default();
-                streams.retain(|s| *s != service.stream);
-                let last = streams.is_empty();
-                if last {
-                    core.routes.remove(&pub_id);
-                }
-                last
-            };
-            if last {
-                if let Some(p) = registry.publishers.remove(&endpoint) {
-                    p.cancel.cancel();
-                }
-            }
+            self.drop_service(&mut registry, key);
         }
         Ok(keys)
+    }
+
+    /// Removes one service and its blocks; its publisher's tasks stop with its last service.
+    fn drop_service(&self, registry: &mut Registry, key: &str) {
+        let Some(service) = registry.services.remove(key) else {
+            return;
+        };
+        let endpoint = service.reg.endpoint.clone();
+        let Some(pub_id) = registry.publishers.get(&endpoint).map(|p| p.id) else {
+            return;
+        };
+        let last = {
+            let mut core = self.core.write();
+            core.index.remove_stream(service.stream);
+            self.role.record(Change::RemoveStream {
+                stream: service.stream.0,
+            });
+            let streams = core.routes.entry(pub_id).or_default();
+            streams.retain(|s| *s != service.stream);
+            let last = streams.is_empty();
+            if last {
+                core.routes.remove(&pub_id);
+            }
+            last
+        };
+        if last {
+            if let Some(p) = registry.publishers.remove(&endpoint) {
+                p.cancel.cancel();
+            }
+        }
     }
 }
 
@@ -609,45 +672,14 @@ impl IndexerState {
 pub struct Indexer {
     /// The bound HTTP address.
     pub addr: SocketAddr,
+    /// The `--bind` SUB sockets' addresses, in flag order.
+    pub binds: Vec<SocketAddr>,
     /// The shared state.
     pub state: Arc<IndexerState>,
 }
 
 /// A running indexer (`server.addr`, `server.state` through `Deref`).
 pub type IndexerServer = Running<Indexer>;
-
-fn publishers_file(path: &std::path::Path) -> Result<Vec<Registration>, StartError> {
-    let err =
-        |message: String| StartError::Config(format!("--publishers {}: {message}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-    let list = match &value {
-        serde_json::Value::Array(l) => l.clone(),
-        serde_json::Value::Object(o) => match o.get("kvevent_instance") {
-            Some(serde_json::Value::Array(l)) => l.clone(),
-            Some(serde_json::Value::Object(m)) => m.values().cloned().collect(),
-            _ => {
-                return Err(err(
-                    "expected a list or {\"kvevent_instance\": [...]}".into()
-                ))
-            }
-        },
-        _ => {
-            return Err(err(
-                "expected a list or {\"kvevent_instance\": [...]}".into()
-            ))
-        }
-    };
-    list.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            let body = v
-                .as_object()
-                .ok_or_else(|| err(format!("entry {i} is not an object")))?;
-            api::registration(body).map_err(|e| err(format!("entry {i}: {}", e.message)))
-        })
-        .collect()
-}
 
 /// Binds the HTTP port, registers the configured publishers and starts serving.
 ///
@@ -658,7 +690,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
     // Message bursts and table rebuilds free big blocks: hand them back, not keep them.
     crate::memory::return_freed_promptly();
     let initial = match &config.publishers {
-        Some(path) => publishers_file(path)?,
+        Some(path) => api::publishers_file(path)?,
         None => Vec::new(),
     };
     let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
@@ -676,6 +708,13 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
     cluster::follow(&state, &shutdown, &tasks)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
+    let binds = match central::start(&state).await {
+        Ok(b) => b,
+        Err(e) => {
+            shutdown.cancel();
+            return Err(e);
+        }
+    };
     if state.role.is_replica() && !initial.is_empty() {
         tracing::warn!("--publishers ignored: a replica follows the ingester's registrations");
     }
@@ -730,8 +769,19 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
         }
     });
     tracing::info!(http = %bound, "kvplane indexer listening");
-    Ok(
-        Running::new("indexer", Indexer { addr: bound, state }, shutdown, tasks)
-            .with_addr("http", bound),
+    let mut running = Running::new(
+        "indexer",
+        Indexer {
+            addr: bound,
+            binds: binds.clone(),
+            state,
+        },
+        shutdown,
+        tasks,
     )
+    .with_addr("http", bound);
+    for b in binds {
+        running = running.with_addr("zmq", b);
+    }
+    Ok(running)
 }

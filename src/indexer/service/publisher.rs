@@ -8,6 +8,12 @@
 //! arrives in order once the applier catches up. Only what the publisher itself drops past
 //! its high-water mark shows up as a gap, which a replay repairs. So a flood costs the
 //! flooding publisher's own latency, never kvplane's memory or another publisher's queue.
+//!
+//! A publisher that connects to a bound socket (`--bind`, [`super::central`]) has no receiver
+//! of its own: the bound socket's task hands its messages to the same applier through
+//! [`Feed::offer`], which never waits (the socket is shared, so one publisher's full queue must
+//! not stall the others): a message that finds the queue full is dropped and counted, and the
+//! gap it leaves is replayed like any other.
 
 use super::{IndexerState, PublisherStatus};
 use crate::indexer::events::decode_batch;
@@ -69,22 +75,102 @@ impl Budget {
     }
 }
 
-/// Spawns the receiver and the applier on the state's task tracker.
-pub(crate) fn spawn(state: &Arc<IndexerState>, task: PublisherTask) {
+/// The way into a publisher's applier: its queue and the queue's byte budget.
+#[derive(Clone)]
+pub(crate) struct Feed {
+    tx: mpsc::Sender<Inbound>,
+    budget: Budget,
+    status: Arc<PublisherStatus>,
+}
+
+/// What became of a message offered to a [`Feed`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Offer {
+    /// Queued for the applier.
+    Queued,
+    /// The queue was full (by messages or bytes): dropped and counted.
+    Dropped,
+    /// The applier is gone (unregistered, or taken over by a registration).
+    Closed,
+}
+
+impl Feed {
+    /// Tells the applier a publisher appeared (as a SUB connection coming up does): it
+    /// replays from the first number when it can. False when the applier is gone.
+    pub(crate) fn offer_connected(&self) -> bool {
+        self.status.connected.store(true, Ordering::Relaxed);
+        self.status.connects.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(Inbound::Connected) {
+            Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Whether the applier is gone.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Queues a live message without waiting; a full queue drops it (counted in
+    /// `queue_full` and `dropped`; the sequence gap it leaves is replayed).
+    pub(crate) fn offer(&self, frames: Vec<Bytes>) -> Offer {
+        if self.tx.is_closed() {
+            return Offer::Closed;
+        }
+        let dropped = || {
+            self.status.queue_full.fetch_add(1, Ordering::Relaxed);
+            self.status.dropped.fetch_add(1, Ordering::Relaxed);
+            Offer::Dropped
+        };
+        let n = self.budget.permits(&frames);
+        let Ok(permit) = self.budget.room.try_acquire_many(n) else {
+            return dropped();
+        };
+        let bytes = size(&frames);
+        match self.tx.try_send(Inbound::Live(frames)) {
+            Ok(()) => {
+                permit.forget();
+                self.status.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+                Offer::Queued
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => dropped(),
+            Err(mpsc::error::TrySendError::Closed(_)) => Offer::Closed,
+        }
+    }
+}
+
+/// Spawns the applier, and with `subscribe` the receiver that connects to the publisher's
+/// endpoint, on the state's task tracker. Returns the applier's feed and the receiver's own
+/// cancellation (a child of the task's: a registration that learns the publisher connects to
+/// a bound socket stops the receiver and keeps the applier).
+pub(crate) fn spawn(
+    state: &Arc<IndexerState>,
+    task: PublisherTask,
+    subscribe: bool,
+) -> (Feed, CancellationToken) {
     let (tx, rx) = mpsc::channel(state.config.queue_capacity.max(1));
-    let limits = TransportLimits::with_max_frame_bytes(state.config.max_frame_bytes);
     let budget = Budget::new(state.config.max_queued_bytes);
-    state.tasks.spawn(receive(
-        task.endpoint.clone(),
-        limits,
-        budget.clone(),
-        tx,
-        Arc::clone(&task.status),
-        task.cancel.clone(),
-    ));
+    let receiver = task.cancel.child_token();
+    let feed = Feed {
+        tx: tx.clone(),
+        budget: budget.clone(),
+        status: Arc::clone(&task.status),
+    };
+    if subscribe {
+        let limits = TransportLimits::with_max_frame_bytes(state.config.max_frame_bytes);
+        state.tasks.spawn(receive(
+            task.endpoint.clone(),
+            limits,
+            budget.clone(),
+            tx,
+            Arc::clone(&task.status),
+            receiver.clone(),
+        ));
+    }
     state
         .tasks
         .spawn(apply_loop(Arc::clone(state), task, rx, budget));
+    (feed, receiver)
 }
 
 fn size(frames: &[Bytes]) -> usize {
