@@ -144,9 +144,9 @@ impl Nats {
         let var = |flag: &str| format!("KVPLANE_{}_{flag}", subcommand.to_uppercase());
         Launch::kvplane(subcommand)
             .named(&format!("kvplane {subcommand} {name} of cluster {cluster}"))
-            .env(&var("CLUSTER"), &self.url)
-            .env(&var("CLUSTER_NAME"), cluster)
-            .env(&var("CLUSTER_LEASE_TTL"), "1.0")
+            .env(var("CLUSTER"), &self.url)
+            .env(var("CLUSTER_NAME"), cluster)
+            .env(var("CLUSTER_LEASE_TTL"), "1.0")
             .envs(env)
             .spawn()
     }
