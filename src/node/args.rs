@@ -39,6 +39,20 @@ pub struct NodeArgs {
     /// L1 (memory) budget in GiB.
     #[arg(long, env = "KVPLANE_L1_SIZE_GB", default_value_t = d::L1_SIZE_GB)]
     l1_size_gb: f64,
+    /// GiB of L1 mapped and faulted in at start, so PUTs into a fresh node run at the speed
+    /// of a bare copy (0: none; at most --l1-size-gb and the memory available). LMCache's
+    /// `--l1-init-size-gb` is accepted as its name.
+    #[arg(
+        long,
+        alias = "l1-init-size-gb",
+        env = "KVPLANE_L1_PREALLOCATE",
+        default_value_t = 0.0
+    )]
+    l1_preallocate: f64,
+    /// LMCache's switch for an L1 allocated whole at start: `--no-l1-use-lazy` preallocates
+    /// all of --l1-size-gb (as `--l1-preallocate` with the L1 size).
+    #[arg(long = "no-l1-use-lazy", env = "KVPLANE_NO_L1_USE_LAZY")]
+    no_l1_use_lazy: bool,
     /// L1 eviction policy: LRU or noop (never evict; stores that do not fit are refused).
     #[arg(long, env = "KVPLANE_EVICTION_POLICY", default_value = d::EVICTION_POLICY)]
     eviction_policy: String,
@@ -226,6 +240,23 @@ impl NodeArgs {
             eviction_ratio: ratio("eviction-ratio", self.eviction_ratio)?,
             lru: lru("eviction-policy", &self.eviction_policy)?,
         };
+        let l1_preallocate = if self.no_l1_use_lazy {
+            l1.budget
+        } else if self.l1_preallocate == 0.0 {
+            0
+        } else {
+            let bytes = size("l1-preallocate", self.l1_preallocate)?;
+            if bytes > l1.budget {
+                return Err(ConfigError::Value {
+                    flag: "l1-preallocate",
+                    detail: format!(
+                        "{} GiB is more than --l1-size-gb {}",
+                        self.l1_preallocate, self.l1_size_gb
+                    ),
+                });
+            }
+            bytes
+        };
         let store_policy = match self.l2_store_policy.as_str() {
             "default" => StorePolicy::Default,
             "skip_l1" => StorePolicy::SkipL1,
@@ -394,6 +425,7 @@ impl NodeArgs {
             port: self.port,
             http_port: (!self.no_http).then_some(self.http_port),
             l1,
+            l1_preallocate,
             l2,
             max_object_bytes,
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
@@ -435,6 +467,13 @@ mod tests {
             (65432, Some(9091), 4 << 30)
         );
         assert!(c.l2.is_none());
+        assert_eq!(c.l1_preallocate, 0);
+        let c = parse(&["--l1-size-gb", "2", "--l1-preallocate", "0.5"]).expect("valid");
+        assert_eq!(c.l1_preallocate, 512 << 20);
+        let c = parse(&["--l1-size-gb", "2", "--l1-init-size-gb", "1"]).expect("LMCache's name");
+        assert_eq!(c.l1_preallocate, 1 << 30);
+        let c = parse(&["--l1-size-gb", "2", "--no-l1-use-lazy"]).expect("LMCache's switch");
+        assert_eq!(c.l1_preallocate, 2 << 30);
         let c = parse(&[
             "--l2-path",
             "/tmp/x",
@@ -529,6 +568,8 @@ mod tests {
     fn bad_values_name_the_flag() {
         for (flag, v) in [
             ("--l1-size-gb", "0"),
+            ("--l1-preallocate", "5"),
+            ("--l1-preallocate", "nan"),
             ("--eviction-ratio", "0"),
             ("--eviction-trigger-watermark", "1.5"),
             ("--eviction-policy", "fifo"),

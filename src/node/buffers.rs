@@ -7,15 +7,21 @@
 //! 65 pages, and it faulted them in one by one: 1.56% memory overhead and the largest single
 //! cost of a PUT (docs/BENCHMARKS.md).
 //!
+//! With `--l1-preallocate` a new mapping is first carved from the memory faulted in at start
+//! (`node/arena.rs`), so fresh PUTs run at the speed of a bare copy; once that is handed out,
+//! bodies get mappings of their own as above.
+//!
 //! When a body is dropped (evicted, deleted, replaced) its mapping goes back to a pool of
 //! spare mappings, by page-rounded length, up to [`POOL_BYTES`] in all, so a node that is full
 //! and evicting as it stores reuses memory that is already faulted in. Smaller bodies use the
-//! ordinary heap.
+//! ordinary heap. Where each body's memory came from is counted
+//! (`kvplane_node_body_buffers_total{source}`).
 
+use super::arena::{Arena, Region, PAGE};
 use bytes::{Bytes, BytesMut};
 use memmap2::{MmapMut, MmapOptions};
 use parking_lot::Mutex;
-use prometheus::IntGauge;
+use prometheus::{IntCounterVec, IntGauge};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -23,21 +29,61 @@ use std::sync::Arc;
 pub(crate) const MAPPED_MIN: usize = 128 << 10;
 /// Most bytes of spare mappings kept for reuse.
 pub(crate) const POOL_BYTES: usize = 256 << 20;
-const PAGE: usize = 4096;
+
+/// The pages of one body: a mapping of its own, or a range of the preallocation.
+enum Pages {
+    Own(MmapMut),
+    Carved(Region),
+}
+
+impl Pages {
+    fn len(&self) -> usize {
+        match self {
+            Pages::Own(m) => m.len(),
+            Pages::Carved(r) => r.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Pages::Own(m) => m,
+            Pages::Carved(r) => r.as_slice(),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Pages::Own(m) => m,
+            Pages::Carved(r) => r.as_mut_slice(),
+        }
+    }
+}
 
 /// Spare mappings by length (a multiple of [`PAGE`]).
 #[derive(Default)]
 struct Spare {
-    by_len: HashMap<usize, Vec<MmapMut>>,
+    by_len: HashMap<usize, Vec<Pages>>,
     bytes: usize,
+}
+
+/// What the pool reports: spare bytes, preallocated bytes not handed out yet, and where each
+/// body's memory came from (`preallocated`, `reused`, `mapped`, `heap`).
+#[derive(Clone)]
+pub(crate) struct PoolGauges {
+    /// `node_body_pool_spare_bytes`.
+    pub(crate) spare: IntGauge,
+    /// `node_l1_preallocated_unused_bytes`.
+    pub(crate) preallocated_unused: IntGauge,
+    /// `node_body_buffers_total{source}`.
+    pub(crate) sources: IntCounterVec,
 }
 
 /// Hands out body buffers and takes mappings back. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct BodyPool {
     spare: Arc<Mutex<Spare>>,
-    /// Bytes of spare mappings (`node_body_pool_spare_bytes`).
-    gauge: IntGauge,
+    arena: Option<Arc<Arena>>,
+    gauges: PoolGauges,
 }
 
 /// A body being filled: write into [`BodyBuf::unfilled`], then [`BodyBuf::advance`].
@@ -50,14 +96,14 @@ pub(crate) enum BodyBuf {
 
 /// A mapping holding one body; returns itself to its pool when dropped.
 pub(crate) struct Mapped {
-    map: Option<MmapMut>,
+    map: Option<Pages>,
     len: usize,
     pool: BodyPool,
 }
 
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
-        self.map.as_ref().map_or(&[], |m| &m[..self.len])
+        self.map.as_ref().map_or(&[], |m| &m.bytes()[..self.len])
     }
 }
 
@@ -70,17 +116,26 @@ impl Drop for Mapped {
 }
 
 impl BodyPool {
-    /// An empty pool whose spare bytes are shown by `gauge`.
-    pub(crate) fn new(gauge: IntGauge) -> Self {
+    /// An empty pool, carving new mappings from `arena` (the preallocation) while it lasts.
+    pub(crate) fn new(gauges: PoolGauges, arena: Option<Arena>) -> Self {
+        gauges
+            .preallocated_unused
+            .set(arena.as_ref().map_or(0, |a| a.unused() as i64));
         BodyPool {
             spare: Arc::default(),
-            gauge,
+            arena: arena.map(Arc::new),
+            gauges,
         }
+    }
+
+    fn count(&self, source: &str) {
+        self.gauges.sources.with_label_values(&[source]).inc();
     }
 
     /// A buffer for a body of exactly `len` bytes.
     pub(crate) fn take(&self, len: usize) -> BodyBuf {
         if len < MAPPED_MIN {
+            self.count("heap");
             return BodyBuf::Heap(BytesMut::zeroed(len), 0);
         }
         let rounded = len.div_ceil(PAGE) * PAGE;
@@ -89,13 +144,23 @@ impl BodyPool {
             let map = spare.by_len.get_mut(&rounded).and_then(Vec::pop);
             if map.is_some() {
                 spare.bytes -= rounded;
-                self.gauge.set(spare.bytes as i64);
+                self.gauges.spare.set(spare.bytes as i64);
             }
             map
         };
-        let map = match reused {
-            Some(m) => Some(m),
-            None => MmapOptions::new().len(rounded).populate().map_anon().ok(),
+        let map = if let Some(m) = reused {
+            self.count("reused");
+            Some(m)
+        } else if let Some(r) = self.arena.as_ref().and_then(|a| a.carve(rounded)) {
+            self.count("preallocated");
+            if let Some(a) = &self.arena {
+                self.gauges.preallocated_unused.set(a.unused() as i64);
+            }
+            Some(Pages::Carved(r))
+        } else {
+            let m = MmapOptions::new().len(rounded).populate().map_anon().ok();
+            self.count(if m.is_some() { "mapped" } else { "heap" });
+            m.map(Pages::Own)
         };
         match map {
             Some(map) => BodyBuf::Mapped(
@@ -117,11 +182,11 @@ impl BodyPool {
         self.spare.lock().bytes
     }
 
-    fn give_back(&self, map: MmapMut) {
+    fn give_back(&self, map: Pages) {
         let mut spare = self.spare.lock();
         if spare.bytes + map.len() <= POOL_BYTES {
             spare.bytes += map.len();
-            self.gauge.set(spare.bytes as i64);
+            self.gauges.spare.set(spare.bytes as i64);
             spare.by_len.entry(map.len()).or_default().push(map);
         }
     }
@@ -134,7 +199,9 @@ impl BodyBuf {
             BodyBuf::Heap(b, filled) => &mut b[*filled..],
             BodyBuf::Mapped(m, filled) => {
                 let len = m.len;
-                m.map.as_mut().map_or(&mut [], |map| &mut map[*filled..len])
+                m.map
+                    .as_mut()
+                    .map_or(&mut [], |map| &mut map.bytes_mut()[*filled..len])
             }
         }
     }
@@ -167,8 +234,17 @@ impl BodyBuf {
 mod tests {
     use super::*;
 
+    fn gauges() -> PoolGauges {
+        PoolGauges {
+            spare: IntGauge::new("spare", "spare").expect("gauge"),
+            preallocated_unused: IntGauge::new("unused", "unused").expect("gauge"),
+            sources: IntCounterVec::new(prometheus::Opts::new("src", "src"), &["source"])
+                .expect("counter"),
+        }
+    }
+
     fn test_pool() -> BodyPool {
-        BodyPool::new(IntGauge::new("spare", "spare").expect("gauge"))
+        BodyPool::new(gauges(), None)
     }
 
     fn fill(pool: &BodyPool, len: usize, byte: u8) -> Bytes {
@@ -202,7 +278,7 @@ mod tests {
         assert_eq!(pool.spare_bytes(), 0, "a clone still holds it");
         drop(clone);
         assert_eq!(pool.spare_bytes(), 256 << 10);
-        assert_eq!(pool.gauge.get(), 256 << 10);
+        assert_eq!(pool.gauges.spare.get(), 256 << 10);
         // Same page-rounded length: taken from the pool, old bytes overwritten.
         let b = fill(&pool, (256 << 10) - 100, 2);
         assert_eq!(pool.spare_bytes(), 0);
@@ -225,5 +301,31 @@ mod tests {
         assert!(tail.iter().all(|&x| x == 9));
         drop(tail);
         assert_eq!(pool.spare_bytes(), 1 << 20);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn bodies_come_from_the_preallocation_until_it_is_used_up() {
+        let arena = Arena::populate(5 << 20).expect("map");
+        let pool = BodyPool::new(gauges(), Some(arena));
+        assert_eq!(pool.gauges.preallocated_unused.get(), 5 << 20);
+        let src = |s: &str| pool.gauges.sources.with_label_values(&[s]).get();
+        let a = fill(&pool, 2 << 20, 1);
+        let b = fill(&pool, (2 << 20) - 5, 2);
+        assert_eq!(src("preallocated"), 2);
+        assert_eq!(pool.gauges.preallocated_unused.get(), 1 << 20);
+        // 2 MiB no longer fits in the 1 MiB left: a mapping of its own.
+        let c = fill(&pool, 2 << 20, 3);
+        assert_eq!(src("mapped"), 1);
+        assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2));
+        assert!(c.iter().all(|&x| x == 3));
+        // A freed preallocated range is reused like any spare mapping.
+        drop(a);
+        assert_eq!(pool.spare_bytes(), 2 << 20);
+        let d = fill(&pool, 2 << 20, 4);
+        assert_eq!(src("reused"), 1);
+        assert!(d.iter().all(|&x| x == 4) && b.iter().all(|&x| x == 2));
+        let _small = fill(&pool, 100, 5);
+        assert_eq!(src("heap"), 1);
     }
 }

@@ -60,6 +60,9 @@ pub struct NodeConfig {
     pub http_port: Option<u16>,
     /// L1 budget and eviction knobs.
     pub l1: EvictionPolicy,
+    /// Bytes of L1 mapped and faulted in at start (`--l1-preallocate`), at most the L1
+    /// budget; 0: none, bodies are mapped as they arrive.
+    pub l1_preallocate: u64,
     /// L2, if any.
     pub l2: Option<L2Config>,
     /// Largest PUT body accepted.
@@ -164,6 +167,7 @@ impl NodeConfig {
             max_connections: d::MAX_CONNECTIONS,
             read_timeout: Duration::from_secs_f64(d::READ_TIMEOUT_S),
             max_list_bytes: d::MAX_LIST_BYTES,
+            l1_preallocate: 0,
             http: http_limits(
                 d::MAX_HTTP_CONNECTIONS,
                 Duration::from_secs_f64(d::HTTP_READ_TIMEOUT_S),

@@ -23,6 +23,13 @@ pub struct NodeMetrics {
     pub connections_open: IntGauge,
     /// Bytes of freed body mappings kept for reuse (`node/buffers.rs`).
     pub body_pool_spare_bytes: IntGauge,
+    /// Bytes of L1 mapped and faulted in at start (`--l1-preallocate`; 0 without).
+    pub l1_preallocated_bytes: IntGauge,
+    /// Of those, bytes not yet handed to a body.
+    pub l1_preallocated_unused_bytes: IntGauge,
+    /// Object bodies by where their memory came from (`preallocated`, `reused`, `mapped`,
+    /// `heap`).
+    pub body_buffers: IntCounterVec,
     /// Connections accepted since start.
     pub connections_total: IntCounter,
     /// Connections closed at once because `--max-connections` were open.
@@ -154,6 +161,27 @@ impl NodeMetrics {
                     "Bytes of freed object-body mappings kept for reuse by later PUTs.",
                 ))
                 .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
+            l1_preallocated_bytes: reg(
+                r,
+                IntGauge::with_opts(opts(
+                    "l1_preallocated_bytes",
+                    "Bytes of L1 mapped and faulted in at start (--l1-preallocate).",
+                ))
+                .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
+            l1_preallocated_unused_bytes: reg(
+                r,
+                IntGauge::with_opts(opts(
+                    "l1_preallocated_unused_bytes",
+                    "Bytes of the L1 preallocation not yet handed to an object body.",
+                ))
+                .unwrap_or_else(|e| unreachable!("static metric: {e}")),
+            ),
+            body_buffers: counter_vec(
+                "body_buffers_total",
+                "Object bodies by where their memory came from (preallocated, reused, mapped, heap).",
+                &["source"],
             ),
             connections_total: counter("connections_total", "Connections accepted."),
             connections_refused: counter(

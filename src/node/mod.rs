@@ -16,6 +16,7 @@
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
+mod arena;
 pub mod args;
 mod buffers;
 pub mod codec;
@@ -190,6 +191,46 @@ impl RankWorkers {
     }
 }
 
+/// `--l1-preallocate`: maps `bytes` and faults them in on a blocking thread, after checking
+/// them against the memory the system has available (a preallocation the kernel cannot back
+/// would only move the failure to the OOM killer).
+async fn preallocate(
+    bytes: u64,
+    metrics: &NodeMetrics,
+) -> Result<Option<arena::Arena>, StartError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    if let Some(available) = arena::available_memory() {
+        if bytes > available {
+            return Err(StartError::Config(format!(
+                "--l1-preallocate {:.2} GiB is more than the {:.2} GiB of memory available \
+                 (MemAvailable in /proc/meminfo); lower it or --l1-size-gb",
+                gib(bytes),
+                gib(available)
+            )));
+        }
+    }
+    let started = std::time::Instant::now();
+    let arena = tokio::task::spawn_blocking(move || arena::Arena::populate(bytes))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|e| {
+            StartError::resource(
+                format!("preallocate {:.2} GiB of L1 (--l1-preallocate)", gib(bytes)),
+                e,
+            )
+        })?;
+    metrics.l1_preallocated_bytes.set(arena.len() as i64);
+    tracing::info!(
+        bytes = arena.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "L1 preallocated and faulted in"
+    );
+    Ok(Some(arena))
+}
+
 /// Opens the tiers (recovering L2), binds both listeners and starts serving.
 ///
 /// # Errors
@@ -205,6 +246,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             "a coordinator calls the node's HTTP port: --coordinator-url needs it".into(),
         ));
     }
+    let preallocation = preallocate(config.l1_preallocate, &metrics).await?;
     let mut observers: tiers::Observers = Vec::new();
     let reporter = config.controller.as_ref().map(|_| {
         Arc::new(report::Reporter::new(
@@ -283,7 +325,14 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         max_object_bytes: config.max_object_bytes,
         read_timeout: config.read_timeout,
         max_list_bytes: config.max_list_bytes,
-        bodies: buffers::BodyPool::new(metrics.body_pool_spare_bytes.clone()),
+        bodies: buffers::BodyPool::new(
+            buffers::PoolGauges {
+                spare: metrics.body_pool_spare_bytes.clone(),
+                preallocated_unused: metrics.l1_preallocated_unused_bytes.clone(),
+                sources: metrics.body_buffers.clone(),
+            },
+            preallocation,
+        ),
     });
     tasks.spawn(server::accept_loop(
         listener,
