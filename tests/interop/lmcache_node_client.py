@@ -4,7 +4,10 @@
 the stand-in torch; the connector's CPU allocator is replaced by a small stand-in that hands
 out bytearrays (the connector only uses ``allocate(...).byte_array``).
 
-Usage: lmcache_node_client.py HOST PORT
+Usage: lmcache_node_client.py HOST PORT [SPEC]
+Without SPEC it runs its own checks. SPEC is JSON, ``{"put": [[KEY, SEED, LEN], ...], "get":
+[[KEY, SEED, LEN], ...]}``: PUT those objects (bodies from ``body(SEED, LEN)``), then GET those
+and check each against ``body(SEED, LEN)``.
 Prints one JSON line per check; exits 0 when every object came back byte-identical.
 """
 
@@ -148,6 +151,29 @@ def body(seed, n):
     return out
 
 
+async def run_spec(host, port, spec):
+    ok = True
+    backend = CpuBackend()
+    conn = LMCServerConnector(host, port, asyncio.get_running_loop(), backend)
+    for key, seed, n in spec.get("put", []):
+        data = body(seed, n)
+        await conn.put(
+            Key(key), Obj(data, torch.Size([n // 2 or 1]), torch.bfloat16, MemoryFormat(1))
+        )
+    # A connection is served in order: an answered EXIST means every PUT before it is stored.
+    if spec.get("put"):
+        ok = await conn.exists(Key(spec["put"][-1][0]))
+        print(json.dumps({"check": "put", "ok": ok, "n": len(spec["put"])}), flush=True)
+    for key, seed, n in spec.get("get", []):
+        backend.next_size = n
+        got = await conn.get(Key(key))
+        passed = got is not None and bytes(got.byte_array) == bytes(body(seed, n))
+        ok = ok and passed
+        print(json.dumps({"check": "get", "ok": passed, "key": key}), flush=True)
+    await conn.close()
+    return ok
+
+
 async def main(host, port):
     ok = True
 
@@ -185,6 +211,9 @@ async def main(host, port):
 
 
 if __name__ == "__main__":
-    passed = asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    if len(sys.argv) > 3:
+        passed = asyncio.run(run_spec(sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])))
+    else:
+        passed = asyncio.run(main(sys.argv[1], int(sys.argv[2])))
     print(json.dumps({"check": "all", "ok": passed}), flush=True)
     sys.exit(0 if passed else 1)

@@ -12,4 +12,5 @@ mod coordinator_fleet;
 mod indexer_central;
 mod indexer_vllm;
 mod node;
+mod node_ranks;
 mod worker;
