@@ -6,15 +6,21 @@
 #   coordinator: `kvplane coordinator`  vs  `python -m lmcache.v1.mp_coordinator`
 #                driven by `kvplane bench coordinator` (docs/BENCHMARKS.md)
 #   node:        `kvplane node` (L1 only)  vs  `python -m lmcache.v1.server HOST PORT cpu`
-#                vs the bare-loopback baseline, driven by `kvplane bench node`
+#                vs the bare-loopback baseline, driven by `kvplane bench node`; kvplane
+#                also with `--l1-preallocate` (the bytes the run stores, plus 0.25 GiB)
+#   node-py:     `kvplane node` (with and without `--l1-preallocate`)  vs  LMCache's server,
+#                driven by benches/lmcache/node_py_client.py: Python clients that frame
+#                requests with LMCache's own protocol classes, as its LMCServerConnector does
 #
-# Usage: scripts/bench-services.sh [coordinator|node|all] [RUNS]      (default: all 3)
+# Usage: scripts/bench-services.sh [coordinator|node|node-py|all] [RUNS]      (default: all 3)
 # Env:   KVPLANE_BIN      kvplane binary (default target/release/kvplane, built if missing)
 #        SERVERS PHASE_SECONDS SENDERS BATCH TOKEN_IDS coordinator scenario (1000 10 4 100 0)
 #        LMCACHE_FLEET_VENV  run LMCache's coordinator as `$LMCACHE_FLEET_VENV/bin/lmcache
 #                         coordinator` from the real-torch venv (scripts/setup-mp-fleet.sh)
 #                         instead of the stand-in-torch wrapper in the interop venv
 #        CLIENTS BYTES_PER_SIZE SIZES           node scenario (4, 1 GiB, 262144,2097152)
+#        PY_SIZE PY_BYTES_PER_CLIENT            node-py scenario (2 MiB, 256 MiB; CLIENTS clients)
+#        MP_VENV          venv with lmcache 0.5.6 and torch for the Python client (.venv-mp)
 #        WARM_GIB         GiB of memory touched and freed once before the first round (8): on a
 #                         VM whose host backs guest memory lazily, the first touch of a guest
 #                         page costs a host fault, so without this the first rounds are slower
@@ -42,11 +48,14 @@ CLIENTS="${CLIENTS:-4}"
 BYTES_PER_SIZE="${BYTES_PER_SIZE:-1073741824}"
 SIZES="${SIZES:-262144,2097152}"
 WARM_GIB="${WARM_GIB:-8}"
+PY_SIZE="${PY_SIZE:-2097152}"
+PY_BYTES_PER_CLIENT="${PY_BYTES_PER_CLIENT:-268435456}"
+MP_PY="${MP_VENV:-$ROOT/.venv-mp}/bin/python"
 
 log() { printf '[bench-services] %s\n' "$*" >&2; }
 
-case "$WHAT" in coordinator | node | all) ;; *)
-    echo "usage: $0 [coordinator|node|all] [RUNS]" >&2
+case "$WHAT" in coordinator | node | node-py | all) ;; *)
+    echo "usage: $0 [coordinator|node|node-py|all] [RUNS]" >&2
     exit 2
     ;;
 esac
@@ -146,7 +155,7 @@ coordinator_round() {
 }
 
 node_round() {
-    local r="$1" port l1_gb
+    local r="$1" port l1_gb pre_gb
     # L1 large enough that nothing is evicted: the stored bytes plus a margin.
     l1_gb=$("$PY" -c "print(($BYTES_PER_SIZE * len('$SIZES'.split(','))) / 2**30 * 1.5 + 1)")
     port=$(free_port)
@@ -157,6 +166,16 @@ node_round() {
     bench "node-kvplane-rewrite-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
         --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
     stop "node-kvplane-$r"
+
+    # Preallocated: what the run stores, plus a margin.
+    pre_gb=$("$PY" -c "print(($BYTES_PER_SIZE * len('$SIZES'.split(','))) / 2**30 + 0.25)")
+    port=$(free_port)
+    start "node-kvplane-prealloc-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http \
+        --l1-size-gb "$l1_gb" --l1-preallocate "$pre_gb"
+    wait_tcp "$port"
+    bench "node-kvplane-prealloc-$r" node --addr "127.0.0.1:$port" --clients "$CLIENTS" \
+        --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES" --pid "$SERVER_PID" --seed "$r"
+    stop "node-kvplane-prealloc-$r"
 
     port=$(free_port)
     start "node-python-$r" "$PY" "$ROOT/benches/lmcache/run_lmcache_server.py" 127.0.0.1 "$port" cpu
@@ -173,7 +192,43 @@ node_round() {
         --bytes-per-size "$BYTES_PER_SIZE" --sizes "$SIZES"
 }
 
-if [[ "$WHAT" == node || "$WHAT" == all ]] && [[ "$WARM_GIB" != 0 ]]; then
+# pybench LABEL PORT: runs the Python client against 127.0.0.1:PORT, saving its report.
+pybench() {
+    local label="$1" port="$2" before after
+    before=$(load)
+    "$MP_PY" "$ROOT/benches/lmcache/node_py_client.py" 127.0.0.1 "$port" --clients "$CLIENTS" \
+        --size "$PY_SIZE" --bytes-per-client "$PY_BYTES_PER_CLIENT" --seed "$r" \
+        2>>"$OUT/$label.client.log" >"$OUT/$label.json"
+    after=$(load)
+    echo "{\"before\": \"$before\", \"after\": \"$after\"}" >"$OUT/$label.load.json"
+    log "$label done (load $before -> $after)"
+}
+
+node_py_round() {
+    local r="$1" port l1_gb pre_gb
+    l1_gb=$("$PY" -c "print($PY_BYTES_PER_CLIENT * $CLIENTS / 2**30 * 1.5 + 1)")
+    pre_gb=$("$PY" -c "print($PY_BYTES_PER_CLIENT * $CLIENTS / 2**30 + 0.25)")
+    port=$(free_port)
+    start "node-py-kvplane-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http --l1-size-gb "$l1_gb"
+    wait_tcp "$port"
+    pybench "node-py-kvplane-$r" "$port"
+    stop "node-py-kvplane-$r"
+
+    port=$(free_port)
+    start "node-py-kvplane-prealloc-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http \
+        --l1-size-gb "$l1_gb" --l1-preallocate "$pre_gb"
+    wait_tcp "$port"
+    pybench "node-py-kvplane-prealloc-$r" "$port"
+    stop "node-py-kvplane-prealloc-$r"
+
+    port=$(free_port)
+    start "node-py-python-$r" "$PY" "$ROOT/benches/lmcache/run_lmcache_server.py" 127.0.0.1 "$port" cpu
+    wait_tcp "$port"
+    pybench "node-py-python-$r" "$port"
+    stop "node-py-python-$r"
+}
+
+if [[ "$WHAT" == node* || "$WHAT" == all ]] && [[ "$WARM_GIB" != 0 ]]; then
     log "touching and freeing $WARM_GIB GiB once (see WARM_GIB above)"
     "$PY" -c "import mmap; m = mmap.mmap(-1, $WARM_GIB << 30); m.madvise(23); m.close()"
 fi
@@ -182,6 +237,7 @@ for r in $(seq 1 "$RUNS"); do
     log "round $r of $RUNS"
     if [[ "$WHAT" == coordinator || "$WHAT" == all ]]; then coordinator_round "$r"; fi
     if [[ "$WHAT" == node || "$WHAT" == all ]]; then node_round "$r"; fi
+    if [[ "$WHAT" == node-py || "$WHAT" == all ]]; then node_py_round "$r"; fi
 done
 
 "$PY" "$ROOT/benches/lmcache/summarize.py" "$OUT" "$WHAT" "$RUNS"

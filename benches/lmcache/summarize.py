@@ -1,8 +1,9 @@
 """Medians of scripts/bench-services.sh's raw reports, as Markdown tables.
 
-Usage: summarize.py OUT_DIR {coordinator|node|all} RUNS
-Reads OUT_DIR/{coord,node}-{kvplane,python,baseline}-R.json (kvplane bench --json), the
-.proc.json RSS readings and the .load.json load averages next to them.
+Usage: summarize.py OUT_DIR {coordinator|node|node-py|all} RUNS
+Reads OUT_DIR/{coord,node}-{kvplane,python,baseline}-R.json (kvplane bench --json),
+OUT_DIR/node-py-{kvplane,kvplane-prealloc,python}-R.json (benches/lmcache/node_py_client.py),
+the .proc.json RSS readings and the .load.json load averages next to them.
 """
 
 import json
@@ -84,8 +85,8 @@ def coordinator(out, runs):
 
 def node(out, runs):
     rows = []
-    for who in ("kvplane", "kvplane-rewrite", "python", "python-rewrite", "baseline",
-                "baseline-keep"):
+    for who in ("kvplane", "kvplane-prealloc", "kvplane-rewrite", "python", "python-rewrite",
+                "baseline", "baseline-keep"):
         reps = runs_of(out, f"node-{who}", runs)
         if not reps:
             continue
@@ -127,7 +128,46 @@ def node(out, runs):
                 parts.append(f"baseline-keep/kvplane {kk[op] / k[op]:.2f}×")
             if kr and b and kr[op]:
                 parts.append(f"baseline/kvplane-rewrite {b[op] / kr[op]:.2f}×")
+            kp = by.get(("kvplane-prealloc", size))
+            if kp and b and kp[op]:
+                parts.append(f"baseline/kvplane-prealloc {b[op] / kp[op]:.2f}×")
+            if kp and p and p[op]:
+                parts.append(f"kvplane-prealloc/python {kp[op] / p[op]:.2f}×")
             print(f"{size // 1024} KiB {op.upper()}: " + ", ".join(parts))
+    print()
+
+
+def node_py(out, runs):
+    rows = {}
+    for who in ("kvplane", "kvplane-prealloc", "python"):
+        reps = runs_of(out, f"node-py-{who}", runs)
+        if not reps:
+            continue
+        rows[who] = {
+            "n": len(reps),
+            **{f"{op}_{k}": med([r[op][k] for r in reps])
+               for op in ("put", "get") for k in ("gb_per_s", "p50_us", "p99_us")},
+            "all": [(r["put"]["gb_per_s"], r["get"]["gb_per_s"], r["get"]["p99_us"]) for r in reps],
+            "rss": med([r["_proc"].get("vmrss_kib") for r in reps]),
+        }
+        print(f"load (node-py {who}, before → after each run): {loads(reps)}")
+    print("\n## node with the Python client (medians)\n")
+    print("| server | runs | PUT GB/s | PUT p50 / p99 (µs) | GET GB/s | GET p50 / p99 (µs) "
+          "| RSS at end (MiB) | every run (PUT GB/s, GET GB/s, GET p99 µs) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for who, r in rows.items():
+        print(f"| {who} | {r['n']} | {fmt(r['put_gb_per_s'], '.2f')} "
+              f"| {fmt(r['put_p50_us'], '.0f')} / {fmt(r['put_p99_us'], '.0f')} "
+              f"| {fmt(r['get_gb_per_s'], '.2f')} "
+              f"| {fmt(r['get_p50_us'], '.0f')} / {fmt(r['get_p99_us'], '.0f')} "
+              f"| {fmt(r['rss'] and r['rss'] / 1024, '.0f')} | {r['all']} |")
+    p = rows.get("python")
+    for who in ("kvplane", "kvplane-prealloc"):
+        k = rows.get(who)
+        if k and p:
+            print(f"{who}/python: PUT {k['put_gb_per_s'] / p['put_gb_per_s']:.2f}×, "
+                  f"GET {k['get_gb_per_s'] / p['get_gb_per_s']:.2f}×, "
+                  f"GET p99 {k['get_p99_us'] / p['get_p99_us']:.2f}×")
     print()
 
 
@@ -138,6 +178,8 @@ def main():
         coordinator(out, runs)
     if what in ("node", "all"):
         node(out, runs)
+    if what in ("node-py", "all"):
+        node_py(out, runs)
 
 
 if __name__ == "__main__":
