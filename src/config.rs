@@ -172,6 +172,8 @@ pub mod defaults {
         /// Seconds a shared reservation counts at most (the response timeout: an answer
         /// still streaming after it stops counting for the other replicas).
         pub const RESERVATION_TTL_S: f64 = 600.0;
+        /// Seconds between scrapes of the engines' `/metrics`.
+        pub const ENGINE_METRICS_INTERVAL_S: f64 = 1.0;
     }
 
     /// Defaults of `--cluster` (docs/CLUSTER.md).

@@ -23,10 +23,13 @@ pub struct RouterMetrics {
     pub usage_missing: IntCounterVec,
     /// Requests refused by a router limit, by limit.
     pub limits_hit: IntCounterVec,
+    /// Scrapes of the engines' `/metrics`, by engine and outcome.
+    pub scrapes: IntCounterVec,
     /// The counters of the reservations shared with other replicas (`--cluster`).
     pub shared: super::shared::SharedCounters,
     in_flight: IntGaugeVec,
     shared_held: IntGaugeVec,
+    reported: GaugeVec,
     waiting: IntGaugeVec,
     up: IntGaugeVec,
     cached: IntGaugeVec,
@@ -109,6 +112,24 @@ impl Default for RouterMetrics {
                 "Requests refused by a router limit",
                 &["limit"],
             ),
+            scrapes: counter(
+                &r,
+                "kvplane_router_engine_scrapes_total",
+                "Scrapes of the engines' /metrics, by outcome: ok, no_series (no request counts in it), failed, too_large",
+                &["engine", "outcome"],
+            ),
+            reported: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "kvplane_router_engine_reported",
+                        "The engine's own figures at its last fresh scrape: running, waiting, kv_usage (0..1)",
+                    ),
+                    &["engine", "kind"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             shared: super::shared::SharedCounters {
                 reservations: counter(
                     &r,
@@ -183,6 +204,8 @@ pub struct EngineGauges<'a> {
     pub up: bool,
     /// Every replica's reservations (`None`: not shared).
     pub shared: Option<u64>,
+    /// The engine's own figures when fresh.
+    pub reported: Option<super::score::Reported>,
 }
 
 impl RouterMetrics {
@@ -223,6 +246,19 @@ impl RouterMetrics {
                 .with_label_values(&[e.name])
                 .set(e.waiting as i64);
             self.up.with_label_values(&[e.name]).set(i64::from(e.up));
+            if let Some(r) = e.reported {
+                for (kind, v) in [
+                    ("running", r.running as f64),
+                    ("waiting", r.waiting as f64),
+                    (
+                        "kv_usage",
+                        r.kv_usage_permille
+                            .map_or(f64::NAN, |p| f64::from(p) / 1000.0),
+                    ),
+                ] {
+                    self.reported.with_label_values(&[e.name, kind]).set(v);
+                }
+            }
             if let Some(held) = e.shared {
                 self.shared_held
                     .with_label_values(&[e.name])

@@ -13,6 +13,7 @@ pub mod doctor;
 mod metrics;
 pub mod routes;
 pub mod score;
+pub mod scrape;
 pub mod shared;
 pub mod slots;
 pub mod state;
@@ -162,6 +163,21 @@ pub struct RouterArgs {
     /// prompt's overlap, unless an engine is busier (then the busiest one's units).
     #[arg(long, env = "KVPLANE_ROUTER_LOAD_SCALE", default_value_t = 8.0)]
     pub load_scale: f64,
+    /// Seconds between scrapes of every engine's Prometheus `/metrics` (its running and
+    /// waiting requests and KV cache usage, blended into the load); 0: never.
+    #[arg(long, env = "KVPLANE_ROUTER_ENGINE_METRICS_INTERVAL", default_value_t = d::ENGINE_METRICS_INTERVAL_S)]
+    pub engine_metrics_interval: f64,
+    /// Weight of the engine's own request counts beyond those the router tracks, in load
+    /// units (0: the engines' counts are not used).
+    #[arg(
+        long,
+        env = "KVPLANE_ROUTER_ENGINE_METRICS_WEIGHT",
+        default_value_t = 1.0
+    )]
+    pub engine_metrics_weight: f64,
+    /// Weight of the engine's KV cache usage (0..1) in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_KV_USAGE_WEIGHT", default_value_t = 0.25)]
+    pub kv_usage_weight: f64,
     /// Softmax temperature over the scores; 0 picks the best.
     #[arg(long, env = "KVPLANE_ROUTER_TEMPERATURE", default_value_t = 0.0)]
     pub temperature: f64,
@@ -250,6 +266,9 @@ impl RouterArgs {
             ("--load-weight", self.load_weight),
             ("--temperature", self.temperature),
             ("--load-scale", self.load_scale),
+            ("--engine-metrics-interval", self.engine_metrics_interval),
+            ("--engine-metrics-weight", self.engine_metrics_weight),
+            ("--kv-usage-weight", self.kv_usage_weight),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("{name} must be a number ≥ 0"));
@@ -277,6 +296,8 @@ impl RouterArgs {
                 disk_tier: self.disk_tier_weight,
                 temperature: self.temperature,
                 load_scale: self.load_scale,
+                engine_metrics: self.engine_metrics_weight,
+                kv_usage: self.kv_usage_weight,
             },
             connect_timeout: secs("--connect-timeout", self.connect_timeout)?,
             response_timeout: secs("--response-timeout", self.response_timeout)?,
@@ -299,6 +320,14 @@ impl RouterArgs {
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             reservation_ttl: secs("--reservation-ttl", self.reservation_ttl)?,
+            engine_metrics_interval: if self.engine_metrics_interval == 0.0 {
+                None
+            } else {
+                Some(secs(
+                    "--engine-metrics-interval",
+                    self.engine_metrics_interval,
+                )?)
+            },
         })
     }
 }
@@ -348,6 +377,8 @@ pub struct RouterConfig {
     pub cluster: Option<crate::cluster::ClusterConfig>,
     /// How long a shared reservation counts at most.
     pub reservation_ttl: Duration,
+    /// Time between scrapes of the engines' `/metrics` (`None`: never).
+    pub engine_metrics_interval: Option<Duration>,
 }
 
 impl RouterConfig {
@@ -375,6 +406,7 @@ impl RouterConfig {
             engine_slots: None,
             cluster: None,
             reservation_ttl: Duration::from_secs_f64(d::RESERVATION_TTL_S),
+            engine_metrics_interval: Some(Duration::from_secs_f64(d::ENGINE_METRICS_INTERVAL_S)),
         }
     }
 }
@@ -474,6 +506,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         metrics,
     ));
     tasks.spawn(health_loop(Arc::clone(&state), shutdown.clone()));
+    tasks.spawn(scrape::scrape_loop(Arc::clone(&state), shutdown.clone()));
     let count = {
         let st = Arc::clone(&state);
         Arc::new(move |limit: crate::web::limits::WebLimit| {

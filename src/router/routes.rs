@@ -556,6 +556,7 @@ async fn metrics(
                 waiting: load.waiting,
                 up: e.is_up(),
                 shared: st.shared.as_ref().map(|s| s.live(i, now)),
+                reported: load.reported,
             }
         }),
         &accounting,

@@ -24,13 +24,40 @@ pub struct Load {
     /// Of those, requests that have not had their first response byte (queued or in
     /// prefill at the engine).
     pub waiting: u64,
+    /// What the engine's own metrics said at the last scrape, when fresh.
+    pub reported: Option<Reported>,
+}
+
+/// An engine's own figures (its Prometheus `/metrics`: vLLM's `num_requests_running` /
+/// `num_requests_waiting` / `kv_cache_usage_perc`, SGLang's `num_running_reqs` /
+/// `num_queue_reqs` / `token_usage`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reported {
+    /// Requests running (decoding or in prefill).
+    pub running: u64,
+    /// Requests queued.
+    pub waiting: u64,
+    /// KV cache in use, per mille (0..=1000), when reported.
+    pub kv_usage_permille: Option<u32>,
 }
 
 impl Load {
-    /// The load figure scoring uses: a waiting request counts twice (it still needs its
-    /// prefill), a decoding one once.
+    /// The load figure of the requests the router tracks: a waiting request counts twice (it
+    /// still needs its prefill), a decoding one once.
     pub fn units(self) -> u64 {
         self.in_flight + self.waiting
+    }
+
+    /// The load figure scoring uses: the tracked units, plus `weight` times the engine's own
+    /// units (running + twice waiting) beyond them — requests the router does not know of
+    /// (other clients, a replica without `--cluster`). A scrape that lags behind the router's
+    /// own requests never lowers the load below what it tracks.
+    pub fn blended(self, weight: f64) -> f64 {
+        let tracked = self.units();
+        let beyond = self
+            .reported
+            .map_or(0, |r| (r.running + 2 * r.waiting).saturating_sub(tracked));
+        tracked as f64 + weight * beyond as f64
     }
 }
 
@@ -61,6 +88,10 @@ pub struct Weights {
     /// Load units that make the load term 1 (when no engine is busier): one request in
     /// flight weighs `1/load_scale`, so a small prefix is not given up for one request.
     pub load_scale: f64,
+    /// Weight of the engine's own request counts beyond the tracked ones ([`Load::blended`]).
+    pub engine_metrics: f64,
+    /// Weight of the engine's KV cache usage (0..1) in the score.
+    pub kv_usage: f64,
 }
 
 impl Default for Weights {
@@ -72,6 +103,8 @@ impl Default for Weights {
             disk_tier: 0.5,
             temperature: 0.0,
             load_scale: 8.0,
+            engine_metrics: 1.0,
+            kv_usage: 0.25,
         }
     }
 }
@@ -84,26 +117,35 @@ pub fn weighted_hit(m: Matched, w: &Weights) -> f64 {
     gpu as f64 + w.cpu_tier * (cpu - gpu) as f64 + w.disk_tier * (m.longest - cpu) as f64
 }
 
-/// Each candidate's score: `overlap · hit/prompt − load · units/max(load_scale, max units)`.
-/// Down candidates score `-inf`.
+/// Each candidate's score: `overlap · hit/prompt − load · units/max(load_scale, max units)
+/// − kv_usage · cache used`, `units` [`Load::blended`]. Down candidates score `-inf`.
 pub fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<f64> {
+    let units: Vec<f64> = candidates
+        .iter()
+        .map(|c| c.load.blended(w.engine_metrics))
+        .collect();
     let max_units = candidates
         .iter()
-        .filter(|c| c.up)
-        .map(|c| c.load.units())
-        .max()
-        .unwrap_or(0);
+        .zip(&units)
+        .filter(|(c, _)| c.up)
+        .map(|(_, u)| *u)
+        .fold(0.0, f64::max);
     let prompt = prompt_tokens.max(1) as f64;
-    let scale = (max_units as f64).max(w.load_scale).max(1.0);
+    let scale = max_units.max(w.load_scale).max(1.0);
     candidates
         .iter()
-        .map(|c| {
+        .zip(&units)
+        .map(|(c, u)| {
             if !c.up {
                 return f64::NEG_INFINITY;
             }
             let overlap = weighted_hit(c.matched, w) / prompt;
-            let load = c.load.units() as f64 / scale;
-            w.overlap * overlap - w.load * load
+            let used = c
+                .load
+                .reported
+                .and_then(|r| r.kv_usage_permille)
+                .map_or(0.0, |p| f64::from(p.min(1000)) / 1000.0);
+            w.overlap * overlap - w.load * u / scale - w.kv_usage * used
         })
         .collect()
 }
@@ -154,7 +196,8 @@ pub fn choose(
             Some(b) => {
                 let better = s[i] > s[b] + EPS
                     || ((s[i] - s[b]).abs() <= EPS
-                        && candidates[i].load.units() < candidates[b].load.units());
+                        && candidates[i].load.blended(w.engine_metrics)
+                            < candidates[b].load.blended(w.engine_metrics));
                 Some(if better { i } else { b })
             }
         };
@@ -185,6 +228,7 @@ mod tests {
             load: Load {
                 in_flight,
                 waiting: 0,
+                reported: None,
             },
             up: true,
         }
@@ -279,6 +323,37 @@ mod tests {
             ..Matched::default()
         };
         assert_eq!(choose(&[disk, gpu], 64, &w, 0, 0.0), Some(1));
+    }
+
+    #[test]
+    fn engine_metrics_add_the_load_the_router_does_not_see() {
+        let w = Weights::default();
+        let busy = |running, waiting, kv| Reported {
+            running,
+            waiting,
+            kv_usage_permille: kv,
+        };
+        // The engine reports 10 requests the router never sent: the idle one wins.
+        let mut c = [cand(0, 0), cand(0, 0)];
+        c[0].load.reported = Some(busy(6, 2, None));
+        assert_eq!(choose(&c, 64, &w, 0, 0.0), Some(1));
+        // A scrape behind the router's own count never lowers the load.
+        let mut l = cand(0, 4).load;
+        l.reported = Some(busy(1, 0, None));
+        assert!((l.blended(1.0) - 4.0).abs() < 1e-9);
+        l.reported = Some(busy(5, 1, None));
+        assert!((l.blended(0.5) - 5.5).abs() < 1e-9);
+        // Weight 0: the engine's counts do not matter.
+        let off = Weights {
+            engine_metrics: 0.0,
+            ..w
+        };
+        assert_eq!(choose(&c, 64, &off, 0, 0.0), Some(0));
+        // A full KV cache weighs against an engine otherwise equal.
+        let mut c = [cand(0, 0), cand(0, 0)];
+        c[0].load.reported = Some(busy(0, 0, Some(950)));
+        c[1].load.reported = Some(busy(0, 0, Some(100)));
+        assert_eq!(choose(&c, 64, &w, 0, 0.0), Some(1));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 
 use super::accounting::{Accounting, Outcome};
 use super::metrics::RouterMetrics;
-use super::score::{self, Candidate, Load, Matched};
+use super::score::{self, Candidate, Load, Matched, Reported};
 use super::shared::{Miss, Shared};
 use super::tokenize::ModelTokenizer;
 use super::upstream::{self, HttpClient};
@@ -29,12 +29,22 @@ pub struct Engine {
     in_flight: AtomicU64,
     waiting: AtomicU64,
     up: AtomicBool,
+    /// The engine's own figures at the last scrape, with when.
+    reported: Mutex<Option<(Reported, std::time::Instant)>>,
+    /// How long a scrape counts (three `--engine-metrics-interval`s; `None`: not scraped).
+    fresh_for: Option<std::time::Duration>,
 }
 
 impl Engine {
-    fn new(spec: EngineSpec, default_slots: Option<u64>) -> Self {
+    fn new(
+        spec: EngineSpec,
+        default_slots: Option<u64>,
+        scrape_every: Option<std::time::Duration>,
+    ) -> Self {
         Self {
             slots: spec.slots.or(default_slots),
+            reported: Mutex::new(None),
+            fresh_for: scrape_every.map(|d| d * 3),
             spec,
             in_flight: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
@@ -42,12 +52,27 @@ impl Engine {
         }
     }
 
-    /// The load the router tracks.
+    /// The load the router tracks, with the engine's own figures when fresh.
     pub fn load(&self) -> Load {
         Load {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),
+            reported: self.reported(),
         }
+    }
+
+    /// The engine's own figures from its last scrape, unless older than three intervals.
+    pub fn reported(&self) -> Option<Reported> {
+        let fresh_for = self.fresh_for?;
+        self.reported
+            .lock()
+            .filter(|(_, at)| at.elapsed() <= fresh_for)
+            .map(|(r, _)| r)
+    }
+
+    /// Keeps a scrape's figures.
+    pub fn set_reported(&self, r: Reported) {
+        *self.reported.lock() = Some((r, std::time::Instant::now()));
     }
 
     /// Whether requests are routed to it.
@@ -209,7 +234,13 @@ impl RouterState {
             .engines
             .iter()
             .cloned()
-            .map(|s| Arc::new(Engine::new(s, config.engine_slots)))
+            .map(|s| {
+                Arc::new(Engine::new(
+                    s,
+                    config.engine_slots,
+                    config.engine_metrics_interval,
+                ))
+            })
             .collect();
         let client = upstream::client(config.connect_timeout);
         Self {

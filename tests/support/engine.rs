@@ -4,7 +4,8 @@
 //! by (LoRA, salt, tokens) that reports its hits in `usage.prompt_tokens_details
 //! .cached_tokens` and publishes every block it stores as a vLLM `BlockStored` event over
 //! ZMQ ([`super::vllm_pub::Publisher`], with replay). Knobs: a delay before the answer's head,
-//! a gate that holds a stream after its first chunk, a stall that stops a stream for good.
+//! a gate that holds a stream after its first chunk, a stall that stops a stream for good, the
+//! Prometheus text its `/metrics` answers (404 until set).
 
 use super::vllm_pub::{mp, Publisher};
 use axum::body::Body;
@@ -39,6 +40,8 @@ pub struct Knobs {
     /// A salt the engine adds to every request without `cache_salt` (a deployment salt the
     /// router is not told about).
     pub salt: std::sync::Mutex<Option<String>>,
+    /// What `GET /metrics` answers (`None`: 404, as an engine without metrics).
+    pub metrics: std::sync::Mutex<Option<String>>,
 }
 
 struct Inner {
@@ -90,6 +93,7 @@ impl Engine {
             .route("/v1/models", get(models))
             .route("/tokenize", post(tokenize))
             .route("/health", get(|| async { "" }))
+            .route("/metrics", get(metrics))
             .with_state(inner);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -252,6 +256,13 @@ async fn completions(State(inner): St, Json(body): Json<Map<String, Value>>) -> 
 
 async fn chat(State(inner): St, Json(body): Json<Map<String, Value>>) -> Response {
     answer(inner, body, true).await
+}
+
+async fn metrics(State(inner): St) -> Response {
+    match inner.knobs.metrics.lock().unwrap().clone() {
+        Some(text) => text.into_response(),
+        None => axum::http::StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 async fn models(State(inner): St) -> Json<Value> {
