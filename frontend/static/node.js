@@ -102,7 +102,7 @@ function renderTiers(feed) {
   if (body.dataset.sig !== sig) {
     body.dataset.sig = sig;
     body.replaceChildren(...rows.map(([name, t]) => {
-      if (!t) return h("tr", null, h("td", { text: name }), h("td", { colspan: "7", class: "none", text: "not configured (no --l2-path)" }));
+      if (!t) return h("tr", null, h("td", { text: name }), h("td", { colspan: "8", class: "none", text: "not configured (no --l2-path)" }));
       const used = t.capacity_bytes ? t.bytes / t.capacity_bytes : 0;
       const fill = h("span", { class: "bar-fill" });
       fill.style.width = `${Math.min(1, used) * 100}%`;
@@ -114,9 +114,11 @@ function renderTiers(feed) {
         h("td", { class: "num", text: fmtInt(t.objects) }),
         h("td", { class: "num", text: fmtInt(t.evictions) }),
         h("td", { class: "num", text: fmtBytes(t.evicted_bytes) }),
-        h("td", { class: "num", text: fmtInt(t.stores_refused) }));
+        h("td", { class: "num", text: fmtInt(t.stores_refused) }),
+        h("td", { class: "num", text: fmtInt(t.pinned) }));
     }));
   }
+  renderCommands(feed.commands || []);
   const c = feed.counters;
   const pairs = [
     ["GET hits", fmtInt(c.get_hit)], ["GET misses", fmtInt(c.get_miss)],
@@ -132,6 +134,21 @@ function renderTiers(feed) {
   if (dl.dataset.sig === csig) return;
   dl.dataset.sig = csig;
   dl.replaceChildren(...pairs.flatMap(([k, v]) => [h("dt", { text: k }), h("dd", { text: v })]));
+}
+
+function renderCommands(commands) {
+  const body = $("commands").tBodies[0];
+  const sig = JSON.stringify(commands);
+  if (body.dataset.sig === sig) return;
+  body.dataset.sig = sig;
+  if (!commands.length) {
+    body.replaceChildren(h("tr", null, h("td", { colspan: "3", class: "none", text: "none yet (the controller's /pin, /move, /compress, /clear… show here)" })));
+    return;
+  }
+  body.replaceChildren(...commands.map((c) => h("tr", null,
+    h("td", { text: c.command }),
+    h("td", { class: "num", text: fmtInt(c.ok) }),
+    h("td", { class: "num", text: fmtInt(c.error) }))));
 }
 
 live.poll();

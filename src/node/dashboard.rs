@@ -3,7 +3,8 @@
 //! L1 and L2 against their budgets), the counters (GET hits and misses, evictions, bytes in
 //! and out, refusals) and, on request, the server-side history of those figures
 //! ([`crate::web::history`], a sample every 2 s for 15 minutes), so the charts are full on
-//! open.
+//! open. Each tier also shows its pinned objects (the controller's `/pin`), and the feed
+//! lists the controller's commands run on the node, done and failed, by command.
 //!
 //! Read-only: no route here changes anything. Reads the tiers' usage (two short locks) and
 //! the node's own prometheus registry (never `with_label_values` on a read, which would
@@ -89,6 +90,16 @@ struct Tier {
     evictions: u64,
     evicted_bytes: u64,
     stores_refused: u64,
+    /// Objects held by the controller's pin command.
+    pinned: usize,
+}
+
+/// One controller command's runs on the node since start.
+#[derive(Serialize)]
+struct CommandRuns {
+    command: String,
+    ok: u64,
+    error: u64,
 }
 
 /// Cumulative since start: the page turns deltas into rates.
@@ -121,11 +132,13 @@ struct Feed {
     /// `null` without `--l2-path`.
     l2: Option<Tier>,
     counters: Counters,
+    /// By command name; empty until the controller sends one.
+    commands: Vec<CommandRuns>,
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<HistoryPage>,
 }
 
-fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str) -> Tier {
+fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str, pinned: usize) -> Tier {
     let (bytes, objects) = if name == "l1" {
         (tiers.l1_bytes, tiers.l1_objects)
     } else {
@@ -139,7 +152,36 @@ fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str) -> Tier {
         evictions: read(&m.evictions, &t),
         evicted_bytes: read(&m.evicted_bytes, &t),
         stores_refused: read(&m.stores_refused, &t),
+        pinned,
     }
+}
+
+/// `controller_commands_total` by command (its `outcome` label folded into `ok` / `error`).
+fn commands(m: &NodeMetrics) -> Vec<CommandRuns> {
+    let mut by: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for family in m.controller_commands.collect() {
+        for s in family.get_metric() {
+            let label = |n: &str| {
+                s.get_label()
+                    .iter()
+                    .find(|l| l.name() == n)
+                    .map(|l| l.value().to_owned())
+            };
+            let (Some(command), Some(outcome)) = (label("command"), label("outcome")) else {
+                continue;
+            };
+            let n = s.get_counter().get_value() as u64;
+            let e = by.entry(command).or_default();
+            if outcome == "ok" {
+                e.0 += n;
+            } else {
+                e.1 += n;
+            }
+        }
+    }
+    by.into_iter()
+        .map(|(command, (ok, error))| CommandRuns { command, ok, error })
+        .collect()
 }
 
 fn counters(m: &NodeMetrics) -> Counters {
@@ -202,13 +244,15 @@ struct FeedQuery {
 async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
     let usage = d.tiers.usage();
     let m = &d.metrics;
+    let (l1_pinned, l2_pinned) = d.tiers.held_counts();
     let body = Feed {
         server_time: (unix_now() * 1000.0).round() / 1000.0,
         version: env!("CARGO_PKG_VERSION"),
         service: "node",
-        l1: tier(&usage, m, "l1"),
-        l2: has_l2(m).then(|| tier(&usage, m, "l2")),
+        l1: tier(&usage, m, "l1", l1_pinned),
+        l2: has_l2(m).then(|| tier(&usage, m, "l2", l2_pinned)),
         counters: counters(m),
+        commands: commands(m),
         history: (q.history.as_deref() == Some("1")).then(|| d.history.page()),
     };
     (

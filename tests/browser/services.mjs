@@ -157,6 +157,13 @@ async function nodePage(page) {
   check(true, `the GET hit rate shows ${await page.textContent('[data-k="hitrate"]')}`);
   const tiers = await page.$$eval("#tiers tbody tr", (rows) => rows.map((r) => r.textContent));
   check(tiers.length === 2 && tiers[0].startsWith("L1") && tiers[1].startsWith("L2"), "the tier table has L1 and L2");
+  const cols = await page.$$eval("#tiers thead th", (ths) => ths.map((t) => t.textContent));
+  check(cols.includes("Pinned"), `the tier table has a Pinned column (${cols.join(", ")})`);
+  const pinned = await page.$$eval("#tiers tbody tr", (rows) => rows.map((r) => r.lastElementChild.textContent));
+  check(pinned.length === 2 && pinned.every((p) => /^\d+$/.test(p)), `each tier shows its pinned objects (${pinned})`);
+  await page.waitForFunction(() => document.querySelectorAll("#commands tbody tr").length >= 1);
+  const cmds = await page.$$eval("#commands tbody tr", (rows) => rows.map((r) => r.textContent));
+  check(cmds.length >= 1, `the controller's commands panel shows (${cmds.join(" | ")})`);
   const ev = await page.textContent('[data-k="evictions"]');
   check(num(ev) >= 1, `evictions show (${ev})`);
   const bytes = await page.evaluate(() => window.kvplane.gauges.points.filter((p) => p.l1_bytes > 0 && p.l2_bytes > 0).length);

@@ -166,6 +166,19 @@ async fn pins_hold_through_pressure_and_restart_until_released() {
         ),
         3.0
     );
+    // The dashboard's feed shows the pins per tier and the commands run.
+    let (_, feed) = http(http_addr, "GET", "/api/dashboard", None, &[]).await;
+    assert_eq!(
+        (&feed["l1"]["pinned"], &feed["l2"]["pinned"]),
+        (&json!(3), &json!(3)),
+        "{feed}"
+    );
+    assert!(
+        feed["commands"]
+            .as_array()
+            .is_some_and(|c| c.contains(&json!({"command": "pin", "ok": 3, "error": 0}))),
+        "{feed}"
+    );
 
     // L2's pins survive a restart (L1's, memory, do not).
     node.stop().await;
