@@ -57,6 +57,7 @@ async fn a_standby_fed_the_leaders_log_holds_the_same_state() {
     let h = driver::spawn_replica(
         CoordinatorState::new(Model::new(config())),
         Some(log),
+        None,
         timing,
         dispatcher,
         shutdown.clone(),

@@ -198,6 +198,7 @@ pub fn spawn(
     spawn_replica(
         CoordinatorState::new(model),
         None,
+        None,
         timing,
         dispatcher,
         shutdown,
@@ -210,6 +211,7 @@ pub fn spawn(
 pub fn spawn_replica(
     state: CoordinatorState,
     log: Option<Arc<ChangeLog>>,
+    tap: Option<super::tap::Tap>,
     timing: Timing,
     dispatcher: Dispatcher,
     shutdown: CancellationToken,
@@ -218,6 +220,7 @@ pub fn spawn_replica(
     let (keys_tx, keys_rx) = mpsc::channel(QUEUE);
     let (fleet_tx, fleet_rx) = mpsc::channel(QUEUE);
     let (keys, members) = logged::split(state, log, wall_now());
+    let keys = keys.with_tap(tap);
     let handle = Handle {
         keys: keys_tx,
         fleet: fleet_tx,

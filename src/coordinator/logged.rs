@@ -52,6 +52,8 @@ impl Log {
 pub struct Keys {
     model: Model,
     log: Log,
+    /// Sees every applied batch and every server that leaves (`kvplane serve`'s indexer).
+    tap: Option<super::tap::Tap>,
 }
 
 /// The fleet as the fleet owner holds it.
@@ -69,6 +71,7 @@ pub fn split(state: CoordinatorState, log: Option<Arc<ChangeLog>>, wall: f64) ->
     let keys = Keys {
         model,
         log: log.clone(),
+        tap: None,
     };
     keys.log_metadata(wall);
     (keys, Members { fleet, log })
@@ -133,6 +136,12 @@ impl Members {
 }
 
 impl Keys {
+    /// With `tap` called after every applied batch and for every server that leaves.
+    pub fn with_tap(mut self, tap: Option<super::tap::Tap>) -> Self {
+        self.tap = tap;
+        self
+    }
+
     /// The key model, to read.
     pub fn model(&self) -> &Model {
         &self.model
@@ -142,6 +151,9 @@ impl Keys {
     pub fn forget_instances(&mut self, ids: Vec<String>, wall: f64) {
         for id in &ids {
             self.model.forget_instance(id, wall);
+            if let Some(tap) = &self.tap {
+                (tap.0)(super::tap::TapEvent::Left(id));
+            }
         }
         self.log
             .record(wall, || Change::Forget { instance_ids: ids });
@@ -177,6 +189,9 @@ impl Keys {
     /// Applies one slice [`Keys::admit`] left (logged first, moved into the record and back:
     /// never copied).
     pub fn apply_slice(&mut self, batch: Batch, wall: f64) {
+        if let Some(tap) = &self.tap {
+            (tap.0)(super::tap::TapEvent::Applied(&batch));
+        }
         let Some(log) = &self.log.0 else {
             return self.model.apply_slice(batch);
         };

@@ -43,6 +43,7 @@
 //! - [`directory_api`] — the `/directory` routes.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
 //! - [`metrics`] — `GET /metrics` text, every series under `kvplane_coordinator_`.
+//! - [`tap`] — the hook that sees every applied batch (`kvplane serve` feeds its indexer).
 //! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //!
 //! [`start`] binds (port 0 works) and returns a [`CoordinatorServer`] with the bound
@@ -78,6 +79,7 @@ pub mod outbound;
 pub mod pins;
 pub mod resync;
 pub mod snapshot;
+pub mod tap;
 pub mod tokens;
 pub mod usage;
 pub mod writes;
@@ -130,6 +132,8 @@ pub struct CoordinatorConfig {
     pub features: Features,
     /// `--api-token` and its scope (docs/COORDINATOR.md, "Authentication").
     pub auth: crate::web::access::Auth,
+    /// Sees every applied batch (`kvplane serve` feeds its indexer; `None`: off).
+    pub tap: Option<tap::Tap>,
 }
 
 /// Parts of the coordinator an operator can turn off, as in 0.5.6.
@@ -190,6 +194,7 @@ impl CoordinatorConfig {
             checkpoint: None,
             features: Features::default(),
             auth: crate::web::access::Auth::default(),
+            tap: None,
         }
     }
 }
@@ -392,6 +397,7 @@ pub(crate) fn serve(
     let handle = driver::spawn_replica(
         state,
         leading.as_ref().map(|l| Arc::clone(&l.log)),
+        config.tap.clone(),
         timing,
         dispatcher,
         shutdown.clone(),

@@ -697,6 +697,19 @@ impl Index {
         (n, next)
     }
 
+    /// The blocks of stream `id` in arena order: each standard sequence hash with its
+    /// references per tier (GPU, CPU, disk), for `/dump`. Walks the whole arena.
+    pub fn stream_blocks(&self, id: StreamId) -> Vec<(u64, [u8; 3])> {
+        if self.stream(id).is_none() {
+            return Vec::new();
+        }
+        (0..self.store.arena_len() as RecId)
+            .map(|i| self.store.rec(i))
+            .filter(|r| !r.is_free() && u32::from(self.store.stream_of(r)) == id.0)
+            .map(|r| (r.seq(), Medium::ALL.map(|m| r.refs(m))))
+            .collect()
+    }
+
     /// Every stream's id.
     pub fn stream_ids(&self) -> Vec<StreamId> {
         self.streams

@@ -17,3 +17,4 @@ pub mod replica;
 pub mod seq;
 pub mod service;
 mod table;
+pub mod tiers;

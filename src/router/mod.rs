@@ -463,6 +463,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
             block_size: config.block_size,
             dp_rank: e.dp_rank,
             salt: String::new(),
+            lmcache: Vec::new(),
         };
         indexer.state.register(reg).map_err(|err| {
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))

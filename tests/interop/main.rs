@@ -11,6 +11,7 @@ mod coordinator;
 mod coordinator_fleet;
 mod indexer_central;
 mod indexer_vllm;
+mod lmcache_tiers;
 mod node;
 mod node_ranks;
 mod worker;

@@ -3,6 +3,7 @@
 use anyhow::Context;
 mod cli;
 mod coordinator;
+mod tiers_link;
 
 use cli::Command;
 use kvplane::controller;
@@ -84,11 +85,29 @@ fn main() -> anyhow::Result<()> {
                             }
                         }
                     });
+                    // Both: the coordinator's applied batches feed the indexer (LMCache tiers);
+                    // the coordinator starts once the indexer has.
+                    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+                    let linked = indexer.is_some() && coordinator.is_some();
                     if let Some(c) = indexer {
-                        runner.add_service("indexer", kvplane::indexer::service::start(c));
+                        runner.add_service("indexer", async move {
+                            let server = kvplane::indexer::service::start(c).await?;
+                            let _ = started_tx.send(std::sync::Arc::clone(&server.state));
+                            Ok(server)
+                        });
                     }
-                    if let Some(c) = coordinator {
-                        runner.add_service("coordinator", kvplane::coordinator::start(c));
+                    if let Some(mut c) = coordinator {
+                        runner.add_service("coordinator", async move {
+                            if linked {
+                                let state = started_rx.await.map_err(|_| {
+                                    kvplane::service::StartError::Config(
+                                        "the indexer did not start".into(),
+                                    )
+                                })?;
+                                c.tap = Some(tiers_link::tap(state));
+                            }
+                            kvplane::coordinator::start(c).await
+                        });
                     }
                     Ok(runner)
                 }

@@ -126,6 +126,9 @@ pub struct Registration {
     pub dp_rank: u32,
     /// The deployment salt.
     pub salt: String,
+    /// The LMCache MP servers (their coordinator instance ids) whose L1 and L2 chunks are
+    /// this instance's CPU and DISK tiers (`lmcache_instance_id`, a string or a list).
+    pub lmcache: Vec<String>,
 }
 
 impl Registration {
@@ -146,6 +149,7 @@ impl Registration {
             "instance_id": self.instance,
             "block_size": self.block_size,
             "dp_rank": self.dp_rank,
+            "lmcache_instance_id": self.lmcache,
             "additionalsalt": self.salt,
         })
     }
@@ -218,7 +222,29 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError>
         block_size: block_size as u32,
         dp_rank: uint(body, "dp_rank", true, u64::from(u32::MAX))?.unwrap_or(0) as u32,
         salt: string(body, &["additionalsalt", "additional_salt"], false)?.unwrap_or_default(),
+        lmcache: lmcache_servers(body)?,
     })
+}
+
+/// `lmcache_instance_id`: one MP server id or a list of them (absent: none).
+fn lmcache_servers(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    const F: &str = "lmcache_instance_id";
+    let bad = || ApiError::field("invalid_type", F, "must be a string or a list of strings");
+    let mut out: Vec<String> = match body.get(F) {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(l)) => l
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if out.iter().any(String::is_empty) {
+        return Err(ApiError::field("invalid_value", F, "must not be empty"));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// A validated `/unregister` body: which keys to remove.

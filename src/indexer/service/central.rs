@@ -347,6 +347,7 @@ fn resolve(
         block_size: central.block_size,
         dp_rank,
         salt: String::new(),
+        lmcache: Vec::new(),
     };
     if let Err(e) = state.register_as(reg, true) {
         tracing::warn!(%topic, "instance of a topic not registered: {}", e.message);

@@ -76,6 +76,8 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .route("/query", post(query))
         .route("/query_by_hash", post(query_by_hash))
         .route("/services", get(services))
+        .route("/global_view", get(super::views::global_view))
+        .route("/dump", get(super::views::dump))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/indexer/cluster", get(cluster_status))

@@ -14,6 +14,8 @@ mod metrics;
 mod openapi;
 mod publisher;
 mod query_body;
+mod tiers;
+mod views;
 
 use openapi::openapi_doc;
 
@@ -319,6 +321,8 @@ struct Publisher {
 struct Service {
     reg: Registration,
     stream: StreamId,
+    /// The pool of its LMCache servers' tiers (`lmcache_instance_id`), if any.
+    pool: Option<StreamId>,
 }
 
 #[derive(Default)]
@@ -334,6 +338,8 @@ pub struct IndexerState {
     /// Standalone, ingester or replica (`--cluster`).
     role: cluster::Role,
     registry: Mutex<Registry>,
+    /// The LMCache MP servers' chunks and the pools they feed (locked before `core`).
+    tiers: Mutex<crate::indexer::tiers::Tiers>,
     /// Counters exposed on `/metrics`.
     pub metrics: IndexerMetrics,
     config: IndexerConfig,
@@ -353,6 +359,10 @@ impl IndexerState {
             core: RwLock::new(Core::new(config.index)),
             role,
             registry: Mutex::new(Registry::default()),
+            tiers: Mutex::new(crate::indexer::tiers::Tiers::new(
+                config.index.seed,
+                tiers::MAX_CHUNKS,
+            )),
             metrics: IndexerMetrics::default(),
             config,
             started: tokio::time::Instant::now(),
@@ -462,6 +472,10 @@ impl IndexerState {
     /// Whether the publisher feeding `endpoint` is connected now (`None`: not registered).
     pub fn publisher_connected(&self, endpoint: &str) -> Option<bool> {
         let registry = self.registry.lock();
+        self.publisher_connected_locked(&registry, endpoint)
+    }
+
+    fn publisher_connected_locked(&self, registry: &Registry, endpoint: &str) -> Option<bool> {
         registry
             .publishers
             .get(endpoint)
@@ -596,7 +610,8 @@ impl IndexerState {
                 },
             );
         }
-        registry.services.insert(key, Service { reg, stream });
+        let pool = self.link_tiers(&reg);
+        registry.services.insert(key, Service { reg, stream, pool });
         Ok(true)
     }
 
@@ -642,6 +657,9 @@ impl IndexerState {
         let Some(service) = registry.services.remove(key) else {
             return;
         };
+        if let Some(pool) = service.pool {
+            self.unlink_tiers(pool);
+        }
         let endpoint = service.reg.endpoint.clone();
         let Some(pub_id) = registry.publishers.get(&endpoint).map(|p| p.id) else {
             return;
