@@ -8,10 +8,12 @@
 //! `world_size` is there, and leaves it when one goes. Each chunk's blocks get the index's
 //! own rolling hashes (XXH3 with the index's seed, from the block before: the last block of
 //! the parent chunk), so they meet the engine's blocks and `/query`'s hashes. The parent of a
-//! chunk at position `p > 0` is found among the chunks at position `p - chunk_size` of the
-//! same batch (taken in position order), then the server's 64 most recent chunks, and
-//! verified: `blake3(parent ‖ tokens as u32 big-endian)` must be the chunk's hash. A
-//! chunk whose parent is not found is counted (`orphans`) and not indexed, never guessed.
+//! chunk at position `p > 0` is found among the server's chunks at position `p - chunk_size`
+//! (those of the same batch first, the most recent first, at most 1,024 hashed) and
+//! verified: `blake3(parent ‖ tokens as u32 big-endian)` must be the chunk's hash. A server
+//! reports a store when its write completes, so a child may come before its parent: such a
+//! store waits (at most 4,096 a server, `waiting`) and is applied once its parent is
+//! tracked; one that never finds it is dropped and counted (`orphans`), never guessed.
 //!
 //! Only block sizes that divide the chunk size are mapped (every block then lies in one
 //! chunk); a link of another block size is counted (`unaligned`) and gets nothing. Bounded:
@@ -111,7 +113,10 @@ pub struct TierCounters {
     pub chunk_stores: u64,
     /// Chunk deletes that took the chunk off a tier.
     pub chunk_removals: u64,
-    /// Chunks whose parent chunk was not found: not indexed.
+    /// Stores waiting for their parent chunk now.
+    pub waiting: u64,
+    /// Stores dropped while waiting for their parent chunk (the oldest beyond 4,096 a
+    /// server, or a server's restart): not indexed.
     pub orphans: u64,
     /// Stores of a chunk not yet tracked without token ids or position: not indexed.
     pub no_tokens: u64,
@@ -126,10 +131,10 @@ pub struct TierCounters {
     pub unlinked_batches: u64,
 }
 
-/// How many of a server's chunks are candidates for the parent of the next one.
-const RECENT: usize = 64;
 /// Most candidates hashed to find one chunk's parent.
 const MAX_CANDIDATES: usize = 1024;
+/// Most stores of a server waiting for their parent chunk.
+const MAX_WAITING: usize = 4096;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Key {
@@ -168,7 +173,10 @@ impl Chunk {
 struct Server {
     incarnation: u64,
     chunks: HashMap<Key, Chunk>,
-    recent: VecDeque<Key>,
+    /// Tracked chunks by position: the candidates for a parent.
+    by_offset: HashMap<i64, Vec<Key>>,
+    /// Stores whose parent is not tracked yet, oldest first.
+    waiting: VecDeque<(ChunkKey, Tier)>,
 }
 
 /// The bridge: links, per MP server, its chunks and the streams they feed.
@@ -210,6 +218,7 @@ impl Tiers {
     pub fn counters(&self) -> TierCounters {
         TierCounters {
             chunks: self.chunks as u64,
+            waiting: self.servers.values().map(|s| s.waiting.len() as u64).sum(),
             ..self.counters
         }
     }
@@ -299,6 +308,10 @@ impl Tiers {
         if fenced {
             self.counters.fences += 1;
             out.extend(self.drop_tier(&b.server, Tier::L1));
+            if let Some(s) = self.servers.get_mut(&b.server) {
+                self.counters.orphans += s.waiting.len() as u64;
+                s.waiting.clear();
+            }
         }
         let server = self.servers.entry(b.server.clone()).or_default();
         server.incarnation = server.incarnation.max(b.incarnation);
@@ -316,18 +329,57 @@ impl Tiers {
                 salt: k.salt.clone().into_boxed_str(),
             };
             match b.op {
-                Op::Store => {
-                    if self.store(&b.server, &key, k, b.tier, &batch, &mut out) {
-                        batch.entry(k.offset).or_default().push(key);
-                    }
-                }
+                Op::Store => match self.store(&b.server, &key, k, b.tier, &batch, &mut out) {
+                    Outcome::Tracked => batch.entry(k.offset).or_default().push(key),
+                    Outcome::NoParent => self.wait(&b.server, k, b.tier),
+                    Outcome::Dropped => {}
+                },
                 Op::Delete => self.delete(&b.server, &key, k, b.tier, &mut out),
             }
+        }
+        if b.op == Op::Store {
+            self.retry_waiting(&b.server, &mut out);
         }
         out
     }
 
-    /// Stores one key; whether the chunk is tracked afterwards.
+    fn wait(&mut self, server: &str, k: &ChunkKey, tier: Tier) {
+        let Some(s) = self.servers.get_mut(server) else {
+            return;
+        };
+        s.waiting.push_back((k.clone(), tier));
+        if s.waiting.len() > MAX_WAITING {
+            s.waiting.pop_front();
+            self.counters.orphans += 1;
+        }
+    }
+
+    /// Applies the waiting stores whose parent is tracked now: one pass in position order
+    /// (a parent comes before its children in it).
+    fn retry_waiting(&mut self, server: &str, out: &mut Vec<(StreamId, KvEvent)>) {
+        let Some(s) = self.servers.get_mut(server) else {
+            return;
+        };
+        if s.waiting.is_empty() {
+            return;
+        }
+        let mut waiting: Vec<(ChunkKey, Tier)> = s.waiting.drain(..).collect();
+        waiting.sort_by_key(|(k, _)| k.offset);
+        let none = HashMap::new();
+        for (k, tier) in waiting {
+            let key = Key {
+                hash: k.hash.clone().into_boxed_slice(),
+                salt: k.salt.clone().into_boxed_str(),
+            };
+            if self.store(server, &key, &k, tier, &none, out) == Outcome::NoParent {
+                if let Some(s) = self.servers.get_mut(server) {
+                    s.waiting.push_back((k, tier));
+                }
+            }
+        }
+    }
+
+    /// Stores one key.
     fn store(
         &mut self,
         server: &str,
@@ -336,9 +388,12 @@ impl Tiers {
         tier: Tier,
         batch: &HashMap<i64, Vec<Key>>,
         out: &mut Vec<(StreamId, KvEvent)>,
-    ) -> bool {
-        if !self.servers[server].chunks.contains_key(key) && !self.track(server, key, k, batch) {
-            return false;
+    ) -> Outcome {
+        if !self.servers[server].chunks.contains_key(key) {
+            let tracked = self.track(server, key, k, batch);
+            if tracked != Outcome::Tracked {
+                return tracked;
+            }
         }
         let slot = tier.slot();
         let s = self.servers.get_mut(server).expect("server entry");
@@ -347,7 +402,7 @@ impl Tiers {
             c.keys[slot].push((k.kv_rank, k.group));
         }
         if c.shown[slot] || !c.complete(slot) {
-            return true;
+            return Outcome::Tracked;
         }
         c.shown[slot] = true;
         self.counters.chunk_stores += 1;
@@ -357,7 +412,7 @@ impl Tiers {
                 out.push((t.stream, stored(&seqs, tier, &key.salt)));
             }
         }
-        true
+        Outcome::Tracked
     }
 
     /// Starts tracking a chunk: its parent found and verified, its block hashes computed.
@@ -367,17 +422,17 @@ impl Tiers {
         key: &Key,
         k: &ChunkKey,
         batch: &HashMap<i64, Vec<Key>>,
-    ) -> bool {
+    ) -> Outcome {
         let tokens = match &k.tokens {
             Some(t) if !t.is_empty() && k.offset >= 0 => t,
             _ => {
                 self.counters.no_tokens += 1;
-                return false;
+                return Outcome::Dropped;
             }
         };
         if self.chunks >= self.max_chunks {
             self.counters.refused += 1;
-            return false;
+            return Outcome::Dropped;
         }
         let s = &self.servers[server];
         let parent = if k.offset == 0 {
@@ -388,7 +443,7 @@ impl Tiers {
                 .get(&want)
                 .into_iter()
                 .flatten()
-                .chain(s.recent.iter().rev())
+                .chain(s.by_offset.get(&want).into_iter().flatten().rev())
                 .filter(|c| c.salt == key.salt)
                 .take(MAX_CANDIDATES)
                 .find(|c| {
@@ -398,10 +453,7 @@ impl Tiers {
                 .cloned();
             match found {
                 Some(p) => Some(p),
-                None => {
-                    self.counters.orphans += 1;
-                    return false;
-                }
+                None => return Outcome::NoParent,
             }
         };
         let s = self.servers.get_mut(server).expect("server entry");
@@ -416,17 +468,14 @@ impl Tiers {
                 shown: [false; 2],
             },
         );
-        s.recent.push_back(key.clone());
-        if s.recent.len() > RECENT {
-            s.recent.pop_front();
-        }
+        s.by_offset.entry(k.offset).or_default().push(key.clone());
         self.chunks += 1;
         // Hashed now, while its ancestors are tracked (they may leave before it shows).
         let sizes: Vec<u32> = self.links[server].iter().map(|t| t.block_size).collect();
         for bs in sizes {
             let _ = self.seqs(server, key, bs);
         }
-        true
+        Outcome::Tracked
     }
 
     fn delete(
@@ -438,11 +487,17 @@ impl Tiers {
         out: &mut Vec<(StreamId, KvEvent)>,
     ) {
         let slot = tier.slot();
-        let Some(c) = self
-            .servers
-            .get_mut(server)
-            .and_then(|s| s.chunks.get_mut(key))
-        else {
+        let Some(s) = self.servers.get_mut(server) else {
+            return;
+        };
+        // A store still waiting for its parent is withdrawn.
+        s.waiting.retain(|(w, t)| {
+            !(*t == tier
+                && w.hash == k.hash
+                && w.salt == k.salt
+                && (w.kv_rank, w.group) == (k.kv_rank, k.group))
+        });
+        let Some(c) = s.chunks.get_mut(key) else {
             return;
         };
         c.keys[slot].retain(|x| *x != (k.kv_rank, k.group));
@@ -504,8 +559,14 @@ impl Tiers {
             .get(key)
             .is_some_and(|c| c.keys.iter().all(Vec::is_empty))
         {
-            s.chunks.remove(key);
-            s.recent.retain(|k| k != key);
+            if let Some(c) = s.chunks.remove(key) {
+                if let Some(at) = s.by_offset.get_mut(&c.offset) {
+                    at.retain(|k| k != key);
+                    if at.is_empty() {
+                        s.by_offset.remove(&c.offset);
+                    }
+                }
+            }
             self.chunks -= 1;
         }
     }
@@ -553,6 +614,17 @@ impl Tiers {
         }
         last
     }
+}
+
+/// What became of a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// The chunk is tracked.
+    Tracked,
+    /// Its parent is not tracked (yet).
+    NoParent,
+    /// Not tracked, and never will be (no tokens, the chunk limit).
+    Dropped,
 }
 
 fn stored(seqs: &[u64], tier: Tier, salt: &str) -> KvEvent {

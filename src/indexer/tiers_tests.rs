@@ -189,23 +189,13 @@ fn every_block_size_dividing_the_chunk_maps_and_others_are_counted() {
 fn a_chunk_without_its_parent_or_tokens_is_counted_not_guessed() {
     let (_, mut tiers, _) = setup(16);
     let (tokens, hashes) = prompt(2, 5);
-    // The second chunk alone: its parent was never seen.
-    let ev = tiers.apply(&batch(
-        Tier::L1,
-        Op::Store,
-        vec![key(&tokens, &hashes, 1, 0, 1)],
-    ));
-    assert!(ev.is_empty());
-    // A chunk at the right position whose hash does not chain from the candidate.
+    // The second chunk alone: its parent was never seen, it waits.
+    let one = vec![key(&tokens, &hashes, 1, 0, 1)];
+    assert!(tiers.apply(&batch(Tier::L1, Op::Store, one)).is_empty());
+    // A chunk at that position whose hash chains from no tracked chunk waits too.
     let (other, other_hashes) = prompt(2, 6);
-    let mut wrong = key(&other, &other_hashes, 1, 0, 1);
-    wrong.offset = C as i64;
-    let ev = tiers.apply(&batch(
-        Tier::L1,
-        Op::Store,
-        vec![key(&tokens, &hashes, 0, 0, 1), wrong],
-    ));
-    assert_eq!(ev.len(), 1);
+    let wrong = vec![key(&other, &other_hashes, 1, 0, 1)];
+    assert!(tiers.apply(&batch(Tier::L1, Op::Store, wrong)).is_empty());
     let mut bare = key(&tokens, &hashes, 0, 0, 1);
     bare.hash = vec![9; 32];
     bare.tokens = None;
@@ -213,7 +203,47 @@ fn a_chunk_without_its_parent_or_tokens_is_counted_not_guessed() {
         .apply(&batch(Tier::L1, Op::Store, vec![bare]))
         .is_empty());
     let c = tiers.counters();
-    assert_eq!((c.orphans, c.no_tokens, c.chunks), (2, 1, 1));
+    assert_eq!((c.waiting, c.no_tokens, c.chunks), (2, 1, 0));
+    // The first chunk arrives: the second applies after it; the other one, whose parent
+    // (`other`'s first chunk) is not this one, still waits.
+    let first = vec![key(&tokens, &hashes, 0, 0, 1)];
+    assert_eq!(tiers.apply(&batch(Tier::L1, Op::Store, first)).len(), 2);
+    let c = tiers.counters();
+    assert_eq!((c.waiting, c.chunks, c.orphans), (1, 2, 0));
+    // A restart drops what waits: counted as orphans.
+    let mut next = batch(Tier::L1, Op::Store, Vec::new());
+    next.incarnation = 2;
+    assert_eq!(
+        tiers.apply(&next).len(),
+        2,
+        "both chunks leave the CPU tier"
+    );
+    let c = tiers.counters();
+    assert_eq!((c.waiting, c.orphans), (0, 1));
+}
+
+#[test]
+fn a_child_stored_before_its_parent_waits_for_it() {
+    let (mut index, mut tiers, _) = setup(16);
+    let (tokens, hashes) = prompt(3, 12);
+    // Writes complete out of order: chunks 1 and 2 are reported a batch before chunk 0.
+    let late = vec![
+        key(&tokens, &hashes, 2, 0, 1),
+        key(&tokens, &hashes, 1, 0, 1),
+    ];
+    assert!(tiers.apply(&batch(Tier::L1, Op::Store, late)).is_empty());
+    assert_eq!(tiers.counters().waiting, 2);
+    apply(
+        &mut index,
+        tiers.apply(&batch(
+            Tier::L1,
+            Op::Store,
+            vec![key(&tokens, &hashes, 0, 0, 1)],
+        )),
+    );
+    assert_eq!(answer(&index, 16, &tokens), (768, 768, 0));
+    let c = tiers.counters();
+    assert_eq!((c.waiting, c.orphans, c.chunks), (0, 0, 3));
 }
 
 #[test]
