@@ -9,7 +9,8 @@
 #
 # Services: controller (`kvplane serve`, with two fake workers: one answers every command, one
 # never does), indexer, coordinator (no MP server registered: prefetches to one are 404/502),
-# node. What must hold on each:
+# node, router (its one engine is down: the proxied routes answer their documented 502/503).
+# What must hold on each:
 #   * the token rule read from the document itself: every operation whose `x-kvplane-access`
 #     class needs the token declares `security` and is 401 without the token, with a wrong one
 #     and with it sent as Basic; with it, never 401; `open` operations are never 401;
@@ -59,7 +60,7 @@ tokens=(--api-token "$token" --api-token-reads --api-token-peers)
 # Waits until $base/readyz answers 200.
 wait_ready() {
     for _ in $(seq 200); do
-        curl -sf "$base/readyz" >/dev/null 2>&1 && return 0
+        curl -sf "$base${ready_path:-/readyz}" >/dev/null 2>&1 && return 0
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
@@ -121,6 +122,19 @@ start_node() {
 }
 
 # The token rule on every operation of $base/openapi.json, by its `x-kvplane-access`.
+# The router in front of one engine that is down: every proxied request ends in the router's
+# own documented 502/503 (no engine could take it), so what is tested is the router's own
+# reading of the bodies, its errors, its token rule and that nothing it is sent hurts it.
+start_router() {
+    local ports; ports=($(free_ports 2))
+    base="http://127.0.0.1:${ports[0]}"; log="$out/router.log"; examples=30; allow5xx="502|503"
+    RUST_LOG=warn target/debug/kvplane router --host 127.0.0.1 --port "${ports[0]}" \
+        --engine "http://127.0.0.1:${ports[1]},instance=down" --model schemathesis-model \
+        --connect-timeout 1 --response-timeout 5 --health-interval 1 "${tokens[@]}" >"$log" 2>&1 &
+    pid=$!; pids+=("$pid")
+    ready_path=/healthz wait_ready   # /readyz is 503 by design: its engine is down
+}
+
 token_sweep() {
     "$py" - "$base" "$token" <<'EOF'
 import json, sys, urllib.request, urllib.error
@@ -225,7 +239,7 @@ after_run() {
 }
 
 services=("$@")
-[ ${#services[@]} -gt 0 ] || services=(controller indexer coordinator node)
+[ ${#services[@]} -gt 0 ] || services=(controller indexer coordinator node router)
 status=0
 failed=()
 for name in "${services[@]}"; do

@@ -74,6 +74,30 @@ pub(crate) fn operations() -> Vec<Operation> {
             "messages": {"type": "array", "items": {"type": "object",
                 "required": ["role", "content"],
                 "properties": {"role": {"type": "string"}, "content": {}}}}}});
+    // OpenAI's error body, which the OpenAI routes answer in (OpenAI clients read it).
+    let openai_error = json!({"type": "object", "required": ["error"], "properties": {
+        "error": {"type": "object", "required": ["message", "type"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"nullable": true}, "code": {"nullable": true}}}}});
+    // What /health and /readyz answer, up or not.
+    let health = json!({"type": "object", "required": ["status", "engines"], "properties": {
+        "status": {"type": "string"}, "engines": {"type": "array", "items": {"type": "object"}}}});
+    // The doctor's verdicts, agreeing or not.
+    let verdicts = json!({"type": "object", "required": ["ok", "engines"], "properties": {
+        "ok": {"type": "boolean"}, "engines": {"type": "array", "items": {"type": "object"}}}});
+    let proxied: &[(u16, &'static str)] = &[
+        (200, "The engine's answer (SSE when streaming)"),
+        (
+            429,
+            "Every engine up has all its slots held (Retry-After: 1)",
+        ),
+        (
+            502,
+            "No engine took it, or its answer was unreadable or too large",
+        ),
+        (503, "No engine is up"),
+        (504, "No answer within --response-timeout"),
+    ];
     vec![
         Operation::new(
             M::POST,
@@ -82,10 +106,8 @@ pub(crate) fn operations() -> Vec<Operation> {
             "OpenAI completions, routed by KV prefix",
         )
         .body(completion)
-        .answers(&[
-            (200, "The engine's answer (SSE when streaming)"),
-            (502, "No engine took it"),
-        ]),
+        .answers(proxied)
+        .error_body(openai_error.clone()),
         Operation::new(
             M::POST,
             "/v1/chat/completions",
@@ -93,21 +115,25 @@ pub(crate) fn operations() -> Vec<Operation> {
             "OpenAI chat completions, routed by KV prefix",
         )
         .body(chat)
-        .answers(&[
-            (200, "The engine's answer (SSE when streaming)"),
-            (502, "No engine took it"),
-        ]),
-        Operation::new(M::GET, "/v1/models", Read, "The engines' models"),
+        .answers(proxied)
+        .error_body(openai_error.clone()),
+        Operation::new(M::GET, "/v1/models", Read, "The engines' models")
+            .answers(&[(200, "The models"), (503, "No engine is up")])
+            .error_body(openai_error),
         Operation::new(
             M::GET,
             "/health",
             Open,
             "Whether an engine is up (vLLM's probe path)",
         )
-        .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
+        .answers(&[(200, "An engine is up"), (503, "No engine is up")])
+        .answer_body(200, health.clone())
+        .answer_body(503, health.clone()),
         Operation::new(M::GET, "/healthz", Open, "Liveness"),
         Operation::new(M::GET, "/readyz", Open, "Ready: an engine is up")
-            .answers(&[(200, "An engine is up"), (503, "No engine is up")]),
+            .answers(&[(200, "An engine is up"), (503, "No engine is up")])
+            .answer_body(200, health.clone())
+            .answer_body(503, health),
         Operation::new(M::GET, "/openapi.json", Open, "This document"),
         Operation::new(M::GET, "/metrics", Read, "Prometheus metrics"),
         Operation::new(
@@ -116,13 +142,17 @@ pub(crate) fn operations() -> Vec<Operation> {
             Read,
             "Predicted against delivered cached tokens",
         ),
+        // The body is read by nothing: `{}` or none, sent as JSON (the CSRF guard).
         Operation::new(
             M::POST,
             "/router/doctor",
             Write,
             "Hash-parity probe of every engine",
         )
-        .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")]),
+        .optional_body(json!({"type": "object"}))
+        .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")])
+        .answer_body(200, verdicts.clone())
+        .answer_body(409, verdicts),
     ]
 }
 

@@ -29,6 +29,11 @@ pub struct Operation {
     pub query: Vec<(&'static str, Value, bool)>,
     /// The answers besides the errors every route may give: status, description.
     pub answers: Vec<(u16, &'static str)>,
+    /// Body schemas of particular answers (a 503 that carries a status document, say).
+    pub answer_bodies: Vec<(u16, Value)>,
+    /// The schema of this operation's error bodies when it is not the one error shape (the
+    /// router's OpenAI routes answer in OpenAI's).
+    pub error_body: Option<Value>,
 }
 
 impl Operation {
@@ -43,7 +48,22 @@ impl Operation {
             body_optional: false,
             query: Vec::new(),
             answers: vec![(200, "OK")],
+            answer_bodies: Vec::new(),
+            error_body: None,
         }
+    }
+
+    /// The body of answer `status` follows `schema` (an error status included).
+    pub fn answer_body(mut self, status: u16, schema: Value) -> Self {
+        self.answer_bodies.push((status, schema));
+        self
+    }
+
+    /// Every error answer of this operation has a body of `schema` instead of the one error
+    /// shape.
+    pub fn error_body(mut self, schema: Value) -> Self {
+        self.error_body = Some(schema);
+        self
     }
 
     /// With a JSON request body of this schema.
@@ -82,16 +102,15 @@ pub fn error_schema() -> Value {
         "index": {"type": "integer"}}})
 }
 
-fn error_answer(description: &str) -> Value {
-    json!({"description": description,
-           "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+fn answer_with(description: &str, schema: Value) -> Value {
+    json!({"description": description, "content": {"application/json": {"schema": schema}}})
 }
 
-/// `code`'s error answer, unless the operation's table names its own.
-fn or_error(responses: &mut Map<String, Value>, code: &str, description: &str) {
-    responses
-        .entry(code.to_owned())
-        .or_insert_with(|| error_answer(description));
+/// The schema of `op`'s error bodies.
+fn error_ref(op: &Operation) -> Value {
+    op.error_body
+        .clone()
+        .unwrap_or_else(|| json!({"$ref": "#/components/schemas/Error"}))
 }
 
 /// The document of `operations` for `title`; `auth` marks the operations needing the token.
@@ -100,13 +119,26 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
     for op in operations {
         let mut responses = Map::new();
         for (status, description) in &op.answers {
-            let answer = if *status >= 400 {
-                error_answer(description)
-            } else {
-                json!({ "description": description })
+            let body = op.answer_bodies.iter().find(|(s, _)| s == status);
+            let answer = match body {
+                Some((_, schema)) => answer_with(description, schema.clone()),
+                None if *status >= 400 => answer_with(description, error_ref(op)),
+                None => json!({ "description": description }),
             };
             responses.insert(status.to_string(), answer);
         }
+        // `code`'s error answer, unless the operation's table names its own. The stack's own
+        // refusals (token, CSRF guard, limits, unknown routes) are in the one error shape
+        // whatever the operation's; the handler's (400, 422) in the operation's.
+        let or_error = |responses: &mut Map<String, Value>, code: &str, description: &str| {
+            let schema = match code {
+                "400" | "422" => error_ref(op),
+                _ => json!({"$ref": "#/components/schemas/Error"}),
+            };
+            responses
+                .entry(code.to_owned())
+                .or_insert_with(|| answer_with(description, schema));
+        };
         or_error(&mut responses, "404", "No such route or object.");
         let mut o = json!({
             "operationId": operation_id(&op.method, op.path),
@@ -194,7 +226,13 @@ pub fn annotate(doc: &mut Value, policy: &Policy) {
                 if auth.requires(access) {
                     op["security"] = json!([{"bearerAuth": []}]);
                     if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
-                        r.insert("401".into(), error_answer("Missing or wrong bearer token."));
+                        r.insert(
+                            "401".into(),
+                            answer_with(
+                                "Missing or wrong bearer token.",
+                                json!({"$ref": "#/components/schemas/Error"}),
+                            ),
+                        );
                     }
                 }
             }

@@ -2,11 +2,12 @@
 //! same way to the same mistake and is protected the same way:
 //!
 //! * per-route request metrics ([`super::metrics_layer`]), outermost, so refusals count too;
+//! * the bearer token ([`super::access::enforce`]) by the matched route's class, before
+//!   anything else is checked, so a caller without the token learns nothing more (401);
 //! * the CSRF guard ([`super::guard`]) on every state-changing request: for the
 //!   [`Access::Write`] routes its policy lists, of a service whose clients send JSON, content
 //!   type and origin; otherwise origin alone (clients that send bodies without a type, or
 //!   none; a method no route serves, which then gets the one 405);
-//! * the bearer token ([`super::access::enforce`]) by the matched route's class;
 //! * the body limit (`--max-body-bytes`: an announced oversize body is refused before it is
 //!   read, a longer one when it passes the limit), each refusal counted;
 //! * one 404 and one 405 for routes and methods that do not exist, in the one error shape
@@ -59,14 +60,16 @@ impl Stack {
         router
             .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
             .fallback(|| async { ApiError::NotFound("Not Found".into()) })
-            // Layers run last-added first: metrics, guard, token, body limit, handler.
+            // Layers run last-added first: metrics, token, guard, body limit, handler. The
+            // token comes first so that a caller without one learns only that (401), never
+            // what else its request lacks.
             .layer(DefaultBodyLimit::max(max_body_bytes))
             .layer(from_fn_with_state(
                 max_body_bytes,
                 refuse_announced_oversize,
             ))
-            .layer(from_fn_with_state(Arc::clone(&policy), enforce))
             .layer(from_fn_with_state((Arc::clone(&policy), self.guard), csrf))
+            .layer(from_fn_with_state(Arc::clone(&policy), enforce))
             .layer(from_fn_with_state(Arc::clone(&self.metrics), track))
     }
 
