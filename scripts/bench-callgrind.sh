@@ -29,7 +29,8 @@
 #             and last 4 KiB are checked.
 # router      no load generator exists yet (`kvplane bench route` is not built): refused.
 #
-# Needs valgrind and python3. Prints the bench's check line and the callgrind total.
+# Needs valgrind and python3. Prints the bench's check line and the callgrind total;
+# CALLGRIND_KEEP=FILE keeps the profile for callgrind_annotate.
 set -euo pipefail
 
 usage="usage: scripts/bench-callgrind.sh [controller|indexer|coordinator|node] SERVER_BIN [BENCH_BIN]"
@@ -54,6 +55,8 @@ out=$(mktemp -d)
 pid=""
 cleanup() {
     if [[ -n "$pid" ]]; then kill "$pid" 2>/dev/null || true; fi
+    # CALLGRIND_KEEP=FILE keeps the profile (for callgrind_annotate).
+    if [[ -n "${CALLGRIND_KEEP:-}" && -f "$out/cg" ]]; then cp "$out/cg" "$CALLGRIND_KEEP"; fi
     rm -rf "$out"
 }
 trap cleanup EXIT
