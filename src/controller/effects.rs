@@ -21,6 +21,8 @@ pub enum DropReason {
     TooManyOps,
     /// An out-of-order full-sync batch that would need a received-range over the budget.
     SyncRanges,
+    /// A pushed registration or heartbeat (LMCache ≤ 0.3.9) the fleet refused.
+    Refused,
 }
 
 impl DropReason {
@@ -31,6 +33,7 @@ impl DropReason {
             DropReason::StaleSync => "stale_sync",
             DropReason::TooManyOps => "too_many_ops",
             DropReason::SyncRanges => "sync_ranges",
+            DropReason::Refused => "refused",
         }
     }
 }

@@ -295,6 +295,23 @@ impl Fleet {
                 self.on_deregister(&m.instance_id, m.worker_id, &mut fx);
                 Ok(())
             }
+            // LMCache ≤ 0.3.9 pushes its registration and heartbeats and reads no reply (it
+            // has no `RegisterRetMsg`, no heartbeat commands and no full sync): applied as
+            // the requests are, the reply dropped.
+            Msg::RegisterMsg(m) => {
+                let ctx = RequestContext {
+                    now,
+                    heartbeat_url: None,
+                };
+                match self.on_register(&m, &ctx, &mut fx) {
+                    Msg::ErrorMsg(_) => Err(DropReason::Refused),
+                    _ => Ok(()),
+                }
+            }
+            Msg::HeartbeatMsg(m) => match self.on_heartbeat(&m, now, &mut fx) {
+                Msg::ErrorMsg(_) => Err(DropReason::Refused),
+                _ => Ok(()),
+            },
             _ => Err(DropReason::WrongSocket),
         };
         (result, fx)

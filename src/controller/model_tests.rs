@@ -296,9 +296,21 @@ fn full_sync_expires_on_the_model_clock() {
 #[test]
 fn push_messages_report_their_drop_reason() {
     let mut f = fleet();
-    let (res, _) = f.on_push(register("a", 0, 1), 0.0);
+    let (res, _) = f.on_push(heartbeat("a", 0, 70_000), 0.0);
+    assert_eq!(
+        res,
+        Err(DropReason::Refused),
+        "a port out of range is refused"
+    );
+    let lookup = Msg::BatchedP2PLookupMsg(crate::protocol::BatchedP2PLookupMsg {
+        hashes: Vec::new(),
+        instance_id: "a".into(),
+        worker_id: 0,
+    });
+    let (res, _) = f.on_push(lookup, 0.0);
     assert_eq!(res, Err(DropReason::WrongSocket));
     assert_eq!(DropReason::WrongSocket.label(), "wrong_socket");
+    assert_eq!(DropReason::Refused.label(), "refused");
     assert_eq!(DropReason::StaleSync.label(), "stale_sync");
     assert_eq!(DropReason::TooManyOps.label(), "too_many_ops");
     let (res, fx) = f.on_push(deregister("ghost", 0), 0.0);
@@ -358,4 +370,55 @@ fn p2p_lookup_of_a_decoded_request_answers_as_the_message_does() {
         format!("{hit:?}").contains("holder"),
         "the holder is found: {hit:?}"
     );
+}
+
+/// The frames a real LMCache 0.3.9 worker pushes, encoded by 0.3.9's own classes
+/// (`lmcache/v1/cache_controller/message.py` of the lmcache-0.3.9 cp311 wheel on PyPI, with
+/// `msgspec.msgpack.encode`): it pushes its registration and heartbeats (no reply, the peer
+/// address named `distributed_url`), then single admits and evicts without `seq_num`.
+const LMCACHE_039: [(&str, &str); 5] = [
+    ("register", "86a474797065ab52656769737465724d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4af64697374726962757465645f75726cae3132372e302e302e313a38323030"),
+    ("heartbeat", "86a474797065ac4865617274626561744d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4af64697374726962757465645f75726cae3132372e302e302e313a38323030"),
+    ("admit", "85a474797065aa4b5641646d69744d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a36b6579cd3039a86c6f636174696f6eaf4c6f63616c4350554261636b656e64"),
+    ("evict", "85a474797065aa4b5645766963744d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a36b6579cd3039a86c6f636174696f6eaf4c6f63616c4350554261636b656e64"),
+    ("deregister", "85a474797065ad446552656769737465724d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4"),
+];
+
+fn frame_039(name: &str) -> Msg {
+    let hex = LMCACHE_039
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("frame")
+        .1;
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    crate::protocol::decode(&bytes).expect("a 0.3.9 frame decodes")
+}
+
+#[test]
+fn a_lmcache_039_worker_registers_heartbeats_admits_and_leaves_over_push() {
+    let mut f = fleet();
+    let (res, fx) = f.on_push(frame_039("register"), 1.0);
+    assert_eq!(res, Ok(()));
+    assert!(
+        links(fx)
+            .iter()
+            .any(|e| matches!(e, Effect::OpenDownlink { .. })),
+        "its command socket is dialled"
+    );
+    let w = f.index().worker("old", 0).expect("registered");
+    assert_eq!(
+        w.peer_init_url.as_deref(),
+        Some("127.0.0.1:8200"),
+        "distributed_url"
+    );
+    assert_eq!(f.on_push(frame_039("heartbeat"), 2.0).0, Ok(()));
+    assert_eq!(f.on_push(frame_039("admit"), 3.0).0, Ok(()));
+    assert_eq!(f.index().key_count(), 1);
+    assert_eq!(f.on_push(frame_039("evict"), 4.0).0, Ok(()));
+    assert_eq!(f.index().key_count(), 0);
+    assert_eq!(f.on_push(frame_039("deregister"), 5.0).0, Ok(()));
+    assert!(f.index().worker("old", 0).is_none());
 }

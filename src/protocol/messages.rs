@@ -123,8 +123,9 @@ macro_rules! messages {
 }
 
 messages! {
-    /// Worker → controller (ROUTER): join the fleet.
-    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String> }
+    /// Worker → controller (ROUTER; LMCache ≤ 0.3.9 pushes it on PULL): join the fleet. 0.3.9
+    /// names the peer address `distributed_url`.
+    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, #[serde(alias = "distributed_url")] peer_init_url: Option<String> }
     /// Controller → worker: registration accepted; `extra_config["heartbeat_url"]`.
     RegisterRetMsg { #[serde(default)] extra_config: IndexMap<String, String> }
     /// Worker → controller (PULL): leave the fleet.
@@ -201,8 +202,9 @@ messages! {
     QueryInstMsg { event_id: String, ip: String }
     /// Orchestration reply.
     QueryInstRetMsg { event_id: String, instance_id: Option<String> }
-    /// Worker → controller (heartbeat ROUTER): I am alive.
-    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String> }
+    /// Worker → controller (heartbeat ROUTER; LMCache ≤ 0.3.9 pushes it on PULL, with
+    /// `distributed_url`): I am alive.
+    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, #[serde(alias = "distributed_url")] peer_init_url: Option<String> }
     /// Controller → worker: commands to run (e.g. `full_sync`).
     HeartbeatRetMsg { #[serde(default)] commands: Vec<HeartbeatCommand> }
     /// Worker → controller (ROUTER): who holds this prefix of chunk hashes?

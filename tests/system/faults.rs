@@ -635,13 +635,12 @@ fn garbage(i: usize, valid: &[u8]) -> Bytes {
         3 => br#"{"type":"BatchedKVOperationMsg","instance_id":"w0","worker_id":0,"location":"LocalCPUBackend","operations":[{"op_type":"admit","key":"x","seq_num":0}]}"#.to_vec(),
         // Empty.
         4 => Vec::new(),
-        // A request on the wrong socket.
-        5 => encode(&Msg::RegisterMsg(RegisterMsg {
+        // A request on the wrong socket (a pushed RegisterMsg is LMCache 0.3.9's registration;
+        // a P2P lookup is only ever a request).
+        5 => encode(&Msg::BatchedP2PLookupMsg(BatchedP2PLookupMsg {
+            hashes: Vec::new(),
             instance_id: "intruder".into(),
             worker_id: 0,
-            ip: "127.0.0.1".into(),
-            port: 1,
-            peer_init_url: None,
         })),
         // A str32 claiming 4 GiB.
         6 => vec![0x81, 0xa4, b't', b'y', b'p', b'e', 0xdb, 0xff, 0xff, 0xff, 0xff],
