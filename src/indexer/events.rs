@@ -11,39 +11,165 @@
 use super::msgpack::{self, Value};
 use serde::{Deserialize, Serialize};
 
-/// A storage tier. vLLM says `GPU`/`CPU`/`STORAGE`, SGLang `GPU`/`CPU_PINNED`/`DISK`/
-/// `EXTERNAL`, Mooncake `cpu`/`disk`; compared case-insensitively.
+/// Where a block is: one of the three tiers the index answers by, to which every known alias
+/// maps, or any other medium, kept under its own name ([`MediumName`]) and never dropped.
+///
+/// GPU: `GPU`, `HBM`, `DEVICE`, `VRAM`, `CUDA` and `cuda:N` (LMCache stamps a tensor's
+/// device); CPU: `CPU` (vLLM, LMCache, Mooncake's `cpu`), `CPU_PINNED` (SGLang), `DRAM`,
+/// `HOST`, `PINNED`, `MEMORY`; DISK: `DISK` (SGLang, Mooncake's `disk`), `STORAGE` (vLLM
+/// 0.33), `EXTERNAL` (SGLang), `SSD`, `NVME`, `LOCAL_DISK`. Compared case-insensitively.
+/// Anything else (`NPU`, `3FS`, `NFS`, `DFS`, a new one) is an [`Medium::Other`].
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
+#[serde(from = "MediumWire", into = "MediumWire")]
 pub enum Medium {
     /// Device memory (the default when an event names none).
     #[default]
-    Gpu = 0,
+    Gpu,
     /// Host memory.
-    Cpu = 1,
+    Cpu,
     /// Disk, remote or external storage.
-    Disk = 2,
+    Disk,
+    /// A medium no alias names, by its name.
+    Other(MediumName),
+}
+
+/// How a [`Medium`] is written in the replication log and snapshots: by name.
+#[derive(Serialize, Deserialize)]
+enum MediumWire {
+    Gpu,
+    Cpu,
+    Disk,
+    Other(String),
+}
+
+impl From<MediumWire> for Medium {
+    fn from(w: MediumWire) -> Self {
+        match w {
+            MediumWire::Gpu => Medium::Gpu,
+            MediumWire::Cpu => Medium::Cpu,
+            MediumWire::Disk => Medium::Disk,
+            MediumWire::Other(n) => Medium::Other(MediumName::intern(&n)),
+        }
+    }
+}
+
+impl From<Medium> for MediumWire {
+    fn from(m: Medium) -> Self {
+        match m {
+            Medium::Gpu => MediumWire::Gpu,
+            Medium::Cpu => MediumWire::Cpu,
+            Medium::Disk => MediumWire::Disk,
+            Medium::Other(n) => MediumWire::Other(n.as_str().to_owned()),
+        }
+    }
+}
+
+/// Distinct names of other media kept at most; beyond, a new name is reported as `OTHER`
+/// (counted in [`MediumName::overflowed`]).
+pub const MAX_MEDIA: usize = 64;
+/// The longest medium name kept, bytes (longer ones are cut).
+pub const MAX_MEDIUM_NAME: usize = 32;
+
+/// The name of a medium outside the three tiers, interned process-wide (at most
+/// [`MAX_MEDIA`] names, so at most a few KiB; written out by name, never by number).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MediumName(u16);
+
+static MEDIA: parking_lot::RwLock<Vec<&'static str>> = parking_lot::RwLock::new(Vec::new());
+static MEDIA_OVERFLOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl MediumName {
+    /// The name for `raw` (upper case, ASCII letters, digits and `_-.:/` only, at most
+    /// [`MAX_MEDIUM_NAME`] bytes); `OTHER` once [`MAX_MEDIA`] names are taken.
+    pub fn intern(raw: &str) -> MediumName {
+        let name: String = raw
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || "_-.:/".contains(*c))
+            .take(MAX_MEDIUM_NAME)
+            .collect::<String>()
+            .to_ascii_uppercase();
+        // Names the answer's own keys use stay apart from them.
+        let name = match name.as_str() {
+            "" | "DP" | "OTHER" => "OTHER".to_owned(),
+            _ => name,
+        };
+        if let Some(i) = MEDIA.read().iter().position(|n| *n == name) {
+            return MediumName(i as u16);
+        }
+        let mut media = MEDIA.write();
+        if let Some(i) = media.iter().position(|n| *n == name) {
+            return MediumName(i as u16);
+        }
+        if media.is_empty() {
+            media.push("OTHER");
+        }
+        if media.len() >= MAX_MEDIA {
+            MEDIA_OVERFLOW.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return MediumName(0);
+        }
+        if name == "OTHER" {
+            return MediumName(0);
+        }
+        media.push(Box::leak(name.into_boxed_str()));
+        MediumName((media.len() - 1) as u16)
+    }
+
+    /// The name.
+    pub fn as_str(self) -> &'static str {
+        MEDIA
+            .read()
+            .get(usize::from(self.0))
+            .copied()
+            .unwrap_or("OTHER")
+    }
+
+    /// Names kept so far (`OTHER` included once used).
+    pub fn count() -> usize {
+        MEDIA.read().len()
+    }
+
+    /// New names reported as `OTHER` because [`MAX_MEDIA`] were taken.
+    pub fn overflowed() -> u64 {
+        MEDIA_OVERFLOW.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 impl Medium {
-    /// Every tier, in query order.
+    /// The three tiers, in query order.
     pub const ALL: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Disk];
 
-    /// Parses an engine's medium name; `None` if unknown.
+    /// The medium an engine's name stands for: a tier for a known alias, else
+    /// [`Medium::Other`] under its own name. `None` only for a name with no letter or digit.
     pub fn parse(name: &str) -> Option<Medium> {
-        let n = name.to_ascii_uppercase();
+        let n = name.trim().to_ascii_uppercase();
         match n.as_str() {
-            "GPU" | "HBM" | "DEVICE" => Some(Medium::Gpu),
-            "CPU" | "CPU_PINNED" | "DRAM" | "HOST" => Some(Medium::Cpu),
-            "DISK" | "STORAGE" | "SSD" | "EXTERNAL" => Some(Medium::Disk),
-            _ => None,
+            "GPU" | "HBM" | "DEVICE" | "VRAM" | "CUDA" => Some(Medium::Gpu),
+            "CPU" | "CPU_PINNED" | "DRAM" | "HOST" | "PINNED" | "MEMORY" => Some(Medium::Cpu),
+            "DISK" | "STORAGE" | "SSD" | "EXTERNAL" | "NVME" | "LOCAL_DISK" => Some(Medium::Disk),
+            _ if n.starts_with("CUDA:") => Some(Medium::Gpu),
+            _ if !n.chars().any(|c| c.is_ascii_alphanumeric()) => None,
+            _ => Some(Medium::Other(MediumName::intern(&n))),
         }
     }
 
-    /// The index of this tier (0..3).
+    /// The index of this tier (0..3). Other media never reach the records' tiers (the index
+    /// keeps them in streams of their own): they answer 0, as GPU, in that stream.
     pub fn index(self) -> usize {
-        self as usize
+        match self {
+            Medium::Gpu | Medium::Other(_) => 0,
+            Medium::Cpu => 1,
+            Medium::Disk => 2,
+        }
+    }
+
+    /// The name of a medium outside the three tiers.
+    pub fn other(self) -> Option<MediumName> {
+        match self {
+            Medium::Other(n) => Some(n),
+            _ => None,
+        }
     }
 }
 
@@ -435,7 +561,7 @@ fn cleared(m: &Value<'_>) -> Result<KvEvent, EventError> {
 fn medium(v: &Value<'_>) -> Result<Medium, EventError> {
     match v {
         Value::Nil => Ok(Medium::Gpu),
-        Value::Str(s) => Medium::parse(s).ok_or(bad("medium", "unknown medium")),
+        Value::Str(s) => Medium::parse(s).ok_or(bad("medium", "names no medium")),
         _ => Err(bad("medium", "not a string")),
     }
 }

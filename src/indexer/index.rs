@@ -10,7 +10,7 @@
 //! capacity eviction walk the arena in slices. Pure and synchronous: the caller passes the
 //! time (seconds, any epoch) and holds any lock.
 
-use super::events::{KvEvent, Lora, Medium, Removed, Stored};
+use super::events::{KvEvent, Lora, Medium, MediumName, Removed, Stored};
 use super::hash;
 use super::table::{LaneId, RecId, Store, MAX_AGE};
 use std::collections::{BTreeMap, HashMap};
@@ -116,6 +116,10 @@ struct Stream {
     spec: StreamSpec,
     tier_blocks: [u64; 3],
     records: usize,
+    /// For the stream of another medium: that medium and the stream it belongs to.
+    medium: Option<(MediumName, u32)>,
+    /// This stream's streams of other media ([`index_media`](self::media)).
+    media: Vec<(MediumName, u32)>,
 }
 
 /// Per-tier block counts of a stream, for `/services`.
@@ -149,6 +153,10 @@ pub struct InstanceMatch {
     pub disk: u64,
     /// Per rank: the longest prefix servable from that rank's tiers and shared pools.
     pub dp: BTreeMap<u32, u64>,
+    /// Per other medium (NPU, 3FS, …), by name: the longest prefix entirely on it in one
+    /// stream (a rank's or a shared pool's); zero for a medium the instance used and holds
+    /// none of the prompt on.
+    pub other: BTreeMap<&'static str, u64>,
 }
 
 /// What a query asks for, besides the blocks.
@@ -270,6 +278,8 @@ impl Index {
             spec,
             tier_blocks: [0; 3],
             records: 0,
+            medium: None,
+            media: Vec::new(),
         };
         if let Some(id) = self.free_streams.pop() {
             self.streams[id as usize] = Some(stream);
@@ -307,6 +317,9 @@ impl Index {
 
     /// Removes a stream and every membership it held.
     pub fn remove_stream(&mut self, id: StreamId) {
+        for m in self.media_of(id) {
+            self.remove_stream(m);
+        }
         self.clear_stream(id, None);
         if let Some(slot) = self.streams.get_mut(id.0 as usize) {
             if slot.take().is_some() {
@@ -321,6 +334,11 @@ impl Index {
     pub fn clear_stream(&mut self, id: StreamId, tier: Option<Medium>) {
         if self.stream(id).is_none() {
             return;
+        }
+        if tier.is_none() {
+            for m in self.media_of(id) {
+                self.clear_stream(m, None);
+            }
         }
         let st = id.0 as u16;
         let mut freed = Vec::new();
@@ -426,7 +444,7 @@ impl Index {
 
     /// Applies one event of stream `id` at time `now` (seconds).
     pub fn apply(&mut self, id: StreamId, event: &KvEvent, now: u32) {
-        if self.stream(id).is_none() {
+        if self.stream(id).is_none() || self.apply_other_medium(id, event, now) {
             return;
         }
         match event {
@@ -492,13 +510,13 @@ impl Index {
                 Some(ns) => (ns, Some(p), None),
                 None => return,
             },
-            Some(p) => match self.store.find_engine(st, p) {
-                Some(r) => {
+            Some(p) => match self.find_related(st, p) {
+                Some((r, own)) => {
                     let rec = self.store.rec(r);
                     (
                         self.store.ns_of(&rec),
                         Some(rec.seq()),
-                        Some((r, rec.seq())),
+                        own.then_some((r, rec.seq())),
                     )
                 }
                 None => {
@@ -558,7 +576,7 @@ impl Index {
     fn store_placeholder(&mut self, id: StreamId, s: &Stored, now: u32) {
         let st = id.0 as u16;
         for h in &s.hashes {
-            let Some(r) = self.store.find_engine(st, *h) else {
+            let Some((r, _)) = self.find_related(st, *h) else {
                 self.counters.unknown_hashes += 1;
                 continue;
             };
@@ -818,10 +836,21 @@ impl Index {
             len: u64,
             alive: bool,
         }
+        /// A stream of another medium: its name, instance, the row or shared pool it counts
+        /// for, and its own prefix.
+        struct OtherMedium {
+            stream: u32,
+            name: &'static str,
+            instance: usize,
+            owner: u32,
+            len: u64,
+            alive: bool,
+        }
         let mut instances: Vec<&str> = Vec::new();
         let mut rows: Vec<Row> = Vec::new();
         // Shared pools: stream → instance index.
         let mut shared: Vec<(u32, usize)> = Vec::new();
+        let mut others: Vec<OtherMedium> = Vec::new();
         for (i, s) in self.streams.iter().enumerate() {
             let Some(s) = s else { continue };
             let sp = &s.spec;
@@ -839,7 +868,16 @@ impl Index {
                     instances.len() - 1
                 }
             };
-            if sp.shared {
+            if let Some((name, owner)) = s.medium {
+                others.push(OtherMedium {
+                    stream: i as u32,
+                    name: name.as_str(),
+                    instance: inst,
+                    owner,
+                    len: 0,
+                    alive: true,
+                });
+            } else if sp.shared {
                 shared.push((i as u32, inst));
             } else {
                 rows.push(Row {
@@ -866,10 +904,13 @@ impl Index {
                 .iter()
                 .map(|r| r.stream)
                 .chain(shared.iter().map(|s| s.0))
+                .chain(others.iter().map(|o| o.stream))
                 .collect();
             wanted.sort_unstable();
             let mut masks: Vec<(u32, u8)> = Vec::new();
             let mut shared_masks = vec![0u8; instances.len()];
+            // Blocks on another medium of a row's own stream (bit 3: no tier of the three).
+            let mut other_masks: Vec<(u32, u8)> = Vec::new();
             // The records holding the previous block, and this one's.
             let mut held: Vec<RecId> = Vec::new();
             let mut next: Vec<RecId> = Vec::new();
@@ -902,13 +943,34 @@ impl Index {
                         masks.push((st, bit));
                     }
                 }
+                other_masks.clear();
+                for o in &mut others {
+                    let held = masks.iter().any(|(s, m)| *s == o.stream && *m != 0);
+                    if o.alive && held {
+                        o.len = k as u64 + 1;
+                    } else {
+                        o.alive = false;
+                    }
+                    if !held {
+                        continue;
+                    }
+                    if shared.iter().any(|(s, _)| *s == o.owner) {
+                        shared_masks[o.instance] |= 1 << 3;
+                    } else {
+                        other_masks.push((o.owner, 1 << 3));
+                    }
+                }
                 let mut any_alive = false;
                 for row in &mut rows {
                     let own = masks
                         .iter()
                         .find(|(s, _)| *s == row.stream)
                         .map_or(0, |m| m.1);
-                    let mask = own | shared_masks[row.instance];
+                    let on_other = other_masks
+                        .iter()
+                        .find(|(s, _)| *s == row.stream)
+                        .map_or(0, |m| m.1);
+                    let mask = own | on_other | shared_masks[row.instance];
                     for t in 0..3 {
                         if row.tier_alive[t] && mask & (1 << t) != 0 {
                             row.tier_len[t] = k as u64 + 1;
@@ -939,6 +1001,11 @@ impl Index {
             *dp = (*dp).max(row.len * bs);
             m.longest_matched = m.longest_matched.max(row.len * bs);
         }
+        for o in &others {
+            let m = out.entry(instances[o.instance].to_owned()).or_default();
+            let len = m.other.entry(o.name).or_default();
+            *len = (*len).max(o.len * bs);
+        }
         out
     }
 }
@@ -946,6 +1013,9 @@ impl Index {
 #[path = "index_dump.rs"]
 mod dump;
 pub use dump::IndexDump;
+
+#[path = "index_media.rs"]
+mod media;
 
 #[cfg(test)]
 #[path = "index_tests.rs"]

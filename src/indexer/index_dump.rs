@@ -30,6 +30,9 @@ struct StreamDump {
     spec: StreamSpec,
     tier_blocks: [u64; 3],
     records: u64,
+    /// For the stream of another medium: its name and the stream it belongs to.
+    #[serde(default)]
+    medium: Option<(String, u32)>,
 }
 
 /// An [`Index`] as a value (see the module docs).
@@ -90,6 +93,7 @@ impl Index {
                         spec: s.spec.clone(),
                         tier_blocks: s.tier_blocks,
                         records: s.records as u64,
+                        medium: s.medium.map(|(n, o)| (n.as_str().to_owned(), o)),
                     })
                 })
                 .collect(),
@@ -151,9 +155,30 @@ impl Index {
                     spec: s.spec,
                     tier_blocks: s.tier_blocks,
                     records: usize::try_from(s.records).unwrap_or(usize::MAX),
+                    medium: s
+                        .medium
+                        .map(|(n, o)| (crate::indexer::events::MediumName::intern(&n), o)),
+                    media: Vec::new(),
                 })
             })
             .collect();
+        // Each stream of another medium back in its owner's list.
+        let owned: Vec<(u32, crate::indexer::events::MediumName, u32)> = index
+            .streams
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref()?.medium.map(|(n, o)| (o, n, i as u32)))
+            .collect();
+        for (owner, name, stream) in owned {
+            match index
+                .streams
+                .get_mut(owner as usize)
+                .and_then(Option::as_mut)
+            {
+                Some(o) => o.media.push((name, stream)),
+                None => return Err("a snapshot's medium stream names no owner".into()),
+            }
+        }
         index.free_streams = dump.free_streams;
         index.ns_keys = dump.namespaces.into_iter().map(|k| k.map(ns_key)).collect();
         index.ns_ids = index

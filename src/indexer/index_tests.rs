@@ -65,6 +65,7 @@ fn row(gpu: u64, cpu: u64, disk: u64, dp: &[(u32, u64)]) -> InstanceMatch {
         cpu,
         disk,
         dp: dp.iter().copied().collect(),
+        other: BTreeMap::new(),
     }
 }
 

@@ -93,7 +93,7 @@ impl Rec {
     pub(crate) fn refs(&self, tier: Medium) -> u8 {
         let m = self.meta;
         (match tier {
-            Medium::Gpu => u32::from(m & GPU_BIT != 0),
+            Medium::Gpu | Medium::Other(_) => u32::from(m & GPU_BIT != 0),
             Medium::Cpu => (m >> CPU_SHIFT) & 0xf,
             Medium::Disk => (m >> DISK_SHIFT) & 0xf,
         }) as u8
@@ -101,7 +101,7 @@ impl Rec {
 
     fn set_refs(&mut self, tier: Medium, n: u8) {
         let (shift, width, cap) = match tier {
-            Medium::Gpu => (GPU_SHIFT, 1, 1),
+            Medium::Gpu | Medium::Other(_) => (GPU_SHIFT, 1, 1),
             Medium::Cpu => (CPU_SHIFT, 0xf, MAX_OFFLOAD_REFS),
             Medium::Disk => (DISK_SHIFT, 0xf, MAX_OFFLOAD_REFS),
         };

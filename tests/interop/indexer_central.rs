@@ -9,7 +9,8 @@
 //! removal and `AllBlocksCleared` reach `/query`; a publisher that published its history
 //! before the indexer bound has it replayed through its registered replay endpoint (the
 //! fourth block indexes only as a child of the replayed three); a second process on the same
-//! topic is detected as a restart.
+//! topic is detected as a restart. One publisher names its medium `NPU`: its blocks are kept
+//! and reported under that name, never as GPU.
 
 use crate::indexer_vllm::publisher_dirs;
 use crate::support::process::{Launch, Process};
@@ -104,7 +105,14 @@ async fn real_vllm_publishers_connect_to_one_bound_socket() {
     for (i, replay) in replays.iter().take(3).enumerate() {
         let dir = if i % 2 == 0 { old } else { new };
         let topic = format!("kv@10.0.0.{}:8000@m", i + 1);
-        engines.push(launch(dir, sub_port, *replay, &topic, &["--linger", "8"]));
+        let medium = if i == 1 { "NPU" } else { "GPU" };
+        engines.push(launch(
+            dir,
+            sub_port,
+            *replay,
+            &topic,
+            &["--linger", "8", "--medium", medium],
+        ));
     }
     for e in &engines {
         e.wait_for_line("published 3 batches").await;
@@ -112,25 +120,32 @@ async fn real_vllm_publishers_connect_to_one_bound_socket() {
     // Three blocks stored, the fourth removed: 12 tokens on each GPU; the late publisher's
     // fourth block only through its replayed history.
     let rows = until_rows(addr, "four instances by topic", |rows| {
-        ["10.0.0.1:8000", "10.0.0.2:8000", "vllm-3"]
+        ["10.0.0.1:8000", "vllm-3"]
             .iter()
             .all(|i| rows[i]["GPU"] == json!(12))
+            && rows["10.0.0.2:8000"]["NPU"] == json!(12)
             && rows["vllm-4"]["GPU"] == json!(16)
     })
     .await;
     assert_eq!(rows.as_object().map(|o| o.len()), Some(4), "{rows}");
+    assert_eq!(
+        rows["10.0.0.2:8000"],
+        json!({"longest_matched": 12, "GPU": 0, "CPU": 0, "DISK": 0, "NPU": 12, "DP": {"0": 12}})
+    );
     let (_, services) = http(addr, "GET", "/services", None, &[]).await;
     let late_conn = connection(&services, "vllm-4");
     assert!(late_conn["replays"].as_u64() >= Some(1), "{services}");
     assert_eq!(late_conn["bound"], json!(true), "{services}");
     assert_eq!(late_conn["last_seq"], json!(3), "{services}");
-    // After their linger the three clear everything (AllBlocksCleared) and exit.
-    until_rows(addr, "AllBlocksCleared", |rows| {
-        ["10.0.0.1:8000", "10.0.0.2:8000", "vllm-3"]
+    // After their linger the three clear their GPU tier (AllBlocksCleared names no other
+    // medium) and exit: the NPU blocks stay.
+    let rows = until_rows(addr, "AllBlocksCleared", |rows| {
+        ["10.0.0.1:8000", "vllm-3"]
             .iter()
             .all(|i| rows[i]["GPU"] == json!(0))
     })
     .await;
+    assert_eq!(rows["10.0.0.2:8000"]["NPU"], json!(12), "{rows}");
     for e in &mut engines {
         let _ = e.exit_within(STEP).await;
     }

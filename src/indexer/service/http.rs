@@ -147,11 +147,16 @@ impl Serialize for Answer<'_> {
         impl Serialize for Row<'_> {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 let m = self.0;
-                let mut map = s.serialize_map(Some(5))?;
+                let mut map = s.serialize_map(Some(5 + m.other.len()))?;
                 map.serialize_entry("longest_matched", &m.longest_matched)?;
                 map.serialize_entry("GPU", &m.gpu)?;
                 map.serialize_entry("CPU", &m.cpu)?;
                 map.serialize_entry("DISK", &m.disk)?;
+                // Other media under their own names (never GPU, CPU, DISK, DP or OTHER's
+                // neighbours: the names are upper case and `DP` is kept apart).
+                for (name, tokens) in &m.other {
+                    map.serialize_entry(name, tokens)?;
+                }
                 map.serialize_entry("DP", &m.dp)?;
                 map.end()
             }
@@ -224,6 +229,9 @@ async fn services(State(st): St) -> Json<Value> {
         let stats = core.index.stream_stats(service.stream).unwrap_or_default();
         entry["blocks"] = json!({"GPU": stats.tier_blocks[0], "CPU": stats.tier_blocks[1],
             "DISK": stats.tier_blocks[2]});
+        for (name, blocks) in core.index.stream_media(service.stream) {
+            entry["blocks"][name] = json!(blocks);
+        }
         if let Some(p) = registry.publishers.get(&service.reg.endpoint) {
             let s = &p.status;
             let seq = *s.seq.lock();
@@ -448,6 +456,7 @@ mod tests {
             cpu: n / 3,
             disk: 0,
             dp: ranks.iter().map(|&r| (r, n + u64::from(r))).collect(),
+            other: BTreeMap::new(),
         };
         let cases: Vec<(&str, Vec<(&str, InstanceMatch)>)> = vec![
             ("default", vec![]),

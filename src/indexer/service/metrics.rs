@@ -119,6 +119,18 @@ impl IndexerMetrics {
                 *n,
             );
         }
+        out.one(
+            "kvplane_indexer_media_names",
+            "gauge",
+            "Names of media outside GPU/CPU/DISK kept so far (NPU, 3FS, ...; OTHER included once used).",
+            crate::indexer::events::MediumName::count() as u64,
+        );
+        out.one(
+            "kvplane_indexer_media_overflow_total",
+            "counter",
+            "New medium names reported as OTHER because the most names kept (64) were taken.",
+            crate::indexer::events::MediumName::overflowed(),
+        );
         out.family(
             "kvplane_indexer_topic_refused_total",
             "counter",
