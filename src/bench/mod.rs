@@ -7,8 +7,9 @@
 //! lookup latency percentiles, full-sync time, heartbeat latency and the rate of workers coming
 //! and going ([`churn`]), plus the controller's RSS when given its pid. `kvplane bench coordinator` ([`coordinator`]) and `kvplane bench node`
 //! ([`node`]) measure the other services over their own wire protocols, `kvplane bench indexer`
-//! ([`indexer`]) the KV indexer over vLLM's KV-event stream and the indexer HTTP API. Depends on `protocol`
-//! and `transport` only.
+//! ([`indexer`]) the KV indexer over vLLM's KV-event stream and the indexer HTTP API, `kvplane
+//! bench route` ([`route`]) routing policies on a trace against simulated engines. Depends on `protocol`
+//! and `transport`; `route` also on the router's scoring and its process.
 
 mod churn;
 pub mod cluster;
@@ -19,8 +20,13 @@ mod http;
 pub mod indexer;
 mod indexer_stream;
 pub mod node;
+pub mod route;
+pub mod route_overhead;
+pub mod route_policy;
 pub mod route_trace;
 mod scenarios;
+pub mod sim_engine;
+pub mod sim_pool;
 mod stats;
 
 pub use stats::{rss_bytes, Latency};
@@ -36,6 +42,13 @@ pub enum BenchTarget {
     /// The KV-indexer scenario (`kvplane indexer` or Dynamo's `python -m dynamo.indexer`), fed
     /// a pre-encoded vLLM event stream over ZMQ.
     Indexer(indexer::IndexerBenchArgs),
+    /// The fleet simulator: a Mooncake-format trace replayed against simulated engines under
+    /// each routing policy (`kvplane router` among them), or `--overhead`, the router's
+    /// decision cost.
+    Route(route::RouteBenchArgs),
+    /// One simulated engine (started by `bench route`).
+    #[command(hide = true)]
+    SimEngine(sim_engine::SimEngineArgs),
 }
 
 use clap::Args;

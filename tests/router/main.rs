@@ -7,3 +7,4 @@ mod support;
 mod load;
 mod replicas;
 mod routing;
+mod simulator;

@@ -25,7 +25,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("service", &[]),
     // Clients of the services (linked by workers and load generators).
     ("worker", &["net", "protocol", "transport"]),
-    ("bench", &["protocol", "transport"]),
+    // `bench route` scores its client-side policies with the router's own formula and runs
+    // the router's core in process for `--overhead` (the router is what it measures).
+    ("bench", &["protocol", "router", "transport"]),
     // The services: each may use the shared modules, never another service.
     (
         "controller",

@@ -191,6 +191,32 @@ fn main() -> anyhow::Result<()> {
                         r.summary()
                     }
                 }
+                Some(BenchTarget::Route(a)) if a.overhead => {
+                    let r = runtime
+                        .block_on(kvplane::bench::route::overhead(a))
+                        .map_err(anyhow::Error::msg)?;
+                    if a.json {
+                        serde_json::to_string_pretty(&r)? + "\n"
+                    } else {
+                        r.summary()
+                    }
+                }
+                Some(BenchTarget::Route(a)) => {
+                    let r = runtime
+                        .block_on(kvplane::bench::route::run(a))
+                        .map_err(anyhow::Error::msg)?;
+                    if a.json {
+                        serde_json::to_string_pretty(&r)? + "\n"
+                    } else {
+                        r.summary()
+                    }
+                }
+                Some(BenchTarget::SimEngine(a)) => {
+                    runtime
+                        .block_on(kvplane::bench::sim_engine::run(a.clone()))
+                        .map_err(anyhow::Error::msg)?;
+                    String::new()
+                }
                 None => String::new(),
             };
             print!("{out}");
