@@ -52,7 +52,7 @@ impl Shared {
             .iter()
             .map(|n| Load {
                 in_flight: n.load(Ordering::Relaxed),
-                waiting: 0,
+                ..Load::default()
             })
             .collect()
     }
