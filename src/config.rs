@@ -174,6 +174,8 @@ pub mod defaults {
         pub const RESERVATION_TTL_S: f64 = 600.0;
         /// Seconds between scrapes of the engines' `/metrics`.
         pub const ENGINE_METRICS_INTERVAL_S: f64 = 1.0;
+        /// Seconds a session is remembered after its last request.
+        pub const SESSION_TTL_S: f64 = 600.0;
     }
 
     /// Defaults of `--cluster` (docs/CLUSTER.md).

@@ -90,6 +90,7 @@ impl Shared {
                     },
                     load,
                     up: true,
+                    sticky: false,
                 }
             })
             .collect();

@@ -23,6 +23,8 @@ pub struct RouterMetrics {
     pub usage_missing: IntCounterVec,
     /// Requests refused by a router limit, by limit.
     pub limits_hit: IntCounterVec,
+    /// Requests of a session, by outcome: new, kept (its engine again), moved.
+    pub sessions: IntCounterVec,
     /// Scrapes of the engines' `/metrics`, by engine and outcome.
     pub scrapes: IntCounterVec,
     /// The counters of the reservations shared with other replicas (`--cluster`).
@@ -111,6 +113,12 @@ impl Default for RouterMetrics {
                 "kvplane_router_limits_hit_total",
                 "Requests refused by a router limit",
                 &["limit"],
+            ),
+            sessions: counter(
+                &r,
+                "kvplane_router_session_requests_total",
+                "Requests of a session (x-session-id or user), by outcome: new, kept (the session's engine again), moved (elsewhere: load or cache outweighed the affinity)",
+                &["outcome"],
             ),
             scrapes: counter(
                 &r,

@@ -14,6 +14,7 @@ mod metrics;
 pub mod routes;
 pub mod score;
 pub mod scrape;
+pub mod sessions;
 pub mod shared;
 pub mod slots;
 pub mod state;
@@ -178,6 +179,13 @@ pub struct RouterArgs {
     /// Weight of the engine's KV cache usage (0..1) in the score.
     #[arg(long, env = "KVPLANE_ROUTER_KV_USAGE_WEIGHT", default_value_t = 0.25)]
     pub kv_usage_weight: f64,
+    /// Added to the score of the engine that served the request's session last (the
+    /// `x-session-id` header, else the body's `user`); 0: no affinity.
+    #[arg(long, env = "KVPLANE_ROUTER_SESSION_WEIGHT", default_value_t = 0.5)]
+    pub session_weight: f64,
+    /// Seconds a session is remembered after its last request.
+    #[arg(long, env = "KVPLANE_ROUTER_SESSION_TTL", default_value_t = d::SESSION_TTL_S)]
+    pub session_ttl: f64,
     /// Softmax temperature over the scores; 0 picks the best.
     #[arg(long, env = "KVPLANE_ROUTER_TEMPERATURE", default_value_t = 0.0)]
     pub temperature: f64,
@@ -269,6 +277,7 @@ impl RouterArgs {
             ("--engine-metrics-interval", self.engine_metrics_interval),
             ("--engine-metrics-weight", self.engine_metrics_weight),
             ("--kv-usage-weight", self.kv_usage_weight),
+            ("--session-weight", self.session_weight),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err(format!("{name} must be a number ≥ 0"));
@@ -298,6 +307,7 @@ impl RouterArgs {
                 load_scale: self.load_scale,
                 engine_metrics: self.engine_metrics_weight,
                 kv_usage: self.kv_usage_weight,
+                session: self.session_weight,
             },
             connect_timeout: secs("--connect-timeout", self.connect_timeout)?,
             response_timeout: secs("--response-timeout", self.response_timeout)?,
@@ -320,6 +330,7 @@ impl RouterArgs {
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             reservation_ttl: secs("--reservation-ttl", self.reservation_ttl)?,
+            session_ttl: secs("--session-ttl", self.session_ttl)?,
             engine_metrics_interval: if self.engine_metrics_interval == 0.0 {
                 None
             } else {
@@ -379,6 +390,8 @@ pub struct RouterConfig {
     pub reservation_ttl: Duration,
     /// Time between scrapes of the engines' `/metrics` (`None`: never).
     pub engine_metrics_interval: Option<Duration>,
+    /// How long a session is remembered after its last request.
+    pub session_ttl: Duration,
 }
 
 impl RouterConfig {
@@ -407,6 +420,7 @@ impl RouterConfig {
             cluster: None,
             reservation_ttl: Duration::from_secs_f64(d::RESERVATION_TTL_S),
             engine_metrics_interval: Some(Duration::from_secs_f64(d::ENGINE_METRICS_INTERVAL_S)),
+            session_ttl: Duration::from_secs_f64(d::SESSION_TTL_S),
         }
     }
 }

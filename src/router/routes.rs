@@ -215,6 +215,13 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
         0.0
     };
     let (matched, decision) = st.query(tokens.as_deref(), lora, salt);
+    let session = session_id(&headers, &parsed);
+    if session.is_none() && (headers.contains_key(SESSION_HEADER) || parsed.contains_key("user")) {
+        st.metrics
+            .limits_hit
+            .with_label_values(&["session_id"])
+            .inc();
+    }
     let prompt_len = tokens.as_ref().map_or(0, |t| t.len() as u64);
     let source = if st.tokenizer.is_some() {
         "local"
@@ -234,7 +241,9 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     // Engines whose connect failed: the next route skips them.
     let mut skip = Vec::new();
     loop {
-        let routed = st.route(&matched, prompt_len, draw, &skip).await;
+        let routed = st
+            .route(&matched, prompt_len, draw, &skip, session.as_deref())
+            .await;
         if skip.is_empty() {
             st.metrics
                 .decision_seconds
@@ -317,6 +326,20 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
         "no_engine",
         "no engine is up",
     )
+}
+
+/// The header naming a request's session (before the body's `user`).
+const SESSION_HEADER: &str = "x-session-id";
+
+/// The request's session: the `x-session-id` header, else the body's `user` (OpenAI's end-user
+/// id); `None` without one, or when it is empty or longer than
+/// [`super::sessions::MAX_SESSION_ID`].
+fn session_id(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
+    let id = match headers.get(SESSION_HEADER) {
+        Some(h) => h.to_str().ok()?.to_owned(),
+        None => body.get("user")?.as_str()?.to_owned(),
+    };
+    (!id.is_empty() && id.len() <= super::sessions::MAX_SESSION_ID).then_some(id)
 }
 
 /// Sets `stream_options.include_usage` unless the request set it; whether it did.

@@ -70,6 +70,8 @@ pub struct Candidate {
     pub load: Load,
     /// Up (not failed recently, last health probe answered). Down engines are never chosen.
     pub up: bool,
+    /// The engine that served the request's session last (session affinity).
+    pub sticky: bool,
 }
 
 /// The weights of the score (flags of `kvplane router`).
@@ -92,6 +94,8 @@ pub struct Weights {
     pub engine_metrics: f64,
     /// Weight of the engine's KV cache usage (0..1) in the score.
     pub kv_usage: f64,
+    /// Added to the score of the engine that served the request's session last.
+    pub session: f64,
 }
 
 impl Default for Weights {
@@ -105,6 +109,7 @@ impl Default for Weights {
             load_scale: 8.0,
             engine_metrics: 1.0,
             kv_usage: 0.25,
+            session: 0.5,
         }
     }
 }
@@ -118,7 +123,8 @@ pub fn weighted_hit(m: Matched, w: &Weights) -> f64 {
 }
 
 /// Each candidate's score: `overlap · hit/prompt − load · units/max(load_scale, max units)
-/// − kv_usage · cache used`, `units` [`Load::blended`]. Down candidates score `-inf`.
+/// − kv_usage · cache used + session (the session's engine)`, `units` [`Load::blended`].
+/// Down candidates score `-inf`.
 pub fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<f64> {
     let units: Vec<f64> = candidates
         .iter()
@@ -145,7 +151,8 @@ pub fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<
                 .reported
                 .and_then(|r| r.kv_usage_permille)
                 .map_or(0.0, |p| f64::from(p.min(1000)) / 1000.0);
-            w.overlap * overlap - w.load * u / scale - w.kv_usage * used
+            let sticky = if c.sticky { w.session } else { 0.0 };
+            w.overlap * overlap - w.load * u / scale - w.kv_usage * used + sticky
         })
         .collect()
 }
@@ -231,7 +238,24 @@ mod tests {
                 reported: None,
             },
             up: true,
+            sticky: false,
         }
+    }
+
+    #[test]
+    fn a_session_stays_on_its_engine_until_load_outweighs_it() {
+        let w = Weights::default();
+        let mut c = [cand(0, 0), cand(0, 1), cand(0, 0)];
+        c[1].sticky = true;
+        // 0.5 affinity against 1/8 of load: the session's engine.
+        assert_eq!(choose(&c, 64, &w, 0, 0.0), Some(1));
+        // Much busier: it moves.
+        c[1].load.in_flight = 6;
+        assert_eq!(choose(&c, 64, &w, 0, 0.0), Some(0));
+        // A whole prompt cached elsewhere beats the affinity.
+        let mut c = [cand(64, 0), cand(0, 0)];
+        c[1].sticky = true;
+        assert_eq!(choose(&c, 64, &w, 0, 0.0), Some(0));
     }
 
     #[test]

@@ -209,6 +209,8 @@ pub struct RouterState {
     pub accounting: Mutex<Accounting>,
     /// The reservations shared with the other replicas (`--cluster`).
     pub shared: Option<Arc<Shared>>,
+    /// The engine each session went to last.
+    pub sessions: Mutex<super::sessions::Sessions>,
     rotate: AtomicUsize,
 }
 
@@ -243,6 +245,7 @@ impl RouterState {
             })
             .collect();
         let client = upstream::client(config.connect_timeout);
+        let session_ttl = config.session_ttl;
         Self {
             config,
             engines,
@@ -251,6 +254,10 @@ impl RouterState {
             client,
             metrics,
             accounting: Mutex::new(Accounting::default()),
+            sessions: Mutex::new(super::sessions::Sessions::new(
+                session_ttl,
+                super::sessions::MAX_SESSIONS,
+            )),
             shared,
             rotate: AtomicUsize::new(0),
         }
@@ -413,7 +420,40 @@ impl RouterState {
         prompt_len: u64,
         draw: f64,
         skip: &[usize],
+        session: Option<&str>,
     ) -> Result<(usize, Reservation), NoRoute> {
+        let routed = self
+            .route_once(matched, prompt_len, draw, skip, session)
+            .await;
+        if let (Some(id), Ok((engine, _))) = (session, &routed) {
+            let now = std::time::Instant::now();
+            let mut sessions = self.sessions.lock();
+            let outcome = match sessions.engine(id, now) {
+                None => "new",
+                Some(e) if e == *engine => "kept",
+                Some(_) => "moved",
+            };
+            if sessions.note(id, *engine, now) == super::sessions::Noted::Full {
+                self.metrics
+                    .limits_hit
+                    .with_label_values(&["sessions"])
+                    .inc();
+            }
+            self.metrics.sessions.with_label_values(&[outcome]).inc();
+        }
+        routed
+    }
+
+    async fn route_once(
+        &self,
+        matched: &[Matched],
+        prompt_len: u64,
+        draw: f64,
+        skip: &[usize],
+        session: Option<&str>,
+    ) -> Result<(usize, Reservation), NoRoute> {
+        let sticky =
+            session.and_then(|id| self.sessions.lock().engine(id, std::time::Instant::now()));
         let _turn = match &self.shared {
             Some(s) => Some(s.route_lock.lock().await),
             None => None,
@@ -446,6 +486,7 @@ impl RouterState {
                         matched: matched.get(i).copied().unwrap_or_default(),
                         load,
                         up: up && !is_full,
+                        sticky: sticky == Some(i),
                     }
                 })
                 .collect();

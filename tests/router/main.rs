@@ -7,4 +7,5 @@ mod support;
 mod load;
 mod replicas;
 mod routing;
+mod sessions;
 mod simulator;

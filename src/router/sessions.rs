@@ -1,0 +1,110 @@
+//! Session affinity (docs/ROUTER.md, "Sessions"): which engine served each session last,
+//! bounded in entries and age. Pure: the caller passes the time; no I/O.
+//!
+//! Must not: grow past its bound (a new session beyond it is not remembered, counted), or
+//! keep a session past its TTL.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Sessions remembered at most.
+pub const MAX_SESSIONS: usize = 100_000;
+
+/// Longest session id kept (a longer one is not a session, counted).
+pub const MAX_SESSION_ID: usize = 256;
+
+/// The engine each session went to last.
+#[derive(Debug)]
+pub struct Sessions {
+    last: HashMap<String, (usize, Instant)>,
+    ttl: Duration,
+    max: usize,
+    swept: Option<Instant>,
+}
+
+/// What remembering a session did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Noted {
+    /// Remembered (new or updated).
+    Kept,
+    /// Not remembered: the table is full of live sessions.
+    Full,
+}
+
+impl Sessions {
+    /// An empty table keeping sessions `ttl` after their last request, at most `max`.
+    pub fn new(ttl: Duration, max: usize) -> Self {
+        Self {
+            last: HashMap::new(),
+            ttl,
+            max,
+            swept: None,
+        }
+    }
+
+    /// The engine `id` went to last, unless that was more than the TTL ago.
+    pub fn engine(&self, id: &str, now: Instant) -> Option<usize> {
+        self.last
+            .get(id)
+            .filter(|(_, at)| now.saturating_duration_since(*at) <= self.ttl)
+            .map(|(e, _)| *e)
+    }
+
+    /// Remembers that `id` went to `engine` at `now`. When full, drops the expired sessions
+    /// first (at most once a second).
+    pub fn note(&mut self, id: &str, engine: usize, now: Instant) -> Noted {
+        if let Some(slot) = self.last.get_mut(id) {
+            *slot = (engine, now);
+            return Noted::Kept;
+        }
+        if self.last.len() >= self.max {
+            let due = self
+                .swept
+                .is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(1));
+            if due {
+                self.swept = Some(now);
+                let ttl = self.ttl;
+                self.last
+                    .retain(|_, (_, at)| now.saturating_duration_since(*at) <= ttl);
+            }
+            if self.last.len() >= self.max {
+                return Noted::Full;
+            }
+        }
+        self.last.insert(id.to_owned(), (engine, now));
+        Noted::Kept
+    }
+
+    /// Sessions remembered (live or not yet swept).
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    /// Whether none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_expire_and_are_bounded() {
+        let t0 = Instant::now();
+        let mut s = Sessions::new(Duration::from_secs(10), 2);
+        assert_eq!(s.note("a", 1, t0), Noted::Kept);
+        assert_eq!(s.engine("a", t0 + Duration::from_secs(5)), Some(1));
+        assert_eq!(s.engine("a", t0 + Duration::from_secs(11)), None);
+        assert_eq!(s.note("b", 0, t0), Noted::Kept);
+        // Full of live sessions: a third is not remembered, an update is.
+        assert_eq!(s.note("c", 2, t0 + Duration::from_secs(1)), Noted::Full);
+        assert_eq!(s.note("a", 2, t0 + Duration::from_secs(1)), Noted::Kept);
+        assert_eq!(s.engine("a", t0 + Duration::from_secs(2)), Some(2));
+        // Once b expired, the sweep makes room.
+        assert_eq!(s.note("c", 2, t0 + Duration::from_secs(11)), Noted::Kept);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.engine("b", t0 + Duration::from_secs(11)), None);
+    }
+}
