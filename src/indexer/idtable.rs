@@ -42,7 +42,7 @@ impl Group {
     /// Bit `i` set in the first mask for each slot holding an id under `tag` (the bits of
     /// `tag_bits`), in the second for each empty slot. Branch-free, so that the compiler
     /// compares the 16 slots a vector at a time.
-    #[inline]
+    #[inline(always)]
     fn scan(&self, tag: u32, tag_bits: u32) -> (u32, u32) {
         let (mut hits, mut open) = (0u32, 0u32);
         for (i, &e) in self.0.iter().enumerate() {
@@ -147,6 +147,7 @@ impl IdTable {
 
     /// Calls `f(id)` for every id under `hash`'s tag along its probe sequence (a superset of
     /// the ids stored under `hash`); stops early when `f` returns true, and returns that.
+    #[inline(always)]
     pub(crate) fn any(&self, hash: u64, mut f: impl FnMut(u32) -> bool) -> bool {
         let tag = self.tag(hash);
         let mask = self.id_mask();
