@@ -4,15 +4,15 @@
 //! with the C++ Conductor's codes, `field`, `index`). Pure: no axum here.
 
 use crate::indexer::index::LoraNs;
-pub use crate::web::error::Refusal as ApiError;
+pub use crate::web::error::Refusal;
 use serde_json::{json, Map, Value};
 
 /// Parses a body as a JSON object, whatever the Content-Type says.
-pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, Refusal> {
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::invalid_json("the body must be a JSON object")),
-        Err(e) => Err(ApiError::invalid_json(format!("invalid JSON: {e}"))),
+        Ok(_) => Err(Refusal::invalid_json("the body must be a JSON object")),
+        Err(e) => Err(Refusal::invalid_json(format!("invalid JSON: {e}"))),
     }
 }
 
@@ -27,16 +27,12 @@ fn string(
     body: &Map<String, Value>,
     names: &[&'static str],
     required: bool,
-) -> Result<Option<String>, ApiError> {
+) -> Result<Option<String>, Refusal> {
     match pick(body, names) {
-        None if required => Err(ApiError::field("missing", names[0], "required")),
+        None if required => Err(Refusal::field("missing", names[0], "required")),
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::field(
-            "invalid_type",
-            names[0],
-            "must be a string",
-        )),
+        Some(_) => Err(Refusal::field("invalid_type", names[0], "must be a string")),
     }
 }
 
@@ -54,28 +50,28 @@ fn uint(
     name: &'static str,
     required: bool,
     max: u64,
-) -> Result<Option<u64>, ApiError> {
+) -> Result<Option<u64>, Refusal> {
     match pick(body, &[name]) {
-        None if required => Err(ApiError::field("missing", name, "required")),
+        None if required => Err(Refusal::field("missing", name, "required")),
         None => Ok(None),
         Some(v) => match whole(v) {
             Some(n) if n <= max => Ok(Some(n)),
-            Some(_) => Err(ApiError::field(
+            Some(_) => Err(Refusal::field(
                 "out_of_range",
                 name,
                 format!("must be ≤ {max}"),
             )),
-            None if v.is_number() => Err(ApiError::field(
+            None if v.is_number() => Err(Refusal::field(
                 "out_of_range",
                 name,
                 "must be a non-negative integer",
             )),
-            None => Err(ApiError::field("invalid_type", name, "must be an integer")),
+            None => Err(Refusal::field("invalid_type", name, "must be an integer")),
         },
     }
 }
 
-fn tenant(body: &Map<String, Value>) -> Result<String, ApiError> {
+fn tenant(body: &Map<String, Value>) -> Result<String, Refusal> {
     Ok(string(body, &["tenant_id"], false)?
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| "default".to_owned()))
@@ -160,14 +156,14 @@ pub fn service_key(instance: &str, tenant: &str, dp_rank: u32) -> String {
     format!("{instance}|{tenant}|{dp_rank}")
 }
 
-fn endpoint(value: String, field: &'static str) -> Result<String, ApiError> {
+fn endpoint(value: String, field: &'static str) -> Result<String, Refusal> {
     let rest = value
         .strip_prefix("tcp://")
-        .ok_or_else(|| ApiError::field("invalid_value", field, "must be tcp://host:port"))?;
+        .ok_or_else(|| Refusal::field("invalid_value", field, "must be tcp://host:port"))?;
     let port = rest.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
     match port {
         Some((host, Ok(_))) if !host.is_empty() && host != "*" => Ok(value),
-        _ => Err(ApiError::field(
+        _ => Err(Refusal::field(
             "invalid_value",
             field,
             "must be tcp://host:port with a connectable host",
@@ -178,8 +174,8 @@ fn endpoint(value: String, field: &'static str) -> Result<String, ApiError> {
 /// Validates a `/register` body.
 ///
 /// # Errors
-/// 400 [`ApiError`]s naming the field.
-pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError> {
+/// 400 [`Refusal`]s naming the field.
+pub fn registration(body: &Map<String, Value>) -> Result<Registration, Refusal> {
     let ep = string(body, &["endpoint"], true)?.unwrap_or_default();
     let replay = string(body, &["replay_endpoint"], false)?.filter(|s| !s.is_empty());
     let kind = match string(body, &["type"], true)?
@@ -191,7 +187,7 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError>
         "sglang" => EngineType::Sglang,
         "mooncake" => EngineType::Mooncake,
         _ => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "invalid_value",
                 "type",
                 "must be \"vLLM\", \"SGLang\" or \"Mooncake\"",
@@ -201,7 +197,7 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError>
     let model = string(body, &["modelname", "model", "model_name"], true)?.unwrap_or_default();
     let instance = string(body, &["instance_id"], true)?.unwrap_or_default();
     if instance.is_empty() {
-        return Err(ApiError::field(
+        return Err(Refusal::field(
             "invalid_value",
             "instance_id",
             "must not be empty",
@@ -209,7 +205,7 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError>
     }
     let block_size = uint(body, "block_size", true, u64::from(u32::MAX))?.unwrap_or(0);
     if block_size == 0 {
-        return Err(ApiError::field("out_of_range", "block_size", "must be > 0"));
+        return Err(Refusal::field("out_of_range", "block_size", "must be > 0"));
     }
     Ok(Registration {
         endpoint: endpoint(ep, "endpoint")?,
@@ -227,9 +223,9 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, ApiError>
 }
 
 /// `lmcache_instance_id`: one MP server id or a list of them (absent: none).
-fn lmcache_servers(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+fn lmcache_servers(body: &Map<String, Value>) -> Result<Vec<String>, Refusal> {
     const F: &str = "lmcache_instance_id";
-    let bad = || ApiError::field("invalid_type", F, "must be a string or a list of strings");
+    let bad = || Refusal::field("invalid_type", F, "must be a string or a list of strings");
     let mut out: Vec<String> = match body.get(F) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -240,7 +236,7 @@ fn lmcache_servers(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
         Some(_) => return Err(bad()),
     };
     if out.iter().any(String::is_empty) {
-        return Err(ApiError::field("invalid_value", F, "must not be empty"));
+        return Err(Refusal::field("invalid_value", F, "must not be empty"));
     }
     out.sort();
     out.dedup();
@@ -261,8 +257,8 @@ pub struct Unregistration {
 /// Validates an `/unregister` body (the doc's extra fields are accepted and ignored).
 ///
 /// # Errors
-/// 400 [`ApiError`]s naming the field.
-pub fn unregistration(body: &Map<String, Value>) -> Result<Unregistration, ApiError> {
+/// 400 [`Refusal`]s naming the field.
+pub fn unregistration(body: &Map<String, Value>) -> Result<Unregistration, Refusal> {
     Ok(Unregistration {
         instance: string(body, &["instance_id"], true)?.unwrap_or_default(),
         tenant: tenant(body)?,
@@ -290,19 +286,19 @@ pub struct QueryHead {
 /// Validates the fields `/query` and `/query_by_hash` share.
 ///
 /// # Errors
-/// 400 [`ApiError`]s naming the field.
-pub fn query_head(body: &Map<String, Value>) -> Result<QueryHead, ApiError> {
+/// 400 [`Refusal`]s naming the field.
+pub fn query_head(body: &Map<String, Value>) -> Result<QueryHead, Refusal> {
     let lora_name = string(body, &["lora_name"], false)?;
     let lora_id = match body.get("lora_id").filter(|v| !v.is_null()) {
         None => None,
         Some(v) => Some(
             v.as_i64()
-                .ok_or_else(|| ApiError::field("invalid_type", "lora_id", "must be an integer"))?,
+                .ok_or_else(|| Refusal::field("invalid_type", "lora_id", "must be an integer"))?,
         ),
     };
     let lora = match (lora_name, lora_id) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "invalid_value",
                 "lora_id",
                 "lora_id is deprecated and must not be sent with lora_name",
@@ -314,7 +310,7 @@ pub fn query_head(body: &Map<String, Value>) -> Result<QueryHead, ApiError> {
     };
     let block_size = uint(body, "block_size", true, u64::from(u32::MAX))?.unwrap_or(0);
     if block_size == 0 {
-        return Err(ApiError::field("out_of_range", "block_size", "must be > 0"));
+        return Err(Refusal::field("out_of_range", "block_size", "must be > 0"));
     }
     Ok(QueryHead {
         model: string(body, &["model", "modelname", "model_name"], true)?.unwrap_or_default(),
@@ -330,14 +326,12 @@ pub fn query_head(body: &Map<String, Value>) -> Result<QueryHead, ApiError> {
 ///
 /// # Errors
 /// 400 naming the index of the first bad element.
-pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
+pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, Refusal> {
     let list = match body.get("token_ids") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::field("missing", "token_ids", "required"))
-        }
+        None | Some(Value::Null) => return Err(Refusal::field("missing", "token_ids", "required")),
         Some(Value::Array(list)) => list,
         Some(_) => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "invalid_type",
                 "token_ids",
                 "must be a list",
@@ -351,9 +345,9 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
             // two must agree): an id written as a float is refused.
             v.as_u64()
                 .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| ApiError {
+                .ok_or_else(|| Refusal {
                     index: Some(i),
-                    ..ApiError::field("out_of_range", "token_ids", "token ids are u32")
+                    ..Refusal::field("out_of_range", "token_ids", "token ids are u32")
                 })
         })
         .collect()
@@ -364,12 +358,12 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, ApiError> {
 ///
 /// # Errors
 /// 400 naming the index of the first bad element.
-pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
+pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, Refusal> {
     let list = match pick(body, &["seq_hashes", "block_hash", "block_hashes"]) {
-        None => return Err(ApiError::field("missing", "seq_hashes", "required")),
+        None => return Err(Refusal::field("missing", "seq_hashes", "required")),
         Some(Value::Array(list)) => list,
         Some(_) => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "invalid_type",
                 "seq_hashes",
                 "must be a list",
@@ -399,9 +393,9 @@ pub fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, ApiError> {
                 },
                 _ => None,
             };
-            parsed.ok_or_else(|| ApiError {
+            parsed.ok_or_else(|| Refusal {
                 index: Some(i),
-                ..ApiError::field(
+                ..Refusal::field(
                     "invalid_value",
                     "seq_hashes",
                     "a hash is a u64, an i64, or a decimal or 0x string",

@@ -1,9 +1,9 @@
 //! The indexer's routes (spec §1): `POST /register`, `/unregister`, `/query`,
 //! `/query_by_hash`; `GET /services`, `/healthz`, `/metrics`, `/openapi.json`. Every error is
-//! JSON (`api::ApiError`), a wrong method included (405). The dashboard (`/`, `/static/*`,
+//! JSON (`api::Refusal`), a wrong method included (405). The dashboard (`/`, `/static/*`,
 //! `/api/dashboard`) is `super::dashboard`; a POST from a page of another origin is a 403.
 
-use super::api::{self, ApiError};
+use super::api::{self, Refusal};
 use super::metrics::Text;
 use super::IndexerState;
 use crate::indexer::index::{InstanceMatch, QueryScope};
@@ -89,17 +89,17 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         .with_state(state)
 }
 
-/// A request body, or the [`ApiError`] saying why it could not be read (413, 408, 400).
+/// A request body, or the [`Refusal`] saying why it could not be read (413, 408, 400).
 struct Body(Bytes);
 
 impl FromRequest<Arc<IndexerState>> for Body {
-    type Rejection = ApiError;
+    type Rejection = Refusal;
 
-    async fn from_request(req: Request, state: &Arc<IndexerState>) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<IndexerState>) -> Result<Self, Refusal> {
         Bytes::from_request(req, state)
             .await
             .map(Body)
-            .map_err(|e| ApiError::unreadable_body(&e, state.config.max_body_bytes))
+            .map_err(|e| Refusal::unreadable_body(&e, state.config.max_body_bytes))
     }
 }
 
@@ -109,7 +109,7 @@ pub(crate) fn refusals(state: &Arc<IndexerState>) -> RefusalCounter {
     Arc::new(move |limit: WebLimit| state.metrics.http_limit_hit(limit.label()))
 }
 
-async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
+async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, Refusal> {
     let reg = api::registration(&api::object(&body)?)?;
     let instance = reg.instance.clone();
     st.register(reg)?;
@@ -118,7 +118,7 @@ async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiErr
     ))
 }
 
-async fn unregister(State(st): St, Body(body): Body) -> Result<Json<Value>, ApiError> {
+async fn unregister(State(st): St, Body(body): Body) -> Result<Json<Value>, Refusal> {
     let req = api::unregistration(&api::object(&body)?)?;
     let removed = st.unregister(&req)?;
     Ok(Json(
@@ -181,7 +181,7 @@ fn answer(tenant: &str, rows: &BTreeMap<String, InstanceMatch>) -> Response {
             out,
         )
             .into_response(),
-        Err(e) => ApiError {
+        Err(e) => Refusal {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             reason: "internal",
             message: format!("cannot write the answer: {e}"),
@@ -192,7 +192,7 @@ fn answer(tenant: &str, rows: &BTreeMap<String, InstanceMatch>) -> Response {
     }
 }
 
-async fn query(State(st): St, Body(body): Body) -> Result<Response, ApiError> {
+async fn query(State(st): St, Body(body): Body) -> Result<Response, Refusal> {
     let body = super::query_body::QueryBody::parse(&body)?;
     let head = api::query_head(&body.fields)?;
     let tokens = body.token_ids()?;
@@ -201,7 +201,7 @@ async fn query(State(st): St, Body(body): Body) -> Result<Response, ApiError> {
     Ok(answer(&head.tenant, &rows))
 }
 
-async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Response, ApiError> {
+async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Response, Refusal> {
     let body = api::object(&body)?;
     let head = api::query_head(&body)?;
     let hashes = api::seq_hashes(&body)?;

@@ -25,7 +25,7 @@ use crate::indexer::index::{IndexConfig, StreamId, StreamSpec, SWEEP_SLICE};
 use crate::indexer::replica::{Change, Core};
 use crate::indexer::seq::{SeqConfig, SeqCounters};
 use crate::service::{bind_tcp, Running, StartError};
-use api::{ApiError, EngineType, Registration, Unregistration};
+use api::{EngineType, Refusal, Registration, Unregistration};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -437,9 +437,9 @@ impl IndexerState {
     }
 
     /// 409 on a replica: publishers register on the ingester.
-    fn writable(&self) -> Result<(), ApiError> {
+    fn writable(&self) -> Result<(), Refusal> {
         if self.role.is_replica() {
-            return Err(ApiError::conflict(
+            return Err(Refusal::conflict(
                 "instance_id",
                 "this indexer is a read replica (--replica): register and unregister \
                  publishers on the cluster's ingester",
@@ -486,7 +486,7 @@ impl IndexerState {
     ///
     /// # Errors
     /// 409 when the key or the endpoint is registered with another configuration.
-    pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, ApiError> {
+    pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, Refusal> {
         self.register_as(reg, false)
     }
 
@@ -494,7 +494,7 @@ impl IndexerState {
     /// explicit registration of an endpoint first registered by its topic replaces that
     /// instance (its blocks go; the publisher's history comes back by replay when the
     /// registration names a replay endpoint).
-    fn register_as(self: &Arc<Self>, reg: Registration, by_topic: bool) -> Result<bool, ApiError> {
+    fn register_as(self: &Arc<Self>, reg: Registration, by_topic: bool) -> Result<bool, Refusal> {
         self.writable()?;
         let mut registry = self.registry.lock();
         let mut bound = None;
@@ -506,13 +506,13 @@ impl IndexerState {
             if existing.reg == reg {
                 return Ok(false);
             }
-            return Err(ApiError::conflict(
+            return Err(Refusal::conflict(
                 "instance_id",
                 format!("{key} is registered with another configuration"),
             ));
         }
         if registry.services.len() >= self.config.max_services {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "out_of_range",
                 "instance_id",
                 format!(
@@ -523,7 +523,7 @@ impl IndexerState {
         }
         if let Some(p) = registry.publishers.get(&reg.endpoint) {
             if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind || p.by_topic {
-                return Err(ApiError::conflict(
+                return Err(Refusal::conflict(
                     "endpoint",
                     format!(
                         "{} is registered with another replay endpoint or type",
@@ -554,7 +554,7 @@ impl IndexerState {
         let stream = {
             let mut core = self.core.write();
             let Some(stream) = core.index.add_stream(spec.clone()) else {
-                return Err(ApiError::conflict(
+                return Err(Refusal::conflict(
                     "instance_id",
                     format!(
                         "{} services are registered, the most one indexer holds: \
@@ -619,7 +619,7 @@ impl IndexerState {
     ///
     /// # Errors
     /// 404 when nothing matches.
-    pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, ApiError> {
+    pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, Refusal> {
         self.writable()?;
         let mut registry = self.registry.lock();
         let keys: Vec<String> = match req.dp_rank {
@@ -639,7 +639,7 @@ impl IndexerState {
                 .collect(),
         };
         if keys.is_empty() {
-            return Err(ApiError::not_found(format!(
+            return Err(Refusal::not_found(format!(
                 "service not found: {}|{}|{}",
                 req.instance,
                 req.tenant,

@@ -7,7 +7,7 @@
 //! gives. A `token_ids` that is not a list of u32 is kept as its first fault, reported by
 //! [`QueryBody::token_ids`] with the same error as [`super::api::token_ids`].
 
-use super::api::{self, ApiError};
+use super::api::{self, Refusal};
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use std::fmt;
@@ -35,7 +35,7 @@ pub(crate) struct QueryBody {
 
 impl QueryBody {
     /// Parses `bytes`; errors as [`api::object`].
-    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, Refusal> {
         if let Some(body) = flat::parse(bytes) {
             return Ok(body);
         }
@@ -63,7 +63,7 @@ impl QueryBody {
     }
 
     /// The token ids, or the error [`api::token_ids`] gives for the same field.
-    pub(crate) fn token_ids(self) -> Result<Vec<u32>, ApiError> {
+    pub(crate) fn token_ids(self) -> Result<Vec<u32>, Refusal> {
         let mut one = Map::new();
         match self.tokens {
             Tokens::List(list) => return Ok(list),
@@ -434,7 +434,7 @@ mod tests {
     }
 
     /// What the general reader makes of `b`: the fields but `token_ids`, and the token ids.
-    fn general(b: &[u8]) -> Result<(Map<String, Value>, Vec<u32>), ApiError> {
+    fn general(b: &[u8]) -> Result<(Map<String, Value>, Vec<u32>), Refusal> {
         api::object(b).and_then(|mut m| {
             let t = api::token_ids(&m);
             m.remove("token_ids");
