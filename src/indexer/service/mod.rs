@@ -532,16 +532,7 @@ impl IndexerState {
                 ));
             }
         }
-        let spec = StreamSpec {
-            tenant: reg.tenant.clone(),
-            instance: reg.instance.clone(),
-            dp_rank: reg.dp_rank,
-            model: reg.model.clone(),
-            lora: reg.lora.clone(),
-            block_size: reg.block_size,
-            salt: reg.salt.clone(),
-            shared: reg.kind == EngineType::Mooncake,
-        };
+        let spec = stream_spec(&reg, reg.kind == EngineType::Mooncake);
         let new_publisher = !registry.publishers.contains_key(&reg.endpoint);
         let pub_id = match registry.publishers.get(&reg.endpoint) {
             Some(p) => p.id,
@@ -802,4 +793,19 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
         running = running.with_addr("zmq", b);
     }
     Ok(running)
+}
+
+/// The index stream of `reg`'s blocks; `shared` when its blocks may be held for several
+/// instances (a Mooncake store, an LMCache tier pool).
+pub(super) fn stream_spec(reg: &Registration, shared: bool) -> StreamSpec {
+    StreamSpec {
+        tenant: reg.tenant.clone(),
+        instance: reg.instance.clone(),
+        dp_rank: reg.dp_rank,
+        model: reg.model.clone(),
+        lora: reg.lora.clone(),
+        block_size: reg.block_size,
+        salt: reg.salt.clone(),
+        shared,
+    }
 }

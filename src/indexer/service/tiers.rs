@@ -8,7 +8,7 @@
 use super::api::Registration;
 use super::IndexerState;
 use crate::indexer::events::KvEvent;
-use crate::indexer::index::{StreamId, StreamSpec};
+use crate::indexer::index::StreamId;
 use crate::indexer::replica::Change;
 use crate::indexer::tiers::{Target, TierBatch, TierCounters};
 use std::sync::atomic::Ordering;
@@ -49,16 +49,7 @@ impl IndexerState {
             return None;
         }
         let mut tiers = self.tiers.lock();
-        let spec = StreamSpec {
-            tenant: reg.tenant.clone(),
-            instance: reg.instance.clone(),
-            dp_rank: reg.dp_rank,
-            model: reg.model.clone(),
-            lora: reg.lora.clone(),
-            block_size: reg.block_size,
-            salt: reg.salt.clone(),
-            shared: true,
-        };
+        let spec = super::stream_spec(reg, true);
         let pool = {
             let mut core = self.core.write();
             let pool = core.index.add_stream(spec.clone())?;
