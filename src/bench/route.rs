@@ -9,7 +9,7 @@
 
 use super::route_policy::{Local, Shared};
 use super::route_trace::{self, TraceRequest};
-use super::sim_engine::{words, SimAddrs};
+use super::sim_engine::{words, EngineModel, SimAddrs};
 use super::sim_pool::block_hashes;
 use crate::router::score::Weights;
 use axum::body::Body;
@@ -50,24 +50,9 @@ pub struct RouteBenchArgs {
     /// the reason, when it does not start.
     #[arg(long, default_value = "target/vllm-router/venv/bin/vllm-router")]
     pub vllm_router: PathBuf,
-    /// Tokens per KV block of the engines and the router.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
-    /// Each engine's KV pool, tokens.
-    #[arg(long, default_value_t = 2_000_000)]
-    pub capacity_tokens: usize,
-    /// Prefill cost per uncached token, µs (simulated).
-    #[arg(long, default_value_t = 150.0)]
-    pub prefill_us_per_token: f64,
-    /// Fixed cost per prefill, ms (simulated).
-    #[arg(long, default_value_t = 10.0)]
-    pub prefill_base_ms: f64,
-    /// Decode cost per output token, ms (simulated).
-    #[arg(long, default_value_t = 20.0)]
-    pub decode_ms_per_token: f64,
-    /// Requests running at once per engine.
-    #[arg(long, default_value_t = 32)]
-    pub max_batch: usize,
+    /// The engines' KV pool and costs (their block size is the router's too).
+    #[command(flatten)]
+    pub model: EngineModel,
     /// The score's overlap weight (kvplane router, approx, oracle).
     #[arg(long, default_value_t = 1.0)]
     pub overlap_weight: f64,
@@ -171,18 +156,18 @@ fn exe() -> Result<PathBuf, String> {
 async fn spawn_engine(args: &RouteBenchArgs, i: usize) -> Result<Engine, String> {
     let mut cmd = Command::new(exe()?);
     cmd.args(["bench", "sim-engine", "--name", &format!("sim-{i}")])
-        .args(["--block-size", &args.block_size.to_string()])
-        .args(["--capacity-tokens", &args.capacity_tokens.to_string()])
+        .args(["--block-size", &args.model.block_size.to_string()])
+        .args(["--capacity-tokens", &args.model.capacity_tokens.to_string()])
         .args([
             "--prefill-us-per-token",
-            &args.prefill_us_per_token.to_string(),
+            &args.model.prefill_us_per_token.to_string(),
         ])
-        .args(["--prefill-base-ms", &args.prefill_base_ms.to_string()])
+        .args(["--prefill-base-ms", &args.model.prefill_base_ms.to_string()])
         .args([
             "--decode-ms-per-token",
-            &args.decode_ms_per_token.to_string(),
+            &args.model.decode_ms_per_token.to_string(),
         ])
-        .args(["--max-batch", &args.max_batch.to_string()])
+        .args(["--max-batch", &args.model.max_batch.to_string()])
         .args(["--speedup", &args.speedup.to_string()])
         .env("RUST_LOG", "warn")
         .stdin(Stdio::piped())
@@ -370,7 +355,7 @@ async fn replay(
             client.clone(),
             Arc::clone(&urls),
         );
-        let bs = args.block_size;
+        let bs = args.model.block_size;
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until((start + at).into()).await;
             let tokens = trace_tokens(&r);
@@ -496,7 +481,7 @@ async fn run_policy(
             args.engines,
             weights,
             (args.approx_ttl * 1e3) as u64,
-            args.block_size,
+            args.model.block_size,
         ))
     };
     let mut router: Option<(Proc, String)> = None;
@@ -510,7 +495,7 @@ async fn run_policy(
             let mut cmd = Command::new(exe()?);
             cmd.args(["router", "--host", "127.0.0.1", "--port", &port.to_string()])
                 .args(["--model", "sim", "--indexer-port", "0"])
-                .args(["--block-size", &args.block_size.to_string()])
+                .args(["--block-size", &args.model.block_size.to_string()])
                 .args(["--overlap-weight", &args.overlap_weight.to_string()])
                 .args(["--load-weight", &args.load_weight.to_string()])
                 .args(["--load-scale", &args.load_scale.to_string()])
@@ -585,7 +570,7 @@ async fn run_policy(
 /// # Errors
 /// An unreadable trace, a bad flag, an engine or the kvplane router that does not start.
 pub async fn run(args: &RouteBenchArgs) -> Result<RouteReport, String> {
-    if args.engines == 0 || args.speedup <= 0.0 || args.block_size == 0 {
+    if args.engines == 0 || args.speedup <= 0.0 || args.model.block_size == 0 {
         return Err("--engines, --speedup and --block-size must be positive".into());
     }
     let text = std::fs::read_to_string(&args.trace)

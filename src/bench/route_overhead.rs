@@ -6,7 +6,7 @@
 
 use super::route::{trace_tokens, RouteBenchArgs};
 use super::route_trace;
-use super::sim_engine::{start_publisher, SimEngineArgs};
+use super::sim_engine::{start_publisher, EngineModel, SimEngineArgs};
 use super::sim_pool::{admission_batch, block_hashes, Pool};
 use super::stats::Latency;
 use crate::router::state::Kind;
@@ -47,7 +47,7 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
             t
         })
         .collect();
-    let bs = args.block_size;
+    let bs = args.model.block_size;
     let mut engines = Vec::new();
     let mut feeds = Vec::new();
     for i in 0..args.engines {
@@ -55,12 +55,14 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
         let sim = SimEngineArgs {
             host: "127.0.0.1".into(),
             name: format!("sim-{i}"),
-            block_size: bs,
-            capacity_tokens: args.capacity_tokens,
-            prefill_us_per_token: 0.0,
-            prefill_base_ms: 0.0,
-            decode_ms_per_token: 0.0,
-            max_batch: 1,
+            model: EngineModel {
+                block_size: bs,
+                capacity_tokens: args.model.capacity_tokens,
+                prefill_us_per_token: 0.0,
+                prefill_base_ms: 0.0,
+                decode_ms_per_token: 0.0,
+                max_batch: 1,
+            },
             speedup: 1.0,
             replay_ring: 16_384,
         };
@@ -70,7 +72,7 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
             format!("http://127.0.0.1:9,instance=sim-{i},events={events},replay={replay}")
                 .parse()?;
         engines.push(spec);
-        feeds.push((tx, Pool::new(args.capacity_tokens / bs)));
+        feeds.push((tx, Pool::new(args.model.capacity_tokens / bs)));
     }
     let mut config = RouterConfig::new("sim", engines);
     config.block_size = bs as u32;

@@ -24,16 +24,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 
-/// The cost model and limits of one simulated engine (flags of `kvplane bench route`, passed
-/// on to each engine).
+/// A simulated engine's KV pool and cost model: the flags of `kvplane bench sim-engine`, and
+/// of `kvplane bench route`, which passes them on to every engine it starts.
 #[derive(Debug, Clone, clap::Args)]
-pub struct SimEngineArgs {
-    /// Address to bind (HTTP and ZMQ).
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Instance name (the event topic is `kv@NAME@sim`).
-    #[arg(long, default_value = "sim-0")]
-    pub name: String,
+pub struct EngineModel {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -53,6 +47,20 @@ pub struct SimEngineArgs {
     /// Requests running at once (prefilling or decoding); more wait in a FIFO queue.
     #[arg(long, default_value_t = 32)]
     pub max_batch: usize,
+}
+
+/// The flags of one simulated engine: its name and sockets, its model, its clock.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimEngineArgs {
+    /// Address to bind (HTTP and ZMQ).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Instance name (the event topic is `kv@NAME@sim`).
+    #[arg(long, default_value = "sim-0")]
+    pub name: String,
+    /// The engine's KV pool and costs.
+    #[command(flatten)]
+    pub model: EngineModel,
     /// Simulated time runs this many times faster than wall time (every cost is slept
     /// divided by it).
     #[arg(long, default_value_t = 1.0)]
@@ -141,15 +149,15 @@ fn unwords(text: &str) -> Vec<u32> {
 /// # Errors
 /// A bind failure.
 pub async fn run(args: SimEngineArgs) -> Result<(), String> {
-    if args.block_size == 0 || args.speedup <= 0.0 || args.max_batch == 0 {
+    if args.model.block_size == 0 || args.speedup <= 0.0 || args.model.max_batch == 0 {
         return Err("--block-size, --speedup and --max-batch must be positive".into());
     }
     let (tx, rx) = mpsc::channel(1024);
     let (events, replay) = start_publisher(&args, rx).await?;
-    let capacity = args.capacity_tokens / args.block_size;
+    let capacity = args.model.capacity_tokens / args.model.block_size;
     let sim = Arc::new(Sim {
         pool: parking_lot::Mutex::new(Pool::new(capacity)),
-        slots: Arc::new(Semaphore::new(args.max_batch)),
+        slots: Arc::new(Semaphore::new(args.model.max_batch)),
         prefill: tokio::sync::Mutex::new(()),
         events: tx,
         waiting: AtomicU64::new(0),
@@ -306,8 +314,8 @@ async fn serve(
     max_tokens: u32,
     first: Option<mpsc::Sender<Bytes>>,
 ) -> (Option<mpsc::Sender<Bytes>>, Value) {
-    let a = &sim.args;
-    let scale = |ms: f64| Duration::from_secs_f64((ms / 1e3 / a.speedup).max(0.0));
+    let a = &sim.args.model;
+    let scale = |ms: f64| Duration::from_secs_f64((ms / 1e3 / sim.args.speedup).max(0.0));
     sim.waiting.fetch_add(1, Ordering::Relaxed);
     let slot = Arc::clone(&sim.slots).acquire_owned().await;
     sim.waiting.fetch_sub(1, Ordering::Relaxed);
