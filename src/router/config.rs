@@ -1,0 +1,404 @@
+//! The router's flags ([`RouterArgs`], each with its `KVPLANE_ROUTER_<FLAG>` twin through
+//! `crate::service::layers`, and `--config`) and their validated form ([`RouterConfig`]),
+//! with the engine list's syntax ([`EngineSpec`]). Defaults are in
+//! [`crate::config::defaults::router`].
+//!
+//! Parses nothing itself (the binary's layered parse does) and starts nothing.
+
+use super::score;
+use crate::config::defaults::router as d;
+use crate::indexer::service::api::EngineType;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One engine: its OpenAI server and, optionally, its KV-event publisher.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineSpec {
+    /// `http://host:port`, no trailing slash.
+    pub url: String,
+    /// Its instance id in the index (default: `host:port` of the URL).
+    pub instance: String,
+    /// Its KV-event PUB endpoint (`tcp://host:port`), registered in the in-process index.
+    pub events: Option<String>,
+    /// Its replay endpoint.
+    pub replay: Option<String>,
+    /// Its data-parallel rank.
+    pub dp_rank: u32,
+    /// `vLLM` or `SGLang` (its events' format).
+    pub kind: EngineType,
+    /// Requests it takes at once from every router replica together (`None`:
+    /// `--engine-slots`).
+    pub slots: Option<u64>,
+}
+
+impl std::str::FromStr for EngineSpec {
+    type Err = String;
+
+    /// `URL[,instance=ID][,events=tcp://H:P][,replay=tcp://H:P][,dp_rank=N][,type=vLLM|SGLang][,slots=N]`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = s.split(',');
+        let url = parts.next().unwrap_or_default().trim_end_matches('/');
+        let authority = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{url}: the engine URL must start with http://"))?;
+        if authority.is_empty() || authority.contains('/') {
+            return Err(format!("{url}: expected http://host:port"));
+        }
+        let mut spec = EngineSpec {
+            url: url.to_owned(),
+            instance: authority.to_owned(),
+            events: None,
+            replay: None,
+            dp_rank: 0,
+            kind: EngineType::Vllm,
+            slots: None,
+        };
+        for part in parts {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part}: expected key=value"))?;
+            match k {
+                "instance" if !v.is_empty() => spec.instance = v.to_owned(),
+                "events" if v.starts_with("tcp://") => spec.events = Some(v.to_owned()),
+                "replay" if v.starts_with("tcp://") => spec.replay = Some(v.to_owned()),
+                "dp_rank" => spec.dp_rank = v.parse().map_err(|_| format!("dp_rank={v}"))?,
+                "slots" => {
+                    spec.slots = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|n| *n > 0)
+                            .ok_or_else(|| format!("slots={v}: a number > 0"))?,
+                    )
+                }
+                "type" => {
+                    spec.kind = match v.to_ascii_lowercase().as_str() {
+                        "vllm" => EngineType::Vllm,
+                        "sglang" => EngineType::Sglang,
+                        _ => return Err(format!("type={v}: vLLM or SGLang")),
+                    }
+                }
+                _ => return Err(format!("{part}: unknown or invalid engine option")),
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Flags of `kvplane router`, each with a `KVPLANE_ROUTER_*` environment twin.
+#[derive(Clone, Debug, clap::Args)]
+#[command(
+    mut_arg("api_token", |a| a.env("KVPLANE_ROUTER_API_TOKEN")),
+    mut_arg("api_token_reads", |a| a.env("KVPLANE_ROUTER_API_TOKEN_READS")),
+    mut_arg("api_token_peers", |a| a.env("KVPLANE_ROUTER_API_TOKEN_PEERS"))
+)]
+pub struct RouterArgs {
+    /// `--api-token` and its scope: the doctor always needs it once set; with
+    /// `--api-token-reads` the OpenAI routes too (OpenAI clients send `Authorization:
+    /// Bearer`).
+    #[command(flatten)]
+    pub auth: crate::web::access::AuthArgs,
+    /// Address the HTTP server binds to.
+    #[arg(long, env = "KVPLANE_ROUTER_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "KVPLANE_ROUTER_PORT", default_value_t = d::PORT)]
+    pub port: u16,
+    /// An engine (repeat the flag; the env twin separates them with spaces):
+    /// `http://host:port[,instance=ID][,events=tcp://host:port][,replay=tcp://host:port][,dp_rank=N][,type=vLLM|SGLang][,slots=N]`.
+    #[arg(
+        long = "engine",
+        env = "KVPLANE_ROUTER_ENGINES",
+        value_delimiter = ' ',
+        required = true
+    )]
+    pub engines: Vec<EngineSpec>,
+    /// The served model name (the engines' `--served-model-name`); a request naming another
+    /// model names a LoRA adapter.
+    #[arg(long, env = "KVPLANE_ROUTER_MODEL")]
+    pub model: String,
+    /// The model directory holding tokenizer.json (and tokenizer_config.json with the chat
+    /// template); without it every prompt is tokenized by an engine's `/tokenize`.
+    #[arg(long, env = "KVPLANE_ROUTER_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Tokens per KV block (the engines' `--block-size`).
+    #[arg(long, env = "KVPLANE_ROUTER_BLOCK_SIZE", default_value_t = d::BLOCK_SIZE)]
+    pub block_size: u32,
+    /// XXH3 seed of the index's standard block hashes.
+    #[arg(long, env = "KVPLANE_ROUTER_HASH_SEED", default_value_t = crate::indexer::hash::DEFAULT_SEED)]
+    pub hash_seed: u64,
+    /// Weight of the cached fraction of the prompt in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_OVERLAP_WEIGHT", default_value_t = 1.0)]
+    pub overlap_weight: f64,
+    /// Weight of the relative load in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_LOAD_WEIGHT", default_value_t = 1.0)]
+    pub load_weight: f64,
+    /// Value of a cached token only in the CPU tier, relative to one in GPU memory.
+    #[arg(long, env = "KVPLANE_ROUTER_CPU_TIER_WEIGHT", default_value_t = 0.8)]
+    pub cpu_tier_weight: f64,
+    /// Value of a cached token only on disk, relative to one in GPU memory.
+    #[arg(long, env = "KVPLANE_ROUTER_DISK_TIER_WEIGHT", default_value_t = 0.5)]
+    pub disk_tier_weight: f64,
+    /// Load units (requests in flight, waiting ones twice) that weigh as much as a whole
+    /// prompt's overlap, unless an engine is busier (then the busiest one's units).
+    #[arg(long, env = "KVPLANE_ROUTER_LOAD_SCALE", default_value_t = 8.0)]
+    pub load_scale: f64,
+    /// Seconds between scrapes of every engine's Prometheus `/metrics` (its running and
+    /// waiting requests and KV cache usage, blended into the load); 0: never.
+    #[arg(long, env = "KVPLANE_ROUTER_ENGINE_METRICS_INTERVAL", default_value_t = d::ENGINE_METRICS_INTERVAL_S)]
+    pub engine_metrics_interval: f64,
+    /// Weight of the engine's own request counts beyond those the router tracks, in load
+    /// units (0: the engines' counts are not used).
+    #[arg(
+        long,
+        env = "KVPLANE_ROUTER_ENGINE_METRICS_WEIGHT",
+        default_value_t = 1.0
+    )]
+    pub engine_metrics_weight: f64,
+    /// Weight of the engine's KV cache usage (0..1) in the score.
+    #[arg(long, env = "KVPLANE_ROUTER_KV_USAGE_WEIGHT", default_value_t = 0.25)]
+    pub kv_usage_weight: f64,
+    /// Added to the score of the engine that served the request's session last (the
+    /// `x-session-id` header, else the body's `user`); 0: no affinity.
+    #[arg(long, env = "KVPLANE_ROUTER_SESSION_WEIGHT", default_value_t = 0.5)]
+    pub session_weight: f64,
+    /// Seconds a session is remembered after its last request.
+    #[arg(long, env = "KVPLANE_ROUTER_SESSION_TTL", default_value_t = d::SESSION_TTL_S)]
+    pub session_ttl: f64,
+    /// Softmax temperature over the scores; 0 picks the best.
+    #[arg(long, env = "KVPLANE_ROUTER_TEMPERATURE", default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Seconds to connect to an engine (a refused or timed-out connect goes to the next).
+    #[arg(long, env = "KVPLANE_ROUTER_CONNECT_TIMEOUT", default_value_t = d::CONNECT_TIMEOUT_S)]
+    pub connect_timeout: f64,
+    /// Seconds to an engine's response head (504 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_RESPONSE_TIMEOUT", default_value_t = d::RESPONSE_TIMEOUT_S)]
+    pub response_timeout: f64,
+    /// Seconds between two chunks of an engine's body (the stream is cut beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_STREAM_IDLE_TIMEOUT", default_value_t = d::STREAM_IDLE_TIMEOUT_S)]
+    pub stream_idle_timeout: f64,
+    /// Seconds between health probes (`GET /health`) of every engine.
+    #[arg(long, env = "KVPLANE_ROUTER_HEALTH_INTERVAL", default_value_t = d::HEALTH_INTERVAL_S)]
+    pub health_interval: f64,
+    /// Largest request body, bytes (413 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_BODY_BYTES", default_value_t = d::MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Largest non-streaming engine answer, bytes (502 beyond).
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_RESPONSE_BYTES", default_value_t = d::MAX_RESPONSE_BYTES)]
+    pub max_response_bytes: usize,
+    /// HTTP connections served at once.
+    #[arg(long, env = "KVPLANE_ROUTER_MAX_HTTP_CONNECTIONS", default_value_t = d::MAX_HTTP_CONNECTIONS)]
+    pub max_http_connections: usize,
+    /// Port of the in-process indexer's HTTP API (`/register`, `/query`, its dashboard) on
+    /// 127.0.0.1; 0 picks a free one (logged).
+    #[arg(long, env = "KVPLANE_ROUTER_INDEXER_PORT", default_value_t = 0)]
+    pub indexer_port: u16,
+    /// Requests an engine takes at once from every replica together (an engine's own
+    /// `slots=N` wins); 0: unlimited. A request finding every engine full is answered 429.
+    #[arg(long, env = "KVPLANE_ROUTER_ENGINE_SLOTS", default_value_t = 0)]
+    pub engine_slots: u64,
+    /// NATS JetStream (`nats://HOST:PORT[,…]`) through which router replicas share their
+    /// reservations, so two replicas routing at once see each other's choice
+    /// (docs/ROUTER.md, "Replicas that do not herd").
+    #[arg(long, env = "KVPLANE_ROUTER_CLUSTER")]
+    pub cluster: Option<String>,
+    /// The cluster's name (replicas of one fleet share it; A-Z a-z 0-9 _ -).
+    #[arg(long, env = "KVPLANE_ROUTER_CLUSTER_NAME", default_value = crate::config::defaults::cluster::NAME)]
+    pub cluster_name: String,
+    /// Seconds a shared reservation counts at most: one whose release never came (a replica
+    /// that died, NATS down at the release) stops counting then (counted as expired).
+    #[arg(long, env = "KVPLANE_ROUTER_RESERVATION_TTL", default_value_t = d::RESERVATION_TTL_S)]
+    pub reservation_ttl: f64,
+    /// Check hash parity with every engine and exit (0: all agree; 1: a mismatch, named):
+    /// a probe prompt per engine, its published blocks against the index's key, its reuse.
+    #[arg(long)]
+    pub doctor: bool,
+    /// Seconds the doctor waits for an engine's probe blocks to reach the index.
+    #[arg(long, env = "KVPLANE_ROUTER_DOCTOR_WAIT", default_value_t = 10.0)]
+    pub doctor_wait: f64,
+}
+
+/// `v` seconds, refused (naming `flag`) unless positive and finite.
+fn secs(flag: &str, v: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{flag} must be a positive number of seconds, not {v}"))
+}
+
+/// `v`, refused (naming `flag`) when 0.
+fn at_least_one(flag: &str, v: usize) -> Result<usize, String> {
+    if v == 0 {
+        return Err(format!("{flag} must be > 0"));
+    }
+    Ok(v)
+}
+
+impl RouterArgs {
+    /// The validated configuration.
+    ///
+    /// # Errors
+    /// A weight out of range, or no engine.
+    pub fn config(&self) -> Result<RouterConfig, String> {
+        for (name, v) in [
+            ("--cpu-tier-weight", self.cpu_tier_weight),
+            ("--disk-tier-weight", self.disk_tier_weight),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must be within 0..=1"));
+            }
+        }
+        for (name, v) in [
+            ("--overlap-weight", self.overlap_weight),
+            ("--load-weight", self.load_weight),
+            ("--temperature", self.temperature),
+            ("--load-scale", self.load_scale),
+            ("--engine-metrics-interval", self.engine_metrics_interval),
+            ("--engine-metrics-weight", self.engine_metrics_weight),
+            ("--kv-usage-weight", self.kv_usage_weight),
+            ("--session-weight", self.session_weight),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("{name} must be a number ≥ 0"));
+            }
+        }
+        if self.block_size == 0 {
+            return Err("--block-size must be > 0".into());
+        }
+        if self.load_scale < 1.0 {
+            return Err(format!("--load-scale must be ≥ 1, not {}", self.load_scale));
+        }
+        Ok(RouterConfig {
+            host: self.host.clone(),
+            port: self.port,
+            engines: self.engines.clone(),
+            model: self.model.clone(),
+            model_dir: self.model_dir.clone(),
+            tenant: "default".into(),
+            block_size: self.block_size,
+            hash_seed: self.hash_seed,
+            weights: score::Weights {
+                overlap: self.overlap_weight,
+                load: self.load_weight,
+                cpu_tier: self.cpu_tier_weight,
+                disk_tier: self.disk_tier_weight,
+                temperature: self.temperature,
+                load_scale: self.load_scale,
+                engine_metrics: self.engine_metrics_weight,
+                kv_usage: self.kv_usage_weight,
+                session: self.session_weight,
+            },
+            connect_timeout: secs("--connect-timeout", self.connect_timeout)?,
+            response_timeout: secs("--response-timeout", self.response_timeout)?,
+            stream_idle_timeout: secs("--stream-idle-timeout", self.stream_idle_timeout)?,
+            health_interval: secs("--health-interval", self.health_interval)?,
+            max_body_bytes: at_least_one("--max-body-bytes", self.max_body_bytes)?,
+            max_response_bytes: at_least_one("--max-response-bytes", self.max_response_bytes)?,
+            max_http_connections: at_least_one(
+                "--max-http-connections",
+                self.max_http_connections,
+            )?,
+            indexer_port: self.indexer_port,
+            auth: crate::web::access::Auth::from(&self.auth),
+            engine_slots: (self.engine_slots > 0).then_some(self.engine_slots),
+            cluster: self
+                .cluster
+                .as_ref()
+                .map(|url| crate::cluster::ClusterConfig {
+                    name: self.cluster_name.clone(),
+                    ..crate::cluster::ClusterConfig::new(url.clone())
+                }),
+            reservation_ttl: secs("--reservation-ttl", self.reservation_ttl)?,
+            session_ttl: secs("--session-ttl", self.session_ttl)?,
+            engine_metrics_interval: if self.engine_metrics_interval == 0.0 {
+                None
+            } else {
+                Some(secs(
+                    "--engine-metrics-interval",
+                    self.engine_metrics_interval,
+                )?)
+            },
+        })
+    }
+}
+
+/// The router's configuration.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// HTTP bind host.
+    pub host: String,
+    /// HTTP port (0: any).
+    pub port: u16,
+    /// The engines.
+    pub engines: Vec<EngineSpec>,
+    /// The served model name (the index's model).
+    pub model: String,
+    /// Where tokenizer.json is.
+    pub model_dir: Option<PathBuf>,
+    /// The index tenant the engines are registered under.
+    pub tenant: String,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The index's hash seed.
+    pub hash_seed: u64,
+    /// The score's weights and temperature.
+    pub weights: score::Weights,
+    /// Connect timeout per engine call.
+    pub connect_timeout: Duration,
+    /// Deadline for a response head.
+    pub response_timeout: Duration,
+    /// Most time between two chunks of a body.
+    pub stream_idle_timeout: Duration,
+    /// Time between health probes.
+    pub health_interval: Duration,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Largest non-streaming answer.
+    pub max_response_bytes: usize,
+    /// HTTP connections served at once.
+    pub max_http_connections: usize,
+    /// The in-process indexer's HTTP port on 127.0.0.1 (0: any).
+    pub indexer_port: u16,
+    /// `--api-token` and its scope (docs/ROUTER.md, "Authentication").
+    pub auth: crate::web::access::Auth,
+    /// Slots of an engine without its own `slots=N` (`None`: unlimited).
+    pub engine_slots: Option<u64>,
+    /// The cluster through which replicas share reservations (`None`: local only).
+    pub cluster: Option<crate::cluster::ClusterConfig>,
+    /// How long a shared reservation counts at most.
+    pub reservation_ttl: Duration,
+    /// Time between scrapes of the engines' `/metrics` (`None`: never).
+    pub engine_metrics_interval: Option<Duration>,
+    /// How long a session is remembered after its last request.
+    pub session_ttl: Duration,
+}
+
+impl RouterConfig {
+    /// A configuration with the defaults for `engines` serving `model` (tests, embedding).
+    pub fn new(model: &str, engines: Vec<EngineSpec>) -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 0,
+            engines,
+            model: model.into(),
+            model_dir: None,
+            tenant: "default".into(),
+            block_size: d::BLOCK_SIZE,
+            hash_seed: crate::indexer::hash::DEFAULT_SEED,
+            weights: score::Weights::default(),
+            connect_timeout: Duration::from_secs_f64(d::CONNECT_TIMEOUT_S),
+            response_timeout: Duration::from_secs_f64(d::RESPONSE_TIMEOUT_S),
+            stream_idle_timeout: Duration::from_secs_f64(d::STREAM_IDLE_TIMEOUT_S),
+            health_interval: Duration::from_secs_f64(d::HEALTH_INTERVAL_S),
+            max_body_bytes: d::MAX_BODY_BYTES,
+            max_response_bytes: d::MAX_RESPONSE_BYTES,
+            max_http_connections: d::MAX_HTTP_CONNECTIONS,
+            indexer_port: 0,
+            auth: crate::web::access::Auth::default(),
+            engine_slots: None,
+            cluster: None,
+            reservation_ttl: Duration::from_secs_f64(d::RESERVATION_TTL_S),
+            engine_metrics_interval: Some(Duration::from_secs_f64(d::ENGINE_METRICS_INTERVAL_S)),
+            session_ttl: Duration::from_secs_f64(d::SESSION_TTL_S),
+        }
+    }
+}
