@@ -20,6 +20,9 @@ export KVPLANE_NATS_SERVER
 echo "== a real LMCache 0.5.6 MP fleet (the real torch; ~5 GB venv) for tests/interop/coordinator_fleet.rs"
 KVPLANE_MP_FLEET_VENV="$(bash scripts/setup-mp-fleet.sh)"
 export KVPLANE_MP_FLEET_VENV
+echo "== LMCache 0.3.9, 0.3.11 and 0.4.7 beside that venv (~25 MB of wheels) for tests/interop/versions.rs"
+KVPLANE_LMCACHE_VERSIONS="$(bash scripts/setup-lmcache-versions.sh)"
+export KVPLANE_LMCACHE_VERSIONS
 
 echo "== cargo fmt --check"
 cargo fmt --check

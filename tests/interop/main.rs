@@ -1,4 +1,5 @@
-//! kvplane against the real systems it replaces or serves: LMCache 0.5.6 workers, controller,
+//! kvplane against the real systems it replaces or serves: LMCache workers (0.5.6, and one per
+//! older controller wire), controller,
 //! MP-server client and fleet, LMCache's `lm://` connector, and vLLM's KV-event publisher. The
 //! Python side lives beside these modules (`tests/interop/*.py`, requirements files). One test
 //! binary; all modules share `tests/support`.
@@ -14,4 +15,5 @@ mod indexer_vllm;
 mod lmcache_tiers;
 mod node;
 mod node_ranks;
+mod versions;
 mod worker;

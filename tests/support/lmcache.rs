@@ -1,6 +1,8 @@
-//! Drives a real LMCache 0.5.6 `LMCacheWorker` (tests/interop/lmcache_worker.py) from Rust:
-//! JSON commands on its stdin, JSON events from its stdout, through the one launcher
-//! ([`Launch`]). Loopback only.
+//! Drives a real LMCache `LMCacheWorker` from Rust: 0.5.6 with the stand-in torch
+//! (tests/interop/lmcache_worker.py), or any release with the real torch
+//! (tests/interop/lmcache_version_worker.py on the MP-fleet venv, older releases from
+//! scripts/setup-lmcache-versions.sh). JSON commands on its stdin, JSON events from its stdout,
+//! through the one launcher ([`Launch`]). Loopback only.
 
 use super::eventually;
 use super::process::{Launch, Process, Stream};
@@ -20,6 +22,32 @@ pub fn python() -> PathBuf {
         venv.display()
     );
     venv
+}
+
+/// Where scripts/setup-lmcache-versions.sh installed the older releases (one folder each):
+/// `$KVPLANE_LMCACHE_VERSIONS`, else `<repo>/target/lmcache-versions` when built; `None` (with a
+/// loud message) when the tests are to be skipped, a panic under CI.
+pub fn releases_dir() -> Option<PathBuf> {
+    let built = |d: &std::path::Path| d.join(".kvplane-versions-stamp").is_file();
+    if let Some(given) = std::env::var_os("KVPLANE_LMCACHE_VERSIONS").map(PathBuf::from) {
+        assert!(
+            built(&given),
+            "KVPLANE_LMCACHE_VERSIONS={} is not built: run scripts/setup-lmcache-versions.sh",
+            given.display()
+        );
+        return Some(given);
+    }
+    let local = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/lmcache-versions");
+    if built(&local) {
+        return Some(local);
+    }
+    let why = "KVPLANE_LMCACHE_VERSIONS is unset and target/lmcache-versions is not built: run \
+               scripts/setup-lmcache-versions.sh (scripts/test.sh does)";
+    if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0") {
+        panic!("{why}");
+    }
+    eprintln!("\n!!!!!!!! SKIPPED (not under CI): {why} !!!!!!!!\n");
+    None
 }
 
 /// One real LMCache worker process.
@@ -44,6 +72,35 @@ impl LmcacheWorker {
         LmcacheWorker {
             name: name.to_owned(),
             process,
+            read: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// Starts a worker of LMCache `release` with the real torch: `venv` is the MP-fleet venv
+    /// (its own lmcache is 0.5.6); any other release runs from its folder under `releases`.
+    /// `args` are lmcache_version_worker.py flags.
+    pub async fn start_release(
+        release: &str,
+        venv: &std::path::Path,
+        releases: &std::path::Path,
+        args: &[String],
+    ) -> Self {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/interop/lmcache_version_worker.py");
+        let name = format!("LMCache {release} worker");
+        let mut launch = Launch::python(&name, venv.join("bin/python"), script)
+            .args(args)
+            .stdin();
+        let folder = releases.join(release);
+        if folder.is_dir() {
+            launch = launch.env("PYTHONPATH", folder);
+        } else {
+            assert_eq!(release, "0.5.6", "{} is not installed", folder.display());
+        }
+        LmcacheWorker {
+            name,
+            process: launch.spawn(),
             read: 0,
             events: Vec::new(),
         }

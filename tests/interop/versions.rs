@@ -1,0 +1,225 @@
+//! Real LMCache workers of every controller-wire generation against ONE kvplane controller at
+//! once: 0.3.9 (registration and heartbeats pushed with `distributed_url`, one admit per
+//! message, no reply to registration), 0.3.11 (`peer_init_url`, batched ops, still pushed),
+//! 0.4.7 and 0.5.6 (REQ-REP registration with `RegisterRetMsg`, heartbeat commands, full sync).
+//! Each is the unmodified `LMCacheWorker` of its wheel on the real torch 2.15.0 CPU wheel
+//! (tests/interop/lmcache_version_worker.py; scripts/setup-lmcache-versions.sh installs the
+//! older wheels beside the MP-fleet venv); only the engine behind each worker is fake.
+//!
+//! Checks: every worker registers and admits; each finds the next version's keys by P2P lookup;
+//! `POST /clear` reaches each one's REP socket and its evicts empty its keys; after a kvplane
+//! restart on the same ports every worker is back, the ones with full sync rebuilt by it, and
+//! lookups across versions work again. Loopback only; every wait is bounded.
+
+use crate::support::lmcache::{releases_dir, LmcacheWorker};
+use crate::support::mp_fleet;
+use crate::support::*;
+use serde_json::json;
+use std::collections::BTreeSet;
+
+const CPU: &str = "LocalCPUBackend";
+
+/// The releases run together, one per wire generation, and whether each has full sync.
+const RELEASES: [(&str, bool); 4] = [
+    ("0.3.9", false),
+    ("0.3.11", false),
+    ("0.4.7", true),
+    ("0.5.6", true),
+];
+
+struct Member {
+    release: &'static str,
+    instance: String,
+    peer: String,
+    full_sync: bool,
+    worker: LmcacheWorker,
+}
+
+fn keys_for(i: usize, round: i64) -> Vec<i64> {
+    let base = 1_000 * (i as i64 + 1) + 100 * round;
+    vec![base + 1, base + 2, base + 3]
+}
+
+async fn held(server: &kvplane::controller::Server, instance: &str) -> BTreeSet<i128> {
+    keys(server, instance, 0)
+}
+
+fn set(keys: &[i64]) -> BTreeSet<i128> {
+    keys.iter().map(|&k| i128::from(k)).collect()
+}
+
+/// Each member looks up the next member's `round` keys and must find them at that member.
+async fn lookups_across_versions(members: &mut [Member], round: i64) {
+    let n = members.len();
+    for i in 0..n {
+        let next = (i + 1) % n;
+        let (inst, peer) = (members[next].instance.clone(), members[next].peer.clone());
+        let mut hashes = keys_for(next, round);
+        hashes.push(999_999);
+        let found = members[i]
+            .worker
+            .call(json!({"cmd": "lookup", "hashes": hashes}), SLOW)
+            .await;
+        assert_eq!(
+            found["layout_info"],
+            json!([[inst, CPU, 3, peer]]),
+            "{} looking up {}'s keys: {found}",
+            members[i].release,
+            members[next].release
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
+    let (Some(venv), Some(releases)) = (mp_fleet::venv(), releases_dir()) else {
+        return;
+    };
+    let server = server().await;
+    let (pull, reply) = (ep(server.addrs.pull), ep(server.addrs.reply));
+    let mut members = Vec::new();
+    for (release, full_sync) in RELEASES {
+        let instance = format!("inst-{release}");
+        let peer = format!("127.0.0.1:{}", free_port());
+        let args: Vec<String> = [
+            "--pull",
+            &pull,
+            "--reply",
+            &reply,
+            "--instance-id",
+            &instance,
+            "--worker-port",
+            &free_port().to_string(),
+            "--peer-init-url",
+            &peer,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let worker = LmcacheWorker::start_release(release, &venv, &releases, &args).await;
+        members.push(Member {
+            release,
+            instance,
+            peer,
+            full_sync,
+            worker,
+        });
+    }
+    for m in &mut members {
+        let ready = m
+            .worker
+            .wait_for("ready", SLOW, |e| e["event"] == "ready")
+            .await;
+        assert_eq!(ready["version"], json!(m.release), "{ready}");
+        if m.full_sync {
+            // The REQ-REP generation waits for its RegisterRetMsg.
+            m.worker
+                .wait_for("registered", SLOW, |e| e["event"] == "registered")
+                .await;
+        }
+    }
+    eventually("every generation registered", SLOW, async || {
+        server.shared.index().worker_count() == RELEASES.len()
+    })
+    .await;
+
+    // Admits, each as its version sends them.
+    for (i, m) in members.iter_mut().enumerate() {
+        m.worker
+            .call(json!({"cmd": "admit", "keys": keys_for(i, 0)}), SLOW)
+            .await;
+    }
+    for (i, m) in members.iter().enumerate() {
+        let want = set(&keys_for(i, 0));
+        eventually(&format!("{}'s admits", m.release), SLOW, async || {
+            held(&server, &m.instance).await == want
+        })
+        .await;
+    }
+    lookups_across_versions(&mut members, 0).await;
+
+    // POST /clear reaches each worker's REP socket; its evicts empty the index.
+    for m in &mut members {
+        let body = json!({"instance_id": m.instance, "location": CPU}).to_string();
+        let (status, answer) = http(server.addrs.http, "POST", "/clear", Some(&body), &[]).await;
+        assert_eq!(status, 200, "{}: {answer}", m.release);
+        assert_eq!(answer["num_tokens"], json!(3), "{}: {answer}", m.release);
+        m.worker
+            .wait_for("engine clear", SLOW, |e| {
+                e["event"] == "engine_call" && e["name"] == "clear"
+            })
+            .await;
+        eventually(
+            &format!("{}'s evicts after clear", m.release),
+            SLOW,
+            async || held(&server, &m.instance).await.is_empty(),
+        )
+        .await;
+    }
+
+    // New admits, then kvplane restarts on the same ports.
+    for (i, m) in members.iter_mut().enumerate() {
+        m.worker
+            .call(json!({"cmd": "admit", "keys": keys_for(i, 1)}), SLOW)
+            .await;
+    }
+    for (i, m) in members.iter().enumerate() {
+        let want = set(&keys_for(i, 1));
+        eventually(&format!("{}'s new admits", m.release), SLOW, async || {
+            held(&server, &m.instance).await == want
+        })
+        .await;
+    }
+    let addrs = server.addrs;
+    server.stop().await;
+    let server = restart_on(addrs).await;
+    eventually(
+        "every generation back after the restart",
+        SLOW,
+        async || server.shared.index().worker_count() == RELEASES.len(),
+    )
+    .await;
+    for (i, m) in members.iter_mut().enumerate() {
+        if m.full_sync {
+            // Registered again by its heartbeat, told to sync, and rebuilt by the sync.
+            let cmd = m
+                .worker
+                .wait_new("full_sync command", SLOW, |e| {
+                    e["event"] == "heartbeat_commands"
+                        && e["commands"].to_string().contains("full_sync")
+                })
+                .await;
+            assert!(cmd.to_string().contains("worker_re_registered"), "{cmd}");
+            let want = set(&keys_for(i, 1));
+            eventually(
+                &format!("{}'s keys rebuilt by its sync", m.release),
+                SLOW,
+                async || held(&server, &m.instance).await == want,
+            )
+            .await;
+        } else {
+            // No full sync on this wire: the worker is registered again by its pushed
+            // heartbeat and re-admits what it holds, as its own engine would on its next store.
+            m.worker
+                .call(json!({"cmd": "admit", "keys": keys_for(i, 1)}), SLOW)
+                .await;
+            let want = set(&keys_for(i, 1));
+            eventually(
+                &format!("{}'s keys after the restart", m.release),
+                SLOW,
+                async || held(&server, &m.instance).await == want,
+            )
+            .await;
+        }
+    }
+    lookups_across_versions(&mut members, 1).await;
+
+    for m in members {
+        m.worker.close().await;
+    }
+    eventually("every generation deregistered", SLOW, async || {
+        server.shared.index().worker_count() == 0
+    })
+    .await;
+    server.stop().await;
+}
