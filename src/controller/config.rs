@@ -32,7 +32,8 @@ pub struct ServeArgs {
     #[arg(long, env = "KVPLANE_MONITOR_PORT", hide = true)]
     pub monitor_port: Option<u16>,
     /// Also run the LMCache MP coordinator in this process on this port (0 picks one); its
-    /// other settings come from `KVPLANE_COORDINATOR_*` / `LMCACHE_MP_COORDINATOR_*`.
+    /// other flags are `kvplane coordinator`'s, from `KVPLANE_COORDINATOR_*` /
+    /// `LMCACHE_MP_COORDINATOR_*` and the `coordinator:` section of `--config`.
     #[arg(long, env = "KVPLANE_COORDINATOR_PORT")]
     pub coordinator_port: Option<u16>,
     /// Seconds between liveness sweeps; -1 (or 0) turns them off.
@@ -139,7 +140,8 @@ pub struct ServeArgs {
     )]
     pub lookup_none_hash: String,
     /// Also run the KV indexer (docs/INDEXER.md) in this process, its HTTP API on this port
-    /// (0 picks a free one), with the `kvplane indexer` defaults otherwise.
+    /// (0 picks a free one); its other flags are `kvplane indexer`'s, from its variables and
+    /// the `indexer:` section of `--config`.
     #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
     pub indexer_port: Option<u16>,
     /// `--cluster`: hot standby on NATS JetStream (the controller's lease; hosted services
@@ -239,6 +241,11 @@ const LMCACHE: &[(&str, &str, Convert)] = &[
     ),
 ];
 
+/// The sections of `serve`'s `--config` file that hold the settings of a service it runs in
+/// its process (`--coordinator-port`, `--indexer-port`), by that service's flag names
+/// (`crate::service::layers::parse_embedded`).
+pub const EMBEDDED: &[&str] = &["coordinator", "indexer"];
+
 /// `serve`'s layers: its old `KVPLANE_<FLAG>` variables (deprecated, before LMCache's),
 /// then LMCache's `LMCACHE_CONTROLLER_<KEY>` variables (`_EXTRA_CONFIG` a JSON object of
 /// more settings by flag name), then the file (`--config`, else
@@ -269,5 +276,6 @@ pub fn layout(old_vars: &[(String, String)]) -> Layout {
         file_keys: LMCACHE.iter().map(|(k, f, _)| (*k, *f)).collect(),
         nested: vec!["extra_config"],
         nested_vars: vec!["LMCACHE_CONTROLLER_EXTRA_CONFIG".into()],
+        sections: EMBEDDED.to_vec(),
     }
 }

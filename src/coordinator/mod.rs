@@ -23,6 +23,9 @@
 //! - [`logged`] — the state as the owners hold it ([`logged::Keys`], [`logged::Members`]):
 //!   read freely, changed only through methods that log the change on a cluster's leader.
 //!
+//! - [`args`] — the flags and their layers, validated into [`CoordinatorConfig`]; also read
+//!   for the coordinator `kvplane serve --coordinator-port` runs.
+//!
 //! Then the effects:
 //! - [`driver`] — the two owner tasks (the key model, the fleet): read jobs, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
@@ -53,6 +56,7 @@
 
 pub mod api;
 mod api_state;
+pub mod args;
 pub mod blend;
 pub mod cache_api;
 pub mod changes;

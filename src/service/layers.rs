@@ -60,6 +60,72 @@ pub struct Layout {
     pub nested: Vec<&'static str>,
     /// A variable whose JSON object holds more settings by flag name (`*_EXTRA_CONFIG`).
     pub nested_vars: Vec<String>,
+    /// File keys that hold another service's settings (`kvplane serve`'s `coordinator:`,
+    /// `indexer:`): skipped here, read by [`parse_embedded`] with [`Settings::section`].
+    pub sections: Vec<&'static str>,
+}
+
+/// A settings file's mapping (YAML; JSON is YAML), or one section of it.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How errors name it: `config file PATH`.
+    shown: String,
+    /// Prefix of its keys in errors (`coordinator.` for a section).
+    prefix: String,
+    map: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Settings {
+    /// Reads the file at `path` (empty: no settings).
+    ///
+    /// # Errors
+    /// It cannot be read, is not YAML, or is not a mapping; the error names the file.
+    pub fn read(path: &std::path::Path) -> Result<Self, LayerError> {
+        let shown = format!("config file {}", path.display());
+        let text =
+            std::fs::read_to_string(path).map_err(|e| LayerError(format!("{shown}: {e}")))?;
+        let value: serde_json::Value = if text.trim().is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_norway::from_str(&text).map_err(|e| LayerError(format!("{shown}: {e}")))?
+        };
+        let map = match value {
+            serde_json::Value::Null => serde_json::Map::new(),
+            serde_json::Value::Object(m) => m,
+            _ => {
+                return Err(LayerError(format!(
+                    "{shown}: expected a mapping of settings"
+                )))
+            }
+        };
+        Ok(Self {
+            shown,
+            prefix: String::new(),
+            map,
+        })
+    }
+
+    /// The mapping under `key` (another service's settings), `None` if the key is absent.
+    ///
+    /// # Errors
+    /// The key holds something other than a mapping.
+    pub fn section(&self, key: &str) -> Result<Option<Self>, LayerError> {
+        let map = match self.map.get(key) {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::Object(m)) => m.clone(),
+            Some(other) => {
+                return Err(LayerError(format!(
+                    "{} (key {}{key}): expected a mapping of settings, got {other}",
+                    self.shown, self.prefix
+                )))
+            }
+        };
+        Ok(Some(Self {
+            shown: self.shown.clone(),
+            prefix: format!("{}{key}.", self.prefix),
+            map,
+        }))
+    }
 }
 
 /// Why the layers could not be applied.
@@ -222,6 +288,31 @@ pub fn layer(
     layout: &Layout,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(Vec<String>, Provenance), LayerError> {
+    let path = match matches.get_one::<String>("config") {
+        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
+        _ => layout
+            .file_vars
+            .iter()
+            .find_map(|v| env(v).filter(|p| !p.is_empty()))
+            .map(PathBuf::from),
+    };
+    let settings = path.as_deref().map(Settings::read).transpose()?;
+    let (words, mut prov) = layer_with(cmd, matches, layout, env, settings.as_ref())?;
+    prov.file = path;
+    Ok((words, prov))
+}
+
+/// [`layer`] with the file's settings given (`None`: no file), not named by `--config`.
+///
+/// # Errors
+/// As [`layer`].
+pub fn layer_with(
+    cmd: &Command,
+    matches: &ArgMatches,
+    layout: &Layout,
+    env: &dyn Fn(&str) -> Option<String>,
+    file: Option<&Settings>,
+) -> Result<(Vec<String>, Provenance), LayerError> {
     let flags = flags(cmd);
     let mut supplied: BTreeMap<String, Supplied> = BTreeMap::new();
     let mut prov = Provenance::default();
@@ -263,58 +354,56 @@ pub fn layer(
     }
 
     // The config file.
-    let file = match matches.get_one::<String>("config") {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => layout
-            .file_vars
-            .iter()
-            .find_map(|v| env(v).filter(|p| !p.is_empty()))
-            .map(PathBuf::from),
-    };
-    if let Some(path) = &file {
-        let shown = path.display();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| LayerError(format!("config file {shown}: {e}")))?;
-        let value: serde_json::Value = if text.trim().is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_norway::from_str(&text)
-                .map_err(|e| LayerError(format!("config file {shown}: {e}")))?
-        };
-        let map = match value {
-            serde_json::Value::Null => serde_json::Map::new(),
-            serde_json::Value::Object(m) => m,
-            _ => {
-                return Err(LayerError(format!(
-                    "config file {shown}: expected a mapping of settings"
-                )))
-            }
-        };
-        for (key, v) in &map {
-            let source = format!("config file {shown} (key {key})");
-            if layout.nested.contains(&key.as_str()) {
-                nested(v, &source, &flags, &mut supplied, &is_open)?;
-                continue;
-            }
-            let flag = flag_of(key, layout, &flags).ok_or_else(|| {
-                LayerError(format!(
-                    "config file {shown}: unknown key {key:?} (keys are the flags' names: {})",
-                    known_keys(layout, &flags)
-                ))
-            })?;
-            if is_open(&flag, &supplied) {
-                supplied.insert(
-                    flag,
-                    Supplied {
-                        values: as_values(v),
-                        source,
-                    },
-                );
-            }
-        }
-        prov.file = Some(path.clone());
+    if let Some(settings) = file {
+        from_file(settings, layout, &flags, &mut supplied, &is_open)?;
     }
+    words_of(&flags, supplied, prov)
+}
 
+/// The file's settings, for flags still open.
+fn from_file(
+    settings: &Settings,
+    layout: &Layout,
+    flags: &BTreeMap<String, (String, bool, bool)>,
+    supplied: &mut BTreeMap<String, Supplied>,
+    is_open: &dyn Fn(&str, &BTreeMap<String, Supplied>) -> bool,
+) -> Result<(), LayerError> {
+    let shown = &settings.shown;
+    for (key, v) in &settings.map {
+        let source = format!("{shown} (key {}{key})", settings.prefix);
+        if layout.sections.contains(&key.as_str()) {
+            continue;
+        }
+        if layout.nested.contains(&key.as_str()) {
+            nested(v, &source, flags, supplied, is_open)?;
+            continue;
+        }
+        let flag = flag_of(key, layout, flags).ok_or_else(|| {
+            LayerError(format!(
+                "{shown}: unknown key \"{}{key}\" (keys are the flags' names: {})",
+                settings.prefix,
+                known_keys(layout, flags)
+            ))
+        })?;
+        if is_open(&flag, supplied) {
+            supplied.insert(
+                flag,
+                Supplied {
+                    values: as_values(v),
+                    source,
+                },
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The command-line words of the values supplied, and where each came from.
+fn words_of(
+    flags: &BTreeMap<String, (String, bool, bool)>,
+    supplied: BTreeMap<String, Supplied>,
+    mut prov: Provenance,
+) -> Result<(Vec<String>, Provenance), LayerError> {
     let mut words = Vec::new();
     for (flag, s) in supplied {
         let (_, many, switch) = &flags[&flag];
@@ -396,6 +485,7 @@ fn known_keys(layout: &Layout, flags: &BTreeMap<String, (String, bool, bool)>) -
         .collect();
     keys.extend(layout.file_keys.iter().map(|(k, _)| (*k).to_string()));
     keys.extend(layout.nested.iter().map(|k| (*k).to_string()));
+    keys.extend(layout.sections.iter().map(|k| format!("{k} (a section)")));
     keys.join(", ")
 }
 
@@ -407,6 +497,75 @@ pub fn reparse_args(args: &[std::ffi::OsString], words: Vec<String>) -> Vec<std:
     let mut all = args.to_vec();
     all.extend(words.into_iter().map(Into::into));
     all
+}
+
+/// Service `A`'s flags read without a command line of its own: a service that another
+/// runs in its process (`kvplane serve --coordinator-port`). From first to last: `fixed`
+/// (command-line words, `--host=…`, that the host process decides), `A`'s
+/// `KVPLANE_<SERVICE>_<FLAG>` twins and `layout`'s aliases, read through `env`, then `file`
+/// (a section of the host's `--config` file, by flag name), then the defaults. A flag of
+/// `fixed` is refused in `file`: the host decides it.
+///
+/// # Errors
+/// A value is refused (by clap or a layer), naming the flag and where it came from.
+pub fn parse_embedded<A: clap::Args + clap::FromArgMatches>(
+    layout: &Layout,
+    fixed: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+    file: Option<&Settings>,
+) -> Result<(A, Provenance), LayerError> {
+    let cmd = A::augment_args(Command::new(layout.service).no_binary_name(true));
+    // The twins are read through `env` (as aliases that come first), not by clap.
+    let cmd = with_env_twins(cmd, layout.service).mut_args(|a| a.env(None));
+    let mut layout = layout.clone();
+    let twins: Vec<Alias> = flags(&cmd)
+        .into_keys()
+        .filter(|f| f != "config" && f != "help")
+        .map(|flag| Alias {
+            var: twin(layout.service, &flag),
+            flag,
+            convert: Convert::Text,
+            deprecated: false,
+        })
+        .collect();
+    layout.aliases.splice(0..0, twins);
+    if let Some(settings) = file {
+        for word in fixed {
+            let flag = word.trim_start_matches("--");
+            let flag = flag.split_once('=').map_or(flag, |(f, _)| f);
+            for key in [flag.to_string(), flag.replace('-', "_")] {
+                if settings.map.contains_key(&key) {
+                    return Err(LayerError(format!(
+                        "{} (key {}{key}): --{flag} is not read from here: the process \
+                         running this service sets it",
+                        settings.shown, settings.prefix
+                    )));
+                }
+            }
+        }
+    }
+    let words = fixed.to_vec();
+    let loose = cmd.clone().mut_args(|a| a.required(false));
+    let first = loose
+        .try_get_matches_from(&words)
+        .map_err(|e| LayerError(first_line(&e)))?;
+    let (more, prov) = layer_with(&cmd, &first, &layout, env, file)?;
+    let all: Vec<String> = words.into_iter().chain(more).collect();
+    let matches = cmd
+        .try_get_matches_from(all)
+        .map_err(|e| LayerError(prov.explain(&first_line(&e))))?;
+    let args = A::from_arg_matches(&matches).map_err(|e| LayerError(first_line(&e)))?;
+    Ok((args, prov))
+}
+
+/// The first line of clap's error, without its `error: `.
+fn first_line(e: &clap::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string()
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ fn layout() -> Layout {
         file_keys: vec![("old_port", "port")],
         nested: vec!["extra"],
         nested_vars: vec![],
+        sections: vec!["other"],
     }
 }
 

@@ -320,3 +320,83 @@ async fn every_service_reads_its_config_file() {
     .expect("node starts on its twin's port");
     assert!(!line.contains(":1 "), "{line}");
 }
+
+/// `serve --indexer-port --coordinator-port` read the two services' own flags from their
+/// sections of serve's `--config` file (under their variables); serve decides their host
+/// and port, and a bad value names the flag and the section's key.
+#[tokio::test]
+async fn serve_reads_the_embedded_services_sections_of_its_config_file() {
+    let file = config_file(
+        "serve-sections.yaml",
+        "controller_port: 0\ncontroller_monitor_ports: {\"pull\": 0, \"reply\": 0}\n\
+         indexer:\n  api_token: indexer-secret\n\
+         coordinator:\n  enable_startup_resync: false\n  api_token: coordinator-secret\n",
+    );
+    let mut kv = Launch::kvplane("serve")
+        .args(["--config", &file, "--host", "127.0.0.1"])
+        .args(["--indexer-port", "0", "--coordinator-port", "0"])
+        // The twin wins over the section.
+        .env("KVPLANE_COORDINATOR_API_TOKEN", "twin-secret")
+        .spawn();
+    let indexer = kv.listening("kvplane indexer listening").await.addr("http");
+    let coord = kv
+        .listening("MP coordinator listening on")
+        .await
+        .addr("http");
+    let reg = r#"{"endpoint":"tcp://127.0.0.1:9","type":"vLLM","modelname":"m",
+        "instance_id":"a","block_size":16,"dp_rank":0}"#;
+    assert_eq!(
+        http(indexer, "POST", "/register", Some(reg), &[]).await.0,
+        401
+    );
+    let auth = [("authorization", "Bearer indexer-secret")];
+    let (status, body) = http(indexer, "POST", "/register", Some(reg), &auth).await;
+    assert_eq!(status, 200, "{body}");
+    let quota = r#"{"quota_gb":1}"#;
+    let wrong = [("authorization", "Bearer coordinator-secret")];
+    assert_eq!(
+        http(coord, "PUT", "/quota/t", Some(quota), &wrong).await.0,
+        401
+    );
+    let twin = [("authorization", "Bearer twin-secret")];
+    let (status, body) = http(coord, "PUT", "/quota/t", Some(quota), &twin).await;
+    assert_ne!(status, 401, "{body}");
+    kv.stop().await;
+
+    for (yaml, says) in [
+        (
+            "coordinator:\n  trigger_watermark: 3\n",
+            ["--trigger-watermark", "key coordinator.trigger_watermark"],
+        ),
+        (
+            "indexer:\n  no_such_flag: 1\n",
+            ["unknown key \"indexer.no_such_flag\"", "max_body_bytes"],
+        ),
+        ("indexer:\n  port: 1\n", ["key indexer.port", "--port"]),
+        ("coordinator: 3\n", ["key coordinator", "mapping"]),
+    ] {
+        let path = config_file("serve-sections-bad.yaml", yaml);
+        let err = run_until(
+            &[
+                "serve",
+                "--config",
+                &path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--indexer-port",
+                "0",
+                "--coordinator-port",
+                "0",
+            ],
+            &[],
+            "MP coordinator listening",
+        )
+        .await
+        .expect_err("refused");
+        for s in says {
+            assert!(err.contains(s), "{s:?} in {err}");
+        }
+    }
+}

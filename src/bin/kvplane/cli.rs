@@ -29,7 +29,7 @@ pub(crate) enum Command {
     /// (docs/ROUTER.md).
     Router(kvplane::router::RouterArgs),
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
-    Coordinator(crate::coordinator::CoordinatorArgs),
+    Coordinator(kvplane::coordinator::args::CoordinatorArgs),
     /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
     Node(kvplane::node::args::NodeArgs),
 }
@@ -89,30 +89,13 @@ fn layout(plain: &clap::Command, sub: &str) -> Option<Layout> {
                 ..Layout::default()
             }
         }
-        // LMCache's MP coordinator variables, after kvplane's.
+        // LMCache's MP coordinator variables, after the old shared cluster names.
         "coordinator" => {
-            let mut aliases = deprecated("COORDINATOR", &old, &[]);
-            aliases.extend(
-                plain
-                    .find_subcommand(sub)?
-                    .get_arguments()
-                    .filter_map(|a| a.get_long())
-                    .filter(|f| *f != "help")
-                    .map(|flag| Alias {
-                        var: format!(
-                            "LMCACHE_MP_COORDINATOR_{}",
-                            flag.replace('-', "_").to_ascii_uppercase()
-                        ),
-                        flag: flag.to_string(),
-                        convert: Convert::Text,
-                        deprecated: false,
-                    }),
-            );
-            Layout {
-                service: "COORDINATOR",
-                aliases,
-                ..Layout::default()
-            }
+            let mut layout = kvplane::coordinator::args::layout();
+            layout
+                .aliases
+                .splice(0..0, deprecated("COORDINATOR", &old, &[]));
+            layout
         }
         "indexer" => Layout {
             service: "INDEXER",

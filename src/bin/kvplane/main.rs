@@ -2,11 +2,11 @@
 
 use anyhow::Context;
 mod cli;
-mod coordinator;
 mod tiers_link;
 
 use cli::Command;
 use kvplane::controller;
+use kvplane::service::layers::Settings;
 use kvplane::service::runner::Runner;
 
 fn main() -> anyhow::Result<()> {
@@ -54,15 +54,27 @@ fn main() -> anyhow::Result<()> {
                     async { Ok(runner) }
                 });
             }
-            let indexer = args
-                .indexer_port
-                .map(|port| kvplane::indexer::service::IndexerConfig {
-                    host: config.host.clone(),
+            // The services run in this process read their own flags' variables and their
+            // section of serve's settings file.
+            let file = prov.file.as_deref().map(Settings::read).transpose()?;
+            let section = |name: &str| file.as_ref().map(|f| f.section(name)).transpose();
+            let env = |k: &str| std::env::var(k).ok();
+            let indexer = match args.indexer_port {
+                Some(port) => Some(kvplane::indexer::service::config::embedded(
+                    &config.host,
                     port,
-                    ..Default::default()
-                });
+                    &env,
+                    section("indexer")?.flatten().as_ref(),
+                )?),
+                None => None,
+            };
             let coordinator = match args.coordinator_port {
-                Some(port) => Some(coordinator::embedded(&config.host, port)?),
+                Some(port) => Some(kvplane::coordinator::args::embedded(
+                    &config.host,
+                    port,
+                    &env,
+                    section("coordinator")?.flatten().as_ref(),
+                )?),
                 None => None,
             };
             run(&runtime, |mut runner| {
@@ -232,9 +244,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Coordinator(args) => {
-            let (config, _) = args
-                .validate(&|k: &str| std::env::var(k).ok())
-                .map_err(explain)?;
+            let config = args.validate().map_err(explain)?;
             let cluster = args.cluster.config().map_err(explain)?;
             run(&runtime, |mut runner| {
                 match cluster {
