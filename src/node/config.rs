@@ -49,6 +49,17 @@ pub struct L2Config {
     pub fsync: bool,
 }
 
+/// How the `lm://` listener serves its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConnectionModel {
+    /// Each connection a task on the runtime's worker threads (one per core).
+    #[default]
+    Tasks,
+    /// Each connection on an OS thread of its own with blocking socket I/O, as LMCache's
+    /// server does (`--lm-connection-threads`): the kernel schedules every connection alone.
+    Threads,
+}
+
 /// The validated configuration of `kvplane node`.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -69,6 +80,8 @@ pub struct NodeConfig {
     pub max_object_bytes: usize,
     /// Most connections open at once; more are closed at accept (counted).
     pub max_connections: usize,
+    /// How `lm://` connections are served: runtime tasks, or a thread each.
+    pub connection_model: ConnectionModel,
     /// Longest wait for the rest of a request once its first byte arrived.
     pub read_timeout: Duration,
     /// Largest LIST reply body (whole keys only; the rest is left out).
@@ -165,6 +178,7 @@ impl NodeConfig {
             l2: None,
             max_object_bytes: d::MAX_OBJECT_BYTES,
             max_connections: d::MAX_CONNECTIONS,
+            connection_model: ConnectionModel::default(),
             read_timeout: Duration::from_secs_f64(d::READ_TIMEOUT_S),
             max_list_bytes: d::MAX_LIST_BYTES,
             l1_preallocate: 0,

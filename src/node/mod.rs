@@ -36,9 +36,10 @@ mod pins;
 mod prefetch;
 mod report;
 mod server;
+mod server_threads;
 mod tiers;
 
-pub use config::NodeConfig;
+pub use config::{ConnectionModel, NodeConfig};
 pub use coordinator_link::parse_url as parse_coordinator_url;
 pub use tiers::{Recovery, TierUsage};
 
@@ -337,6 +338,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     tasks.spawn(server::accept_loop(
         listener,
         ctx,
+        config.connection_model,
         config.max_connections,
         shutdown.clone(),
         tasks.clone(),

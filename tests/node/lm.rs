@@ -1,16 +1,26 @@
 //! `kvplane node` over real TCP on 127.0.0.1: round trips, eviction at the watermarks, L2
 //! spill and promotion, restart recovery with torn files planted, concurrent clients, and
-//! every bad-input case (each answered, counted, and harmless to other clients).
+//! every bad-input case (each answered, counted, and harmless to other clients). The round
+//! trip, concurrency, bad-input and cap tests run under both connection models.
 
 use crate::support::eventually;
 use crate::support::node::*;
 use kvplane::node::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
-use kvplane::node::config::{EvictionPolicy, PrefetchPolicy, StorePolicy};
+use kvplane::node::config::{ConnectionModel, EvictionPolicy, PrefetchPolicy, StorePolicy};
 use std::time::Duration;
 
 #[tokio::test]
 async fn put_get_exist_list_health_round_trip_identical_bytes() {
-    let node = node_with(|_| {}).await;
+    put_get_exist_list_health_round_trip_identical_bytes_with(ConnectionModel::Tasks).await;
+}
+
+#[tokio::test]
+async fn put_get_exist_list_health_round_trip_identical_bytes_on_threads() {
+    put_get_exist_list_health_round_trip_identical_bytes_with(ConnectionModel::Threads).await;
+}
+
+async fn put_get_exist_list_health_round_trip_identical_bytes_with(model: ConnectionModel) {
+    let node = node_with(|c| c.connection_model = model).await;
     let mut c = Client::connect(&node).await;
     assert_eq!(c.health().await, kvplane::node::codec::Reply::success());
     assert!(c.get("absent").await.is_none());
@@ -295,8 +305,18 @@ async fn restart_serves_complete_objects_and_discards_torn_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_clients_get_their_own_bytes() {
+    many_concurrent_clients_get_their_own_bytes_with(ConnectionModel::Tasks).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_clients_get_their_own_bytes_on_threads() {
+    many_concurrent_clients_get_their_own_bytes_with(ConnectionModel::Threads).await;
+}
+
+async fn many_concurrent_clients_get_their_own_bytes_with(model: ConnectionModel) {
     let dir = tempdir("conc");
     let node = node_with(|c| {
+        c.connection_model = model;
         c.l1.budget = 4 << 20;
         c.l2 = Some(l2(
             &dir,
@@ -353,7 +373,17 @@ async fn many_concurrent_clients_get_their_own_bytes() {
 
 #[tokio::test]
 async fn bad_input_is_answered_counted_and_harms_no_one_else() {
+    bad_input_is_answered_counted_and_harms_no_one_else_with(ConnectionModel::Tasks).await;
+}
+
+#[tokio::test]
+async fn bad_input_is_answered_counted_and_harms_no_one_else_on_threads() {
+    bad_input_is_answered_counted_and_harms_no_one_else_with(ConnectionModel::Threads).await;
+}
+
+async fn bad_input_is_answered_counted_and_harms_no_one_else_with(model: ConnectionModel) {
     let node = node_with(|c| {
+        c.connection_model = model;
         c.max_object_bytes = 1 << 20;
         c.read_timeout = Duration::from_millis(200);
     })
@@ -431,26 +461,36 @@ async fn bad_input_is_answered_counted_and_harms_no_one_else() {
         let series = format!(r#"kvplane_node_bad_requests_total{{reason="{reason}"}}"#);
         assert_eq!(sample(&text, &series), n, "{reason}");
     }
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_connections_aborted_total{reason="timeout"}"#
-        ),
-        1.0
-    );
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_connections_aborted_total{reason="eof"}"#
-        ),
-        2.0
-    );
+    // The two dropped clients' connections end on their own schedule (a thread each under
+    // `Threads`): wait for both to be counted.
+    let aborted =
+        |why: &str| format!(r#"kvplane_node_connections_aborted_total{{reason="{why}"}}"#);
+    eventually("both dropped clients counted as eof", STEP, async || {
+        sample(&scrape(&node).await, &aborted("eof")) == 2.0
+    })
+    .await;
+    let text = scrape(&node).await;
+    assert_eq!(sample(&text, &aborted("timeout")), 1.0);
+    assert_eq!(sample(&text, &aborted("io")), 0.0);
     node.stop().await;
 }
 
 #[tokio::test]
 async fn connections_beyond_the_cap_are_closed_and_counted() {
-    let node = node_with(|c| c.max_connections = 2).await;
+    connections_beyond_the_cap_are_closed_and_counted_with(ConnectionModel::Tasks).await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_closed_and_counted_on_threads() {
+    connections_beyond_the_cap_are_closed_and_counted_with(ConnectionModel::Threads).await;
+}
+
+async fn connections_beyond_the_cap_are_closed_and_counted_with(model: ConnectionModel) {
+    let node = node_with(|c| {
+        c.max_connections = 2;
+        c.connection_model = model;
+    })
+    .await;
     let mut a = Client::connect(&node).await;
     let mut b = Client::connect(&node).await;
     assert_eq!(a.health().await.code, CODE_SUCCESS);
