@@ -176,6 +176,8 @@ pub mod defaults {
         pub const ENGINE_METRICS_INTERVAL_S: f64 = 1.0;
         /// Seconds a session is remembered after its last request.
         pub const SESSION_TTL_S: f64 = 600.0;
+        /// Seconds between two reads of the registrations engines are discovered from.
+        pub const DISCOVERY_INTERVAL_S: f64 = 1.0;
     }
 
     /// Defaults of `--cluster` (docs/CLUSTER.md).

@@ -84,6 +84,35 @@ impl std::str::FromStr for EngineSpec {
     }
 }
 
+/// Where the router learns engines beyond `--engine` (docs/ROUTER.md, "Discovery").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Discover {
+    /// The registrations of the index the router asks: its in-process indexer's (`/register`
+    /// on `--indexer-port`), or in `kvplane serve` the indexer beside it.
+    Index,
+    /// A separate `kvplane indexer` (`http://host:port`), read through its `GET /services`;
+    /// each engine found is registered in the router's own in-process index too.
+    Indexer(String),
+}
+
+impl std::str::FromStr for Discover {
+    type Err = String;
+
+    /// `index`, or `http://host:port` of a `kvplane indexer`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "index" {
+            return Ok(Self::Index);
+        }
+        let url = s.trim_end_matches('/');
+        match url.strip_prefix("http://") {
+            Some(a) if !a.is_empty() && !a.contains('/') => Ok(Self::Indexer(url.to_owned())),
+            _ => Err(format!(
+                "{s}: `index` or a kvplane indexer's http://host:port"
+            )),
+        }
+    }
+}
+
 /// Flags of `kvplane router`, each with a `KVPLANE_ROUTER_*` environment twin.
 #[derive(Clone, Debug, clap::Args)]
 #[command(
@@ -109,9 +138,28 @@ pub struct RouterArgs {
         long = "engine",
         env = "KVPLANE_ROUTER_ENGINES",
         value_delimiter = ' ',
-        required = true
+        required_unless_present = "discover"
     )]
     pub engines: Vec<EngineSpec>,
+    /// Also route to the engines registered in an index (docs/ROUTER.md, "Discovery"):
+    /// `index` (the registrations of the router's own index: `/register` on
+    /// `--indexer-port`, or `kvplane serve`'s indexer), or a `kvplane indexer`'s
+    /// `http://host:port`. An instance's HTTP server is its registration's `http_endpoint`,
+    /// else its event endpoint's host at `--discover-http-port`.
+    #[arg(long, env = "KVPLANE_ROUTER_DISCOVER")]
+    pub discover: Option<Discover>,
+    /// The HTTP port of a discovered instance registered without `http_endpoint`, on its
+    /// event endpoint's host (vLLM's `--port`); without it such an instance is not routed to
+    /// (counted).
+    #[arg(long, env = "KVPLANE_ROUTER_DISCOVER_HTTP_PORT")]
+    pub discover_http_port: Option<u16>,
+    /// Seconds between two reads of the registrations (`--discover`).
+    #[arg(long, env = "KVPLANE_ROUTER_DISCOVERY_INTERVAL", default_value_t = d::DISCOVERY_INTERVAL_S)]
+    pub discovery_interval: f64,
+    /// The bearer token `GET /services` of a separate indexer needs (its
+    /// `--api-token`, when it requires one for reads).
+    #[arg(long, env = "KVPLANE_ROUTER_DISCOVER_TOKEN")]
+    pub discover_token: Option<String>,
     /// The served model name (the engines' `--served-model-name`); a request naming another
     /// model names a LoRA adapter.
     #[arg(long, env = "KVPLANE_ROUTER_MODEL")]
@@ -271,6 +319,10 @@ impl RouterArgs {
             host: self.host.clone(),
             port: self.port,
             engines: self.engines.clone(),
+            discover: self.discover.clone(),
+            discover_http_port: self.discover_http_port,
+            discovery_interval: secs("--discovery-interval", self.discovery_interval)?,
+            discover_token: self.discover_token.clone().filter(|t| !t.is_empty()),
             model: self.model.clone(),
             model_dir: self.model_dir.clone(),
             tenant: "default".into(),
@@ -328,8 +380,16 @@ pub struct RouterConfig {
     pub host: String,
     /// HTTP port (0: any).
     pub port: u16,
-    /// The engines.
+    /// The engines of `--engine`.
     pub engines: Vec<EngineSpec>,
+    /// Where more engines are discovered (`None`: only `--engine`'s).
+    pub discover: Option<Discover>,
+    /// The HTTP port of a discovered instance without `http_endpoint`.
+    pub discover_http_port: Option<u16>,
+    /// Time between two reads of the registrations.
+    pub discovery_interval: Duration,
+    /// The bearer token of a separate indexer's `GET /services`.
+    pub discover_token: Option<String>,
     /// The served model name (the index's model).
     pub model: String,
     /// Where tokenizer.json is.
@@ -379,6 +439,10 @@ impl RouterConfig {
             host: "127.0.0.1".into(),
             port: 0,
             engines,
+            discover: None,
+            discover_http_port: None,
+            discovery_interval: Duration::from_secs_f64(d::DISCOVERY_INTERVAL_S),
+            discover_token: None,
             model: model.into(),
             model_dir: None,
             tenant: "default".into(),

@@ -6,7 +6,7 @@
 //! The causes are read from the index's counters around the probe, so the doctor is exact on
 //! an idle fleet (at start); under traffic other engines' events can blur them.
 
-use super::state::RouterState;
+use super::state::{Engine, RouterState};
 use super::upstream;
 use crate::indexer::index::{Counters, LoraNs, QueryScope};
 use axum::body::Body;
@@ -145,9 +145,8 @@ fn cause(
     )
 }
 
-/// Probes engine `i` (waiting at most `wait` for its events).
-pub async fn probe(st: &RouterState, i: usize, wait: Duration) -> Verdict {
-    let engine = &st.engines[i];
+/// Probes `engine` (waiting at most `wait` for its events).
+pub async fn probe(st: &RouterState, engine: &Engine, wait: Duration) -> Verdict {
     let name = &engine.spec.instance;
     let bs = st.config.block_size;
     let span = st
@@ -217,9 +216,10 @@ pub async fn probe(st: &RouterState, i: usize, wait: Duration) -> Verdict {
 
 /// Probes every engine, one after another (the counters are the index's, shared).
 pub async fn run(st: &RouterState, wait: Duration) -> Vec<Verdict> {
-    let mut out = Vec::with_capacity(st.engines.len());
-    for i in 0..st.engines.len() {
-        out.push(probe(st, i, wait).await);
+    let engines = st.engines();
+    let mut out = Vec::with_capacity(engines.len());
+    for engine in engines.iter() {
+        out.push(probe(st, engine, wait).await);
     }
     out
 }

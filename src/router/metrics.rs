@@ -2,8 +2,8 @@
 
 use super::accounting::Totals;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Counters the routes bump; gauges are set at render time.
@@ -29,6 +29,16 @@ pub struct RouterMetrics {
     pub scrapes: IntCounterVec,
     /// The counters of the reservations shared with other replicas (`--cluster`).
     pub shared: super::shared::SharedCounters,
+    /// Reads of the registrations engines are discovered from, by outcome (`ok`, `failed`).
+    pub discovery_reads: IntCounterVec,
+    /// Discovered engines added and removed.
+    pub discovery_changes: IntCounterVec,
+    /// Registrations a read could not use, by reason (`unreadable`, `subscribe_refused`).
+    pub discovery_skipped: IntCounterVec,
+    /// Registrations not routed to at the last read, by reason ([`super::discovery::Plan`]).
+    pub discovery_unrouted: IntGaugeVec,
+    /// Engines discovered at the last read.
+    pub discovered: IntGauge,
     in_flight: IntGaugeVec,
     shared_held: IntGaugeVec,
     reported: GaugeVec,
@@ -157,6 +167,39 @@ impl Default for RouterMetrics {
                     "Reservations released, by outcome: released, queue_full, gave_up, unreachable (the others expire at their deadline)",
                     &["outcome"],
                 ),
+            },
+            discovery_reads: counter(
+                &r,
+                "kvplane_router_discovery_reads_total",
+                "Reads of the registrations engines are discovered from (--discover), by outcome: ok, failed (the engines found before are kept)",
+                &["outcome"],
+            ),
+            discovery_changes: counter(
+                &r,
+                "kvplane_router_discovered_engines_changes_total",
+                "Discovered engines added and removed as their registrations came and went",
+                &["change"],
+            ),
+            discovery_skipped: counter(
+                &r,
+                "kvplane_router_discovery_skipped_total",
+                "Registrations a read could not use: unreadable (a separate indexer's entry), subscribe_refused (its events not taken into the router's index)",
+                &["reason"],
+            ),
+            discovery_unrouted: gauge(
+                &r,
+                "kvplane_router_discovery_unrouted",
+                "Registrations not routed to at the last read, by reason: other_model, other_tenant, block_size, not_an_engine, no_http_endpoint, http_endpoint_conflict, over_limit",
+                &["reason"],
+            ),
+            discovered: {
+                let g = IntGauge::new(
+                    "kvplane_router_discovered_engines",
+                    "Engines discovered through the registrations at the last read (beyond --engine's)",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
             },
             shared_held: gauge(
                 &r,

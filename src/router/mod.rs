@@ -10,6 +10,7 @@
 
 pub mod accounting;
 pub mod config;
+pub mod discovery;
 pub mod doctor;
 mod metrics;
 pub mod routes;
@@ -87,6 +88,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
             dp_rank: e.dp_rank,
             salt: String::new(),
             lmcache: Vec::new(),
+            http: Some(e.url.clone()),
         };
         indexer.state.register(reg).map_err(|err| {
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))
@@ -128,6 +130,14 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         tokenizer,
         shared,
         metrics,
+    ));
+    // The engines registered by then are routed to from the first request.
+    let mut mirrored = std::collections::BTreeMap::new();
+    discovery::pass(&state, &mut mirrored).await;
+    tasks.spawn(discovery::discovery_loop(
+        Arc::clone(&state),
+        mirrored,
+        shutdown.clone(),
     ));
     tasks.spawn(health_loop(Arc::clone(&state), shutdown.clone()));
     tasks.spawn(scrape::scrape_loop(Arc::clone(&state), shutdown.clone()));
@@ -173,7 +183,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
             tracing::error!("router HTTP server failed: {e}");
         }
     });
-    tracing::info!(http = %bound, indexer = %indexer.addr, engines = state.engines.len(), "kvplane router listening");
+    tracing::info!(http = %bound, indexer = %indexer.addr, engines = state.engines().len(), "kvplane router listening");
     let indexer_addr = indexer.addr;
     Ok(Running::new(
         "router",
@@ -203,7 +213,8 @@ async fn health_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let probes = st.engines.iter().map(|e| {
+        let engines = st.engines();
+        let probes = engines.iter().map(|e| {
             let st = Arc::clone(&st);
             let e = Arc::clone(e);
             async move {
@@ -237,7 +248,7 @@ pub async fn doctor(
     let st = Arc::clone(&server.state);
     let begin = tokio::time::Instant::now();
     let connected = |st: &RouterState| {
-        st.engines.iter().all(|e| {
+        st.engines().iter().all(|e| {
             e.spec
                 .events
                 .as_deref()

@@ -242,7 +242,14 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     let mut skip = Vec::new();
     loop {
         let routed = st
-            .route(&matched, prompt_len, draw, &skip, session.as_deref())
+            .route(
+                &decision.engines,
+                &matched,
+                prompt_len,
+                draw,
+                &skip,
+                session.as_deref(),
+            )
             .await;
         if skip.is_empty() {
             st.metrics
@@ -273,7 +280,7 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
                 return resp;
             }
         };
-        let engine = Arc::clone(&st.engines[i]);
+        let engine = Arc::clone(reservation.engine());
         let name = engine.spec.instance.clone();
         let mut req = hyper::Request::post(format!("{}{path}", engine.spec.url));
         for h in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
@@ -371,7 +378,7 @@ async fn answer(
     stream: bool,
     strip_usage: bool,
 ) -> Response {
-    let name = st.engines[engine].spec.instance.clone();
+    let name = reservation.engine().spec.instance.clone();
     let status = resp.status();
     st.metrics
         .requests
@@ -395,7 +402,7 @@ async fn answer(
             raw: false,
             strip_usage,
             usage: None,
-            _reservation: reservation,
+            reservation,
         };
         let body = upstream::pass_through(body, observer, st.config.stream_idle_timeout);
         return (status, [(header::CONTENT_TYPE, content_type)], body).into_response();
@@ -451,7 +458,7 @@ struct Observer {
     raw: bool,
     strip_usage: bool,
     usage: Option<Value>,
-    _reservation: Reservation,
+    reservation: Reservation,
 }
 
 impl Observer {
@@ -518,7 +525,7 @@ impl StreamObserver for Observer {
     }
 
     fn end(&mut self, result: Result<(), Failure>) {
-        let name = &self.st.engines[self.engine].spec.instance;
+        let name = &self.reservation.engine().spec.instance;
         if let Err(f) = result {
             self.st
                 .metrics
@@ -541,7 +548,7 @@ impl StreamObserver for Observer {
 
 /// The first engine up that answers `/v1/models`.
 async fn models(State(st): St) -> Response {
-    for engine in st.engines.iter().filter(|e| e.is_up()) {
+    for engine in st.engines().iter().filter(|e| e.is_up()) {
         let Ok(req) =
             hyper::Request::get(format!("{}/v1/models", engine.spec.url)).body(Body::empty())
         else {
@@ -569,7 +576,7 @@ async fn models(State(st): St) -> Response {
 }
 
 fn engines_json(st: &RouterState) -> Vec<Value> {
-    st.engines
+    st.engines()
         .iter()
         .map(|e| {
             let load = e.load();
@@ -581,7 +588,7 @@ fn engines_json(st: &RouterState) -> Vec<Value> {
 
 /// 200 while at least one engine is up, 503 otherwise; the engines either way.
 async fn health(State(st): St) -> Response {
-    let up = st.engines.iter().any(|e| e.is_up());
+    let up = st.engines().iter().any(|e| e.is_up());
     let status = if up {
         StatusCode::OK
     } else {
@@ -600,15 +607,16 @@ async fn metrics(
 ) -> Response {
     let accounting = st.accounting.lock();
     let now = crate::cluster::now_ms();
+    let engines = st.engines();
     let mut text = st.metrics.render(
-        st.engines.iter().enumerate().map(|(i, e)| {
+        engines.iter().map(|e| {
             let load = e.load();
             EngineGauges {
                 name: &e.spec.instance,
                 in_flight: load.in_flight,
                 waiting: load.waiting,
                 up: e.is_up(),
-                shared: st.shared.as_ref().map(|s| s.live(i, now)),
+                shared: st.shared.as_ref().map(|s| s.live(&e.spec.instance, now)),
                 reported: load.reported,
             }
         }),

@@ -90,7 +90,8 @@ pub async fn scrape_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let scrapes = st.engines.iter().filter(|e| e.is_up()).map(|e| {
+        let engines = st.engines();
+        let scrapes = engines.iter().filter(|e| e.is_up()).map(|e| {
             let st = Arc::clone(&st);
             let e = Arc::clone(e);
             async move {

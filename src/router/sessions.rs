@@ -1,4 +1,5 @@
-//! Session affinity (docs/ROUTER.md, "Sessions"): which engine served each session last,
+//! Session affinity (docs/ROUTER.md, "Sessions"): which engine (its instance) served each
+//! session last,
 //! bounded in entries and age. Pure: the caller passes the time; no I/O.
 //!
 //! Must not: grow past its bound (a new session beyond it is not remembered, counted), or
@@ -16,7 +17,7 @@ pub const MAX_SESSION_ID: usize = 256;
 /// The engine each session went to last.
 #[derive(Debug)]
 pub struct Sessions {
-    last: HashMap<String, (usize, Instant)>,
+    last: HashMap<String, (String, Instant)>,
     ttl: Duration,
     max: usize,
     swept: Option<Instant>,
@@ -43,18 +44,19 @@ impl Sessions {
     }
 
     /// The engine `id` went to last, unless that was more than the TTL ago.
-    pub fn engine(&self, id: &str, now: Instant) -> Option<usize> {
+    pub fn engine(&self, id: &str, now: Instant) -> Option<&str> {
         self.last
             .get(id)
             .filter(|(_, at)| now.saturating_duration_since(*at) <= self.ttl)
-            .map(|(e, _)| *e)
+            .map(|(e, _)| e.as_str())
     }
 
     /// Remembers that `id` went to `engine` at `now`. When full, drops the expired sessions
     /// first (at most once a second).
-    pub fn note(&mut self, id: &str, engine: usize, now: Instant) -> Noted {
+    pub fn note(&mut self, id: &str, engine: &str, now: Instant) -> Noted {
         if let Some(slot) = self.last.get_mut(id) {
-            *slot = (engine, now);
+            engine.clone_into(&mut slot.0);
+            slot.1 = now;
             return Noted::Kept;
         }
         if self.last.len() >= self.max {
@@ -71,7 +73,7 @@ impl Sessions {
                 return Noted::Full;
             }
         }
-        self.last.insert(id.to_owned(), (engine, now));
+        self.last.insert(id.to_owned(), (engine.to_owned(), now));
         Noted::Kept
     }
 
@@ -94,16 +96,16 @@ mod tests {
     fn sessions_expire_and_are_bounded() {
         let t0 = Instant::now();
         let mut s = Sessions::new(Duration::from_secs(10), 2);
-        assert_eq!(s.note("a", 1, t0), Noted::Kept);
-        assert_eq!(s.engine("a", t0 + Duration::from_secs(5)), Some(1));
+        assert_eq!(s.note("a", "e1", t0), Noted::Kept);
+        assert_eq!(s.engine("a", t0 + Duration::from_secs(5)), Some("e1"));
         assert_eq!(s.engine("a", t0 + Duration::from_secs(11)), None);
-        assert_eq!(s.note("b", 0, t0), Noted::Kept);
+        assert_eq!(s.note("b", "e0", t0), Noted::Kept);
         // Full of live sessions: a third is not remembered, an update is.
-        assert_eq!(s.note("c", 2, t0 + Duration::from_secs(1)), Noted::Full);
-        assert_eq!(s.note("a", 2, t0 + Duration::from_secs(1)), Noted::Kept);
-        assert_eq!(s.engine("a", t0 + Duration::from_secs(2)), Some(2));
+        assert_eq!(s.note("c", "e2", t0 + Duration::from_secs(1)), Noted::Full);
+        assert_eq!(s.note("a", "e2", t0 + Duration::from_secs(1)), Noted::Kept);
+        assert_eq!(s.engine("a", t0 + Duration::from_secs(2)), Some("e2"));
         // Once b expired, the sweep makes room.
-        assert_eq!(s.note("c", 2, t0 + Duration::from_secs(11)), Noted::Kept);
+        assert_eq!(s.note("c", "e2", t0 + Duration::from_secs(11)), Noted::Kept);
         assert_eq!(s.len(), 2);
         assert_eq!(s.engine("b", t0 + Duration::from_secs(11)), None);
     }

@@ -70,10 +70,9 @@ pub struct Shared {
     /// This replica's id in the entries.
     pub replica: u64,
     ttl: Duration,
-    keys: Vec<String>,
-    by_key: HashMap<String, usize>,
-    view: Mutex<Vec<View>>,
-    releases: mpsc::Sender<(usize, u64)>,
+    /// Every engine entry seen, by key (engines come and go with discovery).
+    view: Mutex<HashMap<String, View>>,
+    releases: mpsc::Sender<(String, u64)>,
     counters: SharedCounters,
     /// Until when (wall clock, ms) NATS is not asked for reservations: it did not answer.
     down_until: AtomicU64,
@@ -83,14 +82,15 @@ pub struct Shared {
 }
 
 /// An engine's key: `engine.` and its instance name in hex (keys take few characters).
-fn key(instance: &str) -> String {
+pub fn key(instance: &str) -> String {
     let hex: String = instance.bytes().map(|b| format!("{b:02x}")).collect();
     format!("engine.{hex}")
 }
 
 impl Shared {
-    /// Joins `cluster`'s bucket for `instances` (the engines, in order), reads every entry,
-    /// and starts the watch and the release worker.
+    /// Joins `cluster`'s bucket, reads the entries of `instances` (the engines known at
+    /// start), and starts the watch (every entry, those of engines discovered later too) and
+    /// the release worker.
     ///
     /// # Errors
     /// NATS unreachable, JetStream off.
@@ -108,27 +108,22 @@ impl Shared {
             .await
             .map_err(|e| e.to_string())?
             .with_timeout(CALL_TIMEOUT);
-        let keys: Vec<String> = instances.iter().map(|i| key(i)).collect();
-        let by_key = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.clone(), i))
-            .collect();
         let (tx, rx) = mpsc::channel(RELEASE_QUEUE);
         let shared = Arc::new(Self {
             bucket,
             replica: rand::random(),
             ttl,
-            view: Mutex::new(vec![View::default(); keys.len()]),
-            keys,
-            by_key,
+            view: Mutex::new(HashMap::new()),
             releases: tx,
             counters,
             down_until: AtomicU64::new(0),
             route_lock: tokio::sync::Mutex::new(()),
         });
-        for engine in 0..shared.keys.len() {
-            shared.refresh(engine).await.map_err(|e| e.to_string())?;
+        for instance in instances {
+            shared
+                .refresh(&key(instance))
+                .await
+                .map_err(|e| e.to_string())?;
         }
         let (watch_tx, mut watch_rx) = mpsc::channel::<CasEntry>(1024);
         shared.bucket.watch(watch_tx, shutdown.clone(), tasks);
@@ -146,9 +141,9 @@ impl Shared {
 
     /// Takes `entry` into the view when it is newer than what the view holds.
     fn seen(&self, entry: &CasEntry) {
-        let Some(&engine) = self.by_key.get(&entry.key) else {
+        if !entry.key.starts_with("engine.") {
             return;
-        };
+        }
         let table = match Table::decode(&entry.value) {
             Ok(t) => t,
             Err(e) => {
@@ -157,7 +152,7 @@ impl Shared {
             }
         };
         let mut view = self.view.lock();
-        let v = &mut view[engine];
+        let v = view.entry(entry.key.clone()).or_default();
         if v.revision.is_none_or(|r| r < entry.revision) {
             *v = View {
                 table,
@@ -166,30 +161,45 @@ impl Shared {
         }
     }
 
-    /// Reads `engine`'s entry now into the view.
-    async fn refresh(&self, engine: usize) -> Result<(), CasError> {
-        if let Some(entry) = self.bucket.get(&self.keys[engine]).await? {
+    /// Reads the entry `key` now into the view.
+    async fn refresh(&self, key: &str) -> Result<(), CasError> {
+        if let Some(entry) = self.bucket.get(key).await? {
             self.seen(&entry);
         }
         Ok(())
     }
 
-    /// Reservations held on `engine` by other replicas that count at `now_ms`.
-    pub fn others(&self, engine: usize, now_ms: u64) -> u64 {
-        self.view.lock()[engine].table.others(self.replica, now_ms)
+    /// Reservations held on `instance` by other replicas that count at `now_ms`.
+    pub fn others(&self, instance: &str, now_ms: u64) -> u64 {
+        self.view
+            .lock()
+            .get(&key(instance))
+            .map_or(0, |v| v.table.others(self.replica, now_ms))
     }
 
-    /// Every replica's reservations on `engine` that count at `now_ms`.
-    pub fn live(&self, engine: usize, now_ms: u64) -> u64 {
-        self.view.lock()[engine].table.live(now_ms)
+    /// Every replica's reservations on `instance` that count at `now_ms`.
+    pub fn live(&self, instance: &str, now_ms: u64) -> u64 {
+        self.view
+            .lock()
+            .get(&key(instance))
+            .map_or(0, |v| v.table.live(now_ms))
     }
 
-    /// Takes one of `engine`'s `slots` (unlimited: `None`) for this replica, written only if
-    /// nobody wrote the entry since the view read it; the reservation's id.
+    /// `key`'s table and revision as the view holds them (never written: empty, `None`).
+    fn read(&self, key: &str) -> (Table, Option<u64>) {
+        self.view
+            .lock()
+            .get(key)
+            .map(|v| (v.table.clone(), v.revision))
+            .unwrap_or_default()
+    }
+
+    /// Takes one of `instance`'s `slots` (unlimited: `None`) for this replica, written only
+    /// if nobody wrote the entry since the view read it; the reservation's id.
     ///
     /// # Errors
     /// [`Miss`]: a conflict (the view is read again: decide again), full, or NATS down.
-    pub async fn reserve(&self, engine: usize, slots: Option<u64>) -> Result<u64, Miss> {
+    pub async fn reserve(&self, instance: &str, slots: Option<u64>) -> Result<u64, Miss> {
         let now = crate::cluster::now_ms();
         if now < self.down_until.load(Ordering::Relaxed) {
             self.counters
@@ -198,10 +208,8 @@ impl Shared {
                 .inc();
             return Err(Miss::Unreachable("NATS did not answer a moment ago".into()));
         }
-        let (mut table, revision) = {
-            let view = self.view.lock();
-            (view[engine].table.clone(), view[engine].revision)
-        };
+        let key = key(instance);
+        let (mut table, revision) = self.read(&key);
         let expired = table.prune(now);
         let id = rand::random();
         let held = Held {
@@ -217,16 +225,12 @@ impl Shared {
             });
             return Err(Miss::Full(refused));
         }
-        match self
-            .bucket
-            .put_if(&self.keys[engine], table.encode(), revision)
-            .await
-        {
+        match self.bucket.put_if(&key, table.encode(), revision).await {
             Ok(rev) => {
                 outcome("reserved");
                 self.expired(expired);
                 self.seen(&CasEntry {
-                    key: self.keys[engine].clone(),
+                    key,
                     value: table.encode(),
                     revision: rev,
                 });
@@ -235,7 +239,7 @@ impl Shared {
             Err(CasError::Conflict) => {
                 outcome("conflict");
                 // Read it again; a failure here shows as the next write's.
-                let _ = self.refresh(engine).await;
+                let _ = self.refresh(&key).await;
                 Err(Miss::Conflict)
             }
             Err(CasError::Unreachable(e)) => {
@@ -256,9 +260,9 @@ impl Shared {
         }
     }
 
-    /// Queues the release of reservation `id` on `engine` (the answer ended).
-    pub fn release(&self, engine: usize, id: u64) {
-        if self.releases.try_send((engine, id)).is_err() {
+    /// Queues the release of reservation `id` on `instance` (the answer ended).
+    pub fn release(&self, instance: &str, id: u64) {
+        if self.releases.try_send((key(instance), id)).is_err() {
             self.counters
                 .releases
                 .with_label_values(&["queue_full"])
@@ -271,7 +275,7 @@ impl Shared {
     /// deadlines).
     async fn release_worker(
         self: Arc<Self>,
-        mut rx: mpsc::Receiver<(usize, u64)>,
+        mut rx: mpsc::Receiver<(String, u64)>,
         shutdown: CancellationToken,
     ) {
         loop {
@@ -296,13 +300,13 @@ impl Shared {
         }
     }
 
-    async fn write_releases(&self, batch: Vec<(usize, u64)>) {
-        let mut per_engine: HashMap<usize, Vec<u64>> = HashMap::new();
-        for (engine, id) in batch {
-            per_engine.entry(engine).or_default().push(id);
+    async fn write_releases(&self, batch: Vec<(String, u64)>) {
+        let mut per_engine: HashMap<String, Vec<u64>> = HashMap::new();
+        for (key, id) in batch {
+            per_engine.entry(key).or_default().push(id);
         }
-        for (engine, ids) in per_engine {
-            let label = self.release_one(engine, &ids).await;
+        for (key, ids) in per_engine {
+            let label = self.release_one(&key, &ids).await;
             self.counters
                 .releases
                 .with_label_values(&[label])
@@ -310,35 +314,28 @@ impl Shared {
         }
     }
 
-    async fn release_one(&self, engine: usize, ids: &[u64]) -> &'static str {
+    async fn release_one(&self, key: &str, ids: &[u64]) -> &'static str {
         for _ in 0..RELEASE_ATTEMPTS {
             let now = crate::cluster::now_ms();
-            let (mut table, revision) = {
-                let view = self.view.lock();
-                (view[engine].table.clone(), view[engine].revision)
-            };
+            let (mut table, revision) = self.read(key);
             let expired = table.prune(now);
             if table.release(ids) == 0 && expired == 0 {
                 // Already gone (expired and pruned by another write).
                 return "released";
             }
             let value = table.encode();
-            match self
-                .bucket
-                .put_if(&self.keys[engine], value.clone(), revision)
-                .await
-            {
+            match self.bucket.put_if(key, value.clone(), revision).await {
                 Ok(rev) => {
                     self.expired(expired);
                     self.seen(&CasEntry {
-                        key: self.keys[engine].clone(),
+                        key: key.to_owned(),
                         value,
                         revision: rev,
                     });
                     return "released";
                 }
                 Err(CasError::Conflict) => {
-                    if self.refresh(engine).await.is_err() {
+                    if self.refresh(key).await.is_err() {
                         return "unreachable";
                     }
                 }

@@ -91,8 +91,8 @@ impl Engine {
 pub struct Reservation {
     engine: Arc<Engine>,
     waiting: bool,
-    /// The shared reservation to release: the replicas' view, the engine's index, its id.
-    shared: Option<(Arc<Shared>, usize, u64)>,
+    /// The shared reservation to release: the replicas' view, its id.
+    shared: Option<(Arc<Shared>, u64)>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -148,8 +148,8 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         self.answered();
         self.engine.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if let Some((shared, engine, id)) = self.shared.take() {
-            shared.release(engine, id);
+        if let Some((shared, id)) = self.shared.take() {
+            shared.release(&self.engine.spec.instance, id);
         }
     }
 }
@@ -171,6 +171,8 @@ pub const ROUTE_ATTEMPTS: usize = 8;
 /// The routing decision for one request.
 #[derive(Debug)]
 pub struct Decision {
+    /// The engines as they were when the index was asked (every index below is into this).
+    pub engines: Arc<Vec<Arc<Engine>>>,
     /// The prompt's tokens when known (`None`: not tokenized; routed on load only).
     pub tokens: Option<usize>,
     /// Per engine (same order as the engines): reusable cached tokens by the index.
@@ -195,8 +197,8 @@ impl Decision {
 pub struct RouterState {
     /// The configuration.
     pub config: RouterConfig,
-    /// The engines, in flag order.
-    pub engines: Vec<Arc<Engine>>,
+    /// The engines: `--engine`'s in flag order, then the discovered ones by instance.
+    engines: parking_lot::RwLock<Arc<Vec<Arc<Engine>>>>,
     /// The in-process index.
     pub indexer: Arc<IndexerState>,
     /// The model's tokenizer (`None`: every prompt goes to an engine's `/tokenize`).
@@ -244,6 +246,7 @@ impl RouterState {
                 ))
             })
             .collect();
+        let engines = parking_lot::RwLock::new(Arc::new(engines));
         let client = upstream::client(config.connect_timeout);
         let session_ttl = config.session_ttl;
         Self {
@@ -261,6 +264,43 @@ impl RouterState {
             shared,
             rotate: AtomicUsize::new(0),
         }
+    }
+
+    /// The engines now: `--engine`'s, then the discovered ones. A request keeps the list it
+    /// was decided on; discovery replaces the list, never changes one.
+    pub fn engines(&self) -> Arc<Vec<Arc<Engine>>> {
+        Arc::clone(&self.engines.read())
+    }
+
+    /// Makes `discovered` (sorted by instance) the engines beyond `--engine`'s: an engine
+    /// whose spec did not change is kept with its load; one gone stops being chosen (its
+    /// requests in flight finish). The instances added and removed.
+    pub fn set_discovered(&self, discovered: Vec<EngineSpec>) -> (Vec<String>, Vec<String>) {
+        let mut list = self.engines.write();
+        let fixed = self.config.engines.len();
+        let old: Vec<Arc<Engine>> = list[fixed..].to_vec();
+        let mut next: Vec<Arc<Engine>> = list[..fixed].to_vec();
+        let mut added = Vec::new();
+        for spec in discovered {
+            match old.iter().find(|e| e.spec == spec) {
+                Some(e) => next.push(Arc::clone(e)),
+                None => {
+                    added.push(spec.instance.clone());
+                    next.push(Arc::new(Engine::new(
+                        spec,
+                        self.config.engine_slots,
+                        self.config.engine_metrics_interval,
+                    )));
+                }
+            }
+        }
+        let removed = old
+            .iter()
+            .filter(|e| !next[fixed..].iter().any(|n| Arc::ptr_eq(n, e)))
+            .map(|e| e.spec.instance.clone())
+            .collect();
+        *list = Arc::new(next);
+        (added, removed)
     }
 
     /// The prompt's token ids: given ids as they are, text through the local tokenizer, else
@@ -326,7 +366,7 @@ impl RouterState {
             }
         }
         let payload = serde_json::to_vec(&req).ok()?;
-        for engine in self.engines.iter().filter(|e| e.is_up()) {
+        for engine in self.engines().iter().filter(|e| e.is_up()) {
             let Ok(call) = hyper::Request::post(format!("{}/tokenize", engine.spec.url))
                 .header("content-type", "application/json")
                 .body(Body::from(payload.clone()))
@@ -354,8 +394,8 @@ impl RouterState {
         None
     }
 
-    /// What the index says each engine holds of `tokens` (in engine order) in the request's
-    /// namespace, with the decision's figures.
+    /// What the index says each engine holds of `tokens` (in the order of the engines now,
+    /// kept in the decision) in the request's namespace, with the decision's figures.
     pub fn query(
         &self,
         tokens: Option<&[u32]>,
@@ -377,8 +417,8 @@ impl RouterState {
             ),
             _ => Default::default(),
         };
-        let matched: Vec<Matched> = self
-            .engines
+        let engines = self.engines();
+        let matched: Vec<Matched> = engines
             .iter()
             .map(|e| {
                 rows.get(&e.spec.instance)
@@ -398,6 +438,7 @@ impl RouterState {
         (
             matched,
             Decision {
+                engines,
                 tokens: tokens.map(<[u32]>::len),
                 predicted,
                 reusable,
@@ -405,8 +446,8 @@ impl RouterState {
         )
     }
 
-    /// Chooses an engine for a prompt of `prompt_len` tokens matched as `matched` (not one in
-    /// `skip`) and takes its reservation, as one step: the load scored is this replica's
+    /// Chooses one of `engines` for a prompt of `prompt_len` tokens matched as `matched` (not
+    /// one in `skip`) and takes its reservation, as one step: the load scored is this replica's
     /// plus the other replicas' reservations, an engine whose slots are all held is not
     /// chosen, and a shared reservation is written only if nobody wrote that engine's entry
     /// since it was read (else the decision is made again, at most [`ROUTE_ATTEMPTS`] times).
@@ -416,6 +457,7 @@ impl RouterState {
     /// [`NoRoute`]: none up, all full, or too contended.
     pub async fn route(
         &self,
+        engines: &[Arc<Engine>],
         matched: &[Matched],
         prompt_len: u64,
         draw: f64,
@@ -423,17 +465,18 @@ impl RouterState {
         session: Option<&str>,
     ) -> Result<(usize, Reservation), NoRoute> {
         let routed = self
-            .route_once(matched, prompt_len, draw, skip, session)
+            .route_once(engines, matched, prompt_len, draw, skip, session)
             .await;
-        if let (Some(id), Ok((engine, _))) = (session, &routed) {
+        if let (Some(id), Ok((_, reservation))) = (session, &routed) {
             let now = std::time::Instant::now();
+            let instance = &reservation.engine.spec.instance;
             let mut sessions = self.sessions.lock();
             let outcome = match sessions.engine(id, now) {
                 None => "new",
-                Some(e) if e == *engine => "kept",
+                Some(e) if e == instance => "kept",
                 Some(_) => "moved",
             };
-            if sessions.note(id, *engine, now) == super::sessions::Noted::Full {
+            if sessions.note(id, instance, now) == super::sessions::Noted::Full {
                 self.metrics
                     .limits_hit
                     .with_label_values(&["sessions"])
@@ -446,14 +489,18 @@ impl RouterState {
 
     async fn route_once(
         &self,
+        engines: &[Arc<Engine>],
         matched: &[Matched],
         prompt_len: u64,
         draw: f64,
         skip: &[usize],
         session: Option<&str>,
     ) -> Result<(usize, Reservation), NoRoute> {
-        let sticky =
-            session.and_then(|id| self.sessions.lock().engine(id, std::time::Instant::now()));
+        let sticky = session.and_then(|id| {
+            let sessions = self.sessions.lock();
+            let instance = sessions.engine(id, std::time::Instant::now())?;
+            engines.iter().position(|e| e.spec.instance == instance)
+        });
         let _turn = match &self.shared {
             Some(s) => Some(s.route_lock.lock().await),
             None => None,
@@ -462,8 +509,7 @@ impl RouterState {
         for _ in 0..ROUTE_ATTEMPTS {
             let now = crate::cluster::now_ms();
             let mut full = false;
-            let candidates: Vec<Candidate> = self
-                .engines
+            let candidates: Vec<Candidate> = engines
                 .iter()
                 .enumerate()
                 .map(|(i, e)| {
@@ -472,10 +518,10 @@ impl RouterState {
                         Some(s) => {
                             // Another replica's request counts as one still waiting for its
                             // first byte (when answers start is not shared).
-                            let others = s.others(i, now);
+                            let others = s.others(&e.spec.instance, now);
                             load.in_flight += others;
                             load.waiting += others;
-                            s.live(i, now).max(load.in_flight)
+                            s.live(&e.spec.instance, now).max(load.in_flight)
                         }
                         None => load.in_flight,
                     };
@@ -496,24 +542,24 @@ impl RouterState {
             else {
                 return Err(if full { NoRoute::Full } else { NoRoute::NoneUp });
             };
-            let engine = Arc::clone(&self.engines[i]);
+            let engine = Arc::clone(&engines[i]);
             let Some(shared) = &self.shared else {
-                match Reservation::try_new(engine, self.engines[i].slots) {
+                match Reservation::try_new(engine, engines[i].slots) {
                     Some(r) => return Ok((i, r)),
                     None => continue,
                 }
             };
-            match shared.reserve(i, engine.slots).await {
+            match shared.reserve(&engine.spec.instance, engine.slots).await {
                 Ok(id) => {
                     let mut r = Reservation::new(engine);
-                    r.shared = Some((Arc::clone(shared), i, id));
+                    r.shared = Some((Arc::clone(shared), id));
                     return Ok((i, r));
                 }
                 Err(Miss::Conflict) => {}
                 Err(Miss::Full(_)) => refused.push(i),
                 Err(Miss::Unreachable(e)) => {
                     tracing::warn!("shared reservation not written ({e}); reserved locally only");
-                    if let Some(r) = Reservation::try_new(engine, self.engines[i].slots) {
+                    if let Some(r) = Reservation::try_new(engine, engines[i].slots) {
                         return Ok((i, r));
                     }
                     refused.push(i);
@@ -523,9 +569,13 @@ impl RouterState {
         Err(NoRoute::Contended)
     }
 
-    /// Accounts an answer's `usage` against the decision.
+    /// Accounts an answer's `usage` against the decision (`engine`: its index in the
+    /// decision's engines).
     pub fn account(&self, engine: usize, decision: &Decision, usage: &Value) {
-        let name = &self.engines[engine].spec.instance;
+        let Some(e) = decision.engines.get(engine) else {
+            return;
+        };
+        let name = &e.spec.instance;
         if let (Some(mine), Some(theirs)) = (
             decision.tokens,
             usage.get("prompt_tokens").and_then(Value::as_u64),

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod discovery;
 mod load;
 mod replicas;
 mod routing;

@@ -62,8 +62,10 @@ fn stream(addr: SocketAddr, prompt: &str) -> JoinHandle<(u16, Value)> {
 fn held(r: &RouterServer) -> u64 {
     let shared = r.state.shared.as_ref().expect("shared");
     let now = kvplane::cluster::now_ms();
-    (0..r.state.engines.len())
-        .map(|i| shared.live(i, now))
+    r.state
+        .engines()
+        .iter()
+        .map(|e| shared.live(&e.spec.instance, now))
         .sum()
 }
 
@@ -186,7 +188,7 @@ async fn two_replicas_never_both_take_the_last_free_slot() {
     let fill = stream(a.addr, "fill");
     eventually("A holds a slot", SLOW, async || {
         a.state
-            .engines
+            .engines()
             .iter()
             .map(|e| e.load().in_flight)
             .sum::<u64>()
@@ -215,7 +217,7 @@ async fn a_reservation_never_released_expires_at_its_deadline() {
     let b = replica(vec![engine.spec("e0")], Some((&nats, "ttl")), ttl).await;
     // B takes the only slot and never releases it (as a replica that died would).
     let shared = b.state.shared.as_ref().expect("shared");
-    shared.reserve(0, Some(1)).await.expect("B reserves");
+    shared.reserve("e0", Some(1)).await.expect("B reserves");
     eventually("A sees B's reservation", SLOW, async || held(&a) == 1).await;
     let body = json!({"model": "m", "prompt": "hello there", "max_tokens": 3}).to_string();
     let (status, refused) = http(a.addr, "POST", "/v1/completions", Some(&body), &[]).await;

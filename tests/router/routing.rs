@@ -224,7 +224,7 @@ async fn streams_pass_through_chunk_by_chunk() {
     })
     .await;
     eventually("released", STEP, async || {
-        r.state.engines[0].load().in_flight == 0
+        r.state.engines()[0].load().in_flight == 0
     })
     .await;
     // A stream that does not ask for usage: the router asks on its behalf, accounts it, and
@@ -449,7 +449,7 @@ async fn a_slow_engine_times_out_and_the_next_requests_go_elsewhere() {
     eventually(
         "the timed-out request released its load",
         STEP,
-        async || r.state.engines[0].load().in_flight == 0,
+        async || r.state.engines()[0].load().in_flight == 0,
     )
     .await;
     r.stop().await;
@@ -485,7 +485,7 @@ async fn a_stalled_stream_is_cut() {
         1.0
     );
     eventually("released", STEP, async || {
-        r.state.engines[0].load().in_flight == 0
+        r.state.engines()[0].load().in_flight == 0
     })
     .await;
     r.stop().await;

@@ -125,6 +125,9 @@ pub struct Registration {
     /// The LMCache MP servers (their coordinator instance ids) whose L1 and L2 chunks are
     /// this instance's CPU and DISK tiers (`lmcache_instance_id`, a string or a list).
     pub lmcache: Vec<String>,
+    /// The instance's OpenAI HTTP server, `http://host:port` (`http_endpoint`, a kvplane
+    /// extension): where a `kvplane router` that discovers engines here sends requests.
+    pub http: Option<String>,
 }
 
 impl Registration {
@@ -147,6 +150,7 @@ impl Registration {
             "dp_rank": self.dp_rank,
             "lmcache_instance_id": self.lmcache,
             "additionalsalt": self.salt,
+            "http_endpoint": self.http.clone().unwrap_or_default(),
         })
     }
 }
@@ -219,7 +223,29 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, Refusal> 
         dp_rank: uint(body, "dp_rank", true, u64::from(u32::MAX))?.unwrap_or(0) as u32,
         salt: string(body, &["additionalsalt", "additional_salt"], false)?.unwrap_or_default(),
         lmcache: lmcache_servers(body)?,
+        http: string(body, &["http_endpoint"], false)?
+            .filter(|s| !s.is_empty())
+            .map(http_endpoint)
+            .transpose()?,
     })
+}
+
+/// `http_endpoint`: `http://host:port` (no path), trailing slashes dropped.
+fn http_endpoint(value: String) -> Result<String, Refusal> {
+    const F: &str = "http_endpoint";
+    let url = value.trim_end_matches('/');
+    let authority = url.strip_prefix("http://").unwrap_or_default();
+    let port = authority
+        .rsplit_once(':')
+        .map(|(h, p)| (h, p.parse::<u16>()));
+    match port {
+        Some((host, Ok(_))) if !host.is_empty() && !host.contains(['/', '*']) => Ok(url.to_owned()),
+        _ => Err(Refusal::field(
+            "invalid_value",
+            F,
+            "must be http://host:port with a connectable host",
+        )),
+    }
 }
 
 /// `lmcache_instance_id`: one MP server id or a list of them (absent: none).
@@ -468,6 +494,13 @@ mod tests {
         let r = registration(&body).expect("valid");
         assert_eq!(r.key(), "vllm-prefill-node1|default|0");
         assert_eq!(r.salt, "w8a8");
+        assert_eq!(r.http, None);
+        let mut with_http = body.clone();
+        with_http.insert("http_endpoint".into(), json!("http://10.0.0.5:8000/"));
+        let r = registration(&with_http).expect("valid");
+        assert_eq!(r.http.as_deref(), Some("http://10.0.0.5:8000"));
+        // As /services shows it, it reads back the same.
+        assert_eq!(registration(&obj(r.to_json())), Ok(r));
         let alias = obj(
             json!({"endpoint":"tcp://h:1","type":"sglang","model_name":"m",
             "instance_id":"i","block_size":4,"dp_rank":2,"additional_salt":"s"}),
@@ -491,6 +524,9 @@ mod tests {
             ("dp_rank", json!(-1), "out_of_range"),
             ("dp_rank", json!("0"), "invalid_type"),
             ("modelname", Value::Null, "missing"),
+            ("http_endpoint", json!("10.0.0.5:8000"), "invalid_value"),
+            ("http_endpoint", json!("http://h:8000/v1"), "invalid_value"),
+            ("http_endpoint", json!("http://h"), "invalid_value"),
         ];
         for (field, value, reason) in cases {
             let mut b = obj(base.clone());

@@ -348,6 +348,7 @@ fn resolve(
         dp_rank,
         salt: String::new(),
         lmcache: Vec::new(),
+        http: None,
     };
     if let Err(e) = state.register_as(reg, true) {
         tracing::warn!(%topic, "instance of a topic not registered: {}", e.message);

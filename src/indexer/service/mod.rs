@@ -231,6 +231,13 @@ impl IndexerState {
         self.config.index.seed
     }
 
+    /// Every registration, in service-key order (an embedding router discovers its engines
+    /// from them).
+    pub fn registrations(&self) -> Vec<Registration> {
+        let registry = self.registry.lock();
+        registry.services.values().map(|s| s.reg.clone()).collect()
+    }
+
     /// Whether the publisher feeding `endpoint` is connected now (`None`: not registered).
     pub fn publisher_connected(&self, endpoint: &str) -> Option<bool> {
         let registry = self.registry.lock();

@@ -72,7 +72,9 @@ pub(crate) fn openapi_doc() -> Value {
           "tenant_id": {"type": ["string", "null"]}, "instance_id": {"type": "string", "minLength": 1},
           "block_size": {"type": "integer", "minimum": 1, "maximum": 4294967295u64},
           "dp_rank": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
-          "additionalsalt": {"type": ["string", "null"]}}});
+          "additionalsalt": {"type": ["string", "null"]},
+          "http_endpoint": {"type": ["string", "null"], "example": "http://10.0.0.5:8000",
+                            "pattern": "^(http://[^*/]+:[0-9]{1,5})?/*$"}}});
     let unregister = json!({"type": "object", "required": ["instance_id"], "properties": {
         "instance_id": {"type": "string"}, "tenant_id": {"type": ["string", "null"]},
         "dp_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295u64}}});
