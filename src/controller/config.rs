@@ -144,6 +144,13 @@ pub struct ServeArgs {
     /// the `indexer:` section of `--config`.
     #[arg(long, env = "KVPLANE_SERVE_INDEXER_PORT")]
     pub indexer_port: Option<u16>,
+    /// Also run the router (docs/ROUTER.md) in this process, its HTTP API on this port (0
+    /// picks a free one), beside the indexer of `--indexer-port` (needed), whose index it
+    /// asks directly; its other flags are `kvplane router`'s, from `KVPLANE_ROUTER_*` and the
+    /// `router:` section of `--config` (without `engine` or `discover`: the engines
+    /// registered at that indexer).
+    #[arg(long, env = "KVPLANE_SERVE_ROUTER_PORT")]
+    pub router_port: Option<u16>,
     /// `--cluster`: hot standby on NATS JetStream (the controller's lease; hosted services
     /// start once this process holds it).
     #[command(flatten)]
@@ -242,9 +249,9 @@ const LMCACHE: &[(&str, &str, Convert)] = &[
 ];
 
 /// The sections of `serve`'s `--config` file that hold the settings of a service it runs in
-/// its process (`--coordinator-port`, `--indexer-port`), by that service's flag names
-/// (`crate::service::layers::parse_embedded`).
-pub const EMBEDDED: &[&str] = &["coordinator", "indexer"];
+/// its process (`--coordinator-port`, `--indexer-port`, `--router-port`), by that service's
+/// flag names (`crate::service::layers::parse_embedded`).
+pub const EMBEDDED: &[&str] = &["coordinator", "indexer", "router"];
 
 /// `serve`'s layers: its old `KVPLANE_<FLAG>` variables (deprecated, before LMCache's),
 /// then LMCache's `LMCACHE_CONTROLLER_<KEY>` variables (`_EXTRA_CONFIG` a JSON object of

@@ -3,11 +3,14 @@
 //! with the engine list's syntax ([`EngineSpec`]). Defaults are in
 //! [`crate::config::defaults::router`].
 //!
-//! Parses nothing itself (the binary's layered parse does) and starts nothing.
+//! [`layout`] names the router's layers; [`embedded`] reads the flags of a router that
+//! `kvplane serve --router-port` runs beside its indexer. Parses no command line itself (the
+//! binary's layered parse does) and starts nothing.
 
 use super::score;
 use crate::config::defaults::router as d;
 use crate::indexer::service::api::EngineType;
+use crate::service::layers::{self, Alias, Convert, LayerError, Layout, Settings};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -132,14 +135,10 @@ pub struct RouterArgs {
     /// HTTP port; 0 picks a free one.
     #[arg(long, env = "KVPLANE_ROUTER_PORT", default_value_t = d::PORT)]
     pub port: u16,
-    /// An engine (repeat the flag; the env twin separates them with spaces):
+    /// An engine (repeat the flag; `KVPLANE_ROUTER_ENGINES` separates them with spaces);
+    /// required without `--discover`:
     /// `http://host:port[,instance=ID][,events=tcp://host:port][,replay=tcp://host:port][,dp_rank=N][,type=vLLM|SGLang][,slots=N]`.
-    #[arg(
-        long = "engine",
-        env = "KVPLANE_ROUTER_ENGINES",
-        value_delimiter = ' ',
-        required_unless_present = "discover"
-    )]
+    #[arg(long = "engine", env = "KVPLANE_ROUTER_ENGINES", value_delimiter = ' ')]
     pub engines: Vec<EngineSpec>,
     /// Also route to the engines registered in an index (docs/ROUTER.md, "Discovery"):
     /// `index` (the registrations of the router's own index: `/register` on
@@ -309,6 +308,9 @@ impl RouterArgs {
                 return Err(format!("{name} must be a number ≥ 0"));
             }
         }
+        if self.engines.is_empty() && self.discover.is_none() {
+            return Err("no engine: give --engine (repeated) or --discover".into());
+        }
         if self.block_size == 0 {
             return Err("--block-size must be > 0".into());
         }
@@ -464,5 +466,127 @@ impl RouterConfig {
             engine_metrics_interval: Some(Duration::from_secs_f64(d::ENGINE_METRICS_INTERVAL_S)),
             session_ttl: Duration::from_secs_f64(d::SESSION_TTL_S),
         }
+    }
+}
+
+/// The router's layers: its `KVPLANE_ROUTER_<FLAG>` twins (given by `service::layers`), and
+/// `KVPLANE_ROUTER_ENGINES` (engines separated by spaces) for `--engine`.
+#[must_use]
+pub fn layout() -> Layout {
+    Layout {
+        service: "ROUTER",
+        aliases: vec![Alias {
+            var: "KVPLANE_ROUTER_ENGINES".into(),
+            flag: "engine".into(),
+            convert: Convert::Text,
+            deprecated: false,
+        }],
+        ..Layout::default()
+    }
+}
+
+/// The router run inside `kvplane serve --router-port PORT` beside serve's indexer: the
+/// same flags, read from `KVPLANE_ROUTER_*` (through `env`) and `file` (the `router:`
+/// section of serve's `--config`), on serve's `host` and `PORT`. Without `--engine` or
+/// `--discover` it discovers the engines registered at that indexer (`--discover index`).
+/// `--indexer-port` (serve's indexer is the router's index) and `--doctor` are refused.
+///
+/// # Errors
+/// A value is refused, naming the flag and where it came from.
+pub fn embedded(
+    host: &str,
+    port: u16,
+    env: &dyn Fn(&str) -> Option<String>,
+    file: Option<&Settings>,
+) -> Result<RouterConfig, LayerError> {
+    let fixed = [format!("--host={host}"), format!("--port={port}")];
+    let (mut args, prov) = layers::parse_embedded::<RouterArgs>(&layout(), &fixed, env, file)?;
+    for (flag, given, why) in [
+        (
+            "indexer-port",
+            args.indexer_port != 0,
+            "serve's --indexer-port is the router's index",
+        ),
+        (
+            "doctor",
+            args.doctor,
+            "run `kvplane router --doctor` on its own",
+        ),
+    ] {
+        if given {
+            return Err(LayerError(prov.explain(&format!(
+                "--{flag}: not for a router run by kvplane serve ({why})"
+            ))));
+        }
+    }
+    if args.engines.is_empty() && args.discover.is_none() {
+        args.discover = Some(Discover::Index);
+    }
+    args.config().map_err(|e| LayerError(prov.explain(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(yaml: &str) -> Settings {
+        let dir = std::env::temp_dir().join(format!("kvplane-router-{}", rand::random::<u64>()));
+        std::fs::write(&dir, yaml).expect("write settings");
+        let s = Settings::read(&dir).expect("settings");
+        let _ = std::fs::remove_file(&dir);
+        s
+    }
+
+    #[test]
+    fn serve_runs_it_from_its_variables_and_section() {
+        let vars = |k: &str| match k {
+            "KVPLANE_ROUTER_MODEL" => Some("m".to_owned()),
+            "KVPLANE_ROUTER_LOAD_WEIGHT" => Some("2".to_owned()),
+            _ => None,
+        };
+        let c = embedded("10.0.0.1", 9501, &vars, None).expect("valid");
+        assert_eq!((c.host.as_str(), c.port), ("10.0.0.1", 9501));
+        assert_eq!(c.weights.load, 2.0);
+        // No engine named: the ones registered at serve's indexer.
+        assert_eq!(c.discover, Some(Discover::Index));
+        let file = settings("block_size: 32\nengine: [\"http://e:8000\"]\nmodel: f\n");
+        let c = embedded("h", 0, &|_| None, Some(&file)).expect("valid");
+        assert_eq!((c.model.as_str(), c.block_size), ("f", 32));
+        assert_eq!((c.engines.len(), c.discover), (1, None));
+        let spaced = |k: &str| match k {
+            "KVPLANE_ROUTER_MODEL" => Some("m".to_owned()),
+            "KVPLANE_ROUTER_ENGINES" => Some("http://a:1 http://b:2".to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            embedded("h", 0, &spaced, None)
+                .expect("valid")
+                .engines
+                .len(),
+            2
+        );
+    }
+
+    #[test]
+    fn serve_refuses_what_it_decides_and_names_where_it_came_from() {
+        let file = settings("model: m\nport: 1\n");
+        let e = embedded("h", 0, &|_| None, Some(&file)).expect_err("port is serve's");
+        assert!(e.0.contains("--port"), "{e}");
+        let file = settings("model: m\nindexer_port: 7\n");
+        let e = embedded("h", 0, &|_| None, Some(&file)).expect_err("serve's indexer");
+        assert!(
+            e.0.contains("--indexer-port") && e.0.contains("config file"),
+            "{e}"
+        );
+        let bad = |k: &str| match k {
+            "KVPLANE_ROUTER_MODEL" => Some("m".to_owned()),
+            "KVPLANE_ROUTER_TEMPERATURE" => Some("-1".to_owned()),
+            _ => None,
+        };
+        let e = embedded("h", 0, &bad, None).expect_err("refused");
+        assert!(
+            e.0.contains("--temperature") && e.0.contains("KVPLANE_ROUTER_TEMPERATURE"),
+            "{e}"
+        );
     }
 }

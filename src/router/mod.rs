@@ -49,20 +49,14 @@ pub struct Router {
 /// in-process indexer after the router's own tasks.
 pub type RouterServer = Running<Router>;
 
-/// Loads the tokenizer, starts the in-process indexer with every engine's publisher, binds
-/// the HTTP port and starts the health probes.
+/// Starts the in-process indexer (on 127.0.0.1, `--indexer-port`), then the router over its
+/// index ([`start_beside`]); stopping the router stops that indexer after the router's own
+/// tasks.
 ///
 /// # Errors
 /// [`StartError`]: a port cannot be bound, the model directory cannot be loaded, an
 /// engine's publisher cannot be registered.
 pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
-    let tokenizer = match &config.model_dir {
-        Some(dir) => Some(
-            tokenize::ModelTokenizer::load(dir)
-                .map_err(|e| StartError::resource("load the model directory", e))?,
-        ),
-        None => None,
-    };
     let index = crate::indexer::index::IndexConfig {
         seed: config.hash_seed,
         ..Default::default()
@@ -74,6 +68,45 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         ..IndexerConfig::default()
     })
     .await?;
+    match launch(config, Arc::clone(&indexer.state), indexer.addr).await {
+        Ok(router) => Ok(router.after_drain(move || indexer.stop())),
+        Err(e) => {
+            indexer.stop().await;
+            Err(e)
+        }
+    }
+}
+
+/// Starts the router over an indexer that runs beside it in this process (`kvplane serve
+/// --router-port` with `--indexer-port`), at `index_addr`: the router asks its index directly,
+/// registers `--engine`'s publishers there, and hashes with its seed. Stopping the router
+/// leaves the indexer running.
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_beside(
+    mut config: RouterConfig,
+    index: Arc<crate::indexer::service::IndexerState>,
+    index_addr: SocketAddr,
+) -> Result<RouterServer, StartError> {
+    config.hash_seed = index.hash_seed();
+    launch(config, index, index_addr).await
+}
+
+/// Loads the tokenizer, registers every engine's publisher in `index`, binds the HTTP port
+/// and starts the health probes, the scrapes and the discovery.
+async fn launch(
+    config: RouterConfig,
+    index: Arc<crate::indexer::service::IndexerState>,
+    index_addr: SocketAddr,
+) -> Result<RouterServer, StartError> {
+    let tokenizer = match &config.model_dir {
+        Some(dir) => Some(
+            tokenize::ModelTokenizer::load(dir)
+                .map_err(|e| StartError::resource("load the model directory", e))?,
+        ),
+        None => None,
+    };
     for e in &config.engines {
         let Some(events) = &e.events else { continue };
         let reg = Registration {
@@ -90,7 +123,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
             lmcache: Vec::new(),
             http: Some(e.url.clone()),
         };
-        indexer.state.register(reg).map_err(|err| {
+        index.register(reg).map_err(|err| {
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))
         })?;
     }
@@ -117,20 +150,13 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
                     shutdown.cancel();
                     tasks.close();
                     tasks.wait().await;
-                    indexer.stop().await;
                     return Err(StartError::resource("join --cluster", e));
                 }
             }
         }
         None => None,
     };
-    let state = Arc::new(RouterState::new(
-        config,
-        Arc::clone(&indexer.state),
-        tokenizer,
-        shared,
-        metrics,
-    ));
+    let state = Arc::new(RouterState::new(config, index, tokenizer, shared, metrics));
     // The engines registered by then are routed to from the first request.
     let mut mirrored = std::collections::BTreeMap::new();
     discovery::pass(&state, &mut mirrored).await;
@@ -183,8 +209,8 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
             tracing::error!("router HTTP server failed: {e}");
         }
     });
-    tracing::info!(http = %bound, indexer = %indexer.addr, engines = state.engines().len(), "kvplane router listening");
-    let indexer_addr = indexer.addr;
+    tracing::info!(http = %bound, indexer = %index_addr, engines = state.engines().len(), "kvplane router listening");
+    let indexer_addr = index_addr;
     Ok(Running::new(
         "router",
         Router {
@@ -196,8 +222,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         tasks,
     )
     .with_addr("http", bound)
-    .with_addr("indexer", indexer_addr)
-    .after_drain(move || indexer.stop()))
+    .with_addr("indexer", indexer_addr))
 }
 
 /// Probes every engine's `GET /health` each interval: an answer (2xx) brings it back, a

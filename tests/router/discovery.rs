@@ -2,7 +2,9 @@
 //! in an index, and follows them as they come and go — those registered at its own
 //! in-process index (`--discover index`, `/register` on `--indexer-port`), and those of a
 //! separate `kvplane indexer` process (`--discover http://…`), whose events the router then
-//! takes into its own index (a continuation goes to the prefix holder, predicted).
+//! takes into its own index (a continuation goes to the prefix holder, predicted). And the
+//! router run by `kvplane serve --router-port` beside its indexer, configured from
+//! `KVPLANE_ROUTER_*` and the `router:` section of serve's `--config`.
 
 use crate::support::engine::Engine;
 use crate::support::process::{Launch, Process};
@@ -214,4 +216,48 @@ async fn a_router_follows_a_separate_indexer_process() {
     assert_eq!(engines(addr).await, [other]);
     assert_eq!(complete(addr, "still routed").await.0, 200);
     router.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_runs_the_router_beside_its_indexer() {
+    let e0 = Engine::start("e0", &model_dir(), 4).await;
+    let e1 = Engine::start("e1", &model_dir(), 4).await;
+    let dir = crate::support::node::tempdir("router-serve");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("serve.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "router:\n  model_dir: {}\n  block_size: 4\n  discovery_interval: 0.2\n",
+            model_dir().display()
+        ),
+    )
+    .expect("write the settings");
+    let ports = crate::support::ServePorts::free();
+    let mut serve = Launch::kvplane("serve")
+        .args(["--config".as_ref(), file.as_os_str()])
+        .envs_owned(&ports.env())
+        .envs_owned(&[
+            ("KVPLANE_SERVE_INDEXER_PORT", "0".into()),
+            ("KVPLANE_SERVE_ROUTER_PORT", "0".into()),
+            ("KVPLANE_ROUTER_MODEL", "m".into()),
+            ("KVPLANE_ROUTER_HEALTH_INTERVAL", "0.2".into()),
+        ])
+        .spawn();
+    let indexer = serve
+        .listening("kvplane indexer listening")
+        .await
+        .addr("http");
+    let at = serve.listening("kvplane router listening").await;
+    let addr = at.addr("http");
+    // The router's index is serve's indexer: engines register there, nowhere else.
+    assert_eq!(at.addr("indexer"), indexer);
+    register(indexer, &e0, "e0", false).await;
+    register(indexer, &e1, "e1", false).await;
+    until_engines(addr, &["e0", "e1"]).await;
+    follows_the_prefix(addr).await;
+    unregister(indexer, "e0").await;
+    until_engines(addr, &["e1"]).await;
+    serve.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -102,11 +102,7 @@ fn layout(plain: &clap::Command, sub: &str) -> Option<Layout> {
             aliases: deprecated("INDEXER", &old, &[]),
             ..Layout::default()
         },
-        "router" => Layout {
-            service: "ROUTER",
-            aliases: deprecated("ROUTER", &old, &[]),
-            ..Layout::default()
-        },
+        "router" => kvplane::router::config::layout(),
         _ => return None,
     })
 }

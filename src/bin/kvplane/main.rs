@@ -42,9 +42,11 @@ fn main() -> anyhow::Result<()> {
             let cluster = args.cluster.config().map_err(explain)?;
             if args.replica {
                 anyhow::ensure!(
-                    args.indexer_port.is_none() && args.coordinator_port.is_none(),
-                    "--replica serves the controller's read routes only: drop --indexer-port \
-                     and --coordinator-port"
+                    args.indexer_port.is_none()
+                        && args.coordinator_port.is_none()
+                        && args.router_port.is_none(),
+                    "--replica serves the controller's read routes only: drop --indexer-port, \
+                     --coordinator-port and --router-port"
                 );
                 let cluster = cluster.context("--replica needs --cluster")?;
                 return run(&runtime, |mut runner| {
@@ -65,6 +67,18 @@ fn main() -> anyhow::Result<()> {
                     port,
                     &env,
                     section("indexer")?.flatten().as_ref(),
+                )?),
+                None => None,
+            };
+            let router = match args.router_port {
+                Some(_) if args.indexer_port.is_none() => anyhow::bail!(
+                    "--router-port runs the router beside the indexer: give --indexer-port too"
+                ),
+                Some(port) => Some(kvplane::router::config::embedded(
+                    &config.host,
+                    port,
+                    &env,
+                    section("router")?.flatten().as_ref(),
                 )?),
                 None => None,
             };
@@ -100,12 +114,26 @@ fn main() -> anyhow::Result<()> {
                     // Both: the coordinator's applied batches feed the indexer (LMCache tiers);
                     // the coordinator starts once the indexer has.
                     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+                    let (router_tx, router_rx) = tokio::sync::oneshot::channel();
                     let linked = indexer.is_some() && coordinator.is_some();
                     if let Some(c) = indexer {
                         runner.add_service("indexer", async move {
                             let server = kvplane::indexer::service::start(c).await?;
                             let _ = started_tx.send(std::sync::Arc::clone(&server.state));
+                            let _ =
+                                router_tx.send((std::sync::Arc::clone(&server.state), server.addr));
                             Ok(server)
+                        });
+                    }
+                    // The router asks the indexer's index directly, once it has started.
+                    if let Some(c) = router {
+                        runner.add_service("router", async move {
+                            let (index, addr) = router_rx.await.map_err(|_| {
+                                kvplane::service::StartError::Config(
+                                    "the indexer did not start".into(),
+                                )
+                            })?;
+                            kvplane::router::start_beside(c, index, addr).await
                         });
                     }
                     if let Some(mut c) = coordinator {
