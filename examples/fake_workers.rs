@@ -69,6 +69,7 @@ async fn register(
         ip: "127.0.0.1".into(),
         port: i64::from(port),
         peer_init_url: Some(peer.to_owned()),
+        distributed_url: None,
     });
     match decode(&dealer.request(Bytes::from(encode(&msg))).await?)? {
         Msg::RegisterRetMsg(_) => Ok(()),

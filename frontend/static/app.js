@@ -6,7 +6,7 @@
 import { Actions } from "./actions.js";
 import { TimeChart } from "./chart.js";
 import { bar, fmtAge, fmtClock, fmtCompact, fmtDateTime, fmtInt, fmtPct, fmtRate, h } from "./format.js";
-import { FALLBACK_RULE, WorkerGrid, shortLoc, statusOf } from "./table.js";
+import { FALLBACK_RULE, FULL_SYNC_WIRE, WIRE_NOTES, WorkerGrid, shortLoc, statusOf } from "./table.js";
 
 const params = new URLSearchParams(location.search);
 const INTERVAL_MS = Math.max(250, Number(params.get("interval")) || 2000);
@@ -172,7 +172,8 @@ function ingest(feed) {
       locSig: locations.map((l) => `${l.name}:${l.key_count}`).join("|"),
       sync: r[at.sync],
       heartbeated: r[at.heartbeated],
-      haystack: `${r[at.instance_id]} ${r[at.worker_id]} ${hostPort(r[at.ip], r[at.port])} ${r[at.peer_init_url] || ""} ${locNames}`.toLowerCase(),
+      protocol: r[at.protocol],
+      haystack: `${r[at.instance_id]} ${r[at.worker_id]} ${hostPort(r[at.ip], r[at.port])} ${r[at.peer_init_url] || ""} ${locNames} ${r[at.protocol]}`.toLowerCase(),
     };
     refreshAges(w, now);
     byKey.set(key, w);
@@ -441,13 +442,14 @@ function renderDetails(key) {
     ["Sync batches", `${fmtInt(s.received_batches)} / ${fmtInt(s.expected_batches)}${s.missing_batches ? ` · ${fmtInt(s.missing_batches)} missing` : ""}${s.failure ? ` · ${s.failure}` : ""}`],
     ["Sync keys", `${fmtInt(s.received_keys)} / ${fmtInt(s.expected_keys)}${s.end_total_keys != null ? ` (end: ${fmtInt(s.end_total_keys)})` : ""}`],
     ["Sync id", h("span", null, h("code", { text: s.sync_id || "—" }), s.start_time ? ` · ${fmtAge(now - s.start_time)} ago` : "")],
-  ] : [["Full sync", h("span", { class: "none", text: "idle (none since registration)" })]];
+  ] : [["Full sync", h("span", { class: "none", text: w.protocol === FULL_SYNC_WIRE ? "idle (none since registration)" : "not in this wire (pushed registration)" })]];
   const loc0 = w.locations[0]?.name || "";
   body.replaceChildren(
     h("p", { class: "d-title" }, w.instance_id, h("span", { class: "muted", text: `rank ${w.worker_id} · ${fmtInt(w.key_count)} keys` })),
     kv([
       ["Endpoint", h("code", { title: "The worker's command (REP) socket", text: w.endpoint })],
       ["P2P peer", w.peer_init_url ? h("code", { text: w.peer_init_url }) : h("span", { class: "none", text: "not serving peers" })],
+      ["LMCache wire", h("span", { title: WIRE_NOTES[w.protocol] || "" }, h("code", { text: w.protocol }), ` · ${WIRE_NOTES[w.protocol] || "unknown generation"}`)],
       ["Heartbeat", hb],
       ["Last seen", h("span", { title: "Any message from the worker" }, `${fmtAge(now - w.last_seen)} ago · registered ${fmtAge(now - w.registration_time)} ago`)],
       ...syncRows,

@@ -8,6 +8,15 @@ export const ROW_H = 32;
 const OVERSCAN = 6;
 
 /** The rule a server without `config.status` used: LMCache's heartbeat-age thresholds. */
+/** The LMCache controller-wire generations (`protocol` of a worker row), and what each means. */
+export const WIRE_NOTES = {
+  "0.3.3-0.3.9": "registers and heartbeats by push (distributed_url), one message per admit, no full sync",
+  "0.3.10-0.3.11": "registers and heartbeats by push, batched admits, no full sync",
+  "0.3.12-0.5.6": "registers by request, heartbeat commands, full sync",
+};
+/** The one generation that can be asked for a full sync. */
+export const FULL_SYNC_WIRE = "0.3.12-0.5.6";
+
 export const FALLBACK_RULE = { basis: "last_heartbeat_time", active_s: 60, warning_s: 300 };
 
 /**
@@ -199,7 +208,7 @@ export class WorkerGrid {
       : h("span", { class: "reg", title: "No heartbeat yet: age since registration" }, `reg. ${age} ago`));
     const s = w.sync;
     const sig = s ? `${s.state}|${s.received_batches}|${s.expected_batches}` : "idle";
-    this.put(row, 7, sig, () => syncCell(s));
+    this.put(row, 7, `${sig}|${w.protocol}`, () => syncCell(s, w.protocol));
   }
 
   select(key, viaKeyboard) {
@@ -238,7 +247,8 @@ export function shortLoc(name) {
   return m ? m[1] : name.replace(/Backend$/, "");
 }
 
-function syncCell(s) {
+function syncCell(s, protocol) {
+  if (!s && protocol !== FULL_SYNC_WIRE) return h("span", { class: "none", title: `LMCache ${protocol}: ${WIRE_NOTES[protocol] || "unknown generation"}`, text: `n/a (${protocol})` });
   if (!s) return h("span", { class: "none", text: "—" });
   if (s.state === "completed") return h("span", { class: "sync-done", text: "✓ completed" });
   if (s.state === "failed") return h("span", { class: "sync-failed", title: s.failure || "", text: `✕ failed${s.failure ? ` (${s.failure})` : ""}` });

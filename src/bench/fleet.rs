@@ -47,6 +47,7 @@ impl SimWorker {
             ip: "127.0.0.1".into(),
             port: self.port,
             peer_init_url: None,
+            distributed_url: None,
         })))
     }
 
@@ -58,6 +59,7 @@ impl SimWorker {
             ip: "127.0.0.1".into(),
             port: self.port,
             peer_init_url,
+            distributed_url: None,
         })
     }
 }

@@ -26,6 +26,7 @@ fn register(inst: &str, port: i64) -> Msg {
         ip: "127.0.0.1".into(),
         port,
         peer_init_url: Some(format!("127.0.0.1:{}", port + 1)),
+        distributed_url: None,
     })
 }
 
@@ -36,6 +37,7 @@ fn heartbeat(inst: &str, port: i64) -> Msg {
         ip: "127.0.0.1".into(),
         port,
         peer_init_url: None,
+        distributed_url: None,
     })
 }
 

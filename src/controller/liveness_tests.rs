@@ -26,6 +26,7 @@ fn register(shared: &Shared, inst: &str, wid: i64, port: u16) {
             ip: "127.0.0.1".into(),
             port: i64::from(port),
             peer_init_url: None,
+            distributed_url: None,
         }),
     );
     assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
@@ -40,6 +41,7 @@ fn heartbeat(shared: &Shared, inst: &str, wid: i64) -> Msg {
             ip: "127.0.0.1".into(),
             port: 1,
             peer_init_url: None,
+            distributed_url: None,
         }),
     )
 }

@@ -17,7 +17,7 @@ use crate::index::{
 use crate::net::host_port;
 use crate::protocol::{
     BatchedP2PLookupRetMsg, ChunkHash, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg,
-    HeartbeatCommand, HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg,
+    HeartbeatCommand, HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg, Wire,
 };
 use std::collections::HashMap;
 
@@ -201,8 +201,8 @@ impl Fleet {
             return (reply, fx);
         }
         let reply = match msg {
-            Msg::RegisterMsg(m) => self.on_register(&m, ctx, &mut fx),
-            Msg::HeartbeatMsg(m) => self.on_heartbeat(&m, ctx.now, &mut fx),
+            Msg::RegisterMsg(m) => self.on_register(&m, ctx, Wire::Requests, &mut fx),
+            Msg::HeartbeatMsg(m) => self.on_heartbeat(&m, ctx.now, Wire::Requests, &mut fx),
             Msg::BatchedP2PLookupMsg(m) => self.on_p2p_lookup(&m, &mut fx),
             Msg::FullSyncStartMsg(m) => self.on_sync_start(m, ctx.now, &mut fx),
             Msg::FullSyncStatusMsg(m) => self.on_sync_status(m),
@@ -295,20 +295,20 @@ impl Fleet {
                 self.on_deregister(&m.instance_id, m.worker_id, &mut fx);
                 Ok(())
             }
-            // LMCache ≤ 0.3.9 pushes its registration and heartbeats and reads no reply (it
+            // LMCache ≤ 0.3.11 pushes its registration and heartbeats and reads no reply (it
             // has no `RegisterRetMsg`, no heartbeat commands and no full sync): applied as
-            // the requests are, the reply dropped.
+            // the requests are, in its own generation, and nothing is answered.
             Msg::RegisterMsg(m) => {
                 let ctx = RequestContext {
                     now,
                     heartbeat_url: None,
                 };
-                match self.on_register(&m, &ctx, &mut fx) {
+                match self.on_register(&m, &ctx, m.pushed_wire(), &mut fx) {
                     Msg::ErrorMsg(_) => Err(DropReason::Refused),
                     _ => Ok(()),
                 }
             }
-            Msg::HeartbeatMsg(m) => match self.on_heartbeat(&m, now, &mut fx) {
+            Msg::HeartbeatMsg(m) => match self.on_heartbeat(&m, now, m.pushed_wire(), &mut fx) {
                 Msg::ErrorMsg(_) => Err(DropReason::Refused),
                 _ => Ok(()),
             },
@@ -446,6 +446,7 @@ impl Fleet {
         &mut self,
         m: &crate::protocol::RegisterMsg,
         ctx: &RequestContext,
+        wire: Wire,
         fx: &mut Vec<Effect>,
     ) -> Msg {
         let port = match port_of(m.port) {
@@ -458,7 +459,7 @@ impl Fleet {
             m.worker_id,
             &m.ip,
             port,
-            m.peer_init_url.as_deref(),
+            m.peer_url(),
             ctx.now,
         );
         let outcome = match outcome {
@@ -473,6 +474,7 @@ impl Fleet {
                 return reply;
             }
         };
+        self.index.set_wire(&m.instance_id, m.worker_id, wire);
         let (reopen, again) = match outcome {
             RegisterOutcome::New => (true, false),
             RegisterOutcome::ReRegistered { endpoint_changed } => {
@@ -498,6 +500,7 @@ impl Fleet {
         &mut self,
         m: &crate::protocol::HeartbeatMsg,
         now: f64,
+        wire: Wire,
         fx: &mut Vec<Effect>,
     ) -> Msg {
         let port = match port_of(m.port) {
@@ -505,14 +508,9 @@ impl Fleet {
             Err(e) => return error(e),
         };
         let k = key(&m.instance_id, m.worker_id);
-        let outcome = self.index.heartbeat(
-            &m.instance_id,
-            m.worker_id,
-            &m.ip,
-            port,
-            m.peer_init_url.as_deref(),
-            now,
-        );
+        let outcome =
+            self.index
+                .heartbeat(&m.instance_id, m.worker_id, &m.ip, port, m.peer_url(), now);
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
@@ -525,6 +523,7 @@ impl Fleet {
                 return reply;
             }
         };
+        self.index.set_wire(&m.instance_id, m.worker_id, wire);
         let commands = match outcome {
             HeartbeatOutcome::ReRegistered => {
                 self.open_downlink(k.clone(), &m.ip, port, fx);

@@ -26,6 +26,7 @@ fn register(inst: &str, wid: i64, port: i64) -> Msg {
         ip: "127.0.0.1".into(),
         port,
         peer_init_url: None,
+        distributed_url: None,
     })
 }
 
@@ -45,6 +46,7 @@ fn heartbeat(inst: &str, wid: i64, port: i64) -> Msg {
         ip: "127.0.0.1".into(),
         port,
         peer_init_url: None,
+        distributed_url: None,
     })
 }
 
@@ -414,11 +416,89 @@ fn a_lmcache_039_worker_registers_heartbeats_admits_and_leaves_over_push() {
         Some("127.0.0.1:8200"),
         "distributed_url"
     );
+    assert_eq!(w.wire, Wire::Pushed, "told by distributed_url on PULL");
     assert_eq!(f.on_push(frame_039("heartbeat"), 2.0).0, Ok(()));
     assert_eq!(f.on_push(frame_039("admit"), 3.0).0, Ok(()));
+    assert_eq!(f.on_push(frame_039("admit"), 3.5).0, Ok(()));
     assert_eq!(f.index().key_count(), 1);
+    assert_eq!(
+        f.index().seq_discontinuities(),
+        0,
+        "0.3.9 numbers no op: nothing is a gap"
+    );
+    let w = f.index().worker("old", 0).expect("registered");
+    assert_eq!(w.locations[0].last_seq, None);
     assert_eq!(f.on_push(frame_039("evict"), 4.0).0, Ok(()));
     assert_eq!(f.index().key_count(), 0);
     assert_eq!(f.on_push(frame_039("deregister"), 5.0).0, Ok(()));
     assert!(f.index().worker("old", 0).is_none());
+}
+
+/// The frames of LMCache 0.3.11 (the `peer_init_url` generation that still pushes), encoded by
+/// 0.3.11's own classes as above: registration, a heartbeat without a peer, a batch of two.
+const LMCACHE_0311: [(&str, &str); 3] = [
+    ("register", "86a474797065ab52656769737465724d7367ab696e7374616e63655f6964a36d6964a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4ad706565725f696e69745f75726cae3132372e302e302e313a38323030"),
+    ("heartbeat", "86a474797065ac4865617274626561744d7367ab696e7374616e63655f6964a36d6964a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4ad706565725f696e69745f75726cc0"),
+    ("batch", "85a474797065b5426174636865644b564f7065726174696f6e4d7367ab696e7374616e63655f6964a36d6964a9776f726b65725f696400a86c6f636174696f6eaf4c6f63616c4350554261636b656e64aa6f7065726174696f6e739283a76f705f74797065a561646d6974a36b6579cd3039a77365715f6e756d0083a76f705f74797065a561646d6974a36b6579cd303aa77365715f6e756d01"),
+];
+
+fn frame_0311(name: &str) -> Msg {
+    let hex = LMCACHE_0311
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("frame")
+        .1;
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    crate::protocol::decode(&bytes).expect("a 0.3.11 frame decodes")
+}
+
+#[test]
+fn each_generation_is_told_by_how_it_registers_and_only_numbered_ops_are_checked() {
+    let mut f = fleet();
+    assert_eq!(f.on_push(frame_0311("register"), 1.0).0, Ok(()));
+    let w = f.index().worker("mid", 0).expect("registered");
+    assert_eq!(w.wire, Wire::PushedBatched, "peer_init_url on PULL");
+    assert_eq!(w.peer_init_url.as_deref(), Some("127.0.0.1:8200"));
+    let Msg::BatchedKVOperationMsg(b) = frame_0311("batch") else {
+        panic!("a batch")
+    };
+    f.apply_batch(&b.instance_id, b.worker_id, &b.location, &b.operations, 2.0);
+    let w = f.index().worker("mid", 0).expect("registered");
+    assert_eq!(w.locations[0].last_seq, Some(1), "0.3.11 numbers its ops");
+    assert_eq!(f.on_push(frame_0311("heartbeat"), 3.0).0, Ok(()));
+    assert_eq!(
+        f.index().worker("mid", 0).expect("known").wire,
+        Wire::PushedBatched
+    );
+
+    // The same worker restarted as 0.3.12+: its request registration says so.
+    let (reply, _) = f.on_request(RouterKind::Reply, register("mid", 0, 8100), &ctx(4.0));
+    assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
+    assert_eq!(
+        f.index().worker("mid", 0).expect("known").wire,
+        Wire::Requests
+    );
+}
+
+/// LMCache 0.3.1–0.3.2 named chunks by strings (`KVAdmitMsg.key: str`; this frame was encoded
+/// by 0.3.1's own class): kvplane does not speak that wire, and says so per frame without
+/// losing anything around it.
+#[test]
+fn a_string_keyed_admit_of_lmcache_031_is_a_clear_error_and_loses_nothing() {
+    let hex = "85a474797065aa4b5641646d69744d7367ab696e7374616e63655f6964a56f6c646572a9776f726b65725f696400a36b6579a461316232a86c6f636174696f6eaf4c6f63616c4350554261636b656e64";
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    let err = crate::protocol::decode(&bytes).expect_err("a string key is refused");
+    assert_eq!(err.reason(), "bad_field");
+    let text = err.to_string();
+    assert!(text.starts_with("invalid KVAdmitMsg"), "{text}");
+    let mut f = fleet();
+    assert_eq!(f.on_push(frame_039("register"), 1.0).0, Ok(()));
+    assert_eq!(f.on_push(frame_039("admit"), 2.0).0, Ok(()));
+    assert_eq!(f.index().key_count(), 1, "the frames around it still apply");
 }

@@ -43,7 +43,7 @@ pub use sync::{
 };
 pub use views::{InstanceSummary, LocationView, WorkerAddr, WorkerView};
 
-use crate::protocol::{KVOpEvent, OpType};
+use crate::protocol::{KVOpEvent, OpType, Wire};
 use chunks::Chunks;
 use registry::{Location, Registry, Worker};
 use thiserror::Error;
@@ -290,6 +290,28 @@ impl Index {
         Ok(RegisterOutcome::ReRegistered { endpoint_changed })
     }
 
+    /// Records the controller-wire generation `wire` of a registered worker (the controller
+    /// tells it from how the worker registered); a worker of [`Wire::Pushed`] has its ops'
+    /// sequence numbers ignored, since that wire has none. Returns whether the worker is known.
+    pub fn set_wire(&mut self, instance_id: &str, worker_id: i64, wire: Wire) -> bool {
+        let w = self
+            .reg
+            .find(instance_id, worker_id)
+            .and_then(|ws| self.reg.worker_mut(ws));
+        match w {
+            Some(w) => {
+                if w.wire != wire {
+                    w.wire = wire;
+                    for loc in &mut w.locations {
+                        loc.last_seq = None;
+                    }
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Handles `DeRegisterMsg` (or a liveness reap): removes the worker with its keys and sync
     /// state and drops its instance when empty. Returns whether the worker was known.
     pub fn deregister(&mut self, instance_id: &str, worker_id: i64) -> bool {
@@ -388,7 +410,8 @@ impl Index {
     /// no-op), then checked against the location's sequence tracker: if a previous `seq_num`
     /// exists and the op's is not its successor, it counts as a gap; either way the tracker
     /// takes the op's `seq_num`. A batch with any gap increments
-    /// [`Index::seq_discontinuities`] once (LMCache's metric). Batches of a syncing worker are
+    /// [`Index::seq_discontinuities`] once (LMCache's metric). The ops of a worker whose wire
+    /// numbers none ([`Wire::Pushed`]) are not checked. Batches of a syncing worker are
     /// discarded whole.
     pub fn apply_batch(
         &mut self,
@@ -417,6 +440,7 @@ impl Index {
         };
         let max_keys = self.config.max_keys_per_worker;
         let mut held = worker_keys(w, &self.chunks);
+        let numbered = w.wire.numbers_ops();
         let loc = &mut w.locations[li];
         let (mut admits, mut keys_added, mut keys_removed, mut gaps, mut refused) = (0, 0, 0, 0, 0);
         for op in ops {
@@ -436,6 +460,9 @@ impl Index {
                         held = held.saturating_sub(1);
                     }
                 }
+            }
+            if !numbered {
+                continue; // LMCache ≤ 0.3.9 numbers no op: nothing to check
             }
             if let Some(last) = loc.last_seq {
                 if last.checked_add(1) != Some(op.seq_num) {

@@ -7,6 +7,7 @@
 use super::chunks::HolderId;
 use super::sync_state::SyncState;
 use super::IndexError;
+use crate::protocol::Wire;
 use hashbrown::HashMap;
 
 /// A vector of optional records with a free list: stable `u32` slots, reused after removal.
@@ -81,6 +82,8 @@ pub(crate) struct Worker {
     /// A full sync to ask for at the next heartbeat, with its reason (a controller that took
     /// over with incomplete state).
     pub(crate) resync: Option<&'static str>,
+    /// The LMCache controller-wire generation it speaks (set by the controller).
+    pub(crate) wire: Wire,
 }
 
 impl Worker {
@@ -213,6 +216,7 @@ impl Registry {
             locations: Vec::new(),
             sync: SyncState::Idle,
             resync: None,
+            wire: Wire::default(),
         });
         let ws = match inserted {
             Ok(ws) => ws,

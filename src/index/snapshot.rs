@@ -11,7 +11,7 @@
 use super::chunks::HolderId;
 use super::registry::Location;
 use super::{ensure_location, Index, IndexConfig, IndexError, REASON_TAKEOVER_INCOMPLETE};
-use crate::protocol::ChunkHash;
+use crate::protocol::{ChunkHash, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -44,6 +44,9 @@ struct WorkerDump {
     last_seen: f64,
     resync: bool,
     locations: Vec<LocationDump>,
+    /// Last, with a default: a dump written before generations were kept still loads.
+    #[serde(default)]
+    wire: Wire,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -106,6 +109,7 @@ impl Index {
                     last_seen: w.last_seen,
                     resync: w.resync.is_some(),
                     locations,
+                    wire: w.wire,
                 });
             }
         }
@@ -146,6 +150,7 @@ impl Index {
                 worker.last_heartbeat_time = w.last_heartbeat_time;
                 worker.last_seen = w.last_seen;
                 worker.resync = w.resync.then_some(REASON_TAKEOVER_INCOMPLETE);
+                worker.wire = w.wire;
                 for l in &w.locations {
                     let Some(li) =
                         ensure_location(worker, ws, &l.name, &mut ix.chunks, max_locations)

@@ -6,7 +6,7 @@
 use super::registry::{Instance, Worker};
 use super::sync::SyncView;
 use super::Index;
-use crate::protocol::ChunkHash;
+use crate::protocol::{ChunkHash, Wire};
 
 /// Per-instance totals, as in `/controller/key-stats`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub struct WorkerView {
     pub locations: Vec<LocationView>,
     /// Full-sync state.
     pub sync: SyncView,
+    /// The LMCache controller-wire generation it speaks.
+    pub wire: Wire,
 }
 
 /// A worker's identity and downlink address.
@@ -212,6 +214,7 @@ impl Index {
                 })
                 .collect(),
             sync: w.sync.view(),
+            wire: w.wire,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! `#[serde(default)]`; `Optional[X]` fields without a default are required-but-nullable in
 //! msgspec, and kvplane accepts them missing as `None` (tolerant decoding loses nothing).
 
-use super::{ChunkHash, KVOpEvent};
+use super::{ChunkHash, KVOpEvent, Wire};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,34 @@ impl HeartbeatCommand {
             reason: Some(reason.to_owned()),
             args: None,
         })
+    }
+}
+
+impl RegisterMsg {
+    /// The peer address under either name (`peer_init_url`, or ≤ 0.3.9's `distributed_url`).
+    pub fn peer_url(&self) -> Option<&str> {
+        self.peer_init_url
+            .as_deref()
+            .or(self.distributed_url.as_deref())
+    }
+
+    /// The wire generation of a worker that pushed this registration on PULL.
+    pub fn pushed_wire(&self) -> Wire {
+        Wire::of_pushed(self.distributed_url.is_some())
+    }
+}
+
+impl HeartbeatMsg {
+    /// The peer address under either name (`peer_init_url`, or ≤ 0.3.9's `distributed_url`).
+    pub fn peer_url(&self) -> Option<&str> {
+        self.peer_init_url
+            .as_deref()
+            .or(self.distributed_url.as_deref())
+    }
+
+    /// The wire generation of a worker that pushed this heartbeat on PULL.
+    pub fn pushed_wire(&self) -> Wire {
+        Wire::of_pushed(self.distributed_url.is_some())
     }
 }
 
@@ -123,9 +151,10 @@ macro_rules! messages {
 }
 
 messages! {
-    /// Worker → controller (ROUTER; LMCache ≤ 0.3.9 pushes it on PULL): join the fleet. 0.3.9
-    /// names the peer address `distributed_url`.
-    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, #[serde(alias = "distributed_url")] peer_init_url: Option<String> }
+    /// Worker → controller (ROUTER; LMCache ≤ 0.3.11 pushes it on PULL): join the fleet.
+    /// LMCache ≤ 0.3.9 names the peer address `distributed_url` (see [`Wire`]); kvplane never
+    /// writes that field.
+    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing)] distributed_url: Option<String> }
     /// Controller → worker: registration accepted; `extra_config["heartbeat_url"]`.
     RegisterRetMsg { #[serde(default)] extra_config: IndexMap<String, String> }
     /// Worker → controller (PULL): leave the fleet.
@@ -202,9 +231,9 @@ messages! {
     QueryInstMsg { event_id: String, ip: String }
     /// Orchestration reply.
     QueryInstRetMsg { event_id: String, instance_id: Option<String> }
-    /// Worker → controller (heartbeat ROUTER; LMCache ≤ 0.3.9 pushes it on PULL, with
-    /// `distributed_url`): I am alive.
-    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, #[serde(alias = "distributed_url")] peer_init_url: Option<String> }
+    /// Worker → controller (heartbeat ROUTER; LMCache ≤ 0.3.11 pushes it on PULL, ≤ 0.3.9
+    /// with `distributed_url`): I am alive.
+    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing)] distributed_url: Option<String> }
     /// Controller → worker: commands to run (e.g. `full_sync`).
     HeartbeatRetMsg { #[serde(default)] commands: Vec<HeartbeatCommand> }
     /// Worker → controller (ROUTER): who holds this prefix of chunk hashes?

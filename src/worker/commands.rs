@@ -197,6 +197,7 @@ mod tests {
             ip: "x".into(),
             port: 1,
             peer_init_url: None,
+            distributed_url: None,
         });
         assert_eq!(
             err_text(dispatch(&none, reg, t).await),

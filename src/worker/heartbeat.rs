@@ -61,6 +61,7 @@ pub(crate) async fn run(
         ip: ctx.ip.clone(),
         port: i64::from(ctx.port),
         peer_init_url: c.peer_init_url.clone(),
+        distributed_url: None,
     });
     loop {
         tokio::select! {

@@ -99,6 +99,7 @@ impl Uplink {
             ip: ctx.ip.clone(),
             port: i64::from(ctx.port),
             peer_init_url: c.peer_init_url.clone(),
+            distributed_url: None,
         });
         match self.call(ctx, &msg).await? {
             Msg::RegisterRetMsg(r) => Ok(r

@@ -119,6 +119,7 @@ try {
   await page.waitForFunction((inst) => document.querySelector("#details-body .d-title")?.textContent.startsWith(inst), selInst);
   const detailText = await page.textContent("#details-body");
   check(detailText.includes("LocalCPUBackend") && detailText.includes("Endpoint") && detailText.includes("Full sync"), "the details panel shows locations and endpoints");
+  check(/LMCache wire0\.3\.12-0\.5\.6 · registers by request/.test(detailText), `the details panel names the worker's LMCache wire generation: ${detailText}`);
 
   // 7. /health through the form: prefill from the details, review, confirm, read the answer.
   await page.click('#details-body button:has-text("Check health")');

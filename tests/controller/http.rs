@@ -39,6 +39,7 @@ fn register(shared: &Shared, instance: &str, worker: i64, port: u16, peer: Optio
             ip: "127.0.0.1".to_owned(),
             port: i64::from(port),
             peer_init_url: peer.map(str::to_owned),
+            distributed_url: None,
         }),
     );
     assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");

@@ -396,6 +396,7 @@ async fn commands_reach_the_handler_and_its_answers_return() {
         ip: "127.0.0.1".into(),
         port: 1,
         peer_init_url: None,
+        distributed_url: None,
     });
     let reply = within("wrong kind", raw.request(encode(&register).into()))
         .await

@@ -145,6 +145,7 @@ async fn heartbeats_known_unknown_and_on_the_heartbeat_socket_only() {
         ip: "127.0.0.1".into(),
         port: i64::from(port),
         peer_init_url: None,
+        distributed_url: None,
     });
     // Unknown worker: re-registered and told to full-sync.
     match ask(&mut hb, &beat).await {
@@ -169,6 +170,7 @@ async fn heartbeats_known_unknown_and_on_the_heartbeat_socket_only() {
         ip: "127.0.0.1".into(),
         port: 1,
         peer_init_url: None,
+        distributed_url: None,
     });
     match ask(&mut hb, &reg).await {
         Msg::ErrorMsg(e) => assert!(e.error.contains("Expected HeartbeatMsg"), "{}", e.error),

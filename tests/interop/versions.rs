@@ -6,7 +6,8 @@
 //! (tests/interop/lmcache_version_worker.py; scripts/setup-lmcache-versions.sh installs the
 //! older wheels beside the MP-fleet venv); only the engine behind each worker is fake.
 //!
-//! Checks: every worker registers and admits; each finds the next version's keys by P2P lookup;
+//! Checks: every worker registers and admits, and `/controller/workers` names its generation;
+//! each finds the next version's keys by P2P lookup;
 //! `POST /clear` reaches each one's REP socket and its evicts empty its keys; after a kvplane
 //! restart on the same ports every worker is back, the ones with full sync rebuilt by it, and
 //! lookups across versions work again. Loopback only; every wait is bounded.
@@ -19,16 +20,18 @@ use std::collections::BTreeSet;
 
 const CPU: &str = "LocalCPUBackend";
 
-/// The releases run together, one per wire generation, and whether each has full sync.
-const RELEASES: [(&str, bool); 4] = [
-    ("0.3.9", false),
-    ("0.3.11", false),
-    ("0.4.7", true),
-    ("0.5.6", true),
+/// The releases run together, one per wire generation, with the generation
+/// `/controller/workers` names and whether it has full sync.
+const RELEASES: [(&str, &str, bool); 4] = [
+    ("0.3.9", "0.3.3-0.3.9", false),
+    ("0.3.11", "0.3.10-0.3.11", false),
+    ("0.4.7", "0.3.12-0.5.6", true),
+    ("0.5.6", "0.3.12-0.5.6", true),
 ];
 
 struct Member {
     release: &'static str,
+    protocol: &'static str,
     instance: String,
     peer: String,
     full_sync: bool,
@@ -46,6 +49,20 @@ async fn held(server: &kvplane::controller::Server, instance: &str) -> BTreeSet<
 
 fn set(keys: &[i64]) -> BTreeSet<i128> {
     keys.iter().map(|&k| i128::from(k)).collect()
+}
+
+/// Each member's row in `GET /controller/workers` names its wire generation.
+async fn generations_shown(server: &kvplane::controller::Server, members: &[Member]) {
+    let (status, list) = http(server.addrs.http, "GET", "/controller/workers", None, &[]).await;
+    assert_eq!(status, 200, "{list}");
+    for m in members {
+        let row = list["workers"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["instance_id"] == json!(m.instance)))
+            .unwrap_or_else(|| panic!("{} not listed: {list}", m.release));
+        assert_eq!(row["protocol"], json!(m.protocol), "{}: {row}", m.release);
+        assert_eq!(row["peer_init_url"], json!(m.peer), "{}: {row}", m.release);
+    }
 }
 
 /// Each member looks up the next member's `round` keys and must find them at that member.
@@ -78,7 +95,7 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
     let server = server().await;
     let (pull, reply) = (ep(server.addrs.pull), ep(server.addrs.reply));
     let mut members = Vec::new();
-    for (release, full_sync) in RELEASES {
+    for (release, protocol, full_sync) in RELEASES {
         let instance = format!("inst-{release}");
         let peer = format!("127.0.0.1:{}", free_port());
         let args: Vec<String> = [
@@ -99,6 +116,7 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
         let worker = LmcacheWorker::start_release(release, &venv, &releases, &args).await;
         members.push(Member {
             release,
+            protocol,
             instance,
             peer,
             full_sync,
@@ -136,6 +154,12 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
         })
         .await;
     }
+    generations_shown(&server, &members).await;
+    assert_eq!(
+        server.shared.index().seq_discontinuities(),
+        0,
+        "0.3.9 numbers no op, the others number theirs in order"
+    );
     lookups_across_versions(&mut members, 0).await;
 
     // POST /clear reaches each worker's REP socket; its evicts empty the index.
@@ -212,6 +236,7 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
             .await;
         }
     }
+    generations_shown(&server, &members).await;
     lookups_across_versions(&mut members, 1).await;
 
     for m in members {

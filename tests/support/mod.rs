@@ -106,6 +106,7 @@ impl TestWorker {
             ip: "127.0.0.1".into(),
             port: i64::from(port),
             peer_init_url: peer_init_url.map(str::to_owned),
+            distributed_url: None,
         });
         self.request(msg).await
     }

@@ -45,6 +45,7 @@ fn heartbeat(instance: &str, worker_id: i64, port: u16, peer: Option<String>) ->
         ip: "127.0.0.1".into(),
         port: i64::from(port),
         peer_init_url: peer,
+        distributed_url: None,
     })
 }
 

@@ -344,6 +344,7 @@ async fn a_killed_worker_is_probed_removed_and_its_chunks_vanish() {
         ip: "127.0.0.1".into(),
         port: i64::from(port_d),
         peer_init_url: Some("127.0.0.1:1".into()),
+        distributed_url: None,
     });
     assert!(matches!(d.request(beat).await, Msg::HeartbeatRetMsg(_)));
     a.send(json!({"cmd": "crash"})).await;
@@ -945,6 +946,7 @@ async fn churn(ports: ServePorts, lanes: usize, cycles: usize, tag: &str) {
                     ip: "127.0.0.1".into(),
                     port: 1,
                     peer_init_url: None,
+                    distributed_url: None,
                 });
                 let reply = within("register", dealer.request(Bytes::from(encode(&reg))))
                     .await

@@ -50,6 +50,7 @@ async fn max_workers_refuses_new_workers_but_not_known_ones() {
         ip: "127.0.0.1".into(),
         port: i64::from(port),
         peer_init_url: None,
+        distributed_url: None,
     });
     assert!(matches!(ws[2].request(beat).await, Msg::ErrorMsg(_)));
     // Re-registering a known worker is never refused.

@@ -100,7 +100,7 @@ struct Totals {
 }
 
 /// Column names of [`Row`], sent once so the array form stays self-describing.
-const COLUMNS: [&str; 12] = [
+const COLUMNS: [&str; 13] = [
     "instance_id",
     "worker_id",
     "ip",
@@ -113,13 +113,14 @@ const COLUMNS: [&str; 12] = [
     "locations",
     "sync",
     "heartbeated",
+    "protocol",
 ];
 
 #[derive(Serialize)]
 struct WorkerPage {
     total: usize,
     offset: usize,
-    columns: [&'static str; 12],
+    columns: [&'static str; 13],
     /// Location entries are `[name, key_count, last_seq]`.
     location_columns: [&'static str; 3],
     rows: Vec<Row>,
@@ -140,6 +141,7 @@ struct Row(
     Vec<(String, u64, Option<i64>)>,
     Option<SyncInfo>,
     bool,
+    &'static str,
 );
 
 /// A worker's full-sync state; `null` in the row while it is idle.
@@ -204,6 +206,7 @@ impl From<WorkerView> for Row {
                 .collect(),
             sync,
             heartbeated,
+            w.wire.label(),
         )
     }
 }

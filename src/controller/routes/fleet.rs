@@ -43,12 +43,13 @@ pub(crate) async fn key_stats(State(shared): State<Arc<Shared>>) -> Json<Value> 
 }
 
 /// LMCache's `WorkerInfoResponse` (`WorkerInfo` + `key_count`), plus kvplane's `last_seen`,
-/// per-location key counts and full-sync state.
+/// controller-wire generation (`protocol`), per-location key counts and full-sync state.
 fn worker_row(w: &WorkerView) -> Value {
     let mut row = worker_info(w);
     if let Value::Object(r) = &mut row {
         r.insert("key_count".into(), w.key_count.into());
         r.insert("last_seen".into(), w.last_seen.into());
+        r.insert("protocol".into(), w.wire.label().into());
         let locations: Vec<Value> = w
             .locations
             .iter()

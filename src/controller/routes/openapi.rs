@@ -500,9 +500,13 @@ fn schemas() -> Map<String, Value> {
         "WorkerRow": {
             "allOf": [ schema_ref("WorkerInfo"), {
                 "type": "object",
-                "required": ["key_count", "last_seen", "locations", "sync"],
+                "required": ["key_count", "last_seen", "locations", "sync", "protocol"],
                 "properties": {
                     "key_count": int,
+                    "protocol": { "type": "string",
+                        "enum": crate::protocol::Wire::ALL.map(crate::protocol::Wire::label),
+                        "description": "The LMCache controller-wire generation the worker \
+                            speaks, named by the LMCache releases that speak it." },
                     "last_seen": { "type": "number" },
                     "locations": { "type": "array", "items": {
                         "type": "object", "required": ["name", "key_count", "last_seq"],
