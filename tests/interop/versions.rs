@@ -1,5 +1,5 @@
-//! Real LMCache workers of every controller-wire generation against ONE kvplane controller at
-//! once: 0.3.9 (registration and heartbeats pushed with `distributed_url`, one admit per
+//! Real LMCache workers of every controller-wire generation against ONE `kvplane serve` (the
+//! binary, as a child process) at once: 0.3.9 (registration and heartbeats pushed with `distributed_url`, one admit per
 //! message, no reply to registration), 0.3.11 (`peer_init_url`, batched ops, still pushed),
 //! 0.4.7 and 0.5.6 (REQ-REP registration with `RegisterRetMsg`, heartbeat commands, full sync).
 //! Each is the unmodified `LMCacheWorker` of its wheel on the real torch 2.15.0 CPU wheel
@@ -9,14 +9,14 @@
 //! Checks: every worker registers and admits, and `/controller/workers` names its generation;
 //! each finds the next version's keys by P2P lookup;
 //! `POST /clear` reaches each one's REP socket and its evicts empty its keys; after a kvplane
-//! restart on the same ports every worker is back, the ones with full sync rebuilt by it, and
+//! SIGKILL and restart of the binary on the same ports every worker is back, the ones with full sync rebuilt by it, and
 //! lookups across versions work again. Loopback only; every wait is bounded.
 
 use crate::support::lmcache::{releases_dir, LmcacheWorker};
 use crate::support::mp_fleet;
+use crate::support::process::{Launch, Process};
 use crate::support::*;
-use serde_json::json;
-use std::collections::BTreeSet;
+use serde_json::{json, Value};
 
 const CPU: &str = "LocalCPUBackend";
 
@@ -43,23 +43,88 @@ fn keys_for(i: usize, round: i64) -> Vec<i64> {
     vec![base + 1, base + 2, base + 3]
 }
 
-async fn held(server: &kvplane::controller::Server, instance: &str) -> BTreeSet<i128> {
-    keys(server, instance, 0)
+/// `kvplane serve` as a child process on fixed loopback ports, killed when dropped.
+struct Serve {
+    process: Process,
+    ports: ServePorts,
 }
 
-fn set(keys: &[i64]) -> BTreeSet<i128> {
-    keys.iter().map(|&k| i128::from(k)).collect()
+impl Serve {
+    /// Starts the binary on `ports` and waits until `/readyz` is 200, retrying (bounded) while
+    /// a previous instance's ports are released.
+    async fn start(ports: ServePorts) -> Self {
+        let mut tries = 0;
+        eventually("kvplane serve starts on its ports", SLOW, async || {
+            tries += 1;
+            let mut process = Launch::kvplane("serve")
+                .named(&format!("kvplane serve (try {tries})"))
+                .envs_owned(&ports.env())
+                .env("RUST_LOG", "warn")
+                .spawn();
+            let ready = try_eventually("/readyz is 200", STEP, async || {
+                if let Some(status) = process.try_exit() {
+                    return Some(Err(format!("exited ({status}):\n{}", process.tail(20))));
+                }
+                let probe = try_http(ports.http_addr(), "GET", "/readyz", None, &[]).await;
+                probe
+                    .is_ok_and(|(status, _)| status == 200)
+                    .then_some(Ok(()))
+            })
+            .await
+            .and_then(|outcome| outcome);
+            ready.map(|()| Serve { process, ports })
+        })
+        .await
+    }
+
+    /// `GET /controller/workers` rows.
+    async fn workers(&self) -> Vec<Value> {
+        let (status, list) = http(
+            self.ports.http_addr(),
+            "GET",
+            "/controller/workers",
+            None,
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200, "{list}");
+        list["workers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The row of `instance`'s worker 0, if registered.
+    async fn row(&self, instance: &str) -> Option<Value> {
+        let rows = self.workers().await;
+        rows.into_iter()
+            .find(|r| r["instance_id"] == json!(instance))
+    }
+
+    /// Keys the controller holds for `instance` (its one worker).
+    async fn key_count(&self, instance: &str) -> Option<u64> {
+        self.row(instance)
+            .await
+            .and_then(|r| r["key_count"].as_u64())
+    }
+
+    /// A series of `/metrics`.
+    async fn metric(&self, series: &str) -> f64 {
+        let (status, text) = http(self.ports.http_addr(), "GET", "/metrics", None, &[]).await;
+        assert_eq!(status, 200);
+        let text = text.as_str().unwrap_or_default();
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{series} "))),
+            "{series} is not in /metrics"
+        );
+        sample(text, series)
+    }
 }
 
 /// Each member's row in `GET /controller/workers` names its wire generation.
-async fn generations_shown(server: &kvplane::controller::Server, members: &[Member]) {
-    let (status, list) = http(server.addrs.http, "GET", "/controller/workers", None, &[]).await;
-    assert_eq!(status, 200, "{list}");
+async fn generations_shown(serve: &Serve, members: &[Member]) {
     for m in members {
-        let row = list["workers"]
-            .as_array()
-            .and_then(|rows| rows.iter().find(|r| r["instance_id"] == json!(m.instance)))
-            .unwrap_or_else(|| panic!("{} not listed: {list}", m.release));
+        let row = serve
+            .row(&m.instance)
+            .await
+            .unwrap_or_else(|| panic!("{} not listed", m.release));
         assert_eq!(row["protocol"], json!(m.protocol), "{}: {row}", m.release);
         assert_eq!(row["peer_init_url"], json!(m.peer), "{}: {row}", m.release);
     }
@@ -92,8 +157,12 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
     let (Some(venv), Some(releases)) = (mp_fleet::venv(), releases_dir()) else {
         return;
     };
-    let server = server().await;
-    let (pull, reply) = (ep(server.addrs.pull), ep(server.addrs.reply));
+    let ports = ServePorts::free();
+    let serve = Serve::start(ports).await;
+    let (pull, reply) = (
+        format!("127.0.0.1:{}", ports.pull),
+        format!("127.0.0.1:{}", ports.reply),
+    );
     let mut members = Vec::new();
     for (release, protocol, full_sync) in RELEASES {
         let instance = format!("inst-{release}");
@@ -137,27 +206,16 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
         }
     }
     eventually("every generation registered", SLOW, async || {
-        server.shared.index().worker_count() == RELEASES.len()
+        serve.workers().await.len() == RELEASES.len()
     })
     .await;
 
     // Admits, each as its version sends them.
-    for (i, m) in members.iter_mut().enumerate() {
-        m.worker
-            .call(json!({"cmd": "admit", "keys": keys_for(i, 0)}), SLOW)
-            .await;
-    }
-    for (i, m) in members.iter().enumerate() {
-        let want = set(&keys_for(i, 0));
-        eventually(&format!("{}'s admits", m.release), SLOW, async || {
-            held(&server, &m.instance).await == want
-        })
-        .await;
-    }
-    generations_shown(&server, &members).await;
+    admit_all(&serve, &mut members, 0).await;
+    generations_shown(&serve, &members).await;
     assert_eq!(
-        server.shared.index().seq_discontinuities(),
-        0,
+        serve.metric("kvplane_kv_seq_discontinuities_total").await,
+        0.0,
         "0.3.9 numbers no op, the others number theirs in order"
     );
     lookups_across_versions(&mut members, 0).await;
@@ -165,7 +223,7 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
     // POST /clear reaches each worker's REP socket; its evicts empty the index.
     for m in &mut members {
         let body = json!({"instance_id": m.instance, "location": CPU}).to_string();
-        let (status, answer) = http(server.addrs.http, "POST", "/clear", Some(&body), &[]).await;
+        let (status, answer) = http(ports.http_addr(), "POST", "/clear", Some(&body), &[]).await;
         assert_eq!(status, 200, "{}: {answer}", m.release);
         assert_eq!(answer["num_tokens"], json!(3), "{}: {answer}", m.release);
         m.worker
@@ -176,31 +234,20 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
         eventually(
             &format!("{}'s evicts after clear", m.release),
             SLOW,
-            async || held(&server, &m.instance).await.is_empty(),
+            async || serve.key_count(&m.instance).await == Some(0),
         )
         .await;
     }
 
-    // New admits, then kvplane restarts on the same ports.
-    for (i, m) in members.iter_mut().enumerate() {
-        m.worker
-            .call(json!({"cmd": "admit", "keys": keys_for(i, 1)}), SLOW)
-            .await;
-    }
-    for (i, m) in members.iter().enumerate() {
-        let want = set(&keys_for(i, 1));
-        eventually(&format!("{}'s new admits", m.release), SLOW, async || {
-            held(&server, &m.instance).await == want
-        })
-        .await;
-    }
-    let addrs = server.addrs;
-    server.stop().await;
-    let server = restart_on(addrs).await;
+    // New admits, then kvplane is killed and restarted on the same ports.
+    admit_all(&serve, &mut members, 1).await;
+    let mut process = serve.process;
+    process.kill().await;
+    let serve = Serve::start(ports).await;
     eventually(
         "every generation back after the restart",
         SLOW,
-        async || server.shared.index().worker_count() == RELEASES.len(),
+        async || serve.workers().await.len() == RELEASES.len(),
     )
     .await;
     for (i, m) in members.iter_mut().enumerate() {
@@ -214,37 +261,43 @@ async fn lmcache_workers_of_every_wire_generation_share_one_controller() {
                 })
                 .await;
             assert!(cmd.to_string().contains("worker_re_registered"), "{cmd}");
-            let want = set(&keys_for(i, 1));
-            eventually(
-                &format!("{}'s keys rebuilt by its sync", m.release),
-                SLOW,
-                async || held(&server, &m.instance).await == want,
-            )
-            .await;
         } else {
             // No full sync on this wire: the worker is registered again by its pushed
             // heartbeat and re-admits what it holds, as its own engine would on its next store.
             m.worker
                 .call(json!({"cmd": "admit", "keys": keys_for(i, 1)}), SLOW)
                 .await;
-            let want = set(&keys_for(i, 1));
-            eventually(
-                &format!("{}'s keys after the restart", m.release),
-                SLOW,
-                async || held(&server, &m.instance).await == want,
-            )
-            .await;
         }
+        eventually(
+            &format!("{}'s keys after the restart", m.release),
+            SLOW,
+            async || serve.key_count(&m.instance).await == Some(3),
+        )
+        .await;
     }
-    generations_shown(&server, &members).await;
+    generations_shown(&serve, &members).await;
     lookups_across_versions(&mut members, 1).await;
 
     for m in members {
         m.worker.close().await;
     }
     eventually("every generation deregistered", SLOW, async || {
-        server.shared.index().worker_count() == 0
+        serve.workers().await.is_empty()
     })
     .await;
-    server.stop().await;
+}
+
+/// Every member admits its `round` keys; the controller then holds exactly three for each.
+async fn admit_all(serve: &Serve, members: &mut [Member], round: i64) {
+    for (i, m) in members.iter_mut().enumerate() {
+        m.worker
+            .call(json!({"cmd": "admit", "keys": keys_for(i, round)}), SLOW)
+            .await;
+    }
+    for m in members.iter() {
+        eventually(&format!("{}'s admits", m.release), SLOW, async || {
+            serve.key_count(&m.instance).await == Some(3)
+        })
+        .await;
+    }
 }
