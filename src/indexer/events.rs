@@ -2,12 +2,14 @@
 //!
 //! Accepted (spec §2, §4.2–4.4): vLLM's positional events (≤ 0.23, 7 to 12 elements with the
 //! tag first), vLLM's tagged maps (≥ 0.24, any map header: fixmap, map16, map32), SGLang's
-//! maps (signed hashes, `cache_salt`), and the standardized Mooncake events (`event_type`).
+//! maps (signed hashes, `cache_salt`), and the standardized Mooncake events (`event_type`,
+//! decoded with their envelope by [`super::mooncake`]).
 //! The batch is `[ts, events, dp_rank]` (or a map with those names). Unknown map keys and
 //! trailing array elements are skipped. A bad event is reported beside its good siblings, which
 //! still apply. Hashes may be unsigned, negative (two's complement) or `bin` (the last 8 bytes,
 //! big-endian). Pure: no I/O, never panics.
 
+use super::mooncake::Envelope;
 use super::msgpack::{self, Value};
 use serde::{Deserialize, Serialize};
 
@@ -242,6 +244,9 @@ pub struct Batch {
     pub dp_rank: Option<u64>,
     /// The events that decoded, in order.
     pub events: Vec<KvEvent>,
+    /// Beside each event of [`Batch::events`] (same length), its Mooncake standard envelope
+    /// (`None` for vLLM's and SGLang's events).
+    pub envelopes: Vec<Option<Envelope>>,
     /// Events that did not decode (their position in the batch and the reason); their
     /// siblings are unaffected.
     pub rejected: Vec<(usize, EventError)>,
@@ -289,7 +294,7 @@ impl EventError {
     }
 }
 
-fn bad(field: &'static str, detail: &'static str) -> EventError {
+pub(super) fn bad(field: &'static str, detail: &'static str) -> EventError {
     EventError::BadField { field, detail }
 }
 
@@ -337,35 +342,41 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, EventError> {
         ts,
         dp_rank,
         events: Vec::with_capacity(list.len()),
+        envelopes: Vec::with_capacity(list.len()),
         rejected: Vec::new(),
     };
     for (i, ev) in list.iter().enumerate() {
         match decode_event(ev) {
-            Ok(e) => batch.events.push(e),
+            Ok((e, envelope)) => {
+                batch.events.push(e);
+                batch.envelopes.push(envelope);
+            }
             Err(e) => batch.rejected.push((i, e)),
         }
     }
     Ok(batch)
 }
 
-fn decode_event(ev: &Value<'_>) -> Result<KvEvent, EventError> {
+fn decode_event(ev: &Value<'_>) -> Result<(KvEvent, Option<Envelope>), EventError> {
     match ev {
         Value::Array(items) => {
             let tag = items
                 .first()
                 .and_then(Value::as_str)
                 .ok_or(EventError::MissingTag)?;
-            positional(tag, &items[1..])
+            Ok((positional(tag, &items[1..])?, None))
         }
         Value::Map(_) => {
             if let Some(kind) = ev.get("event_type") {
-                return standard(kind.as_str().ok_or(bad("event_type", "not a string"))?, ev);
+                let kind = kind.as_str().ok_or(bad("event_type", "not a string"))?;
+                let (event, envelope) = super::mooncake::standard(kind, ev)?;
+                return Ok((event, Some(envelope)));
             }
             let tag = ev
                 .get("type")
                 .and_then(Value::as_str)
                 .ok_or(EventError::MissingTag)?;
-            tagged(tag, ev)
+            Ok((tagged(tag, ev)?, None))
         }
         _ => Err(EventError::NotABatch(
             "an event is neither an array nor a map",
@@ -418,44 +429,6 @@ fn tagged(tag: &str, ev: &Value<'_>) -> Result<KvEvent, EventError> {
         }),
         "BlockRemoved" => removed(get("block_hashes"), get("medium"), get("group_idx")),
         "AllBlocksCleared" => cleared(get("medium")),
-        other => Err(EventError::UnknownType(other.chars().take(64).collect())),
-    }
-}
-
-/// The standardized Mooncake events (`event_type` = stored / removed / cleared).
-fn standard(kind: &str, ev: &Value<'_>) -> Result<KvEvent, EventError> {
-    let nil = Value::Nil;
-    let get = |k: &str| ev.get(k).unwrap_or(&nil);
-    let medium = medium(get("medium"))?;
-    let seq = match get("seq_hashes") {
-        Value::Nil => get("block_hashes"),
-        v => v,
-    };
-    match kind.to_ascii_lowercase().as_str() {
-        "stored" => {
-            let mut s = Stored {
-                hashes: hashes(seq, "seq_hashes")?,
-                parent: opt_hash(get("parent_hash"), "parent_hash")?,
-                tokens: tokens(get("token_ids"))?,
-                block_size: block_size(get("block_size"))?,
-                lora: lora(get("lora_name"), &nil)?,
-                medium,
-                cache_salt: None,
-                group: None,
-                opaque_extra_keys: false,
-                standard_hashes: true,
-            };
-            if let Some(salt) = get("additional_salt").as_str().filter(|s| !s.is_empty()) {
-                s.cache_salt = Some(salt.to_owned());
-            }
-            Ok(KvEvent::Stored(s))
-        }
-        "removed" => Ok(KvEvent::Removed(Removed {
-            hashes: hashes(seq, "seq_hashes")?,
-            medium,
-            group: None,
-        })),
-        "cleared" => Ok(KvEvent::Cleared(None)),
         other => Err(EventError::UnknownType(other.chars().take(64).collect())),
     }
 }
@@ -558,7 +531,7 @@ fn cleared(m: &Value<'_>) -> Result<KvEvent, EventError> {
     Ok(KvEvent::Cleared(Some(medium(m)?)))
 }
 
-fn medium(v: &Value<'_>) -> Result<Medium, EventError> {
+pub(super) fn medium(v: &Value<'_>) -> Result<Medium, EventError> {
     match v {
         Value::Nil => Ok(Medium::Gpu),
         Value::Str(s) => Medium::parse(s).ok_or(bad("medium", "names no medium")),
@@ -579,14 +552,14 @@ fn hash(v: &Value<'_>) -> Option<u64> {
     }
 }
 
-fn opt_hash(v: &Value<'_>, field: &'static str) -> Result<Option<u64>, EventError> {
+pub(super) fn opt_hash(v: &Value<'_>, field: &'static str) -> Result<Option<u64>, EventError> {
     match v {
         Value::Nil => Ok(None),
         v => hash(v).map(Some).ok_or(bad(field, "not an integer or bin")),
     }
 }
 
-fn hashes(v: &Value<'_>, field: &'static str) -> Result<Vec<u64>, EventError> {
+pub(super) fn hashes(v: &Value<'_>, field: &'static str) -> Result<Vec<u64>, EventError> {
     match v {
         Value::Nil => Ok(Vec::new()),
         Value::UInts(items) => Ok(items.clone()),
@@ -598,7 +571,7 @@ fn hashes(v: &Value<'_>, field: &'static str) -> Result<Vec<u64>, EventError> {
     }
 }
 
-fn tokens(v: &Value<'_>) -> Result<Vec<u32>, EventError> {
+pub(super) fn tokens(v: &Value<'_>) -> Result<Vec<u32>, EventError> {
     match v {
         Value::Nil => Ok(Vec::new()),
         Value::UInts(items) => items
@@ -619,7 +592,7 @@ fn tokens(v: &Value<'_>) -> Result<Vec<u32>, EventError> {
     }
 }
 
-fn block_size(v: &Value<'_>) -> Result<u32, EventError> {
+pub(super) fn block_size(v: &Value<'_>) -> Result<u32, EventError> {
     match v {
         Value::Nil => Ok(0),
         Value::UInt(u) => u32::try_from(*u).map_err(|_| bad("block_size", "above u32")),
@@ -627,7 +600,7 @@ fn block_size(v: &Value<'_>) -> Result<u32, EventError> {
     }
 }
 
-fn lora(name: &Value<'_>, id: &Value<'_>) -> Result<Lora, EventError> {
+pub(super) fn lora(name: &Value<'_>, id: &Value<'_>) -> Result<Lora, EventError> {
     match name {
         Value::Str(n) if !n.is_empty() => return Ok(Lora::Name((*n).to_owned())),
         Value::Str(_) | Value::Nil => {}

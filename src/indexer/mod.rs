@@ -2,7 +2,7 @@
 //! longest prefix of a prompt, on which tier and which data-parallel rank.
 //!
 //! The files at this level are the pure model: hashing ([`hash`]), event decoding
-//! ([`events`]), message frames ([`frames`]), the prefix index ([`index`]) and per-stream
+//! ([`events`], the Mooncake envelope and `event_id` order in [`mooncake`]), message frames ([`frames`]), the prefix index ([`index`]) and per-stream
 //! sequence tracking ([`seq`]), and the change log read replicas follow ([`replica`]). No I/O and no clock there: time is passed in. [`service`] is
 //! the async shell (registrations, publisher tasks, HTTP). Sockets live in
 //! [`crate::transport`]; nothing here touches the `zeromq` crate.
@@ -12,6 +12,7 @@ pub mod frames;
 pub mod hash;
 mod idtable;
 pub mod index;
+pub mod mooncake;
 mod msgpack;
 pub mod replica;
 pub mod seq;

@@ -287,6 +287,7 @@ mod tests {
             salt: String::new(),
             lmcache: Vec::new(),
             http: http.map(str::to_owned),
+            backends: Vec::new(),
         }
     }
 

@@ -122,6 +122,7 @@ async fn launch(
             salt: String::new(),
             lmcache: Vec::new(),
             http: Some(e.url.clone()),
+            backends: Vec::new(),
         };
         index.register(reg).map_err(|err| {
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))

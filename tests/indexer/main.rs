@@ -8,3 +8,4 @@ mod support;
 mod binary;
 mod events;
 mod limits;
+mod mooncake;

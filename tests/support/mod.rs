@@ -14,6 +14,7 @@ pub mod engine;
 pub mod http;
 pub mod http_limits;
 pub mod lmcache;
+pub mod mooncake_pub;
 pub mod mp_fleet;
 pub mod nats;
 pub mod node;

@@ -128,6 +128,9 @@ pub struct Registration {
     /// The instance's OpenAI HTTP server, `http://host:port` (`http_endpoint`, a kvplane
     /// extension): where a `kvplane router` that discovers engines here sends requests.
     pub http: Option<String>,
+    /// The Mooncake backends (`backend_id`, a string or a list) whose standardized events
+    /// this stream reads; empty: every backend its endpoint carries.
+    pub backends: Vec<String>,
 }
 
 impl Registration {
@@ -149,6 +152,7 @@ impl Registration {
             "block_size": self.block_size,
             "dp_rank": self.dp_rank,
             "lmcache_instance_id": self.lmcache,
+            "backend_id": self.backends,
             "additionalsalt": self.salt,
             "http_endpoint": self.http.clone().unwrap_or_default(),
         })
@@ -222,7 +226,8 @@ pub fn registration(body: &Map<String, Value>) -> Result<Registration, Refusal> 
         block_size: block_size as u32,
         dp_rank: uint(body, "dp_rank", true, u64::from(u32::MAX))?.unwrap_or(0) as u32,
         salt: string(body, &["additionalsalt", "additional_salt"], false)?.unwrap_or_default(),
-        lmcache: lmcache_servers(body)?,
+        lmcache: id_list(body, "lmcache_instance_id")?,
+        backends: id_list(body, "backend_id")?,
         http: string(body, &["http_endpoint"], false)?
             .filter(|s| !s.is_empty())
             .map(http_endpoint)
@@ -248,21 +253,34 @@ fn http_endpoint(value: String) -> Result<String, Refusal> {
     }
 }
 
-/// `lmcache_instance_id`: one MP server id or a list of them (absent: none).
-fn lmcache_servers(body: &Map<String, Value>) -> Result<Vec<String>, Refusal> {
-    const F: &str = "lmcache_instance_id";
-    let bad = || Refusal::field("invalid_type", F, "must be a string or a list of strings");
-    let mut out: Vec<String> = match body.get(F) {
+/// `lmcache_instance_id` (MP servers) or `backend_id` (Mooncake backends): one id or a list
+/// of them (absent: none), each non-empty and at most 256 bytes, at most 64.
+fn id_list(body: &Map<String, Value>, field: &'static str) -> Result<Vec<String>, Refusal> {
+    let bad = || {
+        Refusal::field(
+            "invalid_type",
+            field,
+            "must be a string or a list of strings",
+        )
+    };
+    let mut out: Vec<String> = match body.get(field) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(l)) => l
+        Some(Value::Array(l)) if l.len() <= 64 => l
             .iter()
             .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
             .collect::<Result<_, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(Refusal::field("out_of_range", field, "at most 64 ids"));
+        }
         Some(_) => return Err(bad()),
     };
-    if out.iter().any(String::is_empty) {
-        return Err(Refusal::field("invalid_value", F, "must not be empty"));
+    if out.iter().any(|s| s.is_empty() || s.chars().count() > 256) {
+        return Err(Refusal::field(
+            "invalid_value",
+            field,
+            "each id must be 1 to 256 bytes",
+        ));
     }
     out.sort();
     out.dedup();

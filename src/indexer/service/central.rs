@@ -349,6 +349,7 @@ fn resolve(
         salt: String::new(),
         lmcache: Vec::new(),
         http: None,
+        backends: Vec::new(),
     };
     if let Err(e) = state.register_as(reg, true) {
         tracing::warn!(%topic, "instance of a topic not registered: {}", e.message);

@@ -254,6 +254,7 @@ async fn services(State(st): St) -> Json<Value> {
                 "by_topic": p.by_topic,
                 "queued_bytes": s.queued_bytes.load(Ordering::Relaxed),
                 "error": s.error.lock().clone(),
+                "backends": super::mooncake::backends_json(s),
             });
         }
         list.push(entry);
@@ -401,6 +402,7 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
             out.sample(&metric, &[("endpoint", endpoint)], f(&p.status));
         }
     }
+    super::mooncake::render_backends(&registry, &mut out);
     out.family(
         "kvplane_indexer_publisher_connected",
         "gauge",

@@ -16,6 +16,8 @@ pub struct IndexerMetrics {
     http_limits_hit: Mutex<BTreeMap<&'static str, u64>>,
     /// Messages on `--bind` sockets that reached no instance, by reason.
     pub topics: super::central::TopicCounters,
+    /// Standardized (Mooncake) events dropped or applied unordered.
+    pub envelope: super::mooncake::EnvelopeCounters,
 }
 
 impl IndexerMetrics {
@@ -146,5 +148,6 @@ impl IndexerMetrics {
                 n,
             );
         }
+        self.envelope.render(out);
     }
 }

@@ -12,6 +12,7 @@ pub mod config;
 mod dashboard;
 mod http;
 mod metrics;
+mod mooncake;
 mod openapi;
 mod publisher;
 mod query_body;
@@ -20,7 +21,6 @@ mod views;
 
 use openapi::openapi_doc;
 
-use crate::indexer::events::KvEvent;
 use crate::indexer::index::{StreamId, StreamSpec, SWEEP_SLICE};
 use crate::indexer::replica::{Change, Core};
 use crate::indexer::seq::{SeqConfig, SeqCounters};
@@ -59,6 +59,8 @@ pub struct PublisherStatus {
     pub queued_bytes: std::sync::atomic::AtomicUsize,
     /// The sequence tracker's counters.
     pub seq: Mutex<SeqCounters>,
+    /// The `event_id` order of each backend its standardized events name.
+    pub backends: Mutex<BTreeMap<String, crate::indexer::mooncake::BackendOrder>>,
     /// The last subscription error.
     pub error: Mutex<Option<String>>,
 }
@@ -85,6 +87,8 @@ struct Service {
     stream: StreamId,
     /// The pool of its LMCache servers' tiers (`lmcache_instance_id`), if any.
     pool: Option<StreamId>,
+    /// The pool of the Mooncake backends an engine reads (`backend_id`), if any.
+    store: Option<StreamId>,
 }
 
 #[derive(Default)]
@@ -102,6 +106,8 @@ pub struct IndexerState {
     registry: Mutex<Registry>,
     /// The LMCache MP servers' chunks and the pools they feed (locked before `core`).
     tiers: Mutex<crate::indexer::tiers::Tiers>,
+    /// The backends each stream reads (`backend_id`; read under `core`, never the reverse).
+    backends: mooncake::Backends,
     /// Counters exposed on `/metrics`.
     pub metrics: IndexerMetrics,
     config: IndexerConfig,
@@ -125,6 +131,7 @@ impl IndexerState {
                 config.index.seed,
                 tiers::MAX_CHUNKS,
             )),
+            backends: mooncake::Backends::default(),
             metrics: IndexerMetrics::default(),
             config,
             started: tokio::time::Instant::now(),
@@ -135,47 +142,6 @@ impl IndexerState {
 
     fn now_secs(&self) -> u32 {
         u32::try_from(self.started.elapsed().as_secs()).unwrap_or(u32::MAX)
-    }
-
-    /// Applies events from publisher `id` to every stream it feeds.
-    fn apply(&self, id: u32, events: &[KvEvent]) {
-        let now = self.now_secs();
-        let mut core = self.core.write();
-        let Core { index, routes, .. } = &mut *core;
-        let Some(streams) = routes.get(&id) else {
-            return;
-        };
-        for ev in events {
-            for s in streams {
-                index.apply(*s, ev, now);
-            }
-        }
-        if self.role.records() {
-            self.role.record(Change::Apply {
-                streams: streams.iter().map(|s| s.0).collect(),
-                events: events.to_vec(),
-                now,
-            });
-        }
-        drop(core);
-        self.metrics
-            .events_applied
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-    }
-
-    /// Drops every block of every stream publisher `id` feeds (a restart).
-    fn clear_publisher(&self, id: u32) {
-        let mut core = self.core.write();
-        let Core { index, routes, .. } = &mut *core;
-        if let Some(streams) = routes.get(&id) {
-            for s in streams {
-                index.clear_stream(*s, None);
-                self.role.record(Change::ClearStream {
-                    stream: s.0,
-                    tier: None,
-                });
-            }
-        }
     }
 
     /// Runs the TTL sweep at the current time, one slice of the record arena per lock hold
@@ -330,6 +296,9 @@ impl IndexerState {
             core.routes.entry(pub_id).or_default().push(stream);
             stream
         };
+        if reg.kind == EngineType::Mooncake {
+            self.backends.declare(stream, &reg.backends);
+        }
         if new_publisher {
             let status = Arc::new(PublisherStatus {
                 last_seq: AtomicU64::new(u64::MAX),
@@ -371,7 +340,14 @@ impl IndexerState {
             );
         }
         let pool = self.link_tiers(&reg);
-        registry.services.insert(key, Service { reg, stream, pool });
+        let store = self.link_backends(&reg);
+        let service = Service {
+            reg,
+            stream,
+            pool,
+            store,
+        };
+        registry.services.insert(key, service);
         Ok(true)
     }
 
@@ -420,6 +396,9 @@ impl IndexerState {
         if let Some(pool) = service.pool {
             self.unlink_tiers(pool);
         }
+        if let Some(store) = service.store {
+            self.unlink_backends(store);
+        }
         let endpoint = service.reg.endpoint.clone();
         let Some(pub_id) = registry.publishers.get(&endpoint).map(|p| p.id) else {
             return;
@@ -427,6 +406,7 @@ impl IndexerState {
         let last = {
             let mut core = self.core.write();
             core.index.remove_stream(service.stream);
+            self.backends.forget(service.stream);
             self.role.record(Change::RemoveStream {
                 stream: service.stream.0,
             });

@@ -61,6 +61,7 @@ fn op(summary: &str, body: Option<Value>, ok: Value, errors: &[&str]) -> Value {
 
 /// The document.
 pub(crate) fn openapi_doc() -> Value {
+    let id = json!({"type": "string", "minLength": 1, "maxLength": 256});
     let register = json!({"type": "object",
         "required": ["endpoint", "type", "modelname", "instance_id", "block_size", "dp_rank"],
         "properties": {
@@ -74,7 +75,9 @@ pub(crate) fn openapi_doc() -> Value {
           "dp_rank": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
           "additionalsalt": {"type": ["string", "null"]},
           "http_endpoint": {"type": ["string", "null"], "example": "http://10.0.0.5:8000",
-                            "pattern": "^(http://[^*/]+:[0-9]{1,5})?/*$"}}});
+                            "pattern": "^(http://[^*/]+:[0-9]{1,5})?/*$"},
+          "backend_id": {"oneOf": [{"type": "null"}, id.clone(),
+              {"type": "array", "maxItems": 64, "items": id}]}}});
     let unregister = json!({"type": "object", "required": ["instance_id"], "properties": {
         "instance_id": {"type": "string"}, "tenant_id": {"type": ["string", "null"]},
         "dp_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295u64}}});

@@ -14,10 +14,17 @@
 //! [`Feed::offer`], which never waits (the socket is shared, so one publisher's full queue must
 //! not stall the others): a message that finds the queue full is dropped and counted, and the
 //! gap it leaves is replayed like any other.
+//!
+//! Events reach the index through [`IndexerState::apply_where`] (and restarts through
+//! `clear_where`): every stream the publisher feeds, or those a filter picks.
 
 use super::{IndexerState, PublisherStatus};
 use crate::indexer::events::decode_batch;
+use crate::indexer::events::KvEvent;
 use crate::indexer::frames::{self, ReplayReply};
+use crate::indexer::index::{Index, StreamId};
+use crate::indexer::mooncake::EventOrder;
+use crate::indexer::replica::{Change, Core};
 use crate::indexer::seq::{SeqConfig, SeqTracker, Step};
 use crate::transport::{ReplayClient, Subscriber, SubscriberEvent, TransportLimits};
 use bytes::Bytes;
@@ -270,6 +277,8 @@ struct Applier {
     budget: Budget,
     /// Message bytes applied since the queue was last empty with a heap trim done.
     burst: usize,
+    /// The `event_id` order of each backend of its standardized events.
+    order: EventOrder,
 }
 
 async fn apply_loop(
@@ -286,6 +295,7 @@ async fn apply_loop(
         rx,
         budget,
         burst: 0,
+        order: EventOrder::default(),
     };
     loop {
         // After a burst, once the queue is empty: give the freed message memory back to the
@@ -352,7 +362,7 @@ impl Applier {
         while let Some(step) = queue.pop_front() {
             match step {
                 Step::Apply(_, payload) => self.apply(&payload),
-                Step::Clear => self.state.clear_publisher(self.task.id),
+                Step::Clear => self.state.clear_where(self.task.id, |_, _| true, &[]),
                 Step::Replay(from) => {
                     self.publish_status();
                     match self.replay(from).await {
@@ -365,13 +375,20 @@ impl Applier {
         true
     }
 
-    fn apply(&self, payload: &[u8]) {
+    fn apply(&mut self, payload: &[u8]) {
         match decode_batch(payload) {
             Ok(batch) => {
                 for (_, e) in &batch.rejected {
                     self.state.metrics.event_rejected(e.reason());
                 }
-                self.state.apply(self.task.id, &batch.events);
+                if batch.envelopes.iter().all(Option::is_none) {
+                    self.state
+                        .apply_where(self.task.id, |_, _| true, &[], &batch.events);
+                } else {
+                    self.state
+                        .apply_standard(self.task.id, &mut self.order, batch);
+                    *self.task.status.backends.lock() = self.order.backends();
+                }
             }
             Err(e) => self.state.metrics.frame_dropped(e.reason()),
         }
@@ -447,5 +464,76 @@ impl Applier {
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
         Some(self.tracker.on_replay_failed())
+    }
+}
+
+/// How a publisher's events reach the index: every stream it feeds, or those a filter picks
+/// (a Mooncake backend's readers, [`super::mooncake`]), plus streams fed across publishers.
+impl IndexerState {
+    /// Applies events from publisher `id` to the streams it feeds and `extra` that `keep`
+    /// selects; returns how many streams that was.
+    pub(super) fn apply_where(
+        &self,
+        id: u32,
+        keep: impl Fn(&Index, StreamId) -> bool,
+        extra: &[StreamId],
+        events: &[KvEvent],
+    ) -> usize {
+        let now = self.now_secs();
+        let mut core = self.core.write();
+        let Core { index, routes, .. } = &mut *core;
+        let own = routes.get(&id).map_or(&[][..], Vec::as_slice);
+        let streams: Vec<StreamId> = own
+            .iter()
+            .chain(extra)
+            .copied()
+            .filter(|s| keep(index, *s))
+            .collect();
+        if streams.is_empty() {
+            return 0;
+        }
+        for ev in events {
+            for s in &streams {
+                index.apply(*s, ev, now);
+            }
+        }
+        if self.role.records() {
+            self.role.record(Change::Apply {
+                streams: streams.iter().map(|s| s.0).collect(),
+                events: events.to_vec(),
+                now,
+            });
+        }
+        drop(core);
+        self.metrics
+            .events_applied
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        streams.len()
+    }
+
+    /// Drops every block of the streams publisher `id` feeds and `extra` that `keep` selects
+    /// (a restart: of the publisher, or of one backend it carries).
+    pub(super) fn clear_where(
+        &self,
+        id: u32,
+        keep: impl Fn(&Index, StreamId) -> bool,
+        extra: &[StreamId],
+    ) {
+        let mut core = self.core.write();
+        let Core { index, routes, .. } = &mut *core;
+        let own = routes.get(&id).map_or(&[][..], Vec::as_slice);
+        let chosen: Vec<StreamId> = own
+            .iter()
+            .chain(extra)
+            .copied()
+            .filter(|s| keep(index, *s))
+            .collect();
+        for s in chosen {
+            index.clear_stream(s, None);
+            self.role.record(Change::ClearStream {
+                stream: s.0,
+                tier: None,
+            });
+        }
     }
 }
