@@ -502,3 +502,19 @@ fn a_string_keyed_admit_of_lmcache_031_is_a_clear_error_and_loses_nothing() {
     assert_eq!(f.on_push(frame_039("admit"), 2.0).0, Ok(()));
     assert_eq!(f.index().key_count(), 1, "the frames around it still apply");
 }
+
+/// Every cut of every 0.3.9 and 0.3.11 frame is a decode error (never a panic, never a
+/// partial message applied).
+#[test]
+fn every_truncation_of_an_older_generation_frame_is_an_error() {
+    for (name, hex) in LMCACHE_039.iter().chain(LMCACHE_0311.iter()) {
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        for cut in 0..bytes.len() {
+            let err = crate::protocol::decode(&bytes[..cut]);
+            assert!(err.is_err(), "{name} cut at {cut} decoded: {err:?}");
+        }
+    }
+}
