@@ -7,9 +7,12 @@
 
 use super::log::LogCursor;
 use super::{Cluster, PublishStats, ReaderStatus};
+use crate::web::exposition::{
+    Exposition, Kind,
+    Kind::{Counter, Gauge},
+};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -264,8 +267,9 @@ impl ClusterStatus {
         })
     }
 
-    /// Prometheus text of the cluster's series, `kvplane_cluster_*{service="…"}`.
-    pub fn metrics_text(&self) -> String {
+    /// The cluster's series, `kvplane_cluster_*{service="…"}`, written into a `/metrics`
+    /// document.
+    pub fn write_metrics(&self, out: &mut Exposition) {
         let (in_sync, gaps, fenced) = {
             let c = self.cursor.lock();
             (c.in_sync(), c.gaps(), c.fenced())
@@ -275,37 +279,38 @@ impl ClusterStatus {
         let n = |v: &AtomicU64| v.load(Ordering::Relaxed) as f64;
         let flag = |b: bool| f64::from(u8::from(b));
         #[rustfmt::skip]
-        let series: [(&str, &str, &str, f64); 20] = [
-            ("leader", "gauge", "1 while this process leads (holds the lease and publishes).", flag(self.is_leader())),
-            ("replica", "gauge", "1 on a read replica (follows, never leads).", flag(self.replica)),
-            ("connected", "gauge", "1 while the connection to NATS is up.", flag(self.cluster.connected())),
-            ("epoch", "gauge", "The epoch (lease revision) this process leads under (0: not leading).", self.epoch() as f64),
-            ("in_sync", "gauge", "1 if the followed state holds every change since a fresh start.", flag(in_sync)),
-            ("pending_records", "gauge", "Records in the stream or delivered, not yet applied (a follower).", p.pending as f64),
-            ("lag_ms", "gauge", "Age of the last applied record while others are pending (a follower).", p.lag_ms as f64),
-            ("gaps_total", "counter", "Gaps seen in the change log while following it.", gaps as f64),
-            ("fenced_total", "counter", "Records of a deposed leader ignored while following.", fenced as f64),
-            ("records_applied_total", "counter", "Change records applied while following.", n(&self.applied)),
-            ("bad_records_total", "counter", "Log messages that were not records (dropped).", n(&self.bad_records)),
-            ("snapshots_published_total", "counter", "Snapshots of the followed state this follower published.", n(&self.snapshots)),
-            ("snapshots_failed_total", "counter", "Snapshots not published: larger than the stream keeps, or NATS did not take them.", n(&self.snapshots_failed)),
-            ("records_published_total", "counter", "Change records NATS acknowledged.", n(&self.published.acked)),
-            ("records_lost_total", "counter", "Change records not replicated: publish failed, queue full, or too large.", self.lost() as f64),
-            ("records_unacknowledged", "gauge", "Change records queued or sent but not yet acknowledged by NATS.", self.unacknowledged() as f64),
-            ("dispatches_fenced_total", "counter", "Actions refused because the lease may have lapsed.", n(&self.dispatches_fenced)),
-            ("resynced_at_takeover", "gauge", "1 if the takeover asked for the state to be relearned.", flag(self.resynced.load(Ordering::Relaxed))),
-            ("last_failover_seconds", "gauge", "Unix time this process last took over (0: never).", failover.map_or(0.0, |(at, _)| at)),
-            ("takeover_seconds", "gauge", "Lease taken to serving, at the last takeover.", failover.map_or(0.0, |(_, ms)| ms as f64 / 1e3)),
+        let series: [(&str, Kind, &str, f64); 20] = [
+            ("leader", Gauge, "1 while this process leads (holds the lease and publishes).", flag(self.is_leader())),
+            ("replica", Gauge, "1 on a read replica (follows, never leads).", flag(self.replica)),
+            ("connected", Gauge, "1 while the connection to NATS is up.", flag(self.cluster.connected())),
+            ("epoch", Gauge, "The epoch (lease revision) this process leads under (0: not leading).", self.epoch() as f64),
+            ("in_sync", Gauge, "1 if the followed state holds every change since a fresh start.", flag(in_sync)),
+            ("pending_records", Gauge, "Records in the stream or delivered, not yet applied (a follower).", p.pending as f64),
+            ("lag_ms", Gauge, "Age of the last applied record while others are pending (a follower).", p.lag_ms as f64),
+            ("gaps_total", Counter, "Gaps seen in the change log while following it.", gaps as f64),
+            ("fenced_total", Counter, "Records of a deposed leader ignored while following.", fenced as f64),
+            ("records_applied_total", Counter, "Change records applied while following.", n(&self.applied)),
+            ("bad_records_total", Counter, "Log messages that were not records (dropped).", n(&self.bad_records)),
+            ("snapshots_published_total", Counter, "Snapshots of the followed state this follower published.", n(&self.snapshots)),
+            ("snapshots_failed_total", Counter, "Snapshots not published: larger than the stream keeps, or NATS did not take them.", n(&self.snapshots_failed)),
+            ("records_published_total", Counter, "Change records NATS acknowledged.", n(&self.published.acked)),
+            ("records_lost_total", Counter, "Change records not replicated: publish failed, queue full, or too large.", self.lost() as f64),
+            ("records_unacknowledged", Gauge, "Change records queued or sent but not yet acknowledged by NATS.", self.unacknowledged() as f64),
+            ("dispatches_fenced_total", Counter, "Actions refused because the lease may have lapsed.", n(&self.dispatches_fenced)),
+            ("resynced_at_takeover", Gauge, "1 if the takeover asked for the state to be relearned.", flag(self.resynced.load(Ordering::Relaxed))),
+            ("last_failover_seconds", Gauge, "Unix time this process last took over (0: never).", failover.map_or(0.0, |(at, _)| at)),
+            ("takeover_seconds", Gauge, "Lease taken to serving, at the last takeover.", failover.map_or(0.0, |(_, ms)| ms as f64 / 1e3)),
         ];
-        let mut t = String::new();
         for (name, kind, help, value) in series {
-            let name = format!("kvplane_cluster_{name}");
-            let _ = writeln!(
-                t,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{service=\"{}\"}} {value}",
-                self.service
-            );
+            out.family(format_args!("kvplane_cluster_{name}"), kind, help)
+                .sample(&[("service", self.service)], value);
         }
-        t
+    }
+
+    /// The cluster's series alone, as text.
+    pub fn metrics_text(&self) -> String {
+        let mut out = Exposition::new();
+        self.write_metrics(&mut out);
+        out.finish()
     }
 }

@@ -16,6 +16,7 @@ use super::model::{Ingested, QuotaError, SLICE_OPS};
 use super::outbound;
 use crate::web::access::{Access, Auth, Policy};
 use crate::web::error::ApiError;
+use crate::web::exposition::Exposition;
 use crate::web::stack::{Guard, Stack};
 use crate::web::HttpLimits;
 use axum::extract::{Path, Query, State};
@@ -592,20 +593,27 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, ApiError> {
         .handle
         .with(move |m, _, _| metrics::Snapshot::of(m, fleet))
         .await?;
-    let mut text = metrics::render(&snapshot, &s.handle.stats, &s.refused, &s.metadata);
-    text.push_str(
-        &s.handle
-            .with(|m, _, _| super::directory_api::metrics_text(m))
-            .await?,
+    let directory = s
+        .handle
+        .with(|m, _, _| super::directory_api::DirectoryMetrics::of(m))
+        .await?;
+    let mut out = Exposition::new();
+    metrics::write(
+        &mut out,
+        &snapshot,
+        &s.handle.stats,
+        &s.refused,
+        &s.metadata,
     );
+    directory.write_to(&mut out);
     if let Some(c) = &s.checkpoint {
-        text.push_str(&c.metrics_text());
+        c.write_metrics(&mut out);
     }
     if let Some(c) = &s.cluster {
-        text.push_str(&c.metrics_text());
+        c.write_metrics(&mut out);
     }
-    text.push_str(&s.http_metrics.render());
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+    s.http_metrics.write_to(&mut out);
+    Ok(out.response())
 }
 
 /// `GET /readyz`: 200 while the owner tasks answer (this process serves: a `--cluster`

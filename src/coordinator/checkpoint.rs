@@ -16,6 +16,7 @@
 
 use super::files::write;
 use super::model::ModelDump;
+use crate::web::exposition::{Exposition, Kind};
 use serde::{Deserialize, Serialize};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -226,46 +227,42 @@ impl Checkpointer {
         }
     }
 
-    /// `/metrics` lines.
-    pub fn metrics_text(&self) -> String {
-        let mut out = String::new();
-        let mut line = |name: &str, kind: &str, help: &str, v: u64| {
-            out.push_str(&format!(
-                "# HELP kvplane_coordinator_{name} {help}\n# TYPE kvplane_coordinator_{name} {kind}\nkvplane_coordinator_{name} {v}\n"
-            ));
+    /// Writes the checkpoint's series.
+    pub fn write_metrics(&self, out: &mut Exposition) {
+        let mut line = |name: &str, kind: Kind, help: &str, v: u64| {
+            out.one(format_args!("kvplane_coordinator_{name}"), kind, help, v);
         };
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
         line(
             "checkpoints_written_total",
-            "counter",
+            Kind::Counter,
             "Checkpoints written (--checkpoint-path).",
             n(&self.written),
         );
         line(
             "checkpoint_failures_total",
-            "counter",
+            Kind::Counter,
             "Checkpoint writes that failed.",
             n(&self.failed),
         );
         line(
             "checkpoints_refused_total",
-            "counter",
+            Kind::Counter,
             "Checkpoints not written: over the size limit.",
             n(&self.refused),
         );
         line(
             "checkpoint_bytes",
-            "gauge",
+            Kind::Gauge,
             "Size of the last checkpoint written.",
             n(&self.last_bytes),
         );
         line(
             "checkpoint_restored_keys",
-            "gauge",
+            Kind::Gauge,
             "Tracked keys restored from the checkpoint at start.",
             n(&self.restored_keys),
         );
-        out
     }
 }
 

@@ -13,6 +13,7 @@ use super::keys::EncodedKey;
 use super::limits::JsonBody;
 use super::pins::{self, MAX_TOKEN_IDS};
 use crate::web::error::ApiError;
+use crate::web::exposition::{Exposition, Kind};
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -324,78 +325,84 @@ async fn blend_lookup(
     Ok(Json(json!({ "matches": matches })))
 }
 
-/// The key directory's `/metrics` lines (its size and what its limits kept out).
-pub fn metrics_text(m: &super::model::Model) -> String {
-    let d = &m.directory;
-    let st = d.stats();
-    let c = &d.counters;
-    let rows: [(&str, &str, &str, u64); 10] = [
-        (
-            "directory_keys",
-            "gauge",
-            "Keys in the key directory (/directory/*).",
-            d.len() as u64,
-        ),
-        (
-            "directory_placements",
-            "gauge",
-            "Placements (instance, tier, backend) over the directory's keys.",
-            st.num_placements as u64,
-        ),
-        (
-            "directory_token_ids",
-            "gauge",
-            "Token ids the directory keeps (once per chunk hash).",
-            d.token_ids() as u64,
-        ),
-        (
-            "directory_token_ids_limit",
-            "gauge",
-            "Most token ids the directory keeps.",
-            d.config().max_token_ids as u64,
-        ),
-        (
-            "directory_memory_bytes",
-            "gauge",
-            "Bytes allocated for the key directory and its blend index.",
-            d.memory_bytes() as u64,
-        ),
-        (
-            "directory_keys_refused_total",
-            "counter",
-            "New directory keys not kept at the key limit.",
-            c.keys_refused,
-        ),
-        (
-            "directory_keys_rejected_total",
-            "counter",
-            "Directory keys that do not fit the compact form.",
-            c.keys_rejected,
-        ),
-        (
-            "directory_names_refused_total",
-            "counter",
-            "Placements not kept: the instance, backend or salt table was full.",
-            c.names_refused,
-        ),
-        (
-            "directory_tokens_refused_total",
-            "counter",
-            "Chunks kept without their token ids at the token limit.",
-            c.tokens_refused,
-        ),
-        (
-            "directory_blend_chunks",
-            "gauge",
-            "Chunks in the CacheBlend index (--enable-blend-lookup).",
-            st.blend.num_chunks as u64,
-        ),
-    ];
-    let mut out = String::new();
-    for (name, kind, help, v) in rows {
-        out.push_str(&format!(
-            "# HELP kvplane_coordinator_{name} {help}\n# TYPE kvplane_coordinator_{name} {kind}\nkvplane_coordinator_{name} {v}\n"
-        ));
+/// The key directory's `/metrics` figures (its size and what its limits kept out), read on
+/// the key owner and written after.
+pub struct DirectoryMetrics([(&'static str, Kind, &'static str, u64); 10]);
+
+impl DirectoryMetrics {
+    /// Reads the directory.
+    pub fn of(m: &super::model::Model) -> Self {
+        let d = &m.directory;
+        let st = d.stats();
+        let c = &d.counters;
+        Self([
+            (
+                "directory_keys",
+                Kind::Gauge,
+                "Keys in the key directory (/directory/*).",
+                d.len() as u64,
+            ),
+            (
+                "directory_placements",
+                Kind::Gauge,
+                "Placements (instance, tier, backend) over the directory's keys.",
+                st.num_placements as u64,
+            ),
+            (
+                "directory_token_ids",
+                Kind::Gauge,
+                "Token ids the directory keeps (once per chunk hash).",
+                d.token_ids() as u64,
+            ),
+            (
+                "directory_token_ids_limit",
+                Kind::Gauge,
+                "Most token ids the directory keeps.",
+                d.config().max_token_ids as u64,
+            ),
+            (
+                "directory_memory_bytes",
+                Kind::Gauge,
+                "Bytes allocated for the key directory and its blend index.",
+                d.memory_bytes() as u64,
+            ),
+            (
+                "directory_keys_refused_total",
+                Kind::Counter,
+                "New directory keys not kept at the key limit.",
+                c.keys_refused,
+            ),
+            (
+                "directory_keys_rejected_total",
+                Kind::Counter,
+                "Directory keys that do not fit the compact form.",
+                c.keys_rejected,
+            ),
+            (
+                "directory_names_refused_total",
+                Kind::Counter,
+                "Placements not kept: the instance, backend or salt table was full.",
+                c.names_refused,
+            ),
+            (
+                "directory_tokens_refused_total",
+                Kind::Counter,
+                "Chunks kept without their token ids at the token limit.",
+                c.tokens_refused,
+            ),
+            (
+                "directory_blend_chunks",
+                Kind::Gauge,
+                "Chunks in the CacheBlend index (--enable-blend-lookup).",
+                st.blend.num_chunks as u64,
+            ),
+        ])
     }
-    out
+
+    /// Writes the directory's series.
+    pub fn write_to(&self, out: &mut Exposition) {
+        for (name, kind, help, v) in self.0 {
+            out.one(format_args!("kvplane_coordinator_{name}"), kind, help, v);
+        }
+    }
 }

@@ -7,7 +7,7 @@ use super::api_state::Refused;
 use super::driver::LoopStats;
 use super::fleet::Fleet;
 use super::model::{Counters, Model};
-use std::fmt::Write;
+use crate::web::exposition::{Exposition, Kind, Kind::Counter, Kind::Gauge, SampleValue};
 use std::sync::atomic::Ordering;
 
 /// The fleet's numbers at one instant (read on the fleet owner).
@@ -64,27 +64,23 @@ impl Snapshot {
     }
 }
 
-fn series(out: &mut String, kind: &str, name: &str, help: &str, value: f64) {
-    let _ = writeln!(out, "# HELP kvplane_coordinator_{name} {help}");
-    let _ = writeln!(out, "# TYPE kvplane_coordinator_{name} {kind}");
-    let _ = writeln!(out, "kvplane_coordinator_{name} {value}");
+fn series(out: &mut Exposition, kind: Kind, name: &str, help: &str, value: impl SampleValue) {
+    out.one(
+        format_args!("kvplane_coordinator_{name}"),
+        kind,
+        help,
+        value,
+    );
 }
 
-fn escape(label: &str) -> String {
-    label
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// The text exposition.
-pub fn render(
+/// Writes the model's, the loops' and the limits' series.
+pub fn write(
+    out: &mut Exposition,
     s: &Snapshot,
     loops: &LoopStats,
     refused: &Refused,
     metadata: &super::metadata::Persister,
-) -> String {
-    let mut out = String::new();
+) {
     let c = &s.counters;
     let counters: [(&str, &str, u64); 19] = [
         (
@@ -184,181 +180,176 @@ pub fn render(
         ),
     ];
     for (name, help, v) in counters {
-        series(&mut out, "counter", name, help, v as f64);
+        series(out, Counter, name, help, v);
     }
-    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed) as f64;
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "eviction_cycles_total",
         "Eviction cycles run.",
         ld(&loops.eviction_cycles),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "eviction_cycles_skipped_total",
         "Eviction cycles skipped while dispatches were in flight.",
         ld(&loops.eviction_cycles_skipped),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "dispatches_ok_total",
         "Eviction dispatches that succeeded.",
         ld(&loops.dispatches_ok),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "dispatches_failed_total",
         "Eviction dispatches that failed.",
         ld(&loops.dispatches_failed),
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "key_owner_longest_job_seconds",
         "Longest single step of the key owner task since start (events, quotas, eviction plan).",
-        ld(&loops.key_owner_longest_job_us) / 1e6,
+        ld(&loops.key_owner_longest_job_us) as f64 / 1e6,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "fleet_owner_longest_job_seconds",
         "Longest single step of the fleet owner task since start (registrations, heartbeats).",
-        ld(&loops.fleet_owner_longest_job_us) / 1e6,
+        ld(&loops.fleet_owner_longest_job_us) as f64 / 1e6,
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "metadata_saves_total",
         "Metadata files written (--metadata-path).",
         ld(&metadata.saved),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "metadata_save_failures_total",
         "Metadata writes that failed (logged; the change stays in memory).",
         ld(&metadata.failed),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "sweeps_total",
         "Health sweeps run.",
         ld(&loops.sweeps),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_events_per_request_total",
         "Event requests over the per-request event limit.",
         ld(&refused.events_per_request),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_instances_total",
         "Registrations refused at the instance limit (HTTP).",
         ld(&refused.instances),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "invalid_bodies_total",
         "Request bodies refused with 422.",
         ld(&refused.invalid_bodies),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_body_bytes_total",
         "Request bodies over --max-body-bytes (413).",
         ld(&refused.body_bytes),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_body_items_total",
         "Request bodies over --max-body-items JSON values (413).",
         ld(&refused.body_items),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_connections_total",
         "Connections that waited for a slot at --max-http-connections (every slot busy).",
         ld(&refused.connections),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "http_idle_closed_total",
         "Idle keep-alive connections closed at --max-http-connections to admit a new one.",
         ld(&refused.idle_closed),
     );
     series(
-        &mut out,
-        "counter",
+        out,
+        Counter,
         "refused_read_timeout_total",
         "Peers cut off by --http-read-timeout.",
         ld(&refused.read_timeout),
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "instances",
         "Registered MP servers.",
-        s.fleet.instances as f64,
+        s.fleet.instances,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "l2_placements",
         "L2 copies tracked (per holder and backend; a shared backend's once).",
-        s.tracked_placements as f64,
+        s.tracked_placements,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "l2_holders",
         "Holders of tracked L2 copies (servers, departed ones included, and the fleet).",
-        s.l2_holders as f64,
+        s.l2_holders,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "l1_placements",
         "L1 placements tracked for per-instance usage.",
-        s.l1_placements as f64,
+        s.l1_placements,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "tracked_keys",
         "L2 keys tracked.",
-        s.tracked_keys as f64,
+        s.tracked_keys,
     );
     series(
-        &mut out,
-        "gauge",
+        out,
+        Gauge,
         "tracked_key_memory_bytes",
         "Bytes allocated for tracked keys.",
-        s.tracked_key_bytes as f64,
+        s.tracked_key_bytes,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kvplane_coordinator_usage_bytes Tracked L2 bytes per cache_salt."
+    let mut usage = out.family(
+        "kvplane_coordinator_usage_bytes",
+        Gauge,
+        "Tracked L2 bytes per cache_salt.",
     );
-    let _ = writeln!(out, "# TYPE kvplane_coordinator_usage_bytes gauge");
     for (salt, bytes) in &s.usage_bytes {
-        let _ = writeln!(
-            out,
-            "kvplane_coordinator_usage_bytes{{cache_salt=\"{}\"}} {bytes}",
-            escape(salt)
-        );
+        usage.sample(&[("cache_salt", salt)], *bytes);
     }
-    out
 }

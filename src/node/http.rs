@@ -8,6 +8,7 @@ use super::metrics::NodeMetrics;
 use super::prefetch::Prefetches;
 use super::tiers::Tiers;
 use crate::web::access::{Auth, Policy};
+use crate::web::exposition::Exposition;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
@@ -15,7 +16,6 @@ use crate::web::HttpLimits;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::State;
 use axum::extract::{Path, Query};
-use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
@@ -161,8 +161,8 @@ async fn metrics_route(
     m.pinned_objects
         .with_label_values(&["l2"])
         .set(clamp(l2_held as u64));
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        m.render() + &http.render(),
-    )
+    let mut out = Exposition::new();
+    m.write_to(&mut out);
+    http.write_to(&mut out);
+    out.response()
 }

@@ -2,9 +2,9 @@
 //! nothing with the controller's `crate::metrics`). Counters are bumped on the hot paths;
 //! the tier gauges are set from the tiers when `/metrics` is scraped.
 
+use crate::web::exposition::Exposition;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Metric name prefix.
@@ -264,14 +264,18 @@ impl NodeMetrics {
         }
     }
 
+    /// Writes every node metric into a `/metrics` document (the registry, through the
+    /// crate's encoder).
+    pub fn write_to(&self, out: &mut Exposition) {
+        out.registry(&self.registry);
+    }
+
     /// The text exposition of every node metric.
     #[must_use]
     pub fn render(&self) -> String {
-        let mut out = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
-            tracing::warn!("cannot encode node metrics: {e}");
-        }
-        String::from_utf8(out).unwrap_or_default()
+        let mut out = Exposition::new();
+        self.write_to(&mut out);
+        out.finish()
     }
 }
 

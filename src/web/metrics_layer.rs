@@ -6,6 +6,7 @@
 //!
 //! Knows no service: the metric handles come in as the middleware's state, [`HttpMetrics`].
 
+use super::exposition::Exposition;
 use super::limits::{LimitHit, LimitHook, WebLimit};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, StatusCode};
@@ -31,8 +32,8 @@ pub struct HttpMetrics {
 
 impl HttpMetrics {
     /// Request metrics of their own, `<prefix>http_requests_total{method,route,status}` and
-    /// `<prefix>http_request_seconds{method,route}`, for a service that renders them into its
-    /// `/metrics` with [`HttpMetrics::render`] (the controller registers the same two in its
+    /// `<prefix>http_request_seconds{method,route}`, for a service that writes them into its
+    /// `/metrics` with [`HttpMetrics::write_to`] (the controller registers the same two in its
     /// registry instead).
     pub fn standalone(prefix: &str, max_body_bytes: usize, on_limit: LimitHook) -> Self {
         let requests = IntCounterVec::new(
@@ -60,13 +61,18 @@ impl HttpMetrics {
         }
     }
 
-    /// The two families in Prometheus' text format.
-    pub fn render(&self) -> String {
+    /// Appends the two families to a `/metrics` document (nothing before the first request).
+    pub fn write_to(&self, out: &mut Exposition) {
         let mut families = self.requests.collect();
         families.extend(self.seconds.collect());
-        prometheus::TextEncoder::new()
-            .encode_to_string(&families)
-            .unwrap_or_default()
+        out.encoded(&families);
+    }
+
+    /// The two families alone, as text.
+    pub fn render(&self) -> String {
+        let mut out = Exposition::new();
+        self.write_to(&mut out);
+        out.finish()
     }
 }
 

@@ -14,6 +14,9 @@
 //! * `auth` — the bearer token itself;
 //! * `guard` — the CSRF guard of state-changing routes (JSON content type, same origin);
 //! * `metrics_layer` — request counts and times by matched route, limit hits;
+//! * `exposition` — [`exposition::Exposition`], the one writer of every service's `/metrics`
+//!   text (families, escaped labels, the format's values; a `prometheus` registry appended
+//!   through the crate's encoder);
 //! * `assets` — a `rust-embed` folder served with ETags and a strict CSP (the dashboards'
 //!   `frontend/`, one page per service);
 //! * `history` — a dashboard's server-side history: a bounded ring of samples and its sampler;
@@ -26,6 +29,7 @@ pub mod assets;
 pub mod auth;
 pub mod client;
 pub mod error;
+pub mod exposition;
 pub mod guard;
 pub mod history;
 pub mod limits;

@@ -20,7 +20,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("config", &["protocol"]),
     ("index", &["protocol"]),
     ("web", &["config"]),
-    ("cluster", &["config"]),
+    // The cluster's metrics are written with the one `/metrics` writer (web::exposition).
+    ("cluster", &["config", "web"]),
     // The service skeleton (handle, start error, runner, configuration layers).
     ("service", &[]),
     // Clients of the services (linked by workers and load generators).

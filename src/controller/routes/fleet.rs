@@ -8,9 +8,10 @@ use crate::controller::socket_stats::LoopStats;
 use crate::controller::Shared;
 use crate::index::WorkerView;
 use crate::web::error::{ApiError, FieldError};
+use crate::web::exposition::Exposition;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
@@ -189,17 +190,12 @@ pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoRespon
 pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     shared.refresh_lmcache_gauges();
     shared.peer_drops.export(&shared.metrics);
-    let mut text = shared.metrics.render();
+    let mut out = Exposition::new();
+    out.registry(shared.metrics.registry());
     if let Some(cluster) = shared.cluster() {
-        text.push_str(&cluster.metrics_text());
+        cluster.write_metrics(&mut out);
     }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
+    out.response()
 }
 
 /// `GET /controller/cluster`: this controller's place in its cluster (`--cluster`), or
