@@ -143,6 +143,25 @@ async fn a_shared_store_counts_for_its_instances_in_event_id_order() {
     )
     .await;
 
+    let (_, dump) = http(addr, "GET", "/dump", None, &[]).await;
+    let stores: Vec<(&Value, usize)> = dump["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["source"] == "mooncake")
+        .map(|s| (&s["key"], s["blocks"].as_array().map_or(0, Vec::len)))
+        .collect();
+    let key = |i: &str| json!(format!("{i}|default|0"));
+    assert_eq!(
+        stores,
+        vec![
+            (&key("engine-a"), 4),
+            (&key("engine-b"), 4),
+            (&key("engine-c"), 1)
+        ],
+        "{dump}"
+    );
+
     // Id 3 arrives late (going backwards: dropped, or it would remove a live block); a
     // backend nobody registered, and pool-a for a tenant nobody reads it for, reach no one.
     let mut other_tenant = ev(6, true, "pool-a", "cpu", h[0]);

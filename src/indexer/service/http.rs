@@ -232,6 +232,14 @@ async fn services(State(st): St) -> Json<Value> {
         for (name, blocks) in core.index.stream_media(service.stream) {
             entry["blocks"][name] = json!(blocks);
         }
+        if let Some(store) = service.store {
+            let t = core
+                .index
+                .stream_stats(store)
+                .unwrap_or_default()
+                .tier_blocks;
+            entry["mooncake_blocks"] = json!({"GPU": t[0], "CPU": t[1], "DISK": t[2]});
+        }
         if let Some(p) = registry.publishers.get(&service.reg.endpoint) {
             let s = &p.status;
             let seq = *s.seq.lock();

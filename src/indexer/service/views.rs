@@ -1,5 +1,5 @@
 //! The operators' views of the whole index: `GET /global_view` (every instance with its
-//! streams, blocks per tier, publishers and LMCache servers, and the LMCache bridge's
+//! streams, blocks per tier, publishers, LMCache servers and Mooncake stores read, and the LMCache bridge's
 //! counters) and `GET /dump` (every stream's blocks by standard sequence hash, with their
 //! tier references: what a peer needs to rebuild the index by standard-hash stores, as
 //! Dynamo's standalone indexer's `/dump` serves its peers). Read-only; each takes the index
@@ -37,6 +37,8 @@ pub(super) async fn global_view(State(st): State<Arc<IndexerState>>) -> Json<Val
                 "blocks": blocks(s.stream),
                 "lmcache_instance_id": r.lmcache,
                 "lmcache_blocks": s.pool.map(blocks),
+                "backend_id": r.backends,
+                "mooncake_blocks": s.store.map(blocks),
             }));
         }
     }
@@ -76,6 +78,9 @@ pub(super) async fn dump(State(st): State<Arc<IndexerState>>) -> Json<Value> {
         add(s.stream, "engine");
         if let Some(pool) = s.pool {
             add(pool, "lmcache");
+        }
+        if let Some(store) = s.store {
+            add(store, "mooncake");
         }
     }
     Json(json!({
