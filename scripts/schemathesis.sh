@@ -182,23 +182,19 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
-# Every check of schemathesis against $base; its own config file when the service has one.
-# The controller's document is generated from the validators themselves, so it also passes
-# the two checks that hold a document's schemas to the validator's exact boundaries
-# (positive_data_acceptance, negative_data_rejection). The indexer's, coordinator's and node's
-# documents are hand-written and not yet that exact (docs/RELIABILITY.md lists the
-# disagreements found): for them those two checks are left out, every other one runs. One
+# Every check of schemathesis against $base, on every service; its own config file when the
+# service has one. Every document's schemas and its service's validators are one rule
+# (docs/RELIABILITY.md, "One rule per route"), so the checks that hold a document to the
+# validator's exact boundaries (positive_data_acceptance, negative_data_rejection) run too. One
 # worker: with two, hypothesis' lambda descriptions race in CPython 3.11's ast.parse
 # ("AST constructor recursion depth mismatch", a runtime error of the tool, not of kvplane).
 run_schemathesis() {
     local config=tests/schemathesis/schemathesis.toml
     [ -f "tests/schemathesis/$name.toml" ] && config="tests/schemathesis/$name.toml"
-    local exclude=()
-    [ "$name" != controller ] && exclude=(--exclude-checks positive_data_acceptance,negative_data_rejection)
     local started=$SECONDS
     "$venv/bin/schemathesis" --config-file "$config" \
         run "$base/openapi.json" \
-        --checks all "${exclude[@]}" \
+        --checks all \
         --max-examples "$examples" \
         --phases examples,coverage,fuzzing \
         --header "$auth" \

@@ -145,9 +145,10 @@ async fn register(
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: RegisterBody = parse(&s, &body)?;
-    let ip = b.ip.trim().to_owned();
+    // The document's rule exactly: 1 to 255 characters, no whitespace, control or '/'.
+    let ip = b.ip;
     if ip.is_empty()
-        || ip.len() > 255
+        || ip.chars().count() > 255
         || ip.contains(|c: char| c.is_whitespace() || c.is_control() || c == '/')
     {
         return Err(invalid(

@@ -11,7 +11,7 @@ use crate::web::limits::WebLimit;
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::HttpLimits;
 use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -57,12 +57,19 @@ pub(crate) type Shared = Arc<ApiState>;
 
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
 pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
+    if !crate::web::body::is_object(bytes) {
+        state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::value_error(
+            vec![json!("body")],
+            String::from("Input should be a valid dictionary"),
+        ));
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de)
         .or_else(|e| {
             // JSON has one number type: `2.0` is the integer 2 to LMCache's pydantic (and to the
             // JSON schema). Tried only after a refusal, so well-formed bodies pay nothing.
-            if let Some(v) = integral_floats_as_integers(bytes) {
+            if let Some(v) = crate::web::body::integral_floats_as_integers(bytes) {
                 if let Ok(t) = serde_json::from_value(v) {
                     return Ok(t);
                 }
@@ -97,28 +104,6 @@ pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Resu
 pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {
     state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
     ApiError::value_error(vec![json!("body"), json!(field)], msg.into())
-}
-
-/// `bytes` as JSON with every integral float (`2.0`, within ±2^53) written as an integer;
-/// `None` when it is not JSON or holds none.
-fn integral_floats_as_integers(bytes: &[u8]) -> Option<Value> {
-    fn walk(v: &mut Value) -> bool {
-        match v {
-            Value::Number(n) if n.is_f64() => {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 {
-                    *v = Value::from(f as i64);
-                    return true;
-                }
-                false
-            }
-            Value::Array(items) => items.iter_mut().fold(false, |c, x| walk(x) | c),
-            Value::Object(map) => map.values_mut().fold(false, |c, x| walk(x) | c),
-            _ => false,
-        }
-    }
-    let mut v: Value = serde_json::from_slice(bytes).ok()?;
-    walk(&mut v).then_some(v)
 }
 
 /// The registered address of `id`, or 404.

@@ -116,6 +116,9 @@ async fn lookup(
         ));
     }
     let world = world(&s, b.world_size)?;
+    // The names are checked whichever form is given, as the document says.
+    pins::check_names(&b.model_name, &b.cache_salt)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     if b.keys.is_empty() == b.token_ids.is_empty() {
         return Err(invalid_at(
             &s,

@@ -105,8 +105,9 @@ pub enum QuotaError {
 
 /// A limit in GiB as bytes, truncated like LMCache (`int(limit_gb * 2**30)`).
 fn limit_bytes(limit_gb: f64) -> Result<u64, QuotaError> {
+    // Below 2^33 GiB (2^63 bytes), as the document's `exclusiveMaximum` says.
     let bytes = limit_gb * GIB;
-    if !limit_gb.is_finite() || limit_gb < 0.0 || bytes >= 9.2e18 {
+    if !(limit_gb.is_finite() && (0.0..8_589_934_592.0).contains(&limit_gb)) {
         return Err(QuotaError::InvalidLimit);
     }
     // finite, ≥ 0, < 2^63
@@ -348,7 +349,7 @@ impl Model {
     /// [`QuotaError`] for a bad limit or salt, or at the quota limit.
     pub fn set_quota(&mut self, salt: &str, limit_gb: f64) -> Result<(), QuotaError> {
         let bytes = limit_bytes(limit_gb)?;
-        if salt.len() > 128 || salt.contains(['@', '/', '\\', '\0']) {
+        if salt.chars().count() > 128 || salt.contains(['@', '/', '\\', '\0']) {
             return Err(QuotaError::InvalidSalt);
         }
         if !self.quotas.contains_key(salt) && self.quotas.len() >= self.config.max_quotas {
@@ -499,7 +500,10 @@ impl Model {
                     self.counters.batches_refused += 1;
                     continue;
                 }
-                Admit::Gap { missing } => self.counters.seq_gaps += missing,
+                // A sender may jump its sequence by up to 2^64: the count saturates.
+                Admit::Gap { missing } => {
+                    self.counters.seq_gaps = self.counters.seq_gaps.saturating_add(missing);
+                }
                 Admit::InOrder => {}
             }
             if before.is_some_and(|inc| inc < b.incarnation) {

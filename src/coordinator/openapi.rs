@@ -118,19 +118,19 @@ pub const ROUTES: &[(&str, &str, &str, &[u16])] = &[
         "/cache/delete",
         "post",
         "Delete a token sequence's chunks on one MP server (tier l1, l2 or all)",
-        &[200, 404, 413, 422, 502],
+        &[200, 400, 404, 413, 422, 502],
     ),
     (
         "/cache/pins",
         "post",
         "Pin a token sequence's chunks against L2 eviction",
-        &[200, 413, 422],
+        &[200, 400, 413, 422],
     ),
     (
         "/cache/pins",
         "delete",
         "Unpin a token sequence's chunks",
-        &[200, 413, 422],
+        &[200, 400, 413, 422],
     ),
     (
         "/cache/pins",
@@ -176,7 +176,7 @@ fn body_schema(path: &str, method: &str) -> Option<Value> {
         ("post", "/directory/lookup") => "DirectoryLookupRequest",
         ("post", "/directory/blend-lookup") => "BlendLookupRequest",
         // The <= 0.5.2 usage events (docs/COORDINATOR.md): not in 0.5.6's document.
-        ("post", "/quota/events") => return Some(json!({"type": "object"})),
+        ("post", "/quota/events") => "LegacyEventsRequest",
         _ => return None,
     };
     Some(json!({ "$ref": format!("#/components/schemas/{name}") }))
@@ -188,7 +188,7 @@ fn query_params(path: &str, method: &str) -> Vec<(&'static str, Value)> {
         [
             (
                 "offset",
-                json!({"type": "integer", "minimum": 0, "maximum": 9_007_199_254_740_991u64, "default": 0}),
+                json!({"type": "integer", "minimum": 0, "maximum": i64::MAX, "default": 0}),
             ),
             (
                 "limit",
@@ -231,7 +231,15 @@ pub fn document() -> Value {
         let params: Vec<Value> = path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
-            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .map(|name| {
+                // A quota is set only for a salt LMCache can write into a key.
+                let schema = if (method, name) == ("put", "cache_salt") {
+                    json!({"type": "string", "maxLength": 128, "pattern": r"^[^@/\\\x00]*$"})
+                } else {
+                    json!({"type": "string"})
+                };
+                json!({"name": name, "in": "path", "required": true, "schema": schema})
+            })
             .collect();
         if !params.is_empty() {
             op["parameters"] = Value::Array(params);

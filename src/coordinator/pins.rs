@@ -53,6 +53,22 @@ pub fn chunk_hashes(tokens: &[u32], chunk_size: usize) -> Vec<[u8; 32]> {
     out
 }
 
+/// Whether LMCache could write `model_name` and `cache_salt` into a key.
+///
+/// # Errors
+/// [`ResolveError::Invalid`] for a model name with `@` or a salt LMCache refuses.
+pub fn check_names(model_name: &str, cache_salt: &str) -> Result<(), ResolveError> {
+    if model_name.contains('@') {
+        return Err(ResolveError::Invalid("model_name: must not contain '@'"));
+    }
+    if cache_salt.chars().count() > 128 || cache_salt.contains(['@', '/', '\\', '\0']) {
+        return Err(ResolveError::Invalid(
+            "cache_salt: at most 128 characters, without '@ / \\ NUL'",
+        ));
+    }
+    Ok(())
+}
+
 /// The object keys of the complete chunks of `tokens` and the number of chunks.
 ///
 /// # Errors
@@ -67,14 +83,7 @@ pub fn resolve(
     if tokens.len() > MAX_TOKEN_IDS {
         return Err(ResolveError::TooManyTokens(tokens.len()));
     }
-    if model_name.contains('@') {
-        return Err(ResolveError::Invalid("model_name: must not contain '@'"));
-    }
-    if cache_salt.len() > 128 || cache_salt.contains(['@', '/', '\\', '\0']) {
-        return Err(ResolveError::Invalid(
-            "cache_salt: at most 128 characters, without '@ / \\ NUL'",
-        ));
-    }
+    check_names(model_name, cache_salt)?;
     let hashes = chunk_hashes(tokens, chunk_size);
     let mut keys = Vec::with_capacity(hashes.len() * usize::from(world_size));
     for h in &hashes {

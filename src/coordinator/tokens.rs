@@ -40,6 +40,15 @@ impl<'de> Deserialize<'de> for WireTokens {
                     fn visit_i64<E>(self, v: i64) -> Result<Token, E> {
                         Ok(Token(u32::try_from(v).ok()))
                     }
+                    // A whole number JSON writes as a float (`7.0`, or an integer beyond
+                    // 64 bits): an integer to the document, outside u32 unless it fits.
+                    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Token, E> {
+                        if v.fract() != 0.0 || !v.is_finite() {
+                            return Err(E::invalid_type(serde::de::Unexpected::Float(v), &self));
+                        }
+                        let fits = (0.0..=f64::from(u32::MAX)).contains(&v);
+                        Ok(Token(fits.then_some(v as u32)))
+                    }
                 }
                 d.deserialize_any(Int)
             }

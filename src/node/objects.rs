@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// Largest `page_size` served (larger requests are clamped).
+/// Largest `page_size` served (a larger one lists this many, as LMCache's MP server).
 pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Default `page_size`.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -146,10 +146,19 @@ pub(crate) async fn list(
             )
         }
     };
-    let size = q
-        .page_size
-        .unwrap_or(DEFAULT_PAGE_SIZE)
-        .clamp(1, MAX_PAGE_SIZE);
+    // 0 is refused, as the document's `minimum: 1` says; above the ceiling the page is the
+    // ceiling's size (LMCache's MP server clamps it the same way, and says so).
+    let size = match q.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
+        0 => {
+            return bad(
+                &metrics,
+                "list",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "page_size must be at least 1".into(),
+            )
+        }
+        n => n.min(MAX_PAGE_SIZE),
+    };
     let (listed, more) = tiers.page(l2, q.page_token.as_deref(), size);
     let next_page_token = if more {
         listed.last().map(|l| l.key.clone())
@@ -242,7 +251,7 @@ pub(crate) async fn delete(
             format!("body over {MAX_DELETE_BODY} bytes"),
         );
     }
-    let parsed: DeleteBody = match serde_json::from_slice(&body) {
+    let parsed: DeleteBody = match crate::web::body::read(&body) {
         Ok(b) => b,
         Err(e) => {
             return bad(

@@ -6,6 +6,15 @@ use crate::web::openapi::{self, Operation};
 use axum::http::Method as M;
 use serde_json::{json, Value};
 
+fn i64_schema() -> Value {
+    json!({"type": "integer", "minimum": i64::MIN, "maximum": i64::MAX})
+}
+
+/// A salt as LMCache writes it into a key (`@cache_salt%S`): the node refuses others.
+fn salt_schema() -> Value {
+    json!({"type": "string", "maxLength": 128, "pattern": r"^[^@/\\\x00]*$"})
+}
+
 /// Every route the node's HTTP listener serves.
 pub(crate) fn operations() -> Vec<Operation> {
     use Access::{Open, Peer, Read, Write};
@@ -13,7 +22,8 @@ pub(crate) fn operations() -> Vec<Operation> {
         {"type": "string", "description": "the key as `lm://` names it"},
         {"type": "object", "required": ["chunk_hash_hex", "model_name", "kv_rank"],
          "properties": {"chunk_hash_hex": {"type": "string"}, "model_name": {"type": "string"},
-                        "kv_rank": {"type": "integer"}, "object_group_id": {"type": "integer"}}}]});
+                        "kv_rank": i64_schema(), "object_group_id": i64_schema(),
+                        "cache_salt": {"type": "string"}}}]});
     let tier = json!({"type": "string", "enum": ["l1", "l2", "all"]});
     vec![
         Operation::new(M::GET, "/healthz", Open, "Liveness"),
@@ -36,12 +46,17 @@ pub(crate) fn operations() -> Vec<Operation> {
             json!({"type": "string", "enum": ["l1", "l2"]}),
             false,
         )
-        .query("page_size", json!({"type": "integer", "minimum": 1}), false)
+        .query(
+            "page_size",
+            json!({"type": "integer", "minimum": 1, "maximum": u64::MAX,
+                "description": "at most 1000 keys are listed whatever is asked, as LMCache's MP server"}),
+            false,
+        )
         .query("page_token", json!({"type": "string"}), false)
         .answers(&[
             (200, "A page of keys"),
             (400, "A query that does not parse"),
-            (422, "A tier other than l1 or l2"),
+            (422, "A tier other than l1 or l2, or a page_size of 0"),
         ]),
         Operation::new(
             M::DELETE,
@@ -68,9 +83,9 @@ pub(crate) fn operations() -> Vec<Operation> {
         )
         .optional_body(
             json!({"type": "object", "additionalProperties": false, "properties": {
-                "location": {"type": "string", "enum": ["LocalCPUBackend", "LocalDiskBackend"]},
-                "tokens": {"type": "array", "items": {"type": "integer",
-                    "minimum": -9223372036854775808i64, "maximum": 9223372036854775807i64}}}}),
+                "location": {"type": ["string", "null"],
+                    "enum": ["LocalCPUBackend", "LocalDiskBackend", null]},
+                "tokens": {"type": ["array", "null"], "items": i64_schema()}}}),
         ),
         Operation::new(
             M::POST,
@@ -84,12 +99,13 @@ pub(crate) fn operations() -> Vec<Operation> {
         ])
         .body(
             json!({"type": "object", "required": ["model_name", "world_size", "token_ids"],
-                "properties": {"model_name": {"type": "string"},
+                "properties": {"model_name": {"type": "string", "pattern": "^[^@]*$"},
                     "world_size": {"type": "integer", "minimum": 1, "maximum": 255},
-                    "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                    "cache_salt": {"type": "string"},
-                    "source_tier": {"type": "string", "enum": ["l2"]},
-                    "target_tier": {"type": "string", "enum": ["l1"]}}}),
+                    "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                        "maximum": u32::MAX}},
+                    "cache_salt": salt_schema(),
+                    "source_tier": {"type": ["string", "null"], "enum": ["l2", null]},
+                    "target_tier": {"type": ["string", "null"], "enum": ["l1", null]}}}),
         ),
         Operation::new(
             M::GET,

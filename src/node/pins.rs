@@ -56,7 +56,7 @@ pub(crate) async fn unpin(tiers: Arc<Tiers>, chunks: TokenChunks, body: Bytes) -
             tokens: None,
         }
     } else {
-        match serde_json::from_slice(&body) {
+        match crate::web::body::read(&body) {
             Ok(b) => b,
             Err(e) => return detail(StatusCode::UNPROCESSABLE_ENTITY, format!("body: {e}")),
         }

@@ -137,7 +137,7 @@ pub(crate) async fn submit(
         metrics.prefetches.with_label_values(&["refused"]).inc();
         detail(status, text)
     };
-    let b: Submit = match serde_json::from_slice(&body) {
+    let b: Submit = match crate::web::body::read(&body) {
         Ok(b) => b,
         Err(e) => return refused(StatusCode::UNPROCESSABLE_ENTITY, format!("body: {e}")),
     };
@@ -176,7 +176,7 @@ pub(crate) async fn submit(
             "model_name must not contain '@'".into(),
         );
     }
-    if b.cache_salt.len() > 128 || b.cache_salt.contains(['@', '/', '\\', '\0']) {
+    if b.cache_salt.chars().count() > 128 || b.cache_salt.contains(['@', '/', '\\', '\0']) {
         return refused(
             StatusCode::BAD_REQUEST,
             "cache_salt: at most 128 characters, without '@ / \\ NUL'".into(),

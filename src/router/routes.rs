@@ -142,14 +142,14 @@ pub(crate) fn operations() -> Vec<Operation> {
             Read,
             "Predicted against delivered cached tokens",
         ),
-        // The body is read by nothing: `{}` or none, sent as JSON (the CSRF guard).
+        // The body is read by nothing, but the CSRF guard wants a JSON one: `{}`.
         Operation::new(
             M::POST,
             "/router/doctor",
             Write,
             "Hash-parity probe of every engine",
         )
-        .optional_body(json!({"type": "object"}))
+        .body(json!({"type": "object"}))
         .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")])
         .answer_body(200, verdicts.clone())
         .answer_body(409, verdicts),

@@ -10,6 +10,7 @@
 //!
 //! * `error` — [`error::ApiError`] and its status codes and bodies;
 //! * `schema` — request body schemas: validation (bounded) and their OpenAPI form;
+//! * `body` — the rule every serde-read body follows first (a JSON object);
 //! * `access` — route classes, each service's policy and the one token check ([`access::enforce`]);
 //! * `auth` — the bearer token itself;
 //! * `guard` — the CSRF guard of state-changing routes (JSON content type, same origin);
@@ -27,6 +28,7 @@
 pub mod access;
 pub mod assets;
 pub mod auth;
+pub mod body;
 pub mod client;
 pub mod error;
 pub mod exposition;

@@ -385,9 +385,11 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, Refusal> {
     list.iter()
         .enumerate()
         .map(|(i, v)| {
-            // Plain integers only, as the byte-level reader of `query_body.rs` reads them (the
-            // two must agree): an id written as a float is refused.
+            // A u32, also when written as an integral float (`7.0`, `1e3`): JSON Schema's
+            // `integer` in the OpenAPI document includes those. `query_body.rs` reads them alike
+            // (the two must agree).
             v.as_u64()
+                .or_else(|| v.as_f64().and_then(integral))
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| Refusal {
                     index: Some(i),
@@ -395,6 +397,12 @@ pub fn token_ids(body: &Map<String, Value>) -> Result<Vec<u32>, Refusal> {
                 })
         })
         .collect()
+}
+
+/// `v` as a whole non-negative number, if it is one that fits a u64 (`7.0`, `1e3`).
+pub(crate) fn integral(v: f64) -> Option<u64> {
+    // 2^64 as f64: every whole f64 below it fits a u64 exactly.
+    (v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v)).then_some(v as u64)
 }
 
 /// `seq_hashes` (alias `block_hash`, `block_hashes`): u64, negative i64 (two's complement),

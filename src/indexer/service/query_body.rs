@@ -329,8 +329,8 @@ impl<'de> Deserialize<'de> for Token {
             fn visit_i64<E: de::Error>(self, n: i64) -> Result<Token, E> {
                 Ok(Token(u32::try_from(n).ok()))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Token, E> {
-                Ok(Token(None))
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Token, E> {
+                Ok(Token(api::integral(v).and_then(|n| u32::try_from(n).ok())))
             }
             fn visit_bool<E: de::Error>(self, _: bool) -> Result<Token, E> {
                 Ok(Token(None))
@@ -413,6 +413,8 @@ mod tests {
         let bodies = [
             r#"{"model":"m","block_size":4,"token_ids":[1,2,3,4294967295]}"#,
             r#"{"token_ids":[1,2,-3,4.5],"model":"m"}"#,
+            r#"{"token_ids":[3318.0,1e3,4294967295.0],"model":"m"}"#,
+            r#"{"token_ids":[4294967296.0]}"#,
             r#"{"token_ids":[1,[2],3]}"#,
             r#"{"token_ids":[1,{"a":1},3]}"#,
             r#"{"token_ids":[1,4294967296]}"#,
@@ -555,6 +557,17 @@ mod tests {
                 m
             })
         );
+    }
+
+    /// An id written as an integral float (`7.0`, `1e3`) is the integer it writes: the
+    /// document's `integer` includes it.
+    #[test]
+    fn integral_floats_are_token_ids() {
+        let b = r#"{"model":"m","token_ids":[3318.0,1e3,7,4294967295.0]}"#;
+        let ids = QueryBody::parse(b.as_bytes())
+            .and_then(QueryBody::token_ids)
+            .expect("integral");
+        assert_eq!(ids, [3318, 1000, 7, u32::MAX]);
     }
 
     /// The 400s of a bad `token_ids` name the field and the first bad index.
