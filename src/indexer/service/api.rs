@@ -164,13 +164,18 @@ pub fn service_key(instance: &str, tenant: &str, dp_rank: u32) -> String {
     format!("{instance}|{tenant}|{dp_rank}")
 }
 
+/// A port as the document's pattern writes it ([`super::openapi::PORT`]): 1 to 5 digits, at
+/// most 65535.
+fn port(p: &str) -> bool {
+    p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+}
+
 fn endpoint(value: String, field: &'static str) -> Result<String, Refusal> {
     let rest = value
         .strip_prefix("tcp://")
         .ok_or_else(|| Refusal::field("invalid_value", field, "must be tcp://host:port"))?;
-    let port = rest.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
-    match port {
-        Some((host, Ok(_))) if !host.is_empty() && host != "*" => Ok(value),
+    match rest.rsplit_once(':') {
+        Some((host, p)) if port(p) && !host.is_empty() && !host.contains('*') => Ok(value),
         _ => Err(Refusal::field(
             "invalid_value",
             field,
@@ -240,11 +245,10 @@ fn http_endpoint(value: String) -> Result<String, Refusal> {
     const F: &str = "http_endpoint";
     let url = value.trim_end_matches('/');
     let authority = url.strip_prefix("http://").unwrap_or_default();
-    let port = authority
-        .rsplit_once(':')
-        .map(|(h, p)| (h, p.parse::<u16>()));
-    match port {
-        Some((host, Ok(_))) if !host.is_empty() && !host.contains(['/', '*']) => Ok(url.to_owned()),
+    match authority.rsplit_once(':') {
+        Some((host, p)) if port(p) && !host.is_empty() && !host.contains(['/', '*']) => {
+            Ok(url.to_owned())
+        }
         _ => Err(Refusal::field(
             "invalid_value",
             F,
@@ -501,6 +505,28 @@ pub(crate) fn publishers_file(
 mod tests {
     use super::*;
     use axum::http::StatusCode;
+
+    /// A port is what the document's pattern says: 1 to 5 digits, at most 65535.
+    #[test]
+    fn ports_as_the_document_writes_them() {
+        let whole = format!("^{}$", super::super::openapi::PORT);
+        let pattern = regex::Regex::new(&whole).unwrap();
+        for (p, ok) in [
+            ("0", true),
+            ("8000", true),
+            ("30000", true),
+            ("65535", true),
+            ("00080", true),
+            ("65536", false),
+            ("99999", false),
+            ("+80", false),
+            ("080000", false),
+            ("", false),
+        ] {
+            assert_eq!(port(p), ok, "{p:?}");
+            assert_eq!(pattern.is_match(p), ok, "{p:?} against the pattern");
+        }
+    }
 
     fn obj(v: Value) -> Map<String, Value> {
         match v {

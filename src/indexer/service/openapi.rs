@@ -2,6 +2,10 @@
 
 use serde_json::{json, Value};
 
+/// A port, 0 to 65535 in 1 to 5 digits (`api::port` reads it alike).
+pub(super) const PORT: &str =
+    "(?:[0-9]{1,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])";
+
 fn error() -> Value {
     json!({"type": "object", "required": ["error", "reason"], "properties": {
         "error": {"type": "string"}, "reason": {"type": "string"},
@@ -66,8 +70,8 @@ pub(crate) fn openapi_doc() -> Value {
         "required": ["endpoint", "type", "modelname", "instance_id", "block_size", "dp_rank"],
         "properties": {
           "endpoint": {"type": "string", "example": "tcp://10.0.0.5:5557",
-                       "pattern": "^tcp://[^*]+:[0-9]{1,4}$"},
-          "replay_endpoint": {"type": ["string", "null"], "pattern": "^(tcp://[^*]+:[0-9]{1,4})?$"},
+                       "pattern": format!("^tcp://[^*]+:{PORT}$")},
+          "replay_endpoint": {"type": ["string", "null"], "pattern": format!("^(tcp://[^*]+:{PORT})?$")},
           "type": {"type": "string", "enum": ["vLLM", "SGLang", "Mooncake"]},
           "modelname": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
           "tenant_id": {"type": ["string", "null"]}, "instance_id": {"type": "string", "minLength": 1},
@@ -75,7 +79,7 @@ pub(crate) fn openapi_doc() -> Value {
           "dp_rank": {"type": "integer", "minimum": 0, "maximum": 4294967295u64},
           "additionalsalt": {"type": ["string", "null"]},
           "http_endpoint": {"type": ["string", "null"], "example": "http://10.0.0.5:8000",
-                            "pattern": "^(http://[^*/]+:[0-9]{1,5})?/*$"},
+                            "pattern": format!("^(http://[^*/]+:{PORT}/*)?$")},
           "backend_id": {"oneOf": [{"type": "null"}, id.clone(),
               {"type": "array", "maxItems": 64, "items": id}]}}});
     let unregister = json!({"type": "object", "required": ["instance_id"], "properties": {
