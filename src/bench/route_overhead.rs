@@ -131,7 +131,7 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
             let tokens = handle.block_on(st.tokens(Kind::Completion, &map));
             let (matched, d) = st.query(tokens.as_deref(), "", "");
             let prompt = tokens.as_ref().map_or(0, |t| t.len() as u64);
-            let routed = handle.block_on(st.route(&d.engines, &matched, prompt, 0.0, &[], None));
+            let routed = handle.block_on(st.route(&d, &matched, prompt, 0.0, &[], None));
             samples.push(due.elapsed());
             if let Ok((e, reservation)) = routed {
                 hits += usize::from(d.predicted[e] > 0);

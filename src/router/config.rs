@@ -251,6 +251,12 @@ pub struct RouterArgs {
     /// The cluster's name (replicas of one fleet share it; A-Z a-z 0-9 _ -).
     #[arg(long, env = "KVPLANE_ROUTER_CLUSTER_NAME", default_value = crate::config::defaults::cluster::NAME)]
     pub cluster_name: String,
+    /// Share the blocks a routed request will add with the other replicas (in its
+    /// reservation, a sample of its prompt's block hashes), so two replicas routing one
+    /// prefix at once send it to the same engine (docs/ROUTER.md, "Replicas that do not
+    /// herd"); `false`: share the load only.
+    #[arg(long, env = "KVPLANE_ROUTER_SHARE_BLOCKS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub share_blocks: bool,
     /// Seconds a shared reservation counts at most: one whose release never came (a replica
     /// that died, NATS down at the release) stops counting then (counted as expired).
     #[arg(long, env = "KVPLANE_ROUTER_RESERVATION_TTL", default_value_t = d::RESERVATION_TTL_S)]
@@ -362,6 +368,7 @@ impl RouterArgs {
                     ..crate::cluster::ClusterConfig::new(url.clone())
                 }),
             reservation_ttl: secs("--reservation-ttl", self.reservation_ttl)?,
+            share_blocks: self.share_blocks,
             session_ttl: secs("--session-ttl", self.session_ttl)?,
             engine_metrics_interval: if self.engine_metrics_interval == 0.0 {
                 None
@@ -428,6 +435,8 @@ pub struct RouterConfig {
     pub cluster: Option<crate::cluster::ClusterConfig>,
     /// How long a shared reservation counts at most.
     pub reservation_ttl: Duration,
+    /// Whether reservations carry the blocks their request will add.
+    pub share_blocks: bool,
     /// Time between scrapes of the engines' `/metrics` (`None`: never).
     pub engine_metrics_interval: Option<Duration>,
     /// How long a session is remembered after its last request.
@@ -463,6 +472,7 @@ impl RouterConfig {
             engine_slots: None,
             cluster: None,
             reservation_ttl: Duration::from_secs_f64(d::RESERVATION_TTL_S),
+            share_blocks: true,
             engine_metrics_interval: Some(Duration::from_secs_f64(d::ENGINE_METRICS_INTERVAL_S)),
             session_ttl: Duration::from_secs_f64(d::SESSION_TTL_S),
         }

@@ -243,7 +243,7 @@ async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes
     loop {
         let routed = st
             .route(
-                &decision.engines,
+                &decision,
                 &matched,
                 prompt_len,
                 draw,

@@ -194,12 +194,27 @@ impl Shared {
             .unwrap_or_default()
     }
 
-    /// Takes one of `instance`'s `slots` (unlimited: `None`) for this replica, written only
-    /// if nobody wrote the entry since the view read it; the reservation's id.
+    /// The most blocks of a prompt (`hashes`, chained) that a reservation on `instance`
+    /// counting at `now_ms` (any replica's, this one's too) will add to it.
+    pub fn pending(&self, instance: &str, now_ms: u64, hashes: &[u64]) -> u32 {
+        self.view
+            .lock()
+            .get(&key(instance))
+            .map_or(0, |v| v.table.pending(now_ms, hashes))
+    }
+
+    /// Takes one of `instance`'s `slots` (unlimited: `None`) for this replica, with the
+    /// `blocks` its request will add, written only if nobody wrote the entry since the view
+    /// read it; the reservation's id.
     ///
     /// # Errors
     /// [`Miss`]: a conflict (the view is read again: decide again), full, or NATS down.
-    pub async fn reserve(&self, instance: &str, slots: Option<u64>) -> Result<u64, Miss> {
+    pub async fn reserve(
+        &self,
+        instance: &str,
+        slots: Option<u64>,
+        blocks: Vec<(u32, u64)>,
+    ) -> Result<u64, Miss> {
         let now = crate::cluster::now_ms();
         if now < self.down_until.load(Ordering::Relaxed) {
             self.counters
@@ -216,6 +231,7 @@ impl Shared {
             id,
             replica: self.replica,
             until_ms: now.saturating_add(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)),
+            blocks,
         };
         let outcome = |o: &str| self.counters.reservations.with_label_values(&[o]).inc();
         if let Err(refused) = table.reserve(held, slots, now) {

@@ -1,19 +1,64 @@
 //! One engine's reservations as every router replica sees them (docs/ROUTER.md, "Replicas
 //! that do not herd"): the value of the engine's entry in the cluster's compare-and-set
-//! bucket, a list of reservations each with its replica and deadline. Pure: no clock (the
+//! bucket, a list of reservations each with its replica, its deadline and the blocks its
+//! request will add (a sample of its prompt's chained block hashes, [`sample`]). Pure: no clock (the
 //! caller passes `now`), no I/O; the driver (`shared.rs`) reads, changes and writes it back
 //! only if nobody wrote it since.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-/// Most reservations one engine's entry holds (about 27 bytes each on NATS); a reservation
-/// beyond is refused like a full engine and counted.
+/// Most reservations one engine's entry holds (about 27 bytes each on NATS, plus up to
+/// [`MAX_SAMPLES`] × 14 bytes of blocks); a reservation beyond is refused like a full engine
+/// and counted.
 pub const MAX_HELD: usize = 1024;
+
+/// Every prefix length up to this many blocks is sampled ([`sample`]); beyond, powers of two.
+pub const DENSE_BLOCKS: u32 = 16;
+
+/// Most block samples one reservation carries: the first [`DENSE_BLOCKS`], the powers of two
+/// after them up to 2^31, and the last.
+pub const MAX_SAMPLES: usize = 16 + 27 + 1;
+
+/// The prefixes of a prompt a reservation carries, as `(blocks, chained hash of those
+/// blocks)`: every length up to [`DENSE_BLOCKS`], then every power of two, then the whole.
+/// `hashes[i]` is the chained hash of the first `i + 1` blocks. A prompt sharing `k` blocks
+/// with it is then seen to share exactly `k` up to 16 blocks or when it extends it whole,
+/// else at least half of `k`.
+pub fn sample(hashes: &[u64]) -> Vec<(u32, u64)> {
+    let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+    let mut out: Vec<(u32, u64)> = Vec::new();
+    let mut k = 1u32;
+    while k <= n {
+        out.push((k, hashes[k as usize - 1]));
+        k = if k < DENSE_BLOCKS {
+            k + 1
+        } else {
+            k.saturating_mul(2)
+        };
+        if k == u32::MAX {
+            break;
+        }
+    }
+    if n > 0 && out.last().is_none_or(|(b, _)| *b != n) {
+        out.push((n, hashes[n as usize - 1]));
+    }
+    out
+}
+
+/// Blocks of a prompt (`hashes`, chained) that `samples` show it shares.
+pub fn shared_blocks(samples: &[(u32, u64)], hashes: &[u64]) -> u32 {
+    samples
+        .iter()
+        .filter(|(b, h)| *b > 0 && hashes.get(*b as usize - 1) == Some(h))
+        .map(|(b, _)| *b)
+        .max()
+        .unwrap_or(0)
+}
 
 /// One routed request's share of an engine, held by one replica until its answer ends or its
 /// deadline passes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
     /// Unique per reservation (random).
     pub id: u64,
@@ -21,6 +66,10 @@ pub struct Held {
     pub replica: u64,
     /// Wall clock, ms since the Unix epoch, after which it no longer counts.
     pub until_ms: u64,
+    /// The blocks its request will add to the engine, [`sample`]d (empty: not shared, or a
+    /// replica of an earlier version).
+    #[serde(default)]
+    pub blocks: Vec<(u32, u64)>,
 }
 
 /// Why a reservation was not added.
@@ -73,6 +122,17 @@ impl Table {
             .count() as u64
     }
 
+    /// The most blocks of a prompt (`hashes`, chained) that a reservation still counting at
+    /// `now` will add.
+    pub fn pending(&self, now_ms: u64, hashes: &[u64]) -> u32 {
+        self.held
+            .iter()
+            .filter(|h| h.until_ms > now_ms)
+            .map(|h| shared_blocks(&h.blocks, hashes))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Drops the reservations whose deadline passed; how many.
     pub fn prune(&mut self, now_ms: u64) -> usize {
         let before = self.held.len();
@@ -112,7 +172,41 @@ mod tests {
             id,
             replica,
             until_ms,
+            blocks: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_reservation_shows_the_blocks_it_will_add() {
+        let prompt: Vec<u64> = (1..=100).collect();
+        let s = sample(&prompt);
+        let lens: Vec<u32> = s.iter().map(|(b, _)| *b).collect();
+        assert_eq!(lens[..16], (1..=16).collect::<Vec<u32>>()[..]);
+        assert_eq!(lens[16..], [32, 64, 100]);
+        assert!(s.len() <= MAX_SAMPLES);
+        assert_eq!(sample(&[]), Vec::new());
+        // The same prompt, one that extends it, and ones that share a part.
+        assert_eq!(shared_blocks(&s, &prompt), 100);
+        let longer: Vec<u64> = (1..=120).collect();
+        assert_eq!(shared_blocks(&s, &longer), 100);
+        // Chained: a prompt that differs from block `k` on differs in every hash after.
+        let fork = |k: usize| -> Vec<u64> {
+            (1..=100u64)
+                .map(|i| if i > k as u64 { i + 1000 } else { i })
+                .collect()
+        };
+        assert_eq!(shared_blocks(&s, &fork(10)), 10);
+        assert_eq!(shared_blocks(&s, &fork(50)), 32);
+        assert_eq!(shared_blocks(&s, &[7, 8]), 0);
+        let mut t = Table::default();
+        let mut h = held(1, 7, 100);
+        h.blocks = s;
+        t.reserve(h, None, 0).unwrap();
+        assert_eq!(t.pending(50, &longer), 100);
+        assert_eq!(t.pending(100, &longer), 0);
+        // An entry of a replica that carried no blocks still reads.
+        let old = rmp_serde::to_vec(&vec![(1u64, 2u64, 3u64)]).unwrap();
+        assert_eq!(Table::decode(&old).unwrap().held[0].blocks, Vec::new());
     }
 
     #[test]

@@ -179,6 +179,10 @@ pub struct Decision {
     pub predicted: Vec<u64>,
     /// What the engine can reuse at most.
     pub reusable: u64,
+    /// The prompt's chained block hashes in its namespace (LoRA, salt), when the blocks a
+    /// request will add are shared with the other replicas (`--cluster`,
+    /// `--share-blocks`); else empty.
+    pub hashes: Vec<u64>,
 }
 
 impl Decision {
@@ -431,6 +435,20 @@ impl RouterState {
             })
             .collect();
         let reusable = score::reusable(prompt_len, prompt_len, self.config.block_size);
+        let hashes = match tokens {
+            Some(t) if self.shared.is_some() && self.config.share_blocks => {
+                // The namespace in the seed: a request of another LoRA or salt shares none.
+                let ns: Vec<u32> = lora
+                    .bytes()
+                    .chain([0])
+                    .chain(salt.bytes())
+                    .map(u32::from)
+                    .collect();
+                let seed = crate::indexer::hash::local_hash(&ns, self.config.hash_seed);
+                crate::indexer::hash::seq_hashes(t, self.config.block_size as usize, seed)
+            }
+            _ => Vec::new(),
+        };
         let predicted = matched
             .iter()
             .map(|m| score::reusable(m.longest, prompt_len, self.config.block_size))
@@ -442,6 +460,7 @@ impl RouterState {
                 tokens: tokens.map(<[u32]>::len),
                 predicted,
                 reusable,
+                hashes,
             },
         )
     }
@@ -457,7 +476,7 @@ impl RouterState {
     /// [`NoRoute`]: none up, all full, or too contended.
     pub async fn route(
         &self,
-        engines: &[Arc<Engine>],
+        decision: &Decision,
         matched: &[Matched],
         prompt_len: u64,
         draw: f64,
@@ -465,7 +484,7 @@ impl RouterState {
         session: Option<&str>,
     ) -> Result<(usize, Reservation), NoRoute> {
         let routed = self
-            .route_once(engines, matched, prompt_len, draw, skip, session)
+            .route_once(decision, matched, prompt_len, draw, skip, session)
             .await;
         if let (Some(id), Ok((_, reservation))) = (session, &routed) {
             let now = std::time::Instant::now();
@@ -489,13 +508,15 @@ impl RouterState {
 
     async fn route_once(
         &self,
-        engines: &[Arc<Engine>],
+        decision: &Decision,
         matched: &[Matched],
         prompt_len: u64,
         draw: f64,
         skip: &[usize],
         session: Option<&str>,
     ) -> Result<(usize, Reservation), NoRoute> {
+        let (engines, hashes) = (&decision.engines, &decision.hashes);
+        let bs = u64::from(self.config.block_size);
         let sticky = session.and_then(|id| {
             let sessions = self.sessions.lock();
             let instance = sessions.engine(id, std::time::Instant::now())?;
@@ -514,6 +535,7 @@ impl RouterState {
                 .enumerate()
                 .map(|(i, e)| {
                     let mut load = e.load();
+                    let mut matched = matched.get(i).copied().unwrap_or_default();
                     let held = match &self.shared {
                         Some(s) => {
                             // Another replica's request counts as one still waiting for its
@@ -521,6 +543,12 @@ impl RouterState {
                             let others = s.others(&e.spec.instance, now);
                             load.in_flight += others;
                             load.waiting += others;
+                            // The blocks a reserved request will add count as held there.
+                            let pending = u64::from(s.pending(&e.spec.instance, now, hashes)) * bs;
+                            if pending > matched.longest {
+                                matched.gpu = matched.gpu.max(pending);
+                                matched.longest = pending;
+                            }
                             s.live(&e.spec.instance, now).max(load.in_flight)
                         }
                         None => load.in_flight,
@@ -529,14 +557,20 @@ impl RouterState {
                     let up = e.is_up() && !skip.contains(&i);
                     full |= up && is_full;
                     Candidate {
-                        matched: matched.get(i).copied().unwrap_or_default(),
+                        matched,
                         load,
                         up: up && !is_full,
                         sticky: sticky == Some(i),
                     }
                 })
                 .collect();
-            let rotate = self.rotate.fetch_add(1, Ordering::Relaxed) % candidates.len().max(1);
+            // Replicas sharing blocks break a tie alike for one prompt (by its first block), so
+            // two routing it at once pick the same engine and one write meets the other's.
+            let turn = match hashes.first() {
+                Some(h) => *h as usize,
+                None => self.rotate.fetch_add(1, Ordering::Relaxed),
+            };
+            let rotate = turn % candidates.len().max(1);
             let Some(i) =
                 score::choose(&candidates, prompt_len, &self.config.weights, rotate, draw)
             else {
@@ -549,7 +583,11 @@ impl RouterState {
                     None => continue,
                 }
             };
-            match shared.reserve(&engine.spec.instance, engine.slots).await {
+            let blocks = super::slots::sample(hashes);
+            match shared
+                .reserve(&engine.spec.instance, engine.slots, blocks)
+                .await
+            {
                 Ok(id) => {
                     let mut r = Reservation::new(engine);
                     r.shared = Some((Arc::clone(shared), id));

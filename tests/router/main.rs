@@ -10,3 +10,4 @@ mod replicas;
 mod routing;
 mod sessions;
 mod simulator;
+mod split;

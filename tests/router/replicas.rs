@@ -217,7 +217,10 @@ async fn a_reservation_never_released_expires_at_its_deadline() {
     let b = replica(vec![engine.spec("e0")], Some((&nats, "ttl")), ttl).await;
     // B takes the only slot and never releases it (as a replica that died would).
     let shared = b.state.shared.as_ref().expect("shared");
-    shared.reserve("e0", Some(1)).await.expect("B reserves");
+    shared
+        .reserve("e0", Some(1), Vec::new())
+        .await
+        .expect("B reserves");
     eventually("A sees B's reservation", SLOW, async || held(&a) == 1).await;
     let body = json!({"model": "m", "prompt": "hello there", "max_tokens": 3}).to_string();
     let (status, refused) = http(a.addr, "POST", "/v1/completions", Some(&body), &[]).await;
