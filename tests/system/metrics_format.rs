@@ -1,5 +1,6 @@
 //! Every service's `GET /metrics` read by a real exposition-format parser: the controller, the
-//! indexer, the coordinator, the node and the router, each started in this process and given
+//! indexer (alone and with `--cluster`, for the replication core's series), the coordinator,
+//! the node and the router, each started in this process and given
 //! a little traffic, their documents parsed by `prometheus_client.parser` (the Python client
 //! in the project's venv, `$KVPLANE_PYTHON`), so a malformed line, a family declared twice or a
 //! label value that breaks its line fails here. The coordinator echoes a client's cache salt
@@ -99,6 +100,20 @@ async fn every_services_metrics_parse_as_the_text_format() {
     assert_eq!(status, 404);
     let text = scrape("indexer", indexer.addr).await;
     check("indexer", &text, 10).await;
+
+    // The replication core's series (`kvplane_cluster_*`), on an indexer with `--cluster`.
+    if let Some(nats) = support::nats::Nats::start().await {
+        let clustered = kvplane::indexer::service::start(nats.indexer("metrics", false))
+            .await
+            .expect("indexer --cluster");
+        let text = scrape("indexer --cluster", clustered.addr).await;
+        let rows = check("indexer --cluster", &text, 30).await;
+        assert!(
+            rows.iter()
+                .any(|r| r[2] == "kvplane_cluster_connected" && r[3]["service"] == "indexer"),
+            "no cluster series: {text}"
+        );
+    }
 
     let mut c = kvplane::coordinator::CoordinatorConfig::with_defaults("127.0.0.1", 0);
     c.resync = None;

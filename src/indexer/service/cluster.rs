@@ -8,12 +8,12 @@
 //!
 //! Must not: hold the index's lock across an `.await`.
 
-use super::metrics::Text;
 use super::IndexerState;
 use crate::cluster::{
     lead_without_lease, ChangeLog, ClusterConfig, ClusterError, ClusterStatus, Follower, Host,
 };
 use crate::indexer::replica::{Change, Core};
+use crate::web::exposition::Exposition;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -190,8 +190,8 @@ pub(crate) fn status_json(state: &IndexerState) -> Value {
 }
 
 /// The cluster's metrics, `kvplane_cluster_*{service="indexer"}`.
-pub(crate) fn render(state: &IndexerState, out: &mut Text) {
+pub(crate) fn render(state: &IndexerState, out: &mut Exposition) {
     if let Some(s) = state.role.status() {
-        out.0.push_str(&s.metrics_text());
+        s.write_metrics(out);
     }
 }

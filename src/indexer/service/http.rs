@@ -4,10 +4,10 @@
 //! `/api/dashboard`) is `super::dashboard`; a POST from a page of another origin is a 403.
 
 use super::api::{self, Refusal};
-use super::metrics::Text;
 use super::IndexerState;
 use crate::indexer::index::{InstanceMatch, QueryScope};
 use crate::web::access::{Access, Auth, Policy};
+use crate::web::exposition::{Exposition, Kind};
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
@@ -294,9 +294,9 @@ async fn cluster_status(State(st): St) -> Json<Value> {
 }
 
 async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) -> impl IntoResponse {
-    let mut out = Text::default();
+    let mut out = Exposition::new();
     st.metrics.render_own(&mut out);
-    out.0.push_str(&http.render());
+    http.write_to(&mut out);
     super::cluster::render(&st, &mut out);
     {
         let core = st.core.read();
@@ -328,7 +328,7 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
                 ix.heap_bytes(),
             ),
         ] {
-            out.one(&format!("kvplane_indexer_{name}"), "gauge", help, v as u64);
+            out.one(format_args!("kvplane_indexer_{name}"), Kind::Gauge, help, v as u64);
         }
         let c = ix.counters();
         for (name, help, v) in [
@@ -376,7 +376,12 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
                 c.clears,
             ),
         ] {
-            out.one(&format!("kvplane_indexer_{name}_total"), "counter", help, v);
+            out.one(
+                format_args!("kvplane_indexer_{name}_total"),
+                Kind::Counter,
+                help,
+                v,
+            );
         }
     }
     let registry = st.registry.lock();
@@ -404,26 +409,28 @@ async fn metrics(State(st): St, Extension(http): Extension<Arc<HttpMetrics>>) ->
         ),
     ];
     for (name, help, f) in families {
-        let metric = format!("kvplane_indexer_publisher_{name}_total");
-        out.family(&metric, "counter", help);
+        let mut family = out.family(
+            format_args!("kvplane_indexer_publisher_{name}_total"),
+            Kind::Counter,
+            help,
+        );
         for (endpoint, p) in &registry.publishers {
-            out.sample(&metric, &[("endpoint", endpoint)], f(&p.status));
+            family.sample(&[("endpoint", endpoint)], f(&p.status));
         }
     }
     super::mooncake::render_backends(&registry, &mut out);
-    out.family(
+    let mut family = out.family(
         "kvplane_indexer_publisher_connected",
-        "gauge",
+        Kind::Gauge,
         "1 while the SUB connection is up.",
     );
     for (endpoint, p) in &registry.publishers {
-        out.sample(
-            "kvplane_indexer_publisher_connected",
+        family.sample(
             &[("endpoint", endpoint)],
             u64::from(p.status.connected.load(Ordering::Relaxed)),
         );
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0)
+    out.response()
 }
 
 async fn openapi(State(st): St) -> Json<Value> {

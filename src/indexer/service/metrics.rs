@@ -1,9 +1,9 @@
-//! The indexer's counters and their Prometheus text rendering (`kvplane_indexer_*`). Every
-//! name and help text is here.
+//! The indexer's counters and their series (`kvplane_indexer_*`), written into the one
+//! `/metrics` writer (`web::exposition`). Every name and help text is here.
 
+use crate::web::exposition::{Exposition, Kind};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters the tasks bump; index and per-publisher figures are read at render time.
@@ -42,111 +42,60 @@ impl IndexerMetrics {
     }
 }
 
-/// Builds the text exposition.
-#[derive(Default)]
-pub(crate) struct Text(pub(crate) String);
-
-impl Text {
-    pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-
-    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: u64) {
-        self.0.push_str(name);
-        if !labels.is_empty() {
-            self.0.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.0.push(',');
-                }
-                let v = v
-                    .replace('\\', "\\\\")
-                    .replace('"', "\\\"")
-                    .replace('\n', "\\n");
-                let _ = write!(self.0, "{k}=\"{v}\"");
-            }
-            self.0.push('}');
-        }
-        let _ = writeln!(self.0, " {value}");
-    }
-
-    pub(crate) fn one(&mut self, name: &str, kind: &str, help: &str, value: u64) {
-        self.family(name, kind, help);
-        self.sample(name, &[], value);
-    }
-}
-
 impl IndexerMetrics {
-    pub(crate) fn render_own(&self, out: &mut Text) {
+    pub(crate) fn render_own(&self, out: &mut Exposition) {
         out.one(
             "kvplane_indexer_events_applied_total",
-            "counter",
+            Kind::Counter,
             "KV events applied to the index.",
             self.events_applied.load(Ordering::Relaxed),
         );
-        out.family(
+        let mut family = out.family(
             "kvplane_indexer_frames_dropped_total",
-            "counter",
+            Kind::Counter,
             "Messages or payloads dropped whole, by reason.",
         );
         for (reason, n) in self.frames_dropped.lock().iter() {
-            out.sample(
-                "kvplane_indexer_frames_dropped_total",
-                &[("reason", reason)],
-                *n,
-            );
+            family.sample(&[("reason", reason)], *n);
         }
-        out.family(
+        let mut family = out.family(
             "kvplane_indexer_events_rejected_total",
-            "counter",
+            Kind::Counter,
             "Events of a batch that did not decode (their siblings applied), by reason.",
         );
         for (reason, n) in self.events_rejected.lock().iter() {
-            out.sample(
-                "kvplane_indexer_events_rejected_total",
-                &[("reason", reason)],
-                *n,
-            );
+            family.sample(&[("reason", reason)], *n);
         }
-        out.family(
+        let mut family = out.family(
             "kvplane_indexer_http_limits_hit_total",
-            "counter",
+            Kind::Counter,
             "HTTP limits hit, by limit (http_connections: a client waited for a slot, \
              http_read_timeout: a client was cut off, http_body_bytes: a 413).",
         );
         for (limit, n) in self.http_limits_hit.lock().iter() {
-            out.sample(
-                "kvplane_indexer_http_limits_hit_total",
-                &[("limit", limit)],
-                *n,
-            );
+            family.sample(&[("limit", limit)], *n);
         }
         out.one(
-            "kvplane_indexer_media_names",
-            "gauge",
+            "kvplane_indexer_media_names", Kind::Gauge,
             "Names of media outside GPU/CPU/DISK kept so far (NPU, 3FS, ...; OTHER included once used).",
             crate::indexer::events::MediumName::count() as u64,
         );
         out.one(
             "kvplane_indexer_media_overflow_total",
-            "counter",
+            Kind::Counter,
             "New medium names reported as OTHER because the most names kept (64) were taken.",
             crate::indexer::events::MediumName::overflowed(),
         );
-        out.family(
+        let mut family = out.family(
             "kvplane_indexer_topic_refused_total",
-            "counter",
+            Kind::Counter,
             "Messages on --bind sockets that reached no instance, by reason (too_few_frames, \
              topic_too_long, no_match: not of --topic-pattern, instance_cap: \
              --max-topic-instances reached, conflict: the endpoint is fed by another socket or \
              its registration was refused).",
         );
         for (reason, n) in self.topics.by_reason() {
-            out.sample(
-                "kvplane_indexer_topic_refused_total",
-                &[("reason", reason)],
-                n,
-            );
+            family.sample(&[("reason", reason)], n);
         }
         self.envelope.render(out);
     }

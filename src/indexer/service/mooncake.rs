@@ -17,6 +17,7 @@ use super::IndexerState;
 use crate::indexer::events::{Batch, KvEvent};
 use crate::indexer::index::{Index, StreamId};
 use crate::indexer::mooncake::{EventOrder, Ordered};
+use crate::web::exposition::{Exposition, Kind};
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,24 +108,20 @@ impl EnvelopeCounters {
         }
     }
 
-    pub(crate) fn render(&self, out: &mut super::metrics::Text) {
-        out.family(
+    pub(crate) fn render(&self, out: &mut Exposition) {
+        let mut family = out.family(
             "kvplane_indexer_mooncake_dropped_total",
-            "counter",
+            Kind::Counter,
             "Standardized (Mooncake) events dropped, by reason (unknown_backend: no stream of \
              the publisher reads its backend_id; tenant: none for its tenant_id; backend_cap: \
              the publisher already carries 64 backends).",
         );
         for (d, n) in Dropped::ALL.iter().zip(&self.dropped) {
-            out.sample(
-                "kvplane_indexer_mooncake_dropped_total",
-                &[("reason", d.label())],
-                n.load(Ordering::Relaxed),
-            );
+            family.sample(&[("reason", d.label())], n.load(Ordering::Relaxed));
         }
         out.one(
             "kvplane_indexer_mooncake_unordered_total",
-            "counter",
+            Kind::Counter,
             "Standardized events without an event_id, applied outside any order.",
             self.unordered.load(Ordering::Relaxed),
         );
@@ -285,7 +282,7 @@ pub(super) fn backends_json(status: &super::PublisherStatus) -> serde_json::Valu
 }
 
 /// Per publisher and backend: the `event_id` gaps, duplicates and restarts.
-pub(super) fn render_backends(registry: &super::Registry, out: &mut super::metrics::Text) {
+pub(super) fn render_backends(registry: &super::Registry, out: &mut Exposition) {
     type Family = (
         &'static str,
         &'static str,
@@ -309,12 +306,14 @@ pub(super) fn render_backends(registry: &super::Registry, out: &mut super::metri
         ),
     ];
     for (name, help, f) in families {
-        let metric = format!("kvplane_indexer_backend_{name}_total");
-        out.family(&metric, "counter", help);
+        let mut family = out.family(
+            format_args!("kvplane_indexer_backend_{name}_total"),
+            Kind::Counter,
+            help,
+        );
         for (endpoint, p) in &registry.publishers {
             for (backend, o) in p.status.backends.lock().iter() {
-                out.sample(
-                    &metric,
+                family.sample(
                     &[("endpoint", endpoint), ("backend", backend)],
                     f(&o.counters),
                 );
