@@ -306,11 +306,4 @@ impl ClusterStatus {
                 .sample(&[("service", self.service)], value);
         }
     }
-
-    /// The cluster's series alone, as text.
-    pub fn metrics_text(&self) -> String {
-        let mut out = Exposition::new();
-        self.write_metrics(&mut out);
-        out.finish()
-    }
 }

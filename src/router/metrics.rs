@@ -1,9 +1,9 @@
 //! The router's metrics (`kvplane_router_*`): every name and help text is here.
 
 use super::accounting::Totals;
+use crate::web::exposition::Exposition;
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// Counters the routes bump; gauges are set at render time.
@@ -283,12 +283,14 @@ impl RouterMetrics {
         }
     }
 
-    /// The Prometheus text, gauges set from the engines and the accounting.
-    pub fn render<'a>(
+    /// Writes every router metric into a `/metrics` document: the gauges set from the
+    /// engines and the accounting, then the registry through the crate's encoder.
+    pub fn write_to<'a>(
         &self,
+        out: &mut Exposition,
         engines: impl Iterator<Item = EngineGauges<'a>>,
         accounting: &super::accounting::Accounting,
-    ) -> String {
+    ) {
         for e in engines {
             self.in_flight
                 .with_label_values(&[e.name])
@@ -320,8 +322,6 @@ impl RouterMetrics {
             self.totals(engine, t);
         }
         self.totals("all", &accounting.overall());
-        let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        String::from_utf8(out).unwrap_or_default()
+        out.registry(&self.registry);
     }
 }

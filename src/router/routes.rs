@@ -6,6 +6,7 @@ use super::state::{Decision, Kind, NoRoute, Reservation, RouterState};
 use super::upstream::{self, Failure, StreamObserver};
 use crate::web::access::Access;
 use crate::web::error::{ApiError, Refusal};
+use crate::web::exposition::Exposition;
 use crate::web::openapi::{self, Operation};
 use crate::web::stack::Stack;
 use axum::body::{Body, Bytes};
@@ -608,7 +609,9 @@ async fn metrics(
     let accounting = st.accounting.lock();
     let now = crate::cluster::now_ms();
     let engines = st.engines();
-    let mut text = st.metrics.render(
+    let mut out = Exposition::new();
+    st.metrics.write_to(
+        &mut out,
         engines.iter().map(|e| {
             let load = e.load();
             EngineGauges {
@@ -623,8 +626,8 @@ async fn metrics(
         &accounting,
     );
     drop(accounting);
-    text.push_str(&http.render());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    http.write_to(&mut out);
+    out.response()
 }
 
 fn totals_json(t: &super::accounting::Totals) -> Value {

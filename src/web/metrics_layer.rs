@@ -67,13 +67,6 @@ impl HttpMetrics {
         families.extend(self.seconds.collect());
         out.encoded(&families);
     }
-
-    /// The two families alone, as text.
-    pub fn render(&self) -> String {
-        let mut out = Exposition::new();
-        self.write_to(&mut out);
-        out.finish()
-    }
 }
 
 /// The method label: the standard methods by name, anything else `other`.
