@@ -11,7 +11,8 @@ pub struct RouterMetrics {
     registry: Registry,
     /// Requests answered, by engine (`none` when no engine took it) and status class.
     pub requests: IntCounterVec,
-    /// Engine calls that failed, by engine and kind (`connect`, `timeout`, `broken`).
+    /// Engine calls that failed, by engine and kind (`connect`, `timeout`, `broken`,
+    /// `too_large`).
     pub engine_errors: IntCounterVec,
     /// Prompts tokenized, by source (`local`, `engine`, `ids`) or `failed`.
     pub tokenized: IntCounterVec,
@@ -96,7 +97,7 @@ impl Default for RouterMetrics {
             engine_errors: counter(
                 &r,
                 "kvplane_router_engine_errors_total",
-                "Engine calls that failed: connect (retried on another engine), timeout, broken",
+                "Engine calls that failed: connect (retried on another engine), timeout, broken, too_large (an answer over --max-response-bytes)",
                 &["engine", "kind"],
             ),
             tokenized: counter(

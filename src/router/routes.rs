@@ -432,6 +432,12 @@ async fn answer(
                 .engine_errors
                 .with_label_values(&[&name, f.label()])
                 .inc();
+            if f == Failure::TooLarge {
+                st.metrics
+                    .limits_hit
+                    .with_label_values(&["max_response_bytes"])
+                    .inc();
+            }
             error(
                 StatusCode::BAD_GATEWAY,
                 "engine_error",
@@ -498,6 +504,11 @@ impl StreamObserver for Observer {
         let Some(end) = self.pending.windows(2).rposition(|w| w == b"\n\n") else {
             if self.pending.len() > MAX_SSE_EVENT {
                 self.raw = true;
+                self.st
+                    .metrics
+                    .limits_hit
+                    .with_label_values(&["sse_event"])
+                    .inc();
                 return Bytes::from(std::mem::take(&mut self.pending));
             }
             return Bytes::new();

@@ -133,7 +133,7 @@ async fn scrape(
     let body = upstream::read_body(resp.into_body(), MAX_METRICS_BYTES, deadline)
         .await
         .map_err(|f| {
-            if f == upstream::Failure::Broken {
+            if f == upstream::Failure::TooLarge {
                 "too_large"
             } else {
                 "failed"

@@ -35,6 +35,9 @@ pub enum Failure {
     Timeout,
     /// The connection broke after the request was sent.
     Broken,
+    /// A body read whole was larger than its bound (`--max-response-bytes`, the engines'
+    /// `/metrics` bound).
+    TooLarge,
 }
 
 impl Failure {
@@ -44,6 +47,7 @@ impl Failure {
             Self::Connect => "connect",
             Self::Timeout => "timeout",
             Self::Broken => "broken",
+            Self::TooLarge => "too_large",
         }
     }
 }
@@ -68,7 +72,8 @@ pub async fn send(
 /// Reads a whole body, at most `max` bytes, each chunk within `idle`.
 ///
 /// # Errors
-/// [`Failure::Timeout`] on a stalled body, [`Failure::Broken`] on a broken or oversized one.
+/// [`Failure::Timeout`] on a stalled body, [`Failure::Broken`] on a broken one,
+/// [`Failure::TooLarge`] beyond `max`.
 pub async fn read_body(mut body: Incoming, max: usize, idle: Duration) -> Result<Bytes, Failure> {
     let mut out = Vec::new();
     loop {
@@ -79,7 +84,7 @@ pub async fn read_body(mut body: Incoming, max: usize, idle: Duration) -> Result
             Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     if out.len() + data.len() > max {
-                        return Err(Failure::Broken);
+                        return Err(Failure::TooLarge);
                     }
                     out.extend_from_slice(&data);
                 }

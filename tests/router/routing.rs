@@ -411,6 +411,30 @@ async fn a_dead_engine_is_skipped() {
     r.stop().await;
 }
 
+/// An answer over `--max-response-bytes` is a 502, counted as the limit it hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_response_bound_is_refused_and_counted() {
+    let e = Engine::start("e0", &model_dir(), BS).await;
+    let r = router(vec![e.spec("e0")], |c| c.max_response_bytes = 64).await;
+    let (status, body) = post(
+        r.addr,
+        "/v1/completions",
+        json!({"model": "m", "prompt": "hello", "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    let (_, metrics) = http(r.addr, "GET", "/metrics", None, &[]).await;
+    let text = metrics.as_str().expect("text");
+    let series = [
+        "kvplane_router_limits_hit_total{limit=\"max_response_bytes\"}",
+        "kvplane_router_engine_errors_total{engine=\"e0\",kind=\"too_large\"}",
+    ];
+    for s in series {
+        assert_eq!(crate::support::sample(text, s), 1.0, "{s}: {text}");
+    }
+    r.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_engine_times_out_and_the_next_requests_go_elsewhere() {
     let slow = Engine::start("slow", &model_dir(), BS).await;
