@@ -229,40 +229,42 @@ impl Checkpointer {
 
     /// Writes the checkpoint's series.
     pub fn write_metrics(&self, out: &mut Exposition) {
-        let mut line = |name: &str, kind: Kind, help: &str, v: u64| {
-            out.one(format_args!("kvplane_coordinator_{name}"), kind, help, v);
-        };
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        line(
-            "checkpoints_written_total",
-            Kind::Counter,
-            "Checkpoints written (--checkpoint-path).",
-            n(&self.written),
-        );
-        line(
-            "checkpoint_failures_total",
-            Kind::Counter,
-            "Checkpoint writes that failed.",
-            n(&self.failed),
-        );
-        line(
-            "checkpoints_refused_total",
-            Kind::Counter,
-            "Checkpoints not written: over the size limit.",
-            n(&self.refused),
-        );
-        line(
-            "checkpoint_bytes",
-            Kind::Gauge,
-            "Size of the last checkpoint written.",
-            n(&self.last_bytes),
-        );
-        line(
-            "checkpoint_restored_keys",
-            Kind::Gauge,
-            "Tracked keys restored from the checkpoint at start.",
-            n(&self.restored_keys),
-        );
+        let rows: [(&str, Kind, &str, u64); 5] = [
+            (
+                "checkpoints_written_total",
+                Kind::Counter,
+                "Checkpoints written (--checkpoint-path).",
+                n(&self.written),
+            ),
+            (
+                "checkpoint_failures_total",
+                Kind::Counter,
+                "Checkpoint writes that failed.",
+                n(&self.failed),
+            ),
+            (
+                "checkpoints_refused_total",
+                Kind::Counter,
+                "Checkpoints not written: over the size limit.",
+                n(&self.refused),
+            ),
+            (
+                "checkpoint_bytes",
+                Kind::Gauge,
+                "Size of the last checkpoint written.",
+                n(&self.last_bytes),
+            ),
+            (
+                "checkpoint_restored_keys",
+                Kind::Gauge,
+                "Tracked keys restored from the checkpoint at start.",
+                n(&self.restored_keys),
+            ),
+        ];
+        for (name, kind, help, v) in rows {
+            out.one(format_args!("kvplane_coordinator_{name}"), kind, help, v);
+        }
     }
 }
 

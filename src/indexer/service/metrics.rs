@@ -50,33 +50,42 @@ impl IndexerMetrics {
             "KV events applied to the index.",
             self.events_applied.load(Ordering::Relaxed),
         );
-        let mut family = out.family(
-            "kvplane_indexer_frames_dropped_total",
-            Kind::Counter,
-            "Messages or payloads dropped whole, by reason.",
+        type ByLabel<'a> = (
+            &'a str,
+            &'a str,
+            &'a str,
+            &'a Mutex<BTreeMap<&'static str, u64>>,
         );
-        for (reason, n) in self.frames_dropped.lock().iter() {
-            family.sample(&[("reason", reason)], *n);
-        }
-        let mut family = out.family(
-            "kvplane_indexer_events_rejected_total",
-            Kind::Counter,
-            "Events of a batch that did not decode (their siblings applied), by reason.",
-        );
-        for (reason, n) in self.events_rejected.lock().iter() {
-            family.sample(&[("reason", reason)], *n);
-        }
-        let mut family = out.family(
-            "kvplane_indexer_http_limits_hit_total",
-            Kind::Counter,
-            "HTTP limits hit, by limit (http_connections: a client waited for a slot, \
-             http_read_timeout: a client was cut off, http_body_bytes: a 413).",
-        );
-        for (limit, n) in self.http_limits_hit.lock().iter() {
-            family.sample(&[("limit", limit)], *n);
+        let by_label: [ByLabel<'_>; 3] = [
+            (
+                "kvplane_indexer_frames_dropped_total",
+                "Messages or payloads dropped whole, by reason.",
+                "reason",
+                &self.frames_dropped,
+            ),
+            (
+                "kvplane_indexer_events_rejected_total",
+                "Events of a batch that did not decode (their siblings applied), by reason.",
+                "reason",
+                &self.events_rejected,
+            ),
+            (
+                "kvplane_indexer_http_limits_hit_total",
+                "HTTP limits hit, by limit (http_connections: a client waited for a slot, \
+                 http_read_timeout: a client was cut off, http_body_bytes: a 413).",
+                "limit",
+                &self.http_limits_hit,
+            ),
+        ];
+        for (name, help, label, counts) in by_label {
+            let mut family = out.family(name, Kind::Counter, help);
+            for (value, n) in counts.lock().iter() {
+                family.sample(&[(label, value)], *n);
+            }
         }
         out.one(
-            "kvplane_indexer_media_names", Kind::Gauge,
+            "kvplane_indexer_media_names",
+            Kind::Gauge,
             "Names of media outside GPU/CPU/DISK kept so far (NPU, 3FS, ...; OTHER included once used).",
             crate::indexer::events::MediumName::count() as u64,
         );
