@@ -123,14 +123,8 @@ async fn every_services_metrics_parse_as_the_text_format() {
     let events = json!({"batches": [
         {"instance_id": "mp-a", "incarnation": 1, "seq": 1, "event_type": "store", "tier": "l2",
          "backend": "fs", "entries": [{"key": key, "size_bytes": 2048}]}]});
-    let (status, answer) = http(
-        coordinator.addr,
-        "POST",
-        "/events",
-        Some(&events.to_string()),
-        &[],
-    )
-    .await;
+    let body = events.to_string();
+    let (status, answer) = http(coordinator.addr, "POST", "/events", Some(&body), &[]).await;
     assert_eq!(status, 200, "{answer}");
     let text = scrape("coordinator", coordinator.addr).await;
     let rows = check("coordinator", &text, 30).await;
