@@ -330,11 +330,6 @@ fn request_body(tokens: &[u32], r: &TraceRequest, text: bool) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
-/// Token ids of a trace request (clear of small special-token ids).
-pub fn trace_tokens(r: &TraceRequest) -> Vec<u32> {
-    route_trace::tokens(r, 1000, 30_000)
-}
-
 /// Replays `trace` through `target`; returns the answers and the wall makespan.
 async fn replay(
     args: &RouteBenchArgs,
@@ -358,7 +353,7 @@ async fn replay(
         let bs = args.model.block_size;
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until((start + at).into()).await;
-            let tokens = trace_tokens(&r);
+            let tokens = route_trace::request_tokens(&r);
             match &*target {
                 Target::Router(base, text) => {
                     let body = request_body(&tokens, &r, *text);
@@ -594,14 +589,6 @@ pub async fn run(args: &RouteBenchArgs) -> Result<RouteReport, String> {
             .push(run_policy(args, &trace, p, &client).await?);
     }
     Ok(report)
-}
-
-/// `--overhead`: the router's decision cost.
-///
-/// # Errors
-/// As [`super::route_overhead::run`].
-pub async fn overhead(args: &RouteBenchArgs) -> Result<super::route_overhead::Overhead, String> {
-    super::route_overhead::run(args, args.overhead_prompt_tokens).await
 }
 
 /// kvplane's predicted and delivered cached tokens from `/router/stats`.

@@ -4,7 +4,7 @@
 //! simulated publishers (the trace's first prompts, spread over the engines); decisions are
 //! then paced at `--overhead-rate`, each timed from its scheduled start, so a backlog counts.
 
-use super::route::{trace_tokens, RouteBenchArgs};
+use super::route::RouteBenchArgs;
 use super::route_trace;
 use super::sim_engine::{start_publisher, EngineModel, SimEngineArgs};
 use super::sim_pool::{admission_batch, block_hashes, Pool};
@@ -42,7 +42,7 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
     let prompts: Vec<Vec<u32>> = trace
         .iter()
         .map(|r| {
-            let mut t = trace_tokens(r);
+            let mut t = route_trace::request_tokens(r);
             t.truncate(prompt_tokens.max(1));
             t
         })

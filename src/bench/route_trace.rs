@@ -87,6 +87,11 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Token ids of a trace request as `bench route` sends them (clear of small special-token ids).
+pub fn request_tokens(r: &TraceRequest) -> Vec<u32> {
+    tokens(r, 1000, 30_000)
+}
+
 /// The prompt's token ids: token `j` of the block with id `h` is a fixed function of
 /// `(h, j)`, in `[first, first + span)` (keep clear of a vocabulary's special tokens); the
 /// last block is cut at `input_length`.

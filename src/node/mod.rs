@@ -23,6 +23,7 @@ pub mod codec;
 mod commands;
 mod compress;
 pub mod config;
+mod connection;
 mod coordinator_link;
 mod dashboard;
 mod disk;
@@ -320,7 +321,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             Some(bound)
         }
     };
-    let ctx = Arc::new(server::ConnContext {
+    let ctx = Arc::new(connection::ConnContext {
         tiers: Arc::clone(&tiers),
         metrics: Arc::clone(&metrics),
         max_object_bytes: config.max_object_bytes,

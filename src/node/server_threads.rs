@@ -2,13 +2,13 @@
 //! server serves them: blocking reads and writes on the connection's own OS thread, which the
 //! kernel schedules alone, so a reply being copied into one socket never waits for another
 //! connection's turn on a shared runtime worker. The requests themselves run the same loop as
-//! the runtime's tasks ([`super::server::serve_connection`]); the tiers are reached through the
+//! the runtime's tasks ([`super::connection::serve_connection`]); the tiers are reached through the
 //! runtime's handle.
 //!
 //! Owns the blocking socket and its timeouts; must not hold a tier lock across socket I/O (the
 //! shared loop never does).
 
-use super::server::{serve_connection, ConnContext, LmIo, OpenConnection, Stop};
+use super::connection::{serve_connection, ConnContext, LmIo, OpenConnection, Stop};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::Arc;

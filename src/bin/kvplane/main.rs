@@ -233,7 +233,10 @@ fn main() -> anyhow::Result<()> {
                 }
                 Some(BenchTarget::Route(a)) if a.overhead => {
                     let r = runtime
-                        .block_on(kvplane::bench::route::overhead(a))
+                        .block_on(kvplane::bench::route_overhead::run(
+                            a,
+                            a.overhead_prompt_tokens,
+                        ))
                         .map_err(anyhow::Error::msg)?;
                     if a.json {
                         serde_json::to_string_pretty(&r)? + "\n"
