@@ -8,7 +8,8 @@
 #   node:        `kvplane node` (L1 only)  vs  `python -m lmcache.v1.server HOST PORT cpu`
 #                vs the bare-loopback baseline, driven by `kvplane bench node`; kvplane
 #                also with `--l1-preallocate` (the bytes the run stores, plus 0.25 GiB)
-#   node-py:     `kvplane node` (as is, with `--lm-connection-threads`, with `--l1-preallocate`)
+#   node-py:     `kvplane node` (as is: a thread per connection; with `--lm-connection-model tasks`;
+#                with `--l1-preallocate`)
 #                vs  LMCache's server,
 #                driven by benches/lmcache/node_py_client.py: Python clients that frame
 #                requests with LMCache's own protocol classes, as its LMCServerConnector does
@@ -216,11 +217,11 @@ node_py_round() {
     stop "node-py-kvplane-$r"
 
     port=$(free_port)
-    start "node-py-kvplane-threads-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http \
-        --l1-size-gb "$l1_gb" --lm-connection-threads
+    start "node-py-kvplane-tasks-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http \
+        --l1-size-gb "$l1_gb" --lm-connection-model tasks
     wait_tcp "$port"
-    pybench "node-py-kvplane-threads-$r" "$port"
-    stop "node-py-kvplane-threads-$r"
+    pybench "node-py-kvplane-tasks-$r" "$port"
+    stop "node-py-kvplane-tasks-$r"
 
     port=$(free_port)
     start "node-py-kvplane-prealloc-$r" "$BIN" node --host 127.0.0.1 --port "$port" --no-http \

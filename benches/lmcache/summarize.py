@@ -2,7 +2,7 @@
 
 Usage: summarize.py OUT_DIR {coordinator|node|node-py|all} RUNS
 Reads OUT_DIR/{coord,node}-{kvplane,python,baseline}-R.json (kvplane bench --json),
-OUT_DIR/node-py-{kvplane,kvplane-threads,kvplane-prealloc,python}-R.json (benches/lmcache/node_py_client.py),
+OUT_DIR/node-py-{kvplane,kvplane-tasks,kvplane-prealloc,python}-R.json (benches/lmcache/node_py_client.py),
 the .proc.json RSS readings and the .load.json load averages next to them.
 """
 
@@ -139,7 +139,7 @@ def node(out, runs):
 
 def node_py(out, runs):
     rows = {}
-    for who in ("kvplane", "kvplane-threads", "kvplane-prealloc", "python"):
+    for who in ("kvplane", "kvplane-tasks", "kvplane-prealloc", "python"):
         reps = runs_of(out, f"node-py-{who}", runs)
         if not reps:
             continue
@@ -162,7 +162,7 @@ def node_py(out, runs):
               f"| {fmt(r['get_p50_us'], '.0f')} / {fmt(r['get_p99_us'], '.0f')} "
               f"| {fmt(r['rss'] and r['rss'] / 1024, '.0f')} | {r['all']} |")
     p = rows.get("python")
-    for who in ("kvplane", "kvplane-threads", "kvplane-prealloc"):
+    for who in ("kvplane", "kvplane-tasks", "kvplane-prealloc"):
         k = rows.get(who)
         if k and p:
             print(f"{who}/python: PUT {k['put_gb_per_s'] / p['put_gb_per_s']:.2f}×, "

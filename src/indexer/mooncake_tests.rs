@@ -1,5 +1,7 @@
 use super::*;
-use crate::indexer::events::{decode_batch, Medium};
+use crate::indexer::events::{
+    bad, decode_batch, Envelope, EventError, KvEvent, Medium, MAX_ID_BYTES,
+};
 use rmp::encode::{write_array_len, write_map_len, write_nil, write_sint, write_str, write_uint};
 
 /// One field's value in a test event map.

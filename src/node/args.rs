@@ -102,10 +102,11 @@ pub struct NodeArgs {
     /// Most connections open at once; more are closed at accept (counted).
     #[arg(long, env = "KVPLANE_MAX_CONNECTIONS", default_value_t = d::MAX_CONNECTIONS)]
     max_connections: usize,
-    /// Serve each `lm://` connection on a thread of its own with blocking socket I/O, as
-    /// LMCache's server does, instead of as a task on the runtime's worker threads.
-    #[arg(long)]
-    lm_connection_threads: bool,
+    /// How `lm://` connections are served: `threads` (each on an OS thread of its own with
+    /// blocking socket I/O, as LMCache's server does) or `tasks` (tasks on the runtime's
+    /// worker threads, one per core).
+    #[arg(long, default_value = "threads", value_parser = ["threads", "tasks"])]
+    lm_connection_model: String,
     /// Seconds to wait for the rest of a request once its first byte arrived.
     #[arg(long, env = "KVPLANE_READ_TIMEOUT", default_value_t = d::READ_TIMEOUT_S)]
     read_timeout: f64,
@@ -433,11 +434,11 @@ impl NodeArgs {
             l2,
             max_object_bytes,
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
-            connection_model: if self.lm_connection_threads {
-                super::config::ConnectionModel::Threads
-            } else {
-                super::config::ConnectionModel::Tasks
-            },
+            connection_model: super::config::ConnectionModel::parse(&self.lm_connection_model)
+                .ok_or_else(|| config::ConfigError::Value {
+                    flag: "lm-connection-model",
+                    detail: format!("{}: use `threads` or `tasks`", self.lm_connection_model),
+                })?,
             read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
             max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
             http: super::config::http_limits(

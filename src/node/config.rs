@@ -49,15 +49,29 @@ pub struct L2Config {
     pub fsync: bool,
 }
 
-/// How the `lm://` listener serves its connections.
+/// How the `lm://` listener serves its connections (`--lm-connection-model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ConnectionModel {
-    /// Each connection a task on the runtime's worker threads (one per core).
-    #[default]
-    Tasks,
     /// Each connection on an OS thread of its own with blocking socket I/O, as LMCache's
-    /// server does (`--lm-connection-threads`): the kernel schedules every connection alone.
+    /// server does: the kernel schedules every connection alone, so a reply being copied
+    /// into one socket never waits for another connection's turn on a shared worker (the
+    /// cause of the GET tail with LMCache's client, docs/NODE.md).
+    #[default]
     Threads,
+    /// Each connection a task on the runtime's worker threads (one per core).
+    Tasks,
+}
+
+impl ConnectionModel {
+    /// The flag's words: `threads`, `tasks`.
+    #[must_use]
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "threads" => Some(ConnectionModel::Threads),
+            "tasks" => Some(ConnectionModel::Tasks),
+            _ => None,
+        }
+    }
 }
 
 /// The validated configuration of `kvplane node`.

@@ -1,9 +1,10 @@
-//! `lm://` connections served on a thread each (`--lm-connection-threads`), as LMCache's own
-//! server serves them: blocking reads and writes on the connection's own OS thread, which the
-//! kernel schedules alone, so a reply being copied into one socket never waits for another
-//! connection's turn on a shared runtime worker. The requests themselves run the same loop as
-//! the runtime's tasks ([`super::connection::serve_connection`]); the tiers are reached through the
-//! runtime's handle.
+//! `lm://` connections served on a thread each (`--lm-connection-model threads`, the
+//! default), as LMCache's own server serves them: blocking reads and writes on the
+//! connection's own OS thread, which the kernel schedules alone, so a reply being copied into
+//! one socket never waits for another connection's turn on a shared runtime worker. The
+//! requests themselves run the same loop as the runtime's tasks
+//! ([`super::connection::serve_connection`]); the tiers are reached through the runtime's
+//! handle.
 //!
 //! Owns the blocking socket and its timeouts; must not hold a tier lock across socket I/O (the
 //! shared loop never does).
