@@ -152,9 +152,9 @@ macro_rules! messages {
 
 messages! {
     /// Worker → controller (ROUTER; LMCache ≤ 0.3.11 pushes it on PULL): join the fleet.
-    /// LMCache ≤ 0.3.9 names the peer address `distributed_url` (see [`Wire`]); kvplane never
-    /// writes that field.
-    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing)] distributed_url: Option<String> }
+    /// LMCache ≤ 0.3.9 names the peer address `distributed_url` (see [`Wire`]); it is written
+    /// back only when a decoded message held it (kvplane's own messages never do).
+    RegisterMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing_if = "Option::is_none")] distributed_url: Option<String> }
     /// Controller → worker: registration accepted; `extra_config["heartbeat_url"]`.
     RegisterRetMsg { #[serde(default)] extra_config: IndexMap<String, String> }
     /// Worker → controller (PULL): leave the fleet.
@@ -233,7 +233,7 @@ messages! {
     QueryInstRetMsg { event_id: String, instance_id: Option<String> }
     /// Worker → controller (heartbeat ROUTER; LMCache ≤ 0.3.11 pushes it on PULL, ≤ 0.3.9
     /// with `distributed_url`): I am alive.
-    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing)] distributed_url: Option<String> }
+    HeartbeatMsg { instance_id: String, worker_id: i64, ip: String, port: i64, peer_init_url: Option<String>, #[serde(default, skip_serializing_if = "Option::is_none")] distributed_url: Option<String> }
     /// Controller → worker: commands to run (e.g. `full_sync`).
     HeartbeatRetMsg { #[serde(default)] commands: Vec<HeartbeatCommand> }
     /// Worker → controller (ROUTER): who holds this prefix of chunk hashes?

@@ -295,3 +295,42 @@ proptest! {
         prop_assert_eq!(decode(encode_json(&msg).as_bytes()).expect("json decodes"), msg);
     }
 }
+
+/// A registration holding both peer names (as the fuzzer's seed of ≤ 0.3.9 and later frames
+/// together): what decodes re-encodes to the same message, `distributed_url` included, and
+/// the encoding is a fixed point, through msgpack and JSON.
+#[test]
+fn a_register_msg_with_distributed_url_round_trips() {
+    let frame = encode_map(&[
+        ("type", Value::from("RegisterMsg")),
+        ("instance_id", Value::from("vllm-0")),
+        ("worker_id", Value::from(3)),
+        ("ip", Value::from("vllm-0")),
+        ("port", Value::from(3)),
+        ("peer_init_url", Value::from("127.0.0.1:7000")),
+        ("distributed_url", Value::from("127.0.0.1:7000")),
+    ]);
+    let msg = decode(&frame).expect("decodes");
+    let shown = format!("{msg:?}");
+    assert!(shown.contains("distributed_url: Some"), "{shown}");
+    let bytes = encode(&msg);
+    let again = decode(&bytes).expect("re-encoded decodes");
+    assert_eq!(format!("{again:?}"), shown);
+    assert_eq!(encode(&again), bytes, "a fixed point");
+    let json = encode_json(&msg);
+    assert_eq!(
+        format!("{:?}", decode(json.as_bytes()).expect("JSON decodes")),
+        shown
+    );
+    // A message without the old name does not gain it.
+    let modern = encode_map(&[
+        ("type", Value::from("RegisterMsg")),
+        ("instance_id", Value::from("vllm-0")),
+        ("worker_id", Value::from(0)),
+        ("ip", Value::from("10.0.0.1")),
+        ("port", Value::from(1)),
+        ("peer_init_url", Value::from("10.0.0.1:7000")),
+    ]);
+    let bytes = encode(&decode(&modern).expect("decodes"));
+    assert!(!bytes.windows(15).any(|w| w == b"distributed_url"));
+}
