@@ -256,7 +256,7 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
-    /// `cs16_seq1_bench` of /work/shared/spec/mp-coordinator/token_key_vectors.json, made by
+    /// `cs16_seq1_bench`, copied from the reference vectors `spec/mp-coordinator/token_key_vectors.json`, made by
     /// LMCache 0.5.6's own `TokenHasher` + `resolve_object_keys`.
     const CS16_SEQ1_BENCH: &str = r#"{"chunks": 4, "keys": [
         {"chunk_hash_hex": "9e735f593b5ffb1be4963a5414c9697b0138f34f6738c58fc8b0239dc263a607", "model_name": "test-model", "kv_rank": 16777472, "object_group_id": 0, "cache_salt": ""},

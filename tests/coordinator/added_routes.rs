@@ -1,7 +1,8 @@
 //! The 0.5.6 routes added beside the documented ones: the default quota (`/quota/config`), the
 //! `tier` query parameter of the quota routes, and `/openapi.json` — every code, through
 //! `router(state).oneshot`, with the bodies LMCache 0.5.6 answers (its probe is in
-//! /work/shared/spec/mp-coordinator/coordinator_probe_0.5.6.txt).
+//! the reference material as `spec/mp-coordinator/coordinator_probe_0.5.6.txt`; the bodies
+//! below are copied from it).
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
