@@ -10,7 +10,7 @@
 use super::resync::ResyncConfig;
 use super::CoordinatorConfig;
 use crate::config::{self, defaults::coordinator as d, ConfigError};
-use crate::service::layers::{self, Alias, Convert, LayerError, Layout, Settings};
+use crate::service::layers::{self, Alias, Convert, Embedded, LayerError, Layout};
 use clap::{Args, Command};
 use std::time::Duration;
 
@@ -129,27 +129,25 @@ pub fn layout() -> Layout {
 }
 
 /// The coordinator run inside `kvplane serve --coordinator-port PORT`: the same flags, read
-/// from the coordinator's variables (its twins, LMCache's) and `file` (the `coordinator:`
-/// section of serve's `--config`), on serve's `host` and `PORT`. `--cluster` is refused:
-/// a coordinator hosted by serve is not replicated.
+/// from the coordinator's variables (its twins, LMCache's) and `at.file` (the
+/// `coordinator:` section of serve's `--config`), on serve's host and `PORT`. `--cluster`
+/// is refused: a coordinator hosted by serve is not replicated.
 ///
 /// # Errors
 /// A value is refused, naming the flag and where it came from.
-pub fn embedded(
-    host: &str,
-    port: u16,
-    env: &dyn Fn(&str) -> Option<String>,
-    file: Option<&Settings>,
-) -> Result<CoordinatorConfig, LayerError> {
-    let fixed = [format!("--host={host}"), format!("--port={port}")];
-    let (args, prov) = layers::parse_embedded::<CoordinatorArgs>(&layout(), &fixed, env, file)?;
+pub fn embedded(at: &Embedded<'_>) -> Result<CoordinatorConfig, LayerError> {
+    let (args, prov) = at.parse::<CoordinatorArgs>(&layout())?;
     let explain = |e: ConfigError| LayerError(prov.explain(&e.to_string()));
-    if args.cluster.config().map_err(explain)?.is_some() {
-        return Err(LayerError(prov.explain(
+    let replicated = args.cluster.config().map_err(explain)?.is_some();
+    layers::refuse_given(
+        &prov,
+        [(
+            replicated,
             "--cluster: a coordinator run by kvplane serve is not replicated; run \
-             `kvplane coordinator --cluster` on its own",
-        )));
-    }
+             `kvplane coordinator --cluster` on its own"
+                .to_string(),
+        )],
+    )?;
     args.validate().map_err(explain)
 }
 

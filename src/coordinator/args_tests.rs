@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::coordinator::CoordinatorConfig;
+use crate::service::layers::Settings;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -377,24 +378,24 @@ fn embedded_in_serve_takes_serves_address_and_its_section() {
     ]
     .into();
     let env = |k: &str| env.get(k).map(|v| (*v).to_string());
-    let c = embedded("127.0.0.1", 0, &env, Some(&section)).unwrap();
+    let c = embedded(&Embedded::new("127.0.0.1", 0, &env, Some(&section))).unwrap();
     assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 0));
     assert_eq!((c.model.eviction_ratio, c.chunk_size), (0.5, 8));
     let file = settings("serve-port.yaml", "coordinator:\n  port: 9400\n");
     let section = file.section("coordinator").unwrap().expect("section");
-    let e = embedded("127.0.0.1", 0, &env, Some(&section))
+    let e = embedded(&Embedded::new("127.0.0.1", 0, &env, Some(&section)))
         .unwrap_err()
         .0;
     assert!(
         e.contains("key coordinator.port") && e.contains("--port"),
         "{e}"
     );
-    let e = embedded(
+    let e = embedded(&Embedded::new(
         "127.0.0.1",
         0,
         &|k: &str| (k == "KVPLANE_COORDINATOR_CLUSTER").then(|| "nats://127.0.0.1:1".to_string()),
         None,
-    )
+    ))
     .unwrap_err()
     .0;
     assert!(

@@ -10,7 +10,7 @@
 use super::score;
 use crate::config::defaults::router as d;
 use crate::indexer::service::api::EngineType;
-use crate::service::layers::{self, Alias, Convert, LayerError, Layout, Settings};
+use crate::service::layers::{self, Alias, Convert, Embedded, LayerError, Layout};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -496,39 +496,33 @@ pub fn layout() -> Layout {
 }
 
 /// The router run inside `kvplane serve --router-port PORT` beside serve's indexer: the
-/// same flags, read from `KVPLANE_ROUTER_*` (through `env`) and `file` (the `router:`
-/// section of serve's `--config`), on serve's `host` and `PORT`. Without `--engine` or
+/// same flags, read from `KVPLANE_ROUTER_*` (through `at.env`) and `at.file` (the `router:`
+/// section of serve's `--config`), on serve's host and `PORT`. Without `--engine` or
 /// `--discover` it discovers the engines registered at that indexer (`--discover index`).
 /// `--indexer-port` (serve's indexer is the router's index) and `--doctor` are refused.
 ///
 /// # Errors
 /// A value is refused, naming the flag and where it came from.
-pub fn embedded(
-    host: &str,
-    port: u16,
-    env: &dyn Fn(&str) -> Option<String>,
-    file: Option<&Settings>,
-) -> Result<RouterConfig, LayerError> {
-    let fixed = [format!("--host={host}"), format!("--port={port}")];
-    let (mut args, prov) = layers::parse_embedded::<RouterArgs>(&layout(), &fixed, env, file)?;
-    for (flag, given, why) in [
-        (
-            "indexer-port",
-            args.indexer_port != 0,
-            "serve's --indexer-port is the router's index",
-        ),
-        (
-            "doctor",
-            args.doctor,
-            "run `kvplane router --doctor` on its own",
-        ),
-    ] {
-        if given {
-            return Err(LayerError(prov.explain(&format!(
-                "--{flag}: not for a router run by kvplane serve ({why})"
-            ))));
-        }
-    }
+pub fn embedded(at: &Embedded<'_>) -> Result<RouterConfig, LayerError> {
+    let (mut args, prov) = at.parse::<RouterArgs>(&layout())?;
+    let not_here =
+        |flag: &str, why: &str| format!("--{flag}: not for a router run by kvplane serve ({why})");
+    layers::refuse_given(
+        &prov,
+        [
+            (
+                args.indexer_port != 0,
+                not_here(
+                    "indexer-port",
+                    "serve's --indexer-port is the router's index",
+                ),
+            ),
+            (
+                args.doctor,
+                not_here("doctor", "run `kvplane router --doctor` on its own"),
+            ),
+        ],
+    )?;
     if args.engines.is_empty() && args.discover.is_none() {
         args.discover = Some(Discover::Index);
     }
@@ -538,6 +532,7 @@ pub fn embedded(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::layers::Settings;
 
     fn settings(yaml: &str) -> Settings {
         let dir = std::env::temp_dir().join(format!("kvplane-router-{}", rand::random::<u64>()));
@@ -554,13 +549,13 @@ mod tests {
             "KVPLANE_ROUTER_LOAD_WEIGHT" => Some("2".to_owned()),
             _ => None,
         };
-        let c = embedded("10.0.0.1", 9501, &vars, None).expect("valid");
+        let c = embedded(&Embedded::new("10.0.0.1", 9501, &vars, None)).expect("valid");
         assert_eq!((c.host.as_str(), c.port), ("10.0.0.1", 9501));
         assert_eq!(c.weights.load, 2.0);
         // No engine named: the ones registered at serve's indexer.
         assert_eq!(c.discover, Some(Discover::Index));
         let file = settings("block_size: 32\nengine: [\"http://e:8000\"]\nmodel: f\n");
-        let c = embedded("h", 0, &|_| None, Some(&file)).expect("valid");
+        let c = embedded(&Embedded::new("h", 0, &|_| None, Some(&file))).expect("valid");
         assert_eq!((c.model.as_str(), c.block_size), ("f", 32));
         assert_eq!((c.engines.len(), c.discover), (1, None));
         let spaced = |k: &str| match k {
@@ -569,7 +564,7 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            embedded("h", 0, &spaced, None)
+            embedded(&Embedded::new("h", 0, &spaced, None))
                 .expect("valid")
                 .engines
                 .len(),
@@ -580,10 +575,12 @@ mod tests {
     #[test]
     fn serve_refuses_what_it_decides_and_names_where_it_came_from() {
         let file = settings("model: m\nport: 1\n");
-        let e = embedded("h", 0, &|_| None, Some(&file)).expect_err("port is serve's");
+        let e =
+            embedded(&Embedded::new("h", 0, &|_| None, Some(&file))).expect_err("port is serve's");
         assert!(e.0.contains("--port"), "{e}");
         let file = settings("model: m\nindexer_port: 7\n");
-        let e = embedded("h", 0, &|_| None, Some(&file)).expect_err("serve's indexer");
+        let e =
+            embedded(&Embedded::new("h", 0, &|_| None, Some(&file))).expect_err("serve's indexer");
         assert!(
             e.0.contains("--indexer-port") && e.0.contains("config file"),
             "{e}"
@@ -593,7 +590,7 @@ mod tests {
             "KVPLANE_ROUTER_TEMPERATURE" => Some("-1".to_owned()),
             _ => None,
         };
-        let e = embedded("h", 0, &bad, None).expect_err("refused");
+        let e = embedded(&Embedded::new("h", 0, &bad, None)).expect_err("refused");
         assert!(
             e.0.contains("--temperature") && e.0.contains("KVPLANE_ROUTER_TEMPERATURE"),
             "{e}"

@@ -499,6 +499,69 @@ pub fn reparse_args(args: &[std::ffi::OsString], words: Vec<String>) -> Vec<std:
     all
 }
 
+/// A service another runs in its process (`kvplane serve --coordinator-port PORT`): on the
+/// host process's `host` and the `port` it gives, its variables read through `env`, and
+/// `file`, its section of the host's `--config` file.
+#[derive(Clone, Copy)]
+pub struct Embedded<'a> {
+    /// The address the host process serves on.
+    pub host: &'a str,
+    /// The port the host process gives the service.
+    pub port: u16,
+    /// The variables (the process's, or a test's).
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// The service's section of the host's settings file.
+    pub file: Option<&'a Settings>,
+}
+
+impl<'a> Embedded<'a> {
+    /// The service on `host:port`, read from `env` and `file`.
+    #[must_use]
+    pub fn new(
+        host: &'a str,
+        port: u16,
+        env: &'a dyn Fn(&str) -> Option<String>,
+        file: Option<&'a Settings>,
+    ) -> Self {
+        Self {
+            host,
+            port,
+            env,
+            file,
+        }
+    }
+
+    /// Service `A`'s flags through [`parse_embedded`], with `--host` and `--port` the host's.
+    ///
+    /// # Errors
+    /// A value is refused (by clap or a layer), naming the flag and where it came from.
+    pub fn parse<A: clap::Args + clap::FromArgMatches>(
+        &self,
+        layout: &Layout,
+    ) -> Result<(A, Provenance), LayerError> {
+        let fixed = [
+            format!("--host={}", self.host),
+            format!("--port={}", self.port),
+        ];
+        parse_embedded(layout, &fixed, self.env, self.file)
+    }
+}
+
+/// The first of `flags` (whether it was given, why it is refused) that was given, refused
+/// naming where its value came from: a flag a service run by another process does not take.
+///
+/// # Errors
+/// That flag's refusal.
+pub fn refuse_given(
+    prov: &Provenance,
+    flags: impl IntoIterator<Item = (bool, String)>,
+) -> Result<(), LayerError> {
+    match flags.into_iter().find(|(given, _)| *given) {
+        Some((_, why)) => Err(LayerError(prov.explain(&why))),
+        None => Ok(()),
+    }
+}
+
 /// Service `A`'s flags read without a command line of its own: a service that another
 /// runs in its process (`kvplane serve --coordinator-port`). From first to last: `fixed`
 /// (command-line words, `--host=…`, that the host process decides), `A`'s

@@ -6,7 +6,7 @@ mod tiers_link;
 
 use cli::Command;
 use kvplane::controller;
-use kvplane::service::layers::Settings;
+use kvplane::service::layers::{Embedded, Settings};
 use kvplane::service::runner::Runner;
 
 fn main() -> anyhow::Result<()> {
@@ -63,10 +63,12 @@ fn main() -> anyhow::Result<()> {
             let env = |k: &str| std::env::var(k).ok();
             let indexer = match args.indexer_port {
                 Some(port) => Some(kvplane::indexer::service::config::embedded(
-                    &config.host,
-                    port,
-                    &env,
-                    section("indexer")?.flatten().as_ref(),
+                    &Embedded::new(
+                        &config.host,
+                        port,
+                        &env,
+                        section("indexer")?.flatten().as_ref(),
+                    ),
                 )?),
                 None => None,
             };
@@ -74,21 +76,21 @@ fn main() -> anyhow::Result<()> {
                 Some(_) if args.indexer_port.is_none() => anyhow::bail!(
                     "--router-port runs the router beside the indexer: give --indexer-port too"
                 ),
-                Some(port) => Some(kvplane::router::config::embedded(
+                Some(port) => Some(kvplane::router::config::embedded(&Embedded::new(
                     &config.host,
                     port,
                     &env,
                     section("router")?.flatten().as_ref(),
-                )?),
+                ))?),
                 None => None,
             };
             let coordinator = match args.coordinator_port {
-                Some(port) => Some(kvplane::coordinator::args::embedded(
+                Some(port) => Some(kvplane::coordinator::args::embedded(&Embedded::new(
                     &config.host,
                     port,
                     &env,
                     section("coordinator")?.flatten().as_ref(),
-                )?),
+                ))?),
                 None => None,
             };
             run(&runtime, |mut runner| {

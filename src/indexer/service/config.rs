@@ -7,7 +7,7 @@
 use super::central;
 use crate::config::defaults::indexer as d;
 use crate::indexer::index::IndexConfig;
-use crate::service::layers::{self, LayerError, Layout, Settings};
+use crate::service::layers::{self, Embedded, LayerError, Layout};
 use std::time::Duration;
 
 /// Flags of `kvplane indexer`, each with a `KVPLANE_*` environment twin.
@@ -260,30 +260,26 @@ pub fn layout() -> Layout {
 }
 
 /// The indexer run inside `kvplane serve --indexer-port PORT`: the same flags, read from its
-/// `KVPLANE_INDEXER_*` variables and `file` (the `indexer:` section of serve's `--config`),
-/// on serve's `host` and `PORT`. `--cluster` and `--replica` are refused: an indexer hosted
-/// by serve is not replicated.
+/// `KVPLANE_INDEXER_*` variables and `at.file` (the `indexer:` section of serve's
+/// `--config`), on serve's host and `PORT`. `--cluster` and `--replica` are refused: an
+/// indexer hosted by serve is not replicated.
 ///
 /// # Errors
 /// A value is refused, naming the flag and where it came from.
-pub fn embedded(
-    host: &str,
-    port: u16,
-    env: &dyn Fn(&str) -> Option<String>,
-    file: Option<&Settings>,
-) -> Result<IndexerConfig, LayerError> {
-    let fixed = [format!("--host={host}"), format!("--port={port}")];
-    let (args, prov) = layers::parse_embedded::<IndexerArgs>(&layout(), &fixed, env, file)?;
-    for (flag, given) in [
-        ("cluster", args.cluster.is_some()),
-        ("replica", args.replica),
-    ] {
-        if given {
-            return Err(LayerError(prov.explain(&format!(
-                "--{flag}: an indexer run by kvplane serve is not replicated; run \
-                 `kvplane indexer --cluster` on its own"
-            ))));
-        }
-    }
+pub fn embedded(at: &Embedded<'_>) -> Result<IndexerConfig, LayerError> {
+    let (args, prov) = at.parse::<IndexerArgs>(&layout())?;
+    let not_replicated = |flag: &str| {
+        format!(
+            "--{flag}: an indexer run by kvplane serve is not replicated; run \
+             `kvplane indexer --cluster` on its own"
+        )
+    };
+    layers::refuse_given(
+        &prov,
+        [
+            (args.cluster.is_some(), not_replicated("cluster")),
+            (args.replica, not_replicated("replica")),
+        ],
+    )?;
     Ok(args.config())
 }
