@@ -1,44 +1,121 @@
-//! Learning tests for `kvplane::transport` and the `zeromq` 0.7.0 behaviour it relies on.
+//! Learning tests for `kvplane::transport` and the `zeromq` 0.7.0 behaviour it relies on, and
+//! the helpers the transport tests share (binding, echo servers, raw TCP peers).
 //!
 //! Real sockets on 127.0.0.1 with ephemeral ports. Every await is bounded and every loop has a
 //! fixed number of rounds, so a behaviour change shows up as a failure, never as a hung run.
-//! If a `zeromq` upgrade breaks one of these, read the test's doc before changing it.
-//!
-//! kvplane builds `zeromq` from `vendor/zeromq`, patched (`vendor/zeromq/KVPLANE-PATCHES.md`);
-//! the regression tests near the end pin what the patch fixes.
+//! If a `zeromq` upgrade breaks one of these, read the test's doc before changing it. The
+//! regression tests of kvplane's patch to `zeromq` (`vendor/zeromq/KVPLANE-PATCHES.md`) and
+//! the listeners' limits are in `transport_limits.rs`.
 
-use crate::support::process::Launch;
-use crate::support::{eventually, hold_port, still_connected, within, SLOW, STEP};
-use std::time::{Duration, Instant};
-
+use crate::support::zmtp::{zmtp_greeting, zmtp_ready};
+use crate::support::{eventually, hold_port, within, STEP};
 use bytes::Bytes;
 use kvplane::transport::{
     DealerClient, DropReason, PeerId, PullListener, PushSender, RepServer, ReqClient,
-    RouterListener, TransportError, TransportLimits, TransportStats,
+    RouterListener, TransportError, TransportLimits,
 };
 use rand::Rng;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use zeromq::prelude::*;
 
-use crate::support::zmtp::{zmtp_greeting, zmtp_handshake, zmtp_header, zmtp_ready};
 /// Timeout given to the clients under test.
-const SHORT: Duration = Duration::from_millis(500);
+pub(crate) const SHORT: Duration = Duration::from_millis(500);
 
-fn bytes(s: &str) -> Bytes {
+pub(crate) fn bytes(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
-fn random_bytes(len: usize) -> Vec<u8> {
+pub(crate) fn random_bytes(len: usize) -> Vec<u8> {
     let mut data = vec![0u8; len];
     rand::rng().fill(&mut data[..]);
     data
 }
 
-async fn raw_connect(port: u16) -> TcpStream {
+pub(crate) async fn raw_connect(port: u16) -> TcpStream {
     within("raw connect", TcpStream::connect(("127.0.0.1", port)))
         .await
         .expect("raw connect")
+}
+
+/// Awaits a listener's bind (bounded by [`STEP`]); the test fails if it does not bind.
+pub(crate) async fn bound<S>(
+    bind: impl Future<Output = Result<(S, SocketAddr), TransportError>>,
+) -> (S, SocketAddr) {
+    within("bind", bind).await.expect("bind")
+}
+
+/// Sends `frames` on `push`, which must succeed within [`SHORT`].
+pub(crate) async fn send_ok(push: &mut PushSender, frames: Vec<Bytes>) {
+    within("send", push.send(frames, SHORT))
+        .await
+        .expect("send");
+}
+
+/// A task answering `n` requests on `router`, each with its own last frame.
+pub(crate) fn echo_router(mut router: RouterListener, n: usize) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        for _ in 0..n {
+            let request = router.recv().await.expect("recv");
+            let payload = request.frames.last().cloned().unwrap_or_default();
+            router.reply(&request.peer, payload).await.expect("reply");
+        }
+    })
+}
+
+/// A task answering `n` requests on `rep`, each with itself.
+pub(crate) fn echo_rep(mut rep: RepServer, n: usize) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        for _ in 0..n {
+            let request = rep.recv().await.expect("recv");
+            rep.reply(request).await.expect("reply");
+        }
+    })
+}
+
+/// The next message from `pull`, skipping the peer drops it reports (pushed onto `dropped`).
+/// At most 100 drops in a row.
+pub(crate) async fn recv_message(
+    pull: &mut PullListener,
+    dropped: &mut Vec<DropReason>,
+) -> Vec<Bytes> {
+    for _ in 0..100 {
+        match pull.recv().await {
+            Ok(frames) => return frames,
+            Err(TransportError::PeerDropped { reason }) => dropped.push(reason),
+            Err(other) => panic!("recv: {other}"),
+        }
+    }
+    panic!("100 peer drops in a row: {dropped:?}");
+}
+
+/// The request of both request clients, so that one echo check serves them.
+pub(crate) trait Requester {
+    fn ask(&mut self, payload: Bytes) -> impl Future<Output = Result<Bytes, TransportError>>;
+}
+
+impl Requester for DealerClient {
+    fn ask(&mut self, payload: Bytes) -> impl Future<Output = Result<Bytes, TransportError>> {
+        self.request(payload)
+    }
+}
+
+impl Requester for ReqClient {
+    fn ask(&mut self, payload: Bytes) -> impl Future<Output = Result<Bytes, TransportError>> {
+        self.request(payload)
+    }
+}
+
+/// Sends `text` through an echo server and checks that it comes back.
+pub(crate) async fn assert_echo(client: &mut impl Requester, text: &str) {
+    let reply = within("request", client.ask(bytes(text)))
+        .await
+        .expect("request");
+    assert_eq!(reply, bytes(text));
 }
 
 /// Writes `bytes`, half-closes, and reads until the listener closes the connection. Write
@@ -92,9 +169,7 @@ async fn abuse_listener(port: u16, socket_type: &str) -> Vec<TcpStream> {
 /// frame intact and in order, including empty frames.
 #[tokio::test]
 async fn push_pull_50_frame_multipart_arrives_whole() {
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     assert_ne!(addr.port(), 0, "port 0 must be resolved");
     let mut push = PushSender::new(addr.to_string());
 
@@ -105,9 +180,7 @@ async fn push_pull_50_frame_multipart_arrives_whole() {
         })
         .collect();
     for _ in 0..3 {
-        within("send", push.send(frames.clone(), SHORT))
-            .await
-            .expect("send");
+        send_ok(&mut push, frames.clone()).await;
     }
     for _ in 0..3 {
         let got = within("recv", pull.recv()).await.expect("recv");
@@ -120,9 +193,7 @@ async fn push_pull_50_frame_multipart_arrives_whole() {
 /// `*:0` binds all interfaces; the reported address is the kernel's, with the real port.
 #[tokio::test]
 async fn bind_star_port_zero_reports_the_bound_address() {
-    let (_router, addr) = within("bind", RouterListener::bind("*:0"))
-        .await
-        .expect("bind");
+    let (_router, addr) = bound(RouterListener::bind("*:0")).await;
     assert!(addr.ip().is_unspecified());
     assert_ne!(addr.port(), 0);
     raw_connect(addr.port()).await;
@@ -133,9 +204,7 @@ async fn bind_star_port_zero_reports_the_bound_address() {
 #[tokio::test]
 async fn dealer_router_echo_keeps_per_peer_order() {
     const ROUNDS: usize = 200;
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
     let endpoint = format!("tcp://{addr}");
     let mut dealers = Vec::new();
     for _ in 0..2 {
@@ -189,9 +258,7 @@ async fn dealer_router_echo_keeps_per_peer_order() {
 /// `split()`: one task receives, another replies, and `DealerClient` gets the last frame.
 #[tokio::test]
 async fn split_router_replies_from_another_task() {
-    let (router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
     let (mut receiver, sender) = router.split();
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let replier = tokio::spawn(async move {
@@ -210,11 +277,7 @@ async fn split_router_replies_from_another_task() {
 
     let mut client = DealerClient::new(addr.to_string(), SHORT);
     for i in 0..10 {
-        let payload = bytes(&format!("req-{i}"));
-        let reply = within("request", client.request(payload.clone()))
-            .await
-            .expect("request");
-        assert_eq!(reply, payload);
+        assert_echo(&mut client, &format!("req-{i}")).await;
     }
     within("receiver task", receive).await.expect("receiver");
     within("replier task", replier).await.expect("replier");
@@ -223,9 +286,7 @@ async fn split_router_replies_from_another_task() {
 /// A flooding peer does not starve another: the fair queue serves connections in turn.
 #[tokio::test]
 async fn router_recv_is_fair_between_peers() {
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
     let endpoint = format!("tcp://{addr}");
     let mut flooder = zeromq::DealerSocket::new();
     let mut quiet = zeromq::DealerSocket::new();
@@ -266,9 +327,7 @@ async fn router_recv_is_fair_between_peers() {
 /// seen the disconnect, the reply fails with `TransportError::Socket`.
 #[tokio::test]
 async fn router_reply_to_vanished_peer_is_dropped_or_an_error() {
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
     let mut client = DealerClient::new(addr.to_string(), Duration::from_millis(200));
     let pending = tokio::spawn(async move {
         let result = client.request(bytes("hello")).await;
@@ -309,9 +368,7 @@ async fn req_to_dead_port_times_out_then_recovers() {
     assert!(elapsed >= SHORT, "took {elapsed:?}");
 
     drop(hold);
-    let (mut rep, _) = within("bind", RepServer::bind(&format!("127.0.0.1:{port}")))
-        .await
-        .expect("bind");
+    let (mut rep, _) = bound(RepServer::bind(&format!("127.0.0.1:{port}"))).await;
     let server = tokio::spawn(async move {
         let request = rep.recv().await.expect("recv");
         assert_eq!(request, bytes("ping"));
@@ -329,9 +386,7 @@ async fn req_to_dead_port_times_out_then_recovers() {
 /// same client (a fresh socket underneath) gets its own reply once the server answers.
 #[tokio::test]
 async fn req_without_reply_times_out_then_recovers() {
-    let (mut rep, addr) = within("bind", RepServer::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut rep, addr) = bound(RepServer::bind("127.0.0.1:0")).await;
     let server = tokio::spawn(async move {
         let ignored = rep.recv().await.expect("first recv");
         assert_eq!(ignored, bytes("one"));
@@ -354,9 +409,7 @@ async fn req_without_reply_times_out_then_recovers() {
 /// does) discards the socket: the next request opens a fresh one and gets its own reply.
 #[tokio::test]
 async fn cancelled_req_request_does_not_poison_the_client() {
-    let (mut rep, addr) = within("bind", RepServer::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut rep, addr) = bound(RepServer::bind("127.0.0.1:0")).await;
     let server = tokio::spawn(async move {
         let ignored = rep.recv().await.expect("first recv");
         assert_eq!(ignored, bytes("one"));
@@ -414,9 +467,7 @@ fn api_futures_are_send(
 /// connection) is never taken for the answer to the next request.
 #[tokio::test]
 async fn dealer_client_never_returns_a_stale_reply() {
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
     let server = tokio::spawn(async move {
         let first = router.recv().await.expect("first");
         let second = router.recv().await.expect("second");
@@ -441,9 +492,7 @@ async fn dealer_client_never_returns_a_stale_reply() {
 /// Connecting to a socket of an incompatible type is a `Connect` error, not a timeout.
 #[tokio::test]
 async fn incompatible_peer_is_a_connect_error() {
-    let (_pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (_pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let mut client = ReqClient::new(addr.to_string(), Duration::from_secs(5));
     let result = within("request", client.request(bytes("x"))).await;
     assert!(
@@ -455,9 +504,7 @@ async fn incompatible_peer_is_a_connect_error() {
 /// A 1 MiB frame of random bytes arrives intact, and the PULL keeps working afterwards.
 #[tokio::test]
 async fn pull_takes_a_1_mib_frame_and_keeps_working() {
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let mut push = PushSender::new(addr.to_string());
     let big = Bytes::from(random_bytes(1 << 20));
     within(
@@ -479,9 +526,7 @@ async fn pull_takes_a_1_mib_frame_and_keeps_working() {
 /// command, or staying connected without a word, neither stall nor kill the PULL listener.
 #[tokio::test]
 async fn pull_survives_broken_raw_peers() {
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let receiver = tokio::spawn(async move {
         let mut dropped = Vec::new();
         for i in 0..20 {
@@ -492,9 +537,7 @@ async fn pull_survives_broken_raw_peers() {
     let _idle = abuse_listener(addr.port(), "PUSH").await;
     let mut push = PushSender::new(addr.to_string());
     for i in 0..20 {
-        within("send", push.send(vec![bytes(&format!("ok-{i}"))], SHORT))
-            .await
-            .expect("send");
+        send_ok(&mut push, vec![bytes(&format!("ok-{i}"))]).await;
     }
     within("receiver", receiver).await.expect("receiver");
 }
@@ -502,24 +545,12 @@ async fn pull_survives_broken_raw_peers() {
 /// Same abuse against the ROUTER listener; a DEALER request still gets its reply.
 #[tokio::test]
 async fn router_survives_broken_raw_peers() {
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
-    let server = tokio::spawn(async move {
-        for _ in 0..5 {
-            let request = router.recv().await.expect("recv");
-            let payload = request.frames.last().cloned().unwrap_or_default();
-            router.reply(&request.peer, payload).await.expect("reply");
-        }
-    });
+    let (router, addr) = bound(RouterListener::bind("127.0.0.1:0")).await;
+    let server = echo_router(router, 5);
     let _idle = abuse_listener(addr.port(), "DEALER").await;
     let mut client = DealerClient::new(addr.to_string(), SHORT);
     for i in 0..5 {
-        let payload = bytes(&format!("ok-{i}"));
-        let reply = within("request", client.request(payload.clone()))
-            .await
-            .expect("request");
-        assert_eq!(reply, payload);
+        assert_echo(&mut client, &format!("ok-{i}")).await;
     }
     within("server", server).await.expect("server");
 }
@@ -527,23 +558,12 @@ async fn router_survives_broken_raw_peers() {
 /// Same abuse against the REP server; a REQ request still gets its reply.
 #[tokio::test]
 async fn rep_survives_broken_raw_peers() {
-    let (mut rep, addr) = within("bind", RepServer::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
-    let server = tokio::spawn(async move {
-        for _ in 0..5 {
-            let request = rep.recv().await.expect("recv");
-            rep.reply(request).await.expect("reply");
-        }
-    });
+    let (rep, addr) = bound(RepServer::bind("127.0.0.1:0")).await;
+    let server = echo_rep(rep, 5);
     let _idle = abuse_listener(addr.port(), "REQ").await;
     let mut client = ReqClient::new(addr.to_string(), SHORT);
     for i in 0..5 {
-        let payload = bytes(&format!("ok-{i}"));
-        let reply = within("request", client.request(payload.clone()))
-            .await
-            .expect("request");
-        assert_eq!(reply, payload);
+        assert_echo(&mut client, &format!("ok-{i}")).await;
     }
     within("server", server).await.expect("server");
 }
@@ -584,9 +604,7 @@ async fn zeromq_rep_socket_reports_a_broken_peer_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_recv_is_cancel_safe() {
     const MESSAGES: usize = 500;
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let sender = tokio::spawn(async move {
         let mut push = PushSender::new(addr.to_string());
         for i in 0..MESSAGES {
@@ -617,9 +635,7 @@ async fn pull_recv_is_cancel_safe() {
 /// (zeromq's own PULL socket keeps them open after drop).
 #[tokio::test]
 async fn dropping_pull_listener_closes_its_connections() {
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let mut push = zeromq::PushSocket::new();
     within("connect", push.connect(&format!("tcp://{addr}")))
         .await
@@ -640,13 +656,9 @@ async fn dropping_pull_listener_closes_its_connections() {
 /// are lost while the old connection is torn down, then a fresh connection carries traffic.
 #[tokio::test]
 async fn push_sender_reconnects_after_pull_restart() {
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
+    let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
     let mut push = PushSender::new(addr.to_string());
-    within("send", push.send(vec![bytes("before")], SHORT))
-        .await
-        .expect("send");
+    send_ok(&mut push, vec![bytes("before")]).await;
     assert_eq!(
         within("recv", pull.recv()).await.expect("recv"),
         vec![bytes("before")]
@@ -672,421 +684,6 @@ async fn push_sender_reconnects_after_pull_restart() {
     assert!(delivered[0].starts_with(b"after-"));
 }
 
-// ---------------------------------------------------------------------------------------------
-// Regression tests for kvplane's patch to zeromq 0.7.0 (vendor/zeromq/KVPLANE-PATCHES.md):
-// frame and message size limits, read-ahead bounded by the bytes received, handshake timeout.
-// ---------------------------------------------------------------------------------------------
-
-/// Set in the environment of a child process that runs one `#[ignore]`d test on its own.
-const CHILD_ENV: &str = "KVPLANE_TRANSPORT_CHILD";
-
-/// Runs the `#[ignore]`d test `name` alone in a child process and asserts that it passed. Used
-/// where a regression would kill the process (the test runner must outlive it) or where the
-/// test measures the process (no other test may run beside it).
-async fn run_child_test(name: &str) -> String {
-    let exe = std::env::current_exe().expect("test binary");
-    // The test's path inside this binary: `transport::name` (module_path! starts with the crate).
-    let path = module_path!()
-        .split_once("::")
-        .map_or(module_path!(), |(_, m)| m);
-    let out = Launch::new(&format!("child test {name}"), exe)
-        .args([
-            &format!("{path}::{name}"),
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, name)
-        .run(SLOW)
-        .await;
-    assert!(
-        out.status.success() && out.stdout.contains("1 passed"),
-        "child {name} failed: status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        out.stdout,
-        out.stderr
-    );
-    out.stdout
-}
-
-/// True when this process is the child started for test `name`.
-fn is_child(name: &str) -> bool {
-    std::env::var(CHILD_ENV).is_ok_and(|child| child == name)
-}
-
-/// Connects, writes `bytes` (a write error is fine: the listener may hang up first) and,
-/// without closing its own side, expects the listener to close the connection (within
-/// [`STEP`]). Returns how long that took after the connection was made.
-async fn assert_listener_hangs_up(port: u16, bytes: &[u8], case: &str) -> Duration {
-    let mut stream = raw_connect(port).await;
-    let start = Instant::now();
-    let _ = tokio::time::timeout(STEP, stream.write_all(bytes)).await;
-    let mut sink = Vec::new();
-    let closed = tokio::time::timeout(STEP, stream.read_to_end(&mut sink)).await;
-    assert!(closed.is_ok(), "{case}: listener kept the connection open");
-    start.elapsed()
-}
-
-/// [`assert_listener_hangs_up`], and proof that the hang-up came from a check of what was
-/// sent, not from the handshake timeout: a silent peer connected first is still connected.
-async fn assert_hung_up_at_once(port: u16, bytes: &[u8], case: &str) {
-    let witness = raw_connect(port).await;
-    assert_listener_hangs_up(port, bytes, case).await;
-    assert!(
-        still_connected(&witness),
-        "{case}: hung up on only by the handshake timeout"
-    );
-}
-
-/// Limits small enough to break cheaply in tests.
-const TEST_MAX_FRAME: usize = 1 << 20;
-const TEST_MAX_MESSAGE: usize = 2 << 20;
-const TEST_HANDSHAKE: Duration = Duration::from_millis(300);
-
-fn test_limits() -> TransportLimits {
-    TransportLimits {
-        max_frame_bytes: TEST_MAX_FRAME,
-        max_message_bytes: TEST_MAX_MESSAGE,
-        handshake_timeout: TEST_HANDSHAKE,
-        ..TransportLimits::default()
-    }
-}
-
-/// [`test_limits`], counting drops in `stats`.
-fn counted_limits(stats: &std::sync::Arc<TransportStats>) -> TransportLimits {
-    TransportLimits {
-        stats: Some(std::sync::Arc::clone(stats)),
-        ..test_limits()
-    }
-}
-
-/// The next message from `pull`, skipping the peer drops it reports (pushed onto `dropped`).
-/// At most 100 drops in a row.
-async fn recv_message(pull: &mut PullListener, dropped: &mut Vec<DropReason>) -> Vec<Bytes> {
-    for _ in 0..100 {
-        match pull.recv().await {
-            Ok(frames) => return frames,
-            Err(TransportError::PeerDropped { reason }) => dropped.push(reason),
-            Err(other) => panic!("recv: {other}"),
-        }
-    }
-    panic!("100 peer drops in a row: {dropped:?}");
-}
-
-/// Peers that complete the handshake as `socket_type`, then break one of `test_limits()`.
-fn over_limit_peers(socket_type: &str) -> Vec<(&'static str, Vec<u8>)> {
-    let after_handshake = |tail: &[u8]| {
-        let mut bytes = zmtp_handshake(socket_type);
-        bytes.extend_from_slice(tail);
-        bytes
-    };
-    let one_over = TEST_MAX_FRAME as u64 + 1;
-    // Three frames of 900 KiB: each within the frame limit, together over the message limit.
-    let mut multipart = Vec::new();
-    for i in 0..3 {
-        multipart.extend_from_slice(&zmtp_header(900 * 1024, i < 2, false));
-        multipart.resize(multipart.len() + 900 * 1024, b'x');
-    }
-    // Empty frames, each with MORE set: no payload, yet bounded by the message limit.
-    let empty_frames: Vec<u8> = (0..100_000).flat_map(|_| [0x01, 0x00]).collect();
-    vec![
-        (
-            "frame one byte over the limit",
-            after_handshake(&zmtp_header(one_over, false, false)),
-        ),
-        (
-            "frame claiming 1 TiB",
-            after_handshake(&zmtp_header(1 << 40, false, false)),
-        ),
-        (
-            "command over the frame limit",
-            after_handshake(&zmtp_header(one_over, false, true)),
-        ),
-        (
-            "READY over the frame limit",
-            [zmtp_greeting(), zmtp_header(one_over, false, true)].concat(),
-        ),
-        (
-            "multipart over the message limit",
-            after_handshake(&multipart),
-        ),
-        ("endless empty MORE frames", after_handshake(&empty_frames)),
-    ]
-}
-
-/// The 73 bytes that used to abort the process (a greeting, then a command header claiming
-/// 1 TiB), and the same claim for a message frame after a complete handshake, are rejected:
-/// the listener hangs up on them, the process lives, and other peers are served. Runs in a
-/// child process, so that a regression kills the child, not the test runner.
-#[tokio::test]
-async fn oversized_frame_claim_is_rejected_and_the_process_lives() {
-    run_child_test("oversized_frame_claim_child").await;
-}
-
-/// Child of `oversized_frame_claim_is_rejected_and_the_process_lives`; does nothing unless
-/// run by it. Uses the production defaults (`bind`), not the test limits.
-#[tokio::test]
-#[ignore = "run as a child process by oversized_frame_claim_is_rejected_and_the_process_lives"]
-async fn oversized_frame_claim_child() {
-    if !is_child("oversized_frame_claim_child") {
-        return;
-    }
-    let mut attack = zmtp_greeting();
-    attack.extend_from_slice(&zmtp_header(1 << 40, false, true));
-    assert_eq!(attack.len(), 73);
-    let mut after_handshake = zmtp_handshake("PUSH");
-    after_handshake.extend_from_slice(&zmtp_header(1 << 40, true, false));
-
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
-    let receiver = tokio::spawn(async move { recv_message(&mut pull, &mut Vec::new()).await });
-    assert_hung_up_at_once(addr.port(), &attack, "73-byte 1 TiB claim").await;
-    assert_hung_up_at_once(addr.port(), &after_handshake, "1 TiB frame").await;
-    let mut push = PushSender::new(addr.to_string());
-    within("send", push.send(vec![bytes("alive")], SHORT))
-        .await
-        .expect("send");
-    let got = within("receiver", receiver).await.expect("receiver");
-    assert_eq!(got, vec![bytes("alive")]);
-
-    let (mut router, addr) = within("bind", RouterListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
-    let server = tokio::spawn(async move {
-        let request = router.recv().await.expect("recv");
-        let payload = request.frames.last().cloned().unwrap_or_default();
-        router.reply(&request.peer, payload).await.expect("reply");
-    });
-    assert_hung_up_at_once(addr.port(), &attack, "73-byte 1 TiB claim").await;
-    assert_hung_up_at_once(addr.port(), &after_handshake, "1 TiB frame").await;
-    let mut client = DealerClient::new(addr.to_string(), SHORT);
-    let reply = within("request", client.request(bytes("alive")))
-        .await
-        .expect("request");
-    assert_eq!(reply, bytes("alive"));
-    within("server", server).await.expect("server");
-}
-
-/// A PULL listener hangs up on each peer that breaks a limit (a frame over the frame limit,
-/// claimed or sent, a multipart over the message limit, endless MORE frames), counts each
-/// with its reason, reports those dropped after the handshake from `recv`, and keeps
-/// receiving from a well-behaved peer, including a frame exactly at the limit.
-#[tokio::test]
-async fn pull_drops_peers_over_the_limits_and_serves_others() {
-    let stats = TransportStats::new();
-    let (mut pull, addr) = within(
-        "bind",
-        PullListener::bind_with("127.0.0.1:0", &counted_limits(&stats)),
-    )
-    .await
-    .expect("bind");
-    let receiver = tokio::spawn(async move {
-        let mut received = Vec::new();
-        let mut dropped = Vec::new();
-        for _ in 0..3 {
-            received.push(recv_message(&mut pull, &mut dropped).await);
-        }
-        (received, dropped)
-    });
-    let at_limit = Bytes::from(random_bytes(TEST_MAX_FRAME));
-    let expected = vec![
-        vec![bytes("before")],
-        vec![bytes("head"), at_limit.clone()],
-        vec![bytes("after")],
-    ];
-    let mut push = PushSender::new(addr.to_string());
-    within("send", push.send(expected[0].clone(), SHORT))
-        .await
-        .expect("send");
-    for (case, bytes) in over_limit_peers("PUSH") {
-        assert_listener_hangs_up(addr.port(), &bytes, case).await;
-    }
-    within("send", push.send(expected[1].clone(), SHORT))
-        .await
-        .expect("send at the limit");
-    within("send", push.send(expected[2].clone(), SHORT))
-        .await
-        .expect("send");
-    let (received, dropped) = within("receiver", receiver).await.expect("receiver");
-    // The READY over the limit is dropped during the handshake: counted, not returned.
-    use DropReason::{FrameTooLarge as Frame, MessageTooLarge as Message};
-    assert_eq!(dropped, [Frame, Frame, Frame, Message, Message]);
-    assert_eq!(
-        (stats.dropped(Frame), stats.dropped(Message), stats.total()),
-        (4, 2, 6)
-    );
-    let sizes = |messages: &[Vec<Bytes>]| -> Vec<Vec<usize>> {
-        messages
-            .iter()
-            .map(|m| m.iter().map(Bytes::len).collect())
-            .collect()
-    };
-    assert!(
-        received == expected,
-        "expected messages of frame sizes {:?}, got {:?}",
-        sizes(&expected),
-        sizes(&received)
-    );
-}
-
-/// The same limits on a ROUTER listener: each offending peer is dropped, a DEALER's requests
-/// are still answered.
-#[tokio::test]
-async fn router_drops_peers_over_the_limits_and_serves_others() {
-    let stats = TransportStats::new();
-    let (mut router, addr) = within(
-        "bind",
-        RouterListener::bind_with("127.0.0.1:0", &counted_limits(&stats)),
-    )
-    .await
-    .expect("bind");
-    let server = tokio::spawn(async move {
-        for _ in 0..2 {
-            let request = router.recv().await.expect("recv");
-            let sizes: Vec<usize> = request.frames.iter().map(Bytes::len).collect();
-            assert!(
-                sizes.len() == 2 && sizes[1] < 100,
-                "a request of frame sizes {sizes:?} came through"
-            );
-            let payload = request.frames.last().cloned().unwrap_or_default();
-            router.reply(&request.peer, payload).await.expect("reply");
-        }
-    });
-    let mut client = DealerClient::new(addr.to_string(), SHORT);
-    let reply = within("request", client.request(bytes("before")))
-        .await
-        .expect("request");
-    assert_eq!(reply, bytes("before"));
-    for (case, bytes) in over_limit_peers("DEALER") {
-        assert_listener_hangs_up(addr.port(), &bytes, case).await;
-    }
-    let reply = within("request", client.request(bytes("after")))
-        .await
-        .expect("request");
-    assert_eq!(reply, bytes("after"));
-    assert_eq!(
-        (
-            stats.dropped(DropReason::FrameTooLarge),
-            stats.dropped(DropReason::MessageTooLarge),
-            stats.total()
-        ),
-        (4, 2, 6)
-    );
-    within("server", server).await.expect("server");
-}
-
-/// A peer that connects and says nothing, stops halfway through the greeting, or greets but
-/// never sends READY is disconnected once the handshake timeout has passed (not before), while
-/// a well-behaved peer is served meanwhile. Checked on PULL and ROUTER listeners.
-#[tokio::test]
-async fn stalled_handshakes_are_dropped_after_the_timeout() {
-    let (mut pull, addr) = within(
-        "bind",
-        PullListener::bind_with("127.0.0.1:0", &test_limits()),
-    )
-    .await
-    .expect("bind");
-    let stalls = stall_handshakes(addr.port());
-    let mut push = PushSender::new(addr.to_string());
-    within("send", push.send(vec![bytes("served")], SHORT))
-        .await
-        .expect("send");
-    let got = within("recv", pull.recv()).await.expect("recv");
-    assert_eq!(got, vec![bytes("served")]);
-    within("stalled peers", stalls.join_all()).await;
-
-    let (mut router, addr) = within(
-        "bind",
-        RouterListener::bind_with("127.0.0.1:0", &test_limits()),
-    )
-    .await
-    .expect("bind");
-    let server = tokio::spawn(async move {
-        let request = router.recv().await.expect("recv");
-        let payload = request.frames.last().cloned().unwrap_or_default();
-        router.reply(&request.peer, payload).await.expect("reply");
-    });
-    let stalls = stall_handshakes(addr.port());
-    let mut client = DealerClient::new(addr.to_string(), SHORT);
-    let reply = within("request", client.request(bytes("served")))
-        .await
-        .expect("request");
-    assert_eq!(reply, bytes("served"));
-    within("stalled peers", stalls.join_all()).await;
-    within("server", server).await.expect("server");
-}
-
-/// Starts one task per kind of stalled handshake against `port`; each checks that the
-/// listener hangs up, and not before the test handshake timeout.
-fn stall_handshakes(port: u16) -> tokio::task::JoinSet<()> {
-    let stalled: [(&str, Vec<u8>); 3] = [
-        ("silent", Vec::new()),
-        ("half greeting", zmtp_greeting()[..10].to_vec()),
-        ("greeting without READY", zmtp_greeting()),
-    ];
-    let mut set = tokio::task::JoinSet::new();
-    for (case, bytes) in stalled {
-        set.spawn(async move {
-            let elapsed = assert_listener_hangs_up(port, &bytes, case).await;
-            assert!(
-                elapsed >= TEST_HANDSHAKE - Duration::from_millis(50),
-                "{case}: dropped after {elapsed:?}, before the handshake timeout"
-            );
-        });
-    }
-    set
-}
-
-/// 200 connections, each claiming a 60 MiB frame (within the 64 MiB default) and sending
-/// none of it, leave the listener serving others. That they cost next to no memory (the
-/// reader prepares memory only as a frame's bytes arrive) is a ceiling of `scripts/soak.sh`
-/// against the real binary: resident memory is a soak measure, not a test's.
-#[tokio::test]
-async fn idle_frame_claims_leave_the_listener_serving() {
-    const CONNECTIONS: usize = 200;
-    const CLAIM: u64 = 60 << 20;
-    let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-        .await
-        .expect("bind");
-    let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-    let receiver = tokio::spawn(async move {
-        while let Ok(frames) = pull.recv().await {
-            if tx.send(frames).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut push = PushSender::new(addr.to_string());
-    within("send", push.send(vec![bytes("warm-up")], SHORT))
-        .await
-        .expect("send");
-    assert_eq!(
-        within("recv", rx.recv()).await,
-        Some(vec![bytes("warm-up")])
-    );
-
-    let mut claim = zmtp_handshake("PUSH");
-    claim.extend_from_slice(&zmtp_header(CLAIM, false, false));
-    let mut idle = Vec::with_capacity(CONNECTIONS);
-    for _ in 0..CONNECTIONS {
-        let mut stream = raw_connect(addr.port()).await;
-        within("claim", stream.write_all(&claim))
-            .await
-            .expect("write claim");
-        idle.push(stream);
-    }
-    // Let the listener read every claim, then check it still serves.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    within("send", push.send(vec![bytes("after")], SHORT))
-        .await
-        .expect("send");
-    assert_eq!(within("recv", rx.recv()).await, Some(vec![bytes("after")]));
-    drop(idle);
-    receiver.abort();
-}
-
 /// Not a test: PUSH → PULL throughput through kvplane's own wrappers, printed, never asserted
 /// (timings depend on the machine). Run with
 /// `cargo test --release --test system transport::push_pull_throughput -- --ignored --nocapture`.
@@ -1095,9 +692,7 @@ async fn idle_frame_claims_leave_the_listener_serving() {
 async fn push_pull_throughput() {
     const FRAMES: usize = 50;
     for (frame_len, messages) in [(64, 40_000), (2_000, 10_000), (64 * 1024, 400)] {
-        let (mut pull, addr) = within("bind", PullListener::bind("127.0.0.1:0"))
-            .await
-            .expect("bind");
+        let (mut pull, addr) = bound(PullListener::bind("127.0.0.1:0")).await;
         let frames: Vec<Bytes> = (0..FRAMES)
             .map(|_| Bytes::from(random_bytes(frame_len)))
             .collect();
