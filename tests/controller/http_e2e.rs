@@ -2,7 +2,9 @@
 //! and push over real ZMQ sockets (tests/support), fake worker REP sockets answering the
 //! commands, and HTTP over a real TCP connection. Every await is bounded.
 
-use crate::support::{eventually, http, server_with, vector, FakeWorker, TestWorker, STEP};
+use crate::support::{
+    eventually, http, http_post, server_with, vector, FakeWorker, TestWorker, STEP,
+};
 use kvplane::protocol::*;
 use serde_json::json;
 use std::time::Duration;
@@ -40,12 +42,10 @@ async fn clear_reaches_the_worker_and_its_answer_comes_back() {
     })
     .await;
     let _w = join(&server, "inst-a", 0, rep.port, None).await;
-    let (status, body) = http(
+    let (status, body) = http_post(
         addr,
-        "POST",
         "/clear",
-        Some(r#"{"instance_id":"inst-a","location":"LocalCPUBackend"}"#),
-        &[],
+        r#"{"instance_id":"inst-a","location":"LocalCPUBackend"}"#,
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -58,12 +58,10 @@ async fn clear_reaches_the_worker_and_its_answer_comes_back() {
         }
         other => panic!("{other:?}"),
     }
-    let (status, body) = http(
+    let (status, body) = http_post(
         addr,
-        "POST",
         "/check_finish",
-        Some(&json!({ "event_id": event }).to_string()),
-        &[],
+        &json!({ "event_id": event }).to_string(),
     )
     .await;
     assert_eq!((status, body["status"].as_str()), (200, Some("finished")));
@@ -82,14 +80,9 @@ async fn move_pairs_source_and_destination_ranks() {
     let _s0 = join(&server, "src", 0, src0.port, Some("127.0.0.1:7100")).await;
     let _d1 = join(&server, "dst", 1, dst.port, Some("127.0.0.1:7201")).await;
     let _d0 = join(&server, "dst", 0, dst.port, Some("127.0.0.1:7200")).await;
-    let (status, body) = http(
-        server.addrs.http,
-        "POST",
-        "/move",
-        Some(r#"{"old_position":["src","LocalCPUBackend"],"new_position":["dst","LocalCPUBackend"],"tokens":[1,2,3]}"#),
-        &[],
-    )
-    .await;
+    let body = r#"{"old_position":["src","LocalCPUBackend"],"new_position":["dst","LocalCPUBackend"],
+                   "tokens":[1,2,3]}"#;
+    let (status, body) = http_post(server.addrs.http, "/move", body).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["num_tokens"], 512);
     for (rep, url) in [(&mut src0, "127.0.0.1:7200"), (&mut src1, "127.0.0.1:7201")] {
@@ -124,26 +117,12 @@ async fn a_silent_worker_yields_504_within_the_timeout_while_another_instance_wo
     let _h = join(&server, "fine", 0, healthy.port, None).await;
     let started = tokio::time::Instant::now();
     let stuck = tokio::spawn(async move {
-        http(
-            addr,
-            "POST",
-            "/clear",
-            Some(r#"{"instance_id":"quiet","location":"x"}"#),
-            &[],
-        )
-        .await
+        http_post(addr, "/clear", r#"{"instance_id":"quiet","location":"x"}"#).await
     });
     // While the quiet worker holds its command, the other instance answers: the clear to the
     // quiet one is still waiting when the health check comes back.
     silent.next_command().await;
-    let (status, body) = http(
-        addr,
-        "POST",
-        "/health",
-        Some(r#"{"instance_id":"fine"}"#),
-        &[],
-    )
-    .await;
+    let (status, body) = http_post(addr, "/health", r#"{"instance_id":"fine"}"#).await;
     assert_eq!((status, &body["error_codes"]), (200, &json!({ "0": 0 })));
     assert!(
         !stuck.is_finished(),
@@ -161,14 +140,7 @@ async fn a_silent_worker_yields_504_within_the_timeout_while_another_instance_wo
         "{detail}"
     );
     // The controller stays usable: the healthy instance still answers.
-    let (status, _) = http(
-        addr,
-        "POST",
-        "/health",
-        Some(r#"{"instance_id":"fine"}"#),
-        &[],
-    )
-    .await;
+    let (status, _) = http_post(addr, "/health", r#"{"instance_id":"fine"}"#).await;
     assert_eq!(status, 200);
     server.stop().await;
 }
@@ -194,12 +166,10 @@ async fn lookup_by_tokens_finds_chunks_admitted_under_cpython_hashes() {
         server.shared.index().key_count() == hashes.len() as u64
     })
     .await;
-    let (status, body) = http(
+    let (status, body) = http_post(
         server.addrs.http,
-        "POST",
         "/lookup",
-        Some(&json!({ "tokens": v["tokens"] }).to_string()),
-        &[],
+        &json!({ "tokens": v["tokens"] }).to_string(),
     )
     .await;
     assert_eq!(status, 200, "{body}");
@@ -251,16 +221,9 @@ async fn readyz_metrics_and_access_control_on_a_live_server() {
     }
     // Mutating routes need the token; reads do not.
     let clear = r#"{"instance_id":"inst","location":"x"}"#;
-    let (status, _) = http(addr, "POST", "/clear", Some(clear), &[]).await;
+    let (status, _) = http_post(addr, "/clear", clear).await;
     assert_eq!(status, 401);
-    let (status, _) = http(
-        addr,
-        "POST",
-        "/query_worker_info",
-        Some(r#"{"instance_id":"inst"}"#),
-        &[],
-    )
-    .await;
+    let (status, _) = http_post(addr, "/query_worker_info", r#"{"instance_id":"inst"}"#).await;
     assert_eq!(status, 200);
     server.stop().await;
 }

@@ -6,6 +6,7 @@
 mod support;
 
 mod http;
+mod http_commands;
 mod http_e2e;
 mod worker;
 mod zmq;

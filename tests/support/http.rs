@@ -139,6 +139,11 @@ pub async fn http(
     .unwrap_or_else(|e| panic!("HTTP {method} {path} to {addr}: {e}"))
 }
 
+/// [`http`] `POST path` with a JSON `body` and no other headers.
+pub async fn http_post(addr: SocketAddr, path: &str, body: &str) -> (u16, Value) {
+    http(addr, "POST", path, Some(body), &[]).await
+}
+
 /// [`http`] without the bound and the panic: an error if the connection fails or the answer
 /// is not HTTP (for probing a server that may not be up yet; wrap it in a timeout).
 pub async fn try_http(
