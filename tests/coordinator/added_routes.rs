@@ -4,58 +4,22 @@
 //! the reference material as `spec/mp-coordinator/coordinator_probe_0.5.6.txt`; the bodies
 //! below are copied from it).
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use crate::app::{app, call, config_with, quiet_config};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
-use kvplane::coordinator::{self, api, driver, model, openapi, CoordinatorConfig};
+use kvplane::coordinator::{driver, openapi};
 use serde_json::{json, Value};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
-fn app() -> (Router, driver::Handle) {
-    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
-    c.resync = None;
-    let timing = driver::Timing {
-        instance_timeout: c.instance_timeout,
-        health_check_interval: None,
-        eviction_check_interval: None,
-    };
-    let handle = driver::spawn(
-        model::Model::new(c.model.clone()),
-        timing,
-        driver::http_dispatcher(Duration::from_secs(1)),
-        CancellationToken::new(),
-        &TaskTracker::new(),
-    );
-    (
-        api::router(coordinator::api_state(&c, handle.clone())),
-        handle,
-    )
-}
-
-async fn call(app: &Router, method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
-        .unwrap();
-    let res = tokio::time::timeout(Duration::from_secs(10), app.clone().oneshot(req))
-        .await
-        .expect("answered")
-        .unwrap();
-    let status = res.status();
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, v)
+fn default_app() -> (Router, driver::Handle) {
+    let mut c = quiet_config();
+    c.outbound_timeout = Duration::from_secs(1);
+    app(&c)
 }
 
 #[tokio::test]
 async fn quota_config_sets_reads_and_validates_the_default() {
-    let (app, handle) = app();
+    let (app, handle) = default_app();
     // Boot: null, salts without a quota exempt (0.5.6's; `--default-quota-gb` changes it).
     assert_eq!(
         call(&app, "GET", "/quota/config", None).await,
@@ -173,7 +137,7 @@ async fn quota_config_sets_reads_and_validates_the_default() {
 
 #[tokio::test]
 async fn quota_routes_take_the_tier_parameter() {
-    let (app, _) = app();
+    let (app, _) = default_app();
     assert_eq!(
         call(
             &app,
@@ -257,7 +221,7 @@ async fn quota_routes_take_the_tier_parameter() {
 
 #[tokio::test]
 async fn openapi_lists_exactly_the_routes_served() {
-    let (app, _) = app();
+    let (app, _) = default_app();
     let (code, doc) = call(&app, "GET", "/openapi.json", None).await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
@@ -294,25 +258,7 @@ fn bench_tokens() -> Vec<u32> {
 const BENCH_KEY0: &str = "9e735f593b5ffb1be4963a5414c9697b0138f34f6738c58fc8b0239dc263a607";
 
 fn app_chunk16() -> (Router, driver::Handle) {
-    let mut c = CoordinatorConfig::with_defaults("127.0.0.1", 0);
-    c.resync = None;
-    c.chunk_size = 16;
-    let timing = driver::Timing {
-        instance_timeout: c.instance_timeout,
-        health_check_interval: None,
-        eviction_check_interval: None,
-    };
-    let handle = driver::spawn(
-        model::Model::new(c.model.clone()),
-        timing,
-        driver::http_dispatcher(Duration::from_secs(2)),
-        CancellationToken::new(),
-        &TaskTracker::new(),
-    );
-    (
-        api::router(coordinator::api_state(&c, handle.clone())),
-        handle,
-    )
+    app(&config_with(16, Duration::from_secs(2)))
 }
 
 fn pin_body(tokens: &[u32], salt: &str, world: i64) -> String {
@@ -621,7 +567,7 @@ async fn cache_delete_is_502_when_the_server_fails_or_is_gone() {
 
 #[tokio::test]
 async fn a_missing_field_is_named_in_loc() {
-    let (app, _) = app();
+    let (app, _) = default_app();
     let (code, got) = call(&app, "POST", "/instances", Some(r#"{"http_port": 8080}"#)).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(got["detail"][0]["loc"], json!(["body", "ip"]));
@@ -639,7 +585,7 @@ async fn a_missing_field_is_named_in_loc() {
 /// the events, joined to the capacities of `config` batches; 404 for an unknown id.
 #[tokio::test]
 async fn instance_usage_joins_event_bytes_to_declared_capacity() {
-    let (app, _) = app();
+    let (app, _) = default_app();
     let (code, _) = call(
         &app,
         "POST",

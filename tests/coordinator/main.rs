@@ -7,7 +7,9 @@ mod support;
 
 mod added_routes;
 mod api;
+mod app;
 mod binary;
 mod checkpoint;
 mod directory;
+mod forwarding;
 mod limits;
