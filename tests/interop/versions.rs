@@ -14,7 +14,7 @@
 
 use crate::support::lmcache::{releases_dir, LmcacheWorker};
 use crate::support::mp_fleet;
-use crate::support::process::{Launch, Process};
+use crate::support::process::Process;
 use crate::support::*;
 use serde_json::{json, Value};
 
@@ -53,28 +53,8 @@ impl Serve {
     /// Starts the binary on `ports` and waits until `/readyz` is 200, retrying (bounded) while
     /// a previous instance's ports are released.
     async fn start(ports: ServePorts) -> Self {
-        let mut tries = 0;
-        eventually("kvplane serve starts on its ports", SLOW, async || {
-            tries += 1;
-            let mut process = Launch::kvplane("serve")
-                .named(&format!("kvplane serve (try {tries})"))
-                .envs_owned(&ports.env())
-                .env("RUST_LOG", "warn")
-                .spawn();
-            let ready = try_eventually("/readyz is 200", STEP, async || {
-                if let Some(status) = process.try_exit() {
-                    return Some(Err(format!("exited ({status}):\n{}", process.tail(20))));
-                }
-                let probe = try_http(ports.http_addr(), "GET", "/readyz", None, &[]).await;
-                probe
-                    .is_ok_and(|(status, _)| status == 200)
-                    .then_some(Ok(()))
-            })
-            .await
-            .and_then(|outcome| outcome);
-            ready.map(|()| Serve { process, ports })
-        })
-        .await
+        let process = ports.serve(&[]).await;
+        Serve { process, ports }
     }
 
     /// `GET /controller/workers` rows.

@@ -376,6 +376,36 @@ impl ServePorts {
             ("KVPLANE_SERVE_MONITOR_PORTS", monitor.to_string()),
         ]
     }
+
+    /// Starts `kvplane serve` as a child on these ports (`RUST_LOG=warn`, then `env` on top)
+    /// and waits until `/readyz` is 200. A start that exits first (a port a previous instance
+    /// on them still holds) is tried again, for at most [`SLOW`].
+    pub async fn serve(&self, env: &[(&str, &str)]) -> process::Process {
+        let (ports, on_ports) = (*self, self.env());
+        let mut tries = 0;
+        eventually("kvplane serve starts on its ports", SLOW, async || {
+            tries += 1;
+            let mut process = process::Launch::kvplane("serve")
+                .named(&format!("kvplane serve (try {tries})"))
+                .envs_owned(&on_ports)
+                .env("RUST_LOG", "warn")
+                .envs(env)
+                .spawn();
+            let ready = try_eventually("/readyz is 200", STEP, async || {
+                if let Some(status) = process.try_exit() {
+                    return Some(Err(format!("exited ({status}):\n{}", process.tail(20))));
+                }
+                let probe = try_http(ports.http_addr(), "GET", "/readyz", None, &[]).await;
+                probe
+                    .is_ok_and(|(status, _)| status == 200)
+                    .then_some(Ok(()))
+            })
+            .await
+            .and_then(|outcome| outcome);
+            ready.map(|()| process)
+        })
+        .await
+    }
 }
 
 /// `127.0.0.1:port`.

@@ -15,6 +15,7 @@ mod binary;
 mod dashboard;
 mod dashboard_services;
 mod faults;
+mod faults_abuse;
 mod metrics_format;
 mod resource_limits;
 mod transport;
