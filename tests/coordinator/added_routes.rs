@@ -4,7 +4,7 @@
 //! the reference material as `spec/mp-coordinator/coordinator_probe_0.5.6.txt`; the bodies
 //! below are copied from it).
 
-use crate::app::{app, call, config_with, quiet_config};
+use crate::app::{app, call, config_with, quiet_config, register};
 use axum::http::StatusCode;
 use axum::Router;
 use kvplane::coordinator::{driver, openapi};
@@ -411,14 +411,6 @@ async fn fake_mp(
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (addr, seen)
-}
-
-async fn register(app: &Router, id: &str, port: u16) {
-    let body = json!({"instance_id": id, "ip": "127.0.0.1", "http_port": port}).to_string();
-    assert_eq!(
-        call(app, "POST", "/instances", Some(&body)).await.0,
-        StatusCode::OK
-    );
 }
 
 fn delete_body(id: &str, tokens: &[u32], tier: &str, force: bool) -> String {

@@ -8,7 +8,7 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use kvplane::coordinator::{self, api, driver, model, CoordinatorConfig};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -92,4 +92,13 @@ pub(crate) async fn call_json(
     body: Option<Value>,
 ) -> (StatusCode, Value) {
     call(app, method, uri, body.map(|b| b.to_string()).as_deref()).await
+}
+
+/// Registers the MP server `id` at `127.0.0.1:port`; the coordinator must accept it.
+pub(crate) async fn register(app: &Router, id: &str, port: u16) {
+    let body = json!({"instance_id": id, "ip": "127.0.0.1", "http_port": port}).to_string();
+    assert_eq!(
+        call(app, "POST", "/instances", Some(&body)).await.0,
+        StatusCode::OK
+    );
 }

@@ -3,7 +3,7 @@
 //! dispatching `DELETE /cache/objects` to it, and the startup resync paging its listing.
 
 use crate::api::{app_with, config, key};
-use crate::app::call_json;
+use crate::app::{call_json, register};
 use crate::support::{eventually, within, STEP};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -76,26 +76,14 @@ async fn fake_mp() -> (SocketAddr, Arc<FakeMp>) {
 async fn prefetch_is_forwarded_and_its_status_relayed() {
     let app = app_with(&config());
     let (mp, fake) = fake_mp().await;
-    call_json(
-        &app,
-        "POST",
-        "/instances",
-        Some(json!({"instance_id": "s1", "ip": "127.0.0.1", "http_port": mp.port()})),
-    )
-    .await;
+    register(&app, "s1", mp.port()).await;
     // A port nobody listens on: 502.
     let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap()
         .local_addr()
         .unwrap();
-    call_json(
-        &app,
-        "POST",
-        "/instances",
-        Some(json!({"instance_id": "dead", "ip": "127.0.0.1", "http_port": dead.port()})),
-    )
-    .await;
+    register(&app, "dead", dead.port()).await;
     let submit = |id: &str, model: &str, n: u32| json!({"instance_id": id, "model_name": model, "world_size": 1, "token_ids": (0..n).collect::<Vec<_>>(), "cache_salt": "u"});
     assert_eq!(
         call_json(

@@ -198,12 +198,22 @@ pub(crate) struct Kvplane {
 }
 
 impl Kvplane {
-    /// Starts the binary on `ports` with `env` on top of the defaults and waits until
-    /// `/readyz` is 200. Retries (bounded) while a previous instance's ports are released.
-    pub(crate) async fn start(ports: ServePorts, env: &[(&str, &str)]) -> Self {
-        let env = [&[("KVPLANE_SERVE_HEALTH_CHECK_INTERVAL", "-1")], env].concat();
+    /// Starts the binary on `ports` (no health-check sweeps) and waits until `/readyz` is 200.
+    /// Retries (bounded) while a previous instance's ports are released.
+    pub(crate) async fn start(ports: ServePorts) -> Self {
+        let env = [("KVPLANE_SERVE_HEALTH_CHECK_INTERVAL", "-1")];
         let process = ports.serve(&env).await;
         Kvplane { process, ports }
+    }
+
+    /// [`init_tracing`], then [`Kvplane::start`] on free ports: the ports, the process and its
+    /// HTTP address.
+    pub(crate) async fn on_free_ports() -> (ServePorts, Self, SocketAddr) {
+        init_tracing();
+        let ports = ServePorts::free();
+        let kv = Kvplane::start(ports).await;
+        let addr = kv.http();
+        (ports, kv, addr)
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -383,10 +393,7 @@ async fn a_killed_worker_is_probed_removed_and_its_chunks_vanish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_kvplane_is_rebuilt_by_every_workers_full_sync() {
-    init_tracing();
-    let ports = ServePorts::free();
-    let kv = Kvplane::start(ports, &[]).await;
-    let addr = kv.http();
+    let (ports, kv, addr) = Kvplane::on_free_ports().await;
 
     let models = [MemoryKeys::new(), MemoryKeys::new()];
     let mut kws = Vec::new();
@@ -447,7 +454,7 @@ async fn sigkilled_kvplane_is_rebuilt_by_every_workers_full_sync() {
     lm.call(json!({"cmd": "evict", "keys": [101]}), SLOW).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let kv = Kvplane::start(ports, &[]).await;
+    let kv = Kvplane::start(ports).await;
     assert_eq!(kv.http(), addr);
     let lm_keys = lmcache_held(&mut lm).await;
     assert_eq!(lm_keys.len(), 6, "{lm_keys:?}");

@@ -192,10 +192,7 @@ fn hostile_payloads(socket_type: &str) -> Vec<(&'static str, Vec<u8>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_peers_leak_nothing_and_stall_nothing() {
-    init_tracing();
-    let ports = ServePorts::free();
-    let kv = Kvplane::start(ports, &[]).await;
-    let addr = kv.http();
+    let (ports, kv, addr) = Kvplane::on_free_ports().await;
     // Baseline, once the server is idle.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (fds0, tasks0) = (kv.fds(), kv.tasks().await);
@@ -368,10 +365,7 @@ async fn churn(ports: ServePorts, lanes: usize, cycles: usize, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_register_deregister_cycles_return_to_baseline() {
-    init_tracing();
-    let ports = ServePorts::free();
-    let kv = Kvplane::start(ports, &[]).await;
-    let addr = kv.http();
+    let (ports, kv, addr) = Kvplane::on_free_ports().await;
     let idle = move || async move {
         let (_, s) = get(addr, "/controller/key-stats").await;
         s["total_worker_count"] == 0 && s["total_key_count"] == 0

@@ -262,12 +262,14 @@ fn test_limits() -> TransportLimits {
     }
 }
 
-/// [`test_limits`], counting drops in `stats`.
-fn counted_limits(stats: &std::sync::Arc<TransportStats>) -> TransportLimits {
-    TransportLimits {
-        stats: Some(std::sync::Arc::clone(stats)),
+/// [`test_limits`] counting drops into fresh stats, and the stats.
+fn counted_limits() -> (Arc<TransportStats>, TransportLimits) {
+    let stats = TransportStats::new();
+    let limits = TransportLimits {
+        stats: Some(Arc::clone(&stats)),
         ..test_limits()
-    }
+    };
+    (stats, limits)
 }
 
 /// Peers that complete the handshake as `socket_type`, then break one of `test_limits()`.
@@ -358,12 +360,8 @@ async fn oversized_frame_claim_child() {
 /// receiving from a well-behaved peer, including a frame exactly at the limit.
 #[tokio::test]
 async fn pull_drops_peers_over_the_limits_and_serves_others() {
-    let stats = TransportStats::new();
-    let (mut pull, addr) = bound(PullListener::bind_with(
-        "127.0.0.1:0",
-        &counted_limits(&stats),
-    ))
-    .await;
+    let (stats, limits) = counted_limits();
+    let (mut pull, addr) = bound(PullListener::bind_with("127.0.0.1:0", &limits)).await;
     let receiver = tokio::spawn(async move {
         let mut received = Vec::new();
         let mut dropped = Vec::new();
@@ -413,12 +411,8 @@ async fn pull_drops_peers_over_the_limits_and_serves_others() {
 /// are still answered.
 #[tokio::test]
 async fn router_drops_peers_over_the_limits_and_serves_others() {
-    let stats = TransportStats::new();
-    let (mut router, addr) = bound(RouterListener::bind_with(
-        "127.0.0.1:0",
-        &counted_limits(&stats),
-    ))
-    .await;
+    let (stats, limits) = counted_limits();
+    let (mut router, addr) = bound(RouterListener::bind_with("127.0.0.1:0", &limits)).await;
     let server = tokio::spawn(async move {
         for _ in 0..2 {
             let request = router.recv().await.expect("recv");
