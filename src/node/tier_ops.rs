@@ -2,8 +2,9 @@
 //! locks): find the keys a token prefix names, hold (pin) and release them, move them between
 //! L1 and L2, re-encode them (compress, decompress), and take objects out for a peer.
 
-use super::{decode, disk, Object, Removed, TierId, Tiers};
+use super::{decode, Object, Removed, TierId, Tiers};
 use crate::node::compress::Codec;
+use crate::node::disk;
 use crate::node::report::{chunk_hash, key_rank};
 use crate::protocol::ChunkHash;
 use std::collections::{HashMap, HashSet};
