@@ -9,7 +9,7 @@
 //! (scripts/bench-cluster.sh), not here.
 
 use crate::support::http::{http, try_http, until_json};
-use crate::support::lmcache::{worker_args, LmcacheWorker};
+use crate::support::lmcache::worker_pair;
 use crate::support::nats::{Member, Nats};
 use crate::support::{eventually, free_port, loopback, ServePorts, TestWorker, SLOW};
 use bytes::Bytes;
@@ -51,6 +51,35 @@ async fn until(ports: &ServePorts, path: &str, what: &str, cond: impl Fn(&Value)
     until_on(ports.http, path, what, cond).await
 }
 
+/// A member of `cluster` named `name` (`env` on top) on fresh ports, once it leads: the
+/// ports, the process and its `/controller/cluster` status.
+async fn leader(
+    nats: &Nats,
+    cluster: &str,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (ServePorts, Controller, Value) {
+    let ports = ServePorts::free();
+    let member = controller_with(nats, cluster, &ports, name, env);
+    let what = format!("{name} leads");
+    let status = until(&ports, "/controller/cluster", &what, |v| {
+        v["role"] == "leader"
+    })
+    .await;
+    (ports, member, status)
+}
+
+/// `/controller/key-stats` of the leader on `ports` once it holds `held` keys in all.
+async fn key_stats_at(ports: &ServePorts, held: u64) -> Value {
+    until(
+        ports,
+        "/controller/key-stats",
+        "the leader applied all",
+        |v| v["total_key_count"] == held,
+    )
+    .await
+}
+
 /// [`until`] on any HTTP port (a replica's).
 async fn until_on(port: u16, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     until_json(loopback(port), path, what, SLOW, cond).await
@@ -69,13 +98,8 @@ async fn the_standby_takes_over_a_killed_leader_without_full_syncs() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let ports = ServePorts::free();
     let cluster = "failover";
-    let mut first = controller(&nats, cluster, &ports, "first");
-    let leader = until(&ports, "/controller/cluster", "first leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
+    let (ports, mut first, leader) = leader(&nats, cluster, "first", &[]).await;
     let first_me = leader["me"].clone();
     let second = controller(&nats, cluster, &ports, "second");
     second.wait_for_line("waiting for the lease").await;
@@ -83,17 +107,7 @@ async fn the_standby_takes_over_a_killed_leader_without_full_syncs() {
     // Two real LMCache workers (A serves peers) and a simulated fleet.
     let pull = format!("127.0.0.1:{}", ports.pull);
     let reply = format!("127.0.0.1:{}", ports.reply);
-    let peer_a = format!("127.0.0.1:{}", free_port());
-    let mut a = LmcacheWorker::start(
-        "A",
-        &worker_args(&pull, &reply, "inst-A", free_port(), Some(&peer_a)),
-    )
-    .await;
-    let mut b = LmcacheWorker::start(
-        "B",
-        &worker_args(&pull, &reply, "inst-B", free_port(), None),
-    )
-    .await;
+    let (mut a, peer_a, mut b) = worker_pair(&pull, &reply).await;
     a.wait_for("A registered", SLOW, |e| e["event"] == "registered")
         .await;
     b.wait_for("B registered", SLOW, |e| e["event"] == "registered")
@@ -280,13 +294,8 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let ports = ServePorts::free();
     let cluster = "replicas";
-    let _leader = controller(&nats, cluster, &ports, "leader");
-    until(&ports, "/controller/cluster", "the leader leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
+    let (ports, _leader, _) = leader(&nats, cluster, "leader", &[]).await;
     let replica_ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
     let _replicas: Vec<Controller> = replica_ports
         .iter()
@@ -322,13 +331,7 @@ async fn read_replicas_answer_lookups_as_the_leader_within_the_reported_lag() {
         w.push(&[evicts]).await;
         held += 998;
     }
-    let leader_stats = until(
-        &ports,
-        "/controller/key-stats",
-        "the leader applied all",
-        |v| v["total_key_count"] == held,
-    )
-    .await;
+    let leader_stats = key_stats_at(&ports, held).await;
 
     // The leader applies before its records reach the stream; a replica's readiness speaks for
     // what the stream holds, so wait for every record to be acknowledged there first.
@@ -442,18 +445,13 @@ async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let ports = ServePorts::free();
     let cluster = "snapshots";
     // A 1 MiB log: the first records are dropped once ~1 MiB more follows them.
     let small: &[(&str, &str)] = &[
         ("KVPLANE_SERVE_CLUSTER_MAX_BYTES", "1048576"),
         ("KVPLANE_SERVE_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
-    let _leader = controller_with(&nats, cluster, &ports, "leader", small);
-    until(&ports, "/controller/cluster", "the leader leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
+    let (ports, _leader, _) = leader(&nats, cluster, "leader", small).await;
     let replica = |name: &str, port: u16| {
         controller_with(
             &nats,
@@ -511,13 +509,7 @@ async fn a_late_follower_restores_a_snapshot_after_the_log_dropped_its_start() {
         w.push(&batches).await;
     }
     let held = 140 * 400;
-    let leader_stats = until(
-        &ports,
-        "/controller/key-stats",
-        "the leader applied all",
-        |v| v["total_key_count"] == held,
-    )
-    .await;
+    let leader_stats = key_stats_at(&ports, held).await;
 
     // A replica starting now cannot read the log from its start any more: it restores the
     // snapshot and reads on from there, in sync, holding what the leader holds.

@@ -25,11 +25,7 @@ const DISPATCHED: &str = "eviction dispatch failed";
 /// A `kvplane coordinator --cluster` process.
 type Coordinator = Member;
 
-fn coordinator(nats: &Nats, cluster: &str, port: u16, name: &str) -> Coordinator {
-    coordinator_with(nats, cluster, port, name, &[])
-}
-
-/// [`coordinator`] with more environment variables.
+/// A member of `cluster` on `port` named `name`, `env` on top of the test settings.
 fn coordinator_with(
     nats: &Nats,
     cluster: &str,
@@ -47,6 +43,37 @@ fn coordinator_with(
     ];
     all.extend_from_slice(env);
     nats.member("coordinator", cluster, name, &all)
+}
+
+/// NATS (`None` when the cluster tests are skipped: [`Nats::start`]), a fake MP server, and a
+/// free port for the coordinators.
+async fn nats_mp_port() -> Option<(Nats, SocketAddr, Arc<FakeMp>, u16)> {
+    let nats = Nats::start().await?;
+    let (mp, fake) = fake_mp().await;
+    Some((nats, mp, fake, free_port()))
+}
+
+/// Two members of `cluster` on `port`, started one after the other: the first (named
+/// `names[0]`) once it leads, with its `/coordinator/cluster` status, and the second once it
+/// waits for the lease.
+async fn leader_and_standby(
+    nats: &Nats,
+    cluster: &str,
+    port: u16,
+    names: [&str; 2],
+    env: &[(&str, &str)],
+) -> (Coordinator, Value, Coordinator) {
+    let first = coordinator_with(nats, cluster, port, names[0], env);
+    let status = until(
+        port,
+        "/coordinator/cluster",
+        "the first member leads",
+        |v| v["role"] == "leader",
+    )
+    .await;
+    let second = coordinator_with(nats, cluster, port, names[1], env);
+    second.wait_for_line("waiting for the lease").await;
+    (first, status, second)
 }
 
 /// A fake MP server: refuses every eviction (`DELETE /cache/objects` answers 500, so the
@@ -103,6 +130,17 @@ async fn ok(port: u16, method: &str, path: &str, body: Value) -> Value {
     v
 }
 
+/// `PUT /quota/config` with no default limit: salts without a quota of their own are exempt.
+async fn no_default_quota(port: u16) {
+    ok(
+        port,
+        "PUT",
+        "/quota/config",
+        json!({"default_limit_gb": null}),
+    )
+    .await;
+}
+
 /// Polls `path` until `cond` holds on its JSON (connection errors count as not yet).
 async fn until(port: u16, path: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
     until_json(loopback(port), path, what, SLOW, cond).await
@@ -145,19 +183,11 @@ fn wire_batch(seq: u64, event: &str, tier: &str, backend: &str, entries: Vec<Val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evicts() {
-    let Some(nats) = Nats::start().await else {
+    let Some((nats, mp, fake, port)) = nats_mp_port().await else {
         return;
     };
-    let (mp, fake) = fake_mp().await;
-    let port = free_port();
-    let cluster = "coord";
-    let mut first = coordinator(&nats, cluster, port, "first");
-    let leader = until(port, "/coordinator/cluster", "first leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
-    let second = coordinator(&nats, cluster, port, "second");
-    second.wait_for_line("waiting for the lease").await;
+    let (mut first, leader, second) =
+        leader_and_standby(&nats, "coord", port, ["first", "second"], &[]).await;
 
     // The first leader started a new cluster: its startup resync lists the first server.
     let mp_reg = |id: Option<&str>| {
@@ -180,13 +210,7 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
     ok(port, "PUT", "/instances/mp-1/heartbeat", json!({})).await;
 
     // Quotas: salts without one are exempt; "kept" has room; "hot" is evicted every cycle.
-    ok(
-        port,
-        "PUT",
-        "/quota/config",
-        json!({"default_limit_gb": null}),
-    )
-    .await;
+    no_default_quota(port).await;
     ok(port, "PUT", "/quota/kept", json!({"limit_gb": 10})).await;
     ok(port, "PUT", "/quota/hot", json!({"limit_gb": 0})).await;
     // Usage events of both bodies: a capacity declaration, L2 and L1 stores, then a legacy
@@ -288,28 +312,20 @@ async fn the_standby_takes_over_with_the_leaders_usage_and_only_the_leader_evict
 /// port is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_resumes_without_dispatching_and_stops() {
-    let Some(nats) = Nats::start().await else {
+    let Some((nats, mp, fake, port)) = nats_mp_port().await else {
         return;
     };
-    let (mp, fake) = fake_mp().await;
-    let port = free_port();
-    let cluster = "paused";
-    let mut first = coordinator(&nats, cluster, port, "paused-first");
-    until(port, "/coordinator/cluster", "first leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
-    let second = coordinator(&nats, cluster, port, "paused-second");
-    second.wait_for_line("waiting for the lease").await;
-    let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port()});
-    ok(port, "POST", "/instances", reg).await;
-    ok(
+    let (mut first, _, second) = leader_and_standby(
+        &nats,
+        "paused",
         port,
-        "PUT",
-        "/quota/config",
-        json!({"default_limit_gb": null}),
+        ["paused-first", "paused-second"],
+        &[],
     )
     .await;
+    let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port()});
+    ok(port, "POST", "/instances", reg).await;
+    no_default_quota(port).await;
     ok(port, "PUT", "/quota/hot", json!({"limit_gb": 0})).await;
     let batches =
         json!({"batches": [wire_batch(1, "store", "l2", "fs", store(&["b1"], "hot", 10))]});
@@ -347,35 +363,22 @@ fn long_hash(n: u64) -> String {
 /// membership, usage, quotas and pins, without a resync.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_standby_restores_a_snapshot_after_the_log_dropped_its_start() {
-    let Some(nats) = Nats::start().await else {
+    let Some((nats, mp, fake, port)) = nats_mp_port().await else {
         return;
     };
-    let (mp, fake) = fake_mp().await;
-    let port = free_port();
     let cluster = "coordsnap";
     // A 1 MiB log: its first records are dropped once ~1 MiB more follows them.
     let small: &[(&str, &str)] = &[
         ("KVPLANE_COORDINATOR_CLUSTER_MAX_BYTES", "1048576"),
         ("KVPLANE_COORDINATOR_CLUSTER_SNAPSHOT_RECORDS", "100"),
     ];
-    let mut first = coordinator_with(&nats, cluster, port, "snap-first", small);
-    let leader = until(port, "/coordinator/cluster", "first leads", |v| {
-        v["role"] == "leader"
-    })
-    .await;
-    let mut early = coordinator_with(&nats, cluster, port, "snap-early", small);
-    early.wait_for_line("waiting for the lease").await;
+    let (mut first, leader, mut early) =
+        leader_and_standby(&nats, cluster, port, ["snap-first", "snap-early"], small).await;
     let reg = json!({"instance_id": "mp-1", "ip": "127.0.0.1", "http_port": mp.port(),
                      "metadata": {"zone": "a"}});
     ok(port, "POST", "/instances", reg).await;
     first.wait_for_line("startup resync done").await;
-    ok(
-        port,
-        "PUT",
-        "/quota/config",
-        json!({"default_limit_gb": null}),
-    )
-    .await;
+    no_default_quota(port).await;
     ok(port, "PUT", "/quota/kept", json!({"limit_gb": 10})).await;
     let tokens: Vec<u32> = (0..512).collect();
     let pin =

@@ -1,7 +1,7 @@
 //! Interop with the real LMCache 0.5.6 worker (PyPI `lmcache==0.5.6`, CPU only, stand-in
 //! torch; see tests/interop/). Everything stays on 127.0.0.1.
 
-use crate::support::lmcache::{worker_args, LmcacheWorker};
+use crate::support::lmcache::worker_pair;
 use crate::support::*;
 use kvplane::protocol::*;
 use serde_json::{json, Value};
@@ -17,17 +17,7 @@ fn is(event: &'static str) -> impl Fn(&Value) -> bool {
 async fn real_lmcache_workers_register_push_lookup_obey_and_resync_after_restart() {
     let server = server().await;
     let (pull, reply) = (ep(server.addrs.pull), ep(server.addrs.reply));
-    let peer_a = format!("127.0.0.1:{}", free_port());
-    let mut a = LmcacheWorker::start(
-        "A",
-        &worker_args(&pull, &reply, "inst-A", free_port(), Some(&peer_a)),
-    )
-    .await;
-    let mut b = LmcacheWorker::start(
-        "B",
-        &worker_args(&pull, &reply, "inst-B", free_port(), None),
-    )
-    .await;
+    let (mut a, peer_a, mut b) = worker_pair(&pull, &reply).await;
     let reg = a.wait_for("registered", SLOW, is("registered")).await;
     assert_eq!(reg["heartbeat_url"], json!(ep(server.addrs.heartbeat)));
     b.wait_for("registered", SLOW, is("registered")).await;

@@ -31,20 +31,8 @@ async fn lmcache_lm_connector_round_trips_identical_bytes() {
     assert_eq!(gets, 4, "{stdout}");
     assert!(checks.iter().all(|c| c["ok"] == true), "{stdout}");
     let text = scrape(&node).await;
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="put",outcome="ok"}"#
-        ),
-        4.0
-    );
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="health",outcome="ok"}"#
-        ),
-        1.0
-    );
+    assert_eq!(requests(&text, "put", "ok"), 4.0);
+    assert_eq!(requests(&text, "health", "ok"), 1.0);
     node.stop().await;
 }
 

@@ -2,10 +2,12 @@
 //! startup resync pages the node's `GET /cache/objects` and its usage takes the node's L2 in;
 //! its eviction loop deletes from the node through `DELETE /cache/objects`.
 
-use crate::support::eventually;
 use crate::support::node::*;
+use crate::support::{eventually, STEP};
 use kvplane::coordinator::{self, CoordinatorConfig};
-use kvplane::node::config::{PrefetchPolicy, StorePolicy};
+use kvplane::node::config::{CoordinatorLinkConfig, NodeConfig, PrefetchPolicy, StorePolicy};
+use kvplane::node::NodeServer;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// An in-process coordinator with no health sweep, no eviction loop and no resync; `tweak`
@@ -32,19 +34,33 @@ async fn skip_l1_linked_node(
     dir: &std::path::Path,
     chunk: usize,
 ) -> kvplane::node::NodeServer {
-    node_with(|n| {
-        n.l2 = Some(l2(
-            dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::SkipL1,
-        ));
+    linked_node(coord.port(), id, dir, StorePolicy::SkipL1, |n| {
         n.chunk_size = chunk;
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), id);
-        link.heartbeat_interval = Duration::from_millis(50);
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
+    })
+    .await
+}
+
+/// A link to the coordinator on `port` as `id`: heartbeats every 50 ms, events every 20 ms.
+fn fast_link(port: u16, id: &str) -> CoordinatorLinkConfig {
+    let mut link = CoordinatorLinkConfig::new("127.0.0.1", port, id);
+    link.heartbeat_interval = Duration::from_millis(50);
+    link.event_flush_interval = Duration::from_millis(20);
+    link
+}
+
+/// A node with a 1 GiB L2 under `dir` (`store` policy) and a [`fast_link`] to the coordinator
+/// on `port` as `id`; `tweak` changes the rest.
+async fn linked_node(
+    port: u16,
+    id: &str,
+    dir: &std::path::Path,
+    store: StorePolicy,
+    tweak: impl FnOnce(&mut NodeConfig),
+) -> NodeServer {
+    node_with(|n| {
+        n.l2 = Some(l2(dir, 1 << 30, PrefetchPolicy::Default, store));
+        n.coordinator = Some(fast_link(port, id));
+        tweak(n);
     })
     .await
 }
@@ -112,21 +128,15 @@ async fn resync_then(eviction: Option<Duration>) {
         .await
         .expect("driver answers")
         .expect("registers");
-    let mut seeded = 0;
-    for _ in 0..200 {
-        seeded = h
-            .stats
-            .resync_keys
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if seeded == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        seeded, 3,
-        "the resync paged all three objects, two per page"
-    );
+    eventually(
+        "the resync paged all three objects, two per page",
+        STEP,
+        async || {
+            let seeded = h.stats.resync_keys.load(Ordering::Relaxed);
+            (seeded == 3).then_some(()).ok_or(format!("{seeded} keys"))
+        },
+    )
+    .await;
     let usage = h
         .with(|m, _, _| m.quota_status("").usage_gb)
         .await
@@ -167,20 +177,7 @@ async fn node_registers_heartbeats_and_reports_usage() {
     let server = quiet_coordinator(|_| {}).await;
     let coord = server.addr;
     let dir = tempdir("link");
-    let node = node_with(|n| {
-        n.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", coord.port(), "node-c");
-        link.heartbeat_interval = Duration::from_millis(50);
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
-    })
-    .await;
+    let node = linked_node(coord.port(), "node-c", &dir, StorePolicy::Default, |_| {}).await;
     let node_http = node.addrs.http.expect("http");
 
     let instances = || async {
@@ -345,17 +342,16 @@ async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     assert_eq!(reply["chunks"], 3);
     let rid = reply["request_id"].as_str().expect("request id").to_owned();
     let path = format!("/cache/prefetches/node-p/{rid}");
-    let mut done = serde_json::Value::Null;
-    for _ in 0..300 {
+    let done = eventually("the prefetch completed", STEP, async || {
         let (status, v) = crate::support::http::http(coord, "GET", &path, None, &[]).await;
         assert_eq!(status, 200, "{v}");
         if v["status"] == "completed" {
-            done = v;
-            break;
+            return Some(v);
         }
         assert_eq!(v["status"], "pending");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        None
+    })
+    .await;
     assert_eq!(done["found_keys"], 2, "{done}");
     assert_eq!(done["total_keys"], 3, "{done}");
     assert!(
@@ -435,28 +431,22 @@ async fn recovered_l2_objects_are_posted_as_stores() {
     let server = quiet_coordinator(|_| {}).await;
     let node = node_with(|n| {
         n.l2 = Some(l2cfg());
-        let mut link = kvplane::node::config::CoordinatorLinkConfig::new(
-            "127.0.0.1",
-            server.addr.port(),
-            "node-r",
-        );
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
+        n.coordinator = Some(fast_link(server.addr.port(), "node-r"));
     })
     .await;
     assert_eq!(node.recovery.recovered, 3);
     let want = 3.0 * (1000.0 + 56.0 + 19.0) / f64::from(1u32 << 30);
-    let mut seen = 0.0;
-    for _ in 0..300 {
+    eventually("the recovered objects' usage reported", STEP, async || {
         let (_, v) =
             crate::support::http::http(server.addr, "GET", "/quota/_default", None, &[]).await;
-        seen = v["usage_gb"].as_f64().unwrap_or(-1.0);
+        let seen = v["usage_gb"].as_f64().unwrap_or(-1.0);
         if (seen - want).abs() < 1e-12 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("usage {seen}, want {want}"))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!((seen - want).abs() < 1e-12, "usage {seen}, want {want}");
+    })
+    .await;
     crate::support::within("node stop", node.stop()).await;
     crate::support::within("stop", server.stop()).await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -472,19 +462,8 @@ async fn a_silent_coordinator_never_blocks_the_data_path() {
         .expect("bind");
     let port = silent.local_addr().expect("addr").port();
     let dir = tempdir("link-silent");
-    let node = node_with(|n| {
-        n.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
-        let mut link =
-            kvplane::node::config::CoordinatorLinkConfig::new("127.0.0.1", port, "node-s");
-        link.timeout = Duration::from_millis(100);
-        link.heartbeat_interval = Duration::from_millis(50);
-        link.event_flush_interval = Duration::from_millis(20);
-        n.coordinator = Some(link);
+    let node = linked_node(port, "node-s", &dir, StorePolicy::Default, |n| {
+        n.coordinator.as_mut().expect("linked").timeout = Duration::from_millis(100);
     })
     .await;
     let mut client = Client::connect(&node).await;
@@ -495,21 +474,13 @@ async fn a_silent_coordinator_never_blocks_the_data_path() {
         let (_, got) = client.get(&key).await.expect("hit");
         assert_eq!(got, data);
     }
-    let mut failed = 0.0;
-    for _ in 0..300 {
-        failed = crate::support::sample(
-            &scrape(&node).await,
-            r#"kvplane_node_coordinator_calls_total{call="register",outcome="error"}"#,
-        );
-        if failed >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        failed >= 1.0,
-        "registration attempts time out and are counted"
-    );
+    let failed = r#"kvplane_node_coordinator_calls_total{call="register",outcome="error"}"#;
+    eventually(
+        "registration attempts time out and are counted",
+        STEP,
+        async || crate::support::sample(&scrape(&node).await, failed) >= 1.0,
+    )
+    .await;
     drop(client);
     crate::support::within("node stop", node.stop()).await;
     drop(silent);
@@ -572,20 +543,20 @@ async fn quota_eviction_takes_the_least_recently_read_keys_first() {
     )
     .await;
     assert_eq!(status, 200, "{v}");
-    let mut gone = Vec::new();
-    for _ in 0..500 {
-        gone.clear();
+    let gone = eventually("evicted under the quota", STEP, async || {
+        let mut gone = Vec::new();
         for i in 0..7 {
             if !client.exists(&key(i)).await {
                 gone.push(i);
             }
         }
         if gone.len() >= 2 && usage().await < limit {
-            break;
+            Ok(gone)
+        } else {
+            Err(format!("gone: {gone:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(usage().await < limit, "evicted under the quota: {gone:?}");
+    })
+    .await;
     // The unread keys go first; the most recently read and the newest stay.
     for i in 3..6 {
         assert!(
@@ -638,17 +609,12 @@ async fn salted_keys_are_prefetched_and_counted_under_their_salt() {
     .await;
     assert_eq!(status, 202, "{reply}");
     let id = reply["request_id"].as_str().expect("id").to_owned();
-    let mut done = serde_json::Value::Null;
-    for _ in 0..300 {
-        let (_, v) =
-            crate::support::http::http(http, "GET", &format!("/cache/prefetches/{id}"), None, &[])
-                .await;
-        if v["status"] == "completed" {
-            done = v;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let path = format!("/cache/prefetches/{id}");
+    let done = eventually("the prefetch completed", STEP, async || {
+        let (_, v) = crate::support::http::http(http, "GET", &path, None, &[]).await;
+        (v["status"] == "completed").then_some(v)
+    })
+    .await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(
         (done["found_keys"].as_u64(), done["total_keys"].as_u64()),

@@ -51,27 +51,9 @@ async fn put_get_exist_list_health_round_trip_identical_bytes_with(model: Connec
     assert_eq!(other.get("k@small").await.expect("hit").1, b"replaced");
 
     let text = scrape(&node).await;
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="put",outcome="ok"}"#
-        ),
-        4.0
-    );
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="get",outcome="hit"}"#
-        ),
-        4.0
-    );
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="get",outcome="miss"}"#
-        ),
-        1.0
-    );
+    assert_eq!(requests(&text, "put", "ok"), 4.0);
+    assert_eq!(requests(&text, "get", "hit"), 4.0);
+    assert_eq!(requests(&text, "get", "miss"), 1.0);
     assert_eq!(
         sample(&text, r#"kvplane_node_tier_objects{tier="l1"}"#),
         3.0
@@ -356,13 +338,7 @@ async fn many_concurrent_clients_get_their_own_bytes_with(model: ConnectionModel
         within("client", t).await.expect("client passes");
     }
     let text = scrape(&node).await;
-    assert_eq!(
-        sample(
-            &text,
-            r#"kvplane_node_requests_total{command="get",outcome="hit"}"#
-        ),
-        (clients * per) as f64
-    );
+    assert_eq!(requests(&text, "get", "hit"), (clients * per) as f64);
     assert_eq!(
         sample(&text, "kvplane_node_connections_total"),
         clients as f64
@@ -544,9 +520,8 @@ async fn an_object_being_sent_is_pinned_and_never_evicted_mid_read() {
     reader
         .send_header(Command::Get, "big", 0, ObjectMeta::default())
         .await;
-    let hit = r#"kvplane_node_requests_total{command="get",outcome="hit"}"#;
     eventually("the GET reached the node", STEP, async || {
-        sample(&scrape(&node).await, hit) == 1.0
+        requests(&scrape(&node).await, "get", "hit") == 1.0
     })
     .await;
     // 38 MiB > 0.8 × 40 MiB: a cycle must free 7.6 MiB, and only the new object is evictable.
@@ -724,18 +699,10 @@ async fn force_deletes_an_object_mid_read_and_the_read_completes() {
     writer.health().await;
     let mut reader = Client::connect(&node).await;
     reader.send_header(Command::Get, key, 0, META).await;
-    let mut hits = 0.0;
-    for _ in 0..500 {
-        hits = sample(
-            &scrape(&node).await,
-            r#"kvplane_node_requests_total{command="get",outcome="hit"}"#,
-        );
-        if hits >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(hits, 1.0, "the GET is being answered");
+    eventually("the GET is being answered", STEP, async || {
+        requests(&scrape(&node).await, "get", "hit") == 1.0
+    })
+    .await;
     let delete =
         |force: bool| serde_json::json!({"keys": [key], "tier": "l1", "force": force}).to_string();
     let (status, reply) = http(addr, "DELETE", "/cache/objects", Some(&delete(false)), &[]).await;

@@ -186,6 +186,19 @@ impl LmcacheWorker {
     }
 }
 
+/// The two workers the controller tests run against one controller's `pull` / `reply`
+/// (`host:port`): "A" (instance `inst-A`, serving peers at the returned `host:port`) and "B"
+/// (`inst-B`, no peer address), each with its command socket on a free port. Not waited for:
+/// the caller waits for their `registered` events.
+pub async fn worker_pair(pull: &str, reply: &str) -> (LmcacheWorker, String, LmcacheWorker) {
+    let peer_a = format!("127.0.0.1:{}", super::free_port());
+    let a_args = worker_args(pull, reply, "inst-A", super::free_port(), Some(&peer_a));
+    let a = LmcacheWorker::start("A", &a_args).await;
+    let b_args = worker_args(pull, reply, "inst-B", super::free_port(), None);
+    let b = LmcacheWorker::start("B", &b_args).await;
+    (a, peer_a, b)
+}
+
 /// Flags for a worker pointed at kvplane's sockets.
 pub fn worker_args(
     pull: &str,

@@ -227,6 +227,13 @@ pub fn raw_header(ints: [i32; 9], key: &[u8]) -> [u8; REQUEST_HEADER_LEN] {
     raw
 }
 
+/// `kvplane_node_requests_total` of `command` with `outcome` in the scrape `text`.
+pub fn requests(text: &str, command: &str, outcome: &str) -> f64 {
+    let series =
+        format!(r#"kvplane_node_requests_total{{command="{command}",outcome="{outcome}"}}"#);
+    super::sample(text, &series)
+}
+
 /// `GET /metrics` over plain HTTP/1.0 on the node's HTTP port.
 pub async fn scrape(node: &NodeServer) -> String {
     let addr = node.addrs.http.expect("http configured");
