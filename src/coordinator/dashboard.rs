@@ -15,13 +15,14 @@ use super::driver::{Handle, LoopStats, Stopped};
 use super::fleet::Fleet;
 use super::model::Model;
 use crate::web::assets::{page, Frontend};
-use crate::web::history::{spawn_sampler, History, HistoryPage, Sample};
+use crate::web::history::{
+    feed_response, spawn_sampler, History, HistoryPage, HistoryQuery, Sample,
+};
 use axum::extract::{Query, State};
-use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use axum::Router;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -271,27 +272,12 @@ async fn read_feed(h: &Handle) -> Result<Feed, Stopped> {
         .await
 }
 
-/// `?history=1` adds the server-side history (the page asks for it on its first poll).
-#[derive(Deserialize)]
-struct FeedQuery {
-    history: Option<String>,
-}
-
-async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
+async fn feed(State(d): State<Dash>, Query(q): Query<HistoryQuery>) -> Response {
     let Ok(mut body) = read_feed(&d.api.handle).await else {
         return crate::web::error::ApiError::Unavailable("the coordinator is shutting down".into())
             .into_response();
     };
-    if q.history.as_deref() == Some("1") {
-        body.history = Some(d.history.page());
-    }
+    body.history = q.page(&d.history);
     body.cluster = d.api.cluster.as_ref().map(|c| c.json());
-    (
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ],
-        Json(body),
-    )
-        .into_response()
+    feed_response(&body)
 }

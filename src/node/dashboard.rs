@@ -13,14 +13,15 @@
 use super::metrics::NodeMetrics;
 use super::tiers::Tiers;
 use crate::web::assets::{page, Frontend};
-use crate::web::history::{spawn_sampler, unix_now, History, HistoryPage, Sample};
+use crate::web::history::{
+    feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
+};
 use axum::extract::{Query, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use prometheus::core::Collector;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::sync::Arc;
 
 /// Values per history sample: the node sends 10.
@@ -235,13 +236,7 @@ fn sample(tiers: &Tiers, m: &NodeMetrics, now: f64) -> Sample {
         .with("get_bytes", c.get_bytes as f64)
 }
 
-/// `?history=1` adds the server-side history (the page asks for it on its first poll).
-#[derive(Deserialize)]
-struct FeedQuery {
-    history: Option<String>,
-}
-
-async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
+async fn feed(State(d): State<Dash>, Query(q): Query<HistoryQuery>) -> Response {
     let usage = d.tiers.usage();
     let m = &d.metrics;
     let (l1_pinned, l2_pinned) = d.tiers.held_counts();
@@ -253,14 +248,7 @@ async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
         l2: has_l2(m).then(|| tier(&usage, m, "l2", l2_pinned)),
         counters: counters(m),
         commands: commands(m),
-        history: (q.history.as_deref() == Some("1")).then(|| d.history.page()),
+        history: q.page(&d.history),
     };
-    (
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ],
-        Json(body),
-    )
-        .into_response()
+    feed_response(&body)
 }

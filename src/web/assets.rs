@@ -137,46 +137,12 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::body::Body;
-    use axum::http::Request;
-    use http_body_util::BodyExt;
-    use serde_json::Value;
-    use tower::ServiceExt;
+    use crate::web::testing::{body_bytes, ctype, get_req, json};
 
     type Assets = Frontend;
 
     fn app() -> Router {
         routes::<Assets, ()>()
-    }
-
-    async fn get_req(app: Router, uri: &str, headers: &[(&str, &str)]) -> Response {
-        let mut req = Request::get(uri);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        app.oneshot(req.body(Body::empty()).expect("request"))
-            .await
-            .expect("infallible")
-    }
-
-    async fn body_bytes(resp: Response) -> Vec<u8> {
-        resp.into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes()
-            .to_vec()
-    }
-
-    async fn json(resp: Response) -> Value {
-        serde_json::from_slice(&body_bytes(resp).await).expect("JSON body")
-    }
-
-    fn ctype(resp: &Response) -> &str {
-        resp.headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
     }
 
     #[tokio::test]

@@ -8,12 +8,18 @@
 //! [`History::page`] sends one column per name seen in the samples kept, `null` where a
 //! sample lacks it.
 //!
+//! A feed asks for the history with `?history=1` ([`HistoryQuery`]) and is answered, not to
+//! be cached, by [`feed_response`].
+//!
 //! Memory is bounded: `capacity` samples of at most `max_series` values (16 bytes each), and
 //! a name table pruned to the names still used once it holds `4 × max_series`.
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use parking_lot::Mutex;
 use serde::ser::{SerializeSeq, Serializer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -242,6 +248,33 @@ impl History {
     pub fn names(&self) -> usize {
         self.ring.lock().names.len()
     }
+}
+
+/// `?history=1` on a dashboard's feed: the page asks for the history on its first poll.
+#[derive(Debug, Default, Deserialize)]
+pub struct HistoryQuery {
+    /// `1` asks for the history; anything else, or nothing, does not.
+    pub history: Option<String>,
+}
+
+impl HistoryQuery {
+    /// `history`'s page, when the query asks for it.
+    #[must_use]
+    pub fn page(&self, history: &History) -> Option<HistoryPage> {
+        (self.history.as_deref() == Some("1")).then(|| history.page())
+    }
+}
+
+/// A dashboard's feed answered: `body` as JSON, never cached (`no-store`), not sniffed.
+pub fn feed_response(body: &impl Serialize) -> Response {
+    (
+        [
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        Json(body),
+    )
+        .into_response()
 }
 
 /// Unix time now, in seconds.

@@ -23,7 +23,8 @@
 //! * `history` — a dashboard's server-side history: a bounded ring of samples and its sampler;
 //! * `limits` — the HTTP limits, their defaults and their reporting;
 //! * `stack` — [`stack::Stack`]: the layers every service's router is finished with;
-//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts.
+//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts;
+//! * `testing` — (tests only) one GET through a router and its body, JSON and content type.
 
 pub mod access;
 pub mod assets;
@@ -40,6 +41,8 @@ pub mod openapi;
 pub mod schema;
 pub mod serve;
 pub mod stack;
+#[cfg(test)]
+pub mod testing;
 
 pub use limits::HttpLimits;
 pub use serve::serve;

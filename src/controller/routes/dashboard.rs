@@ -12,12 +12,12 @@ use super::history::{History, HistoryPage};
 use crate::controller::Shared;
 use crate::index::{LocationView, WorkerView};
 use crate::web::error::{ApiError, FieldError};
+use crate::web::history::feed_response;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Router};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -291,14 +291,7 @@ async fn feed(
             _ => None,
         },
     };
-    Ok((
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ],
-        Json(body),
-    )
-        .into_response())
+    Ok(feed_response(&body))
 }
 
 #[cfg(test)]
@@ -306,11 +299,9 @@ mod tests {
     use super::*;
     use crate::config::ServeConfig;
     use crate::protocol::{ChunkHash, KVOpEvent, OpType};
-    use axum::body::Body;
-    use axum::http::{Request, StatusCode};
-    use http_body_util::BodyExt;
+    use crate::web::testing::{body_bytes, ctype, get_req, json};
+    use axum::http::{header, StatusCode};
     use serde_json::Value;
-    use tower::ServiceExt;
 
     fn app(shared: &Arc<Shared>) -> Router {
         routes().with_state(Arc::clone(shared))
@@ -318,36 +309,6 @@ mod tests {
 
     fn shared() -> Arc<Shared> {
         Arc::new(Shared::new(ServeConfig::ephemeral(), None))
-    }
-
-    async fn get_req(app: Router, uri: &str, headers: &[(&str, &str)]) -> Response {
-        let mut req = Request::get(uri);
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        app.oneshot(req.body(Body::empty()).expect("request"))
-            .await
-            .expect("infallible")
-    }
-
-    async fn body_bytes(resp: Response) -> Vec<u8> {
-        resp.into_body()
-            .collect()
-            .await
-            .expect("body")
-            .to_bytes()
-            .to_vec()
-    }
-
-    async fn json(resp: Response) -> Value {
-        serde_json::from_slice(&body_bytes(resp).await).expect("JSON body")
-    }
-
-    fn ctype(resp: &Response) -> &str {
-        resp.headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
     }
 
     fn ops(keys: std::ops::Range<i64>, first_seq: i64) -> Vec<KVOpEvent> {

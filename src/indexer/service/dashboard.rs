@@ -10,13 +10,14 @@
 
 use super::IndexerState;
 use crate::web::assets::{page, Frontend};
-use crate::web::history::{spawn_sampler, unix_now, History, HistoryPage, Sample};
+use crate::web::history::{
+    feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
+};
 use axum::extract::{Query, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
-use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use axum::Router;
+use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -250,13 +251,7 @@ fn sample(st: &IndexerState, now: f64) -> Sample {
         .with("connected", t.connected as f64)
 }
 
-/// `?history=1` adds the server-side history (the page asks for it on its first poll).
-#[derive(Deserialize)]
-struct FeedQuery {
-    history: Option<String>,
-}
-
-async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
+async fn feed(State(d): State<Dash>, Query(q): Query<HistoryQuery>) -> Response {
     let (totals, counters, publishers) = snapshot(&d.state);
     let body = Feed {
         server_time: (unix_now() * 1000.0).round() / 1000.0,
@@ -267,14 +262,7 @@ async fn feed(State(d): State<Dash>, Query(q): Query<FeedQuery>) -> Response {
         counters,
         publishers,
         cluster: super::cluster::readyz(&d.state).1,
-        history: (q.history.as_deref() == Some("1")).then(|| d.history.page()),
+        history: q.page(&d.history),
     };
-    (
-        [
-            (header::CACHE_CONTROL, "no-store"),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        ],
-        Json(body),
-    )
-        .into_response()
+    feed_response(&body)
 }
