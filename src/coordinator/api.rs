@@ -524,29 +524,20 @@ async fn prefetch(
         "model_name": b.model_name, "world_size": b.world_size,
         "token_ids": b.token_ids, "cache_salt": b.cache_salt,
     });
-    let fwd = serde_json::to_vec(&fwd).map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    let failed = |why: String| {
-        ApiError::BadGateway(format!(
-            "prefetch submit to '{}' failed: {why}",
-            b.instance_id
-        ))
-    };
-    let reply = outbound::call(
+    let v = outbound::call_json(
         &ip,
         port,
-        "POST",
-        "/cache/prefetches",
-        Some(&fwd),
+        ("POST", "/cache/prefetches"),
+        &fwd,
         s.outbound_timeout,
+        |why| {
+            ApiError::BadGateway(format!(
+                "prefetch submit to '{}' failed: {why}",
+                b.instance_id
+            ))
+        },
     )
-    .await
-    .map_err(|e| failed(e.to_string()))?;
-    let text = String::from_utf8_lossy(&reply.body);
-    if !(200..300).contains(&reply.status) {
-        return Err(failed(format!("status {}: {text}", reply.status)));
-    }
-    let v: Value = serde_json::from_slice(&reply.body)
-        .map_err(|_| failed(format!("unreadable reply: {text}")))?;
+    .await?;
     let request_id = v.get("request_id").and_then(Value::as_str).unwrap_or("");
     let chunks = v
         .get("chunks")

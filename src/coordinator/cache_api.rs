@@ -187,27 +187,15 @@ pub(crate) async fn delete(
     let (mut deleted, mut skipped) = (0u64, 0u64);
     if !send.is_empty() {
         let payload = json!({"keys": send, "tier": tier, "force": b.force});
-        let payload =
-            serde_json::to_vec(&payload).map_err(|e| ApiError::BadGateway(e.to_string()))?;
-        let failed = |why: String| {
-            ApiError::BadGateway(format!("delete to '{}' failed: {why}", b.instance_id))
-        };
-        let reply = outbound::call(
+        let v = outbound::call_json(
             &ip,
             port,
-            "DELETE",
-            "/cache/objects",
-            Some(&payload),
+            ("DELETE", "/cache/objects"),
+            &payload,
             s.outbound_timeout,
+            |why| ApiError::BadGateway(format!("delete to '{}' failed: {why}", b.instance_id)),
         )
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-        let text = String::from_utf8_lossy(&reply.body);
-        if !(200..300).contains(&reply.status) {
-            return Err(failed(format!("status {}: {text}", reply.status)));
-        }
-        let v: Value = serde_json::from_slice(&reply.body)
-            .map_err(|_| failed(format!("unreadable reply: {text}")))?;
+        .await?;
         deleted = v.get("deleted").and_then(Value::as_u64).unwrap_or(0);
         skipped = v.get("skipped").and_then(Value::as_u64).unwrap_or(0);
     }

@@ -90,6 +90,15 @@ fn record_longest(slot: &AtomicU64, started: std::time::Instant) {
     slot.fetch_max(us, Ordering::Relaxed);
 }
 
+/// Runs one job on an owner's `state` (its clocks read now) and records its time in
+/// `longest`; returns when it started.
+fn run_job<S>(job: Job<S>, state: &mut S, longest: &AtomicU64) -> std::time::Instant {
+    let started = std::time::Instant::now();
+    job(state, Instant::now().into_std(), wall_now());
+    record_longest(longest, started);
+    started
+}
+
 /// The owner has stopped (shutdown).
 #[derive(Debug, thiserror::Error)]
 #[error("the coordinator is shutting down")]
@@ -288,9 +297,7 @@ async fn key_owner(
             () = shutdown.cancelled() => break,
             job = rx.recv() => match job {
                 Some(job) => {
-                    let started = std::time::Instant::now();
-                    job(&mut keys, Instant::now().into_std(), wall_now());
-                    record_longest(&stats.key_owner_longest_job_us, started);
+                    let started = run_job(job, &mut keys, &stats.key_owner_longest_job_us);
                     // Let the tasks the replies woke (and anything else queued on this
                     // worker) run: after a long job, and at least every YIELD_EVERY jobs.
                     since_yield += 1;
@@ -390,9 +397,7 @@ async fn fleet_owner(
             () = shutdown.cancelled() => break,
             job = rx.recv() => match job {
                 Some(job) => {
-                    let started = std::time::Instant::now();
-                    job(&mut members, Instant::now().into_std(), wall_now());
-                    record_longest(&handle.stats.fleet_owner_longest_job_us, started);
+                    run_job(job, &mut members, &handle.stats.fleet_owner_longest_job_us);
                 }
                 None => break,
             },
