@@ -1,7 +1,7 @@
 //! The coordinator's calls to MP servers (eviction delete, prefetch submit and poll, the
-//! startup resync's pages): the shared bounded client of [`crate::web::client`] — one request
-//! per connection, a deadline over connect + write + read, a capped `Content-Length` reply
-//! (chunked replies are refused, a 502 for the caller) — as `kvplane-coordinator`.
+//! startup resync's pages): the shared bounded client of [`crate::web::client`] — a deadline
+//! over connect + write + read, a reply body capped whatever its framing (beyond it, a 502 for
+//! the caller), at most one idle connection kept per MP server — as `kvplane-coordinator`.
 
 use crate::web::error::ApiError;
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! Calls to engines: hyper-util's pooled HTTP/1 client with a connect timeout, a deadline
+//! Calls to engines: the shared pooled HTTP/1 client (`web::client`) with a connect timeout, a deadline
 //! for the response head, and, for bodies passed through, an idle timeout between chunks.
 //! A failure says whether the request may go to another engine (nothing was sent) or not.
 
@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
 /// The pooled client every engine call goes through.
@@ -16,13 +15,7 @@ pub type HttpClient = Client<HttpConnector, Body>;
 /// Builds the client: `connect` bounds each TCP connect; idle pooled connections are closed
 /// after 90 s.
 pub fn client(connect: Duration) -> HttpClient {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect));
-    http.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(256)
-        .build(http)
+    crate::web::client::pooled(Some(connect), Duration::from_secs(90), 256)
 }
 
 /// Why an engine call failed.

@@ -1,28 +1,46 @@
-//! A minimal HTTP/1.1 client for service-to-service JSON calls: one request per connection
-//! (`Connection: close`), a deadline over connect + write + read, a cap on the reply, and
-//! `Content-Length` replies only (chunked ones are refused). The services call small JSON
-//! routes of one another (uvicorn or axum answer with `Content-Length`); this keeps every
-//! bound visible here and adds no dependency.
+//! The HTTP client of every service: hyper's HTTP/1 client through hyper-util's pooled client.
+//! [`pooled`] builds one (the router's calls to engines hold their own, with their own pool
+//! size); [`call`] is the bounded JSON call services make to one another (the coordinator to
+//! MP servers, a node to its coordinator): a deadline over connect + write + read, the reply
+//! body capped at [`MAX_REPLY_BYTES`] whether it comes with a `Content-Length`, chunked or up
+//! to the close, and few idle connections kept per peer.
+//!
+//! Owns the client and its bounds only: what a reply means is the caller's.
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use std::sync::OnceLock;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-/// Largest reply body read.
+/// Largest reply body read by [`call`].
 pub const MAX_REPLY_BYTES: usize = 4 << 20;
+
+/// Idle connections [`call`] keeps per peer: a node's batches to its coordinator reuse one;
+/// a coordinator of 10,000 MP servers holds at most one idle connection to each, for
+/// [`CALL_IDLE`] at most.
+const CALL_IDLE_PER_PEER: usize = 1;
+
+/// How long an idle connection of [`call`] stays open.
+const CALL_IDLE: Duration = Duration::from_secs(15);
 
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The request is not one HTTP can carry (a host or path with bad characters).
+    #[error("bad request: {0}")]
+    Request(#[from] hyper::http::Error),
     /// Connect, write or read failed.
     #[error("{0}")]
-    Io(#[from] std::io::Error),
+    Transport(#[from] hyper_util::client::legacy::Error),
     /// No complete reply within the deadline.
     #[error("no reply within {0:?}")]
     Timeout(Duration),
-    /// The reply is not HTTP/1.x we understand, or too large.
+    /// The reply body broke off, or is larger than [`MAX_REPLY_BYTES`].
     #[error("bad reply: {0}")]
-    BadReply(&'static str),
+    BadReply(String),
 }
 
 /// A reply: status and body.
@@ -32,6 +50,32 @@ pub struct Reply {
     pub status: u16,
     /// Body bytes.
     pub body: Vec<u8>,
+}
+
+/// A pooled HTTP/1 client: `connect` bounds each TCP connect (`None`: the caller's own
+/// deadline does), idle connections close after `idle`, at most `idle_per_host` kept per peer.
+pub fn pooled<B>(
+    connect: Option<Duration>,
+    idle: Duration,
+    idle_per_host: usize,
+) -> Client<HttpConnector, B>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+{
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(connect);
+    http.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(idle)
+        .pool_max_idle_per_host(idle_per_host)
+        .build(http)
+}
+
+/// The client every [`call`] of this process goes through.
+fn shared() -> &'static Client<HttpConnector, Full<Bytes>> {
+    static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
+    CLIENT.get_or_init(|| pooled(None, CALL_IDLE, CALL_IDLE_PER_PEER))
 }
 
 /// Sends `method path` with an optional JSON body to `host:port`, as `user_agent`.
@@ -47,105 +91,122 @@ pub async fn call(
     timeout: Duration,
     user_agent: &str,
 ) -> Result<Reply, ClientError> {
-    tokio::time::timeout(
-        timeout,
-        call_inner(host, port, method, path, json, user_agent),
-    )
+    let authority = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{authority}{path}"))
+        .header(hyper::header::ACCEPT, "application/json")
+        .header(hyper::header::USER_AGENT, user_agent);
+    if json.is_some() {
+        req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    let req = req.body(Full::new(Bytes::copy_from_slice(json.unwrap_or_default())))?;
+    tokio::time::timeout(timeout, async {
+        let resp = shared().request(req).await?;
+        let status = resp.status().as_u16();
+        let body = Limited::new(resp.into_body(), MAX_REPLY_BYTES)
+            .collect()
+            .await
+            .map_err(|e| ClientError::BadReply(e.to_string()))?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            body: body.to_vec(),
+        })
+    })
     .await
     .map_err(|_| ClientError::Timeout(timeout))?
-}
-
-async fn call_inner(
-    host: &str,
-    port: u16,
-    method: &str,
-    path: &str,
-    json: Option<&[u8]>,
-    user_agent: &str,
-) -> Result<Reply, ClientError> {
-    let mut stream = TcpStream::connect((host, port)).await?;
-    let body = json.unwrap_or_default();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\nAccept: application/json\r\nUser-Agent: {user_agent}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if json.is_some() {
-        head.push_str("Content-Type: application/json\r\n");
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body).await?;
-    let mut buf = Vec::new();
-    let limit = (MAX_REPLY_BYTES + 16 * 1024) as u64;
-    (&mut stream).take(limit + 1).read_to_end(&mut buf).await?;
-    if buf.len() as u64 > limit {
-        return Err(ClientError::BadReply("reply too large"));
-    }
-    parse_reply(&buf)
-}
-
-/// Parses a complete HTTP/1.x reply (read to EOF).
-fn parse_reply(buf: &[u8]) -> Result<Reply, ClientError> {
-    let end = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or(ClientError::BadReply("no header end"))?;
-    let head = std::str::from_utf8(&buf[..end]).map_err(|_| ClientError::BadReply("head"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    if !parts.next().unwrap_or_default().starts_with("HTTP/1.") {
-        return Err(ClientError::BadReply("not HTTP/1.x"));
-    }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or(ClientError::BadReply("status"))?;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let (name, value) = (name.trim(), value.trim());
-        if name.eq_ignore_ascii_case("transfer-encoding") && !value.eq_ignore_ascii_case("identity")
-        {
-            return Err(ClientError::BadReply("chunked reply"));
-        }
-        if name.eq_ignore_ascii_case("content-length") {
-            length = Some(
-                value
-                    .parse::<usize>()
-                    .map_err(|_| ClientError::BadReply("content-length"))?,
-            );
-        }
-    }
-    let rest = &buf[end + 4..];
-    let body = match length {
-        Some(n) if n > MAX_REPLY_BYTES => return Err(ClientError::BadReply("reply too large")),
-        Some(n) if n > rest.len() => return Err(ClientError::BadReply("truncated body")),
-        Some(n) => rest[..n].to_vec(),
-        None => rest.to_vec(),
-    };
-    Ok(Reply { status, body })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
 
-    #[test]
-    fn parses_replies_and_refuses_what_it_cannot_bound() {
-        let r = parse_reply(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\n{}extra").unwrap();
+    /// A peer that reads one request head and answers `reply` as written, then closes.
+    async fn peer(reply: Vec<u8>) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            let _ = s.write_all(&reply).await;
+            let _ = s.shutdown().await;
+        });
+        port
+    }
+
+    async fn get(port: u16) -> Result<Reply, ClientError> {
+        call(
+            "127.0.0.1",
+            port,
+            "GET",
+            "/x",
+            None,
+            Duration::from_secs(5),
+            "t",
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn reads_every_framing_and_refuses_what_it_cannot_bound() {
+        let ok = |p: &[u8]| p.to_vec();
+        let port = peer(ok(b"HTTP/1.1 202 Accepted\r\ncontent-length: 2\r\n\r\n{}")).await;
+        let r = get(port).await.unwrap();
         assert_eq!((r.status, r.body.as_slice()), (202, &b"{}"[..]));
-        let r = parse_reply(b"HTTP/1.0 404 Not Found\r\n\r\nnope").unwrap();
+        let port = peer(ok(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        ))
+        .await;
+        assert_eq!(get(port).await.unwrap().body, b"{}");
+        let port = peer(ok(b"HTTP/1.0 404 Not Found\r\n\r\nnope")).await;
+        let r = get(port).await.unwrap();
         assert_eq!((r.status, r.body.as_slice()), (404, &b"nope"[..]));
-        for bad in [
-            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"[..],
-            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}",
-            b"SSH-2.0\r\n\r\n",
-            b"HTTP/1.1 200 OK\r\n",
-        ] {
-            assert!(parse_reply(bad).is_err());
-        }
+        // A body cut short, a reply that is not HTTP, a body over the cap.
+        let port = peer(ok(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}")).await;
+        assert!(matches!(get(port).await, Err(ClientError::BadReply(_))));
+        let port = peer(ok(b"SSH-2.0\r\n\r\n")).await;
+        assert!(matches!(get(port).await, Err(ClientError::Transport(_))));
+        let mut big = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            MAX_REPLY_BYTES + 1
+        )
+        .into_bytes();
+        big.resize(big.len() + MAX_REPLY_BYTES + 1, b' ');
+        let port = peer(big).await;
+        assert!(matches!(get(port).await, Err(ClientError::BadReply(_))));
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_times_out_and_a_closed_port_fails() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let r = call(
+            "127.0.0.1",
+            port,
+            "GET",
+            "/",
+            None,
+            Duration::from_millis(200),
+            "t",
+        )
+        .await;
+        assert!(matches!(r, Err(ClientError::Timeout(_))));
+        drop(l);
+        assert!(matches!(get(port).await, Err(ClientError::Transport(_))));
     }
 }
