@@ -2,15 +2,9 @@
 //! pre-encoded vLLM stream is applied in full (the run fails otherwise), every timed `/query`
 //! answer shows its prompt on the right instance, and the counts add up. No timing is asserted.
 
+use crate::bench_smoke::{scenario, timed_bench_args};
 use crate::support::within;
-use clap::Parser;
 use kvplane::indexer::service::{start, IndexerConfig};
-
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    bench: kvplane::bench::indexer::IndexerBenchArgs,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn indexer_scenario_applies_the_stream_and_answers_every_query() {
@@ -18,9 +12,7 @@ async fn indexer_scenario_applies_the_stream_and_answers_every_query() {
         .await
         .expect("start");
     let url = format!("http://{}", server.addr);
-    let pid = std::process::id().to_string();
-    let args = Wrapper::parse_from([
-        "bench",
+    let args = timed_bench_args(&[
         "--url",
         &url,
         "--blocks",
@@ -35,14 +27,8 @@ async fn indexer_scenario_applies_the_stream_and_answers_every_query() {
         "6",
         "--queries",
         "100",
-        "--pid",
-        &pid,
-        "--timeout",
-        "30",
     ]);
-    let report = within("bench", kvplane::bench::indexer::run(&args.bench))
-        .await
-        .expect("bench runs");
+    let report = scenario(kvplane::bench::indexer::run(&args)).await;
     assert_eq!(report.wrong_answers, 0, "{}", report.summary());
     assert_eq!(report.messages, 150, "3000 blocks in prompts of 20");
     assert_eq!(report.blocks, 3000);

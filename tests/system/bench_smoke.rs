@@ -1,24 +1,47 @@
 //! `kvplane bench` with tiny counts against an in-process kvplane: every scenario runs, every
 //! op is applied, every lookup answer is right; then the coordinator and node scenarios of
 //! `kvplane bench coordinator` / `kvplane bench node` against an in-process coordinator and node.
-//! No timing is asserted.
+//! No timing is asserted. The parsing of a scenario's flags and its bounded run are shared
+//! with `bench_indexer.rs`.
 
 use crate::support::*;
-use clap::Parser;
+use clap::{Args, Parser};
+use std::future::Future;
 
+/// The flags of one `kvplane bench` scenario, parsed as the CLI parses them.
 #[derive(Parser)]
-struct Wrapper {
+struct Bench<A: Args> {
     #[command(flatten)]
-    bench: kvplane::bench::BenchArgs,
+    args: A,
+}
+
+/// Parses `kvplane bench` `flags` into a scenario's arguments.
+pub(crate) fn bench_args<A: Args>(flags: &[&str]) -> A {
+    Bench::<A>::parse_from(std::iter::once("bench").chain(flags.iter().copied())).args
+}
+
+/// [`bench_args`] with `--timeout 30` and this process's `--pid` (the run samples its memory).
+pub(crate) fn timed_bench_args<A: Args>(flags: &[&str]) -> A {
+    let pid = std::process::id().to_string();
+    bench_args(&[flags, &["--timeout", "30", "--pid", &pid]].concat())
+}
+
+/// A bound for a whole tiny scenario (two one-second phases plus setup, in a debug build).
+const SCENARIO: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Awaits a scenario's run, bounded by [`SCENARIO`]; the test fails unless it succeeds.
+pub(crate) async fn scenario<R>(run: impl Future<Output = Result<R, String>>) -> R {
+    tokio::time::timeout(SCENARIO, run)
+        .await
+        .expect("the scenario finishes")
+        .unwrap_or_else(|e| panic!("the scenario fails: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_runs_every_scenario_with_tiny_counts() {
     let server = server().await;
-    let pid = std::process::id().to_string();
     let http = format!("http://{}", server.addrs.http);
-    let args = Wrapper::parse_from([
-        "bench",
+    let args = timed_bench_args(&[
         "--pull",
         &ep(server.addrs.pull),
         "--reply",
@@ -49,15 +72,8 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
         "300",
         "--churn-lanes",
         "4",
-        "--timeout",
-        "30",
-        "--pid",
-        &pid,
-    ])
-    .bench;
-    let report = within("bench run", kvplane::bench::run(&args))
-        .await
-        .expect("bench succeeds");
+    ]);
+    let report = scenario(kvplane::bench::run(&args)).await;
     let ingest = report.ingest.as_ref().expect("ingest ran");
     assert_eq!(ingest.ops, 3000);
     assert!(ingest.applied_ops_per_sec > 0.0);
@@ -83,21 +99,6 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
     server.stop().await;
 }
 
-#[derive(Parser)]
-struct CoordinatorWrapper {
-    #[command(flatten)]
-    bench: kvplane::bench::coordinator::CoordinatorBenchArgs,
-}
-
-#[derive(Parser)]
-struct NodeWrapper {
-    #[command(flatten)]
-    bench: kvplane::bench::node::NodeBenchArgs,
-}
-
-/// A bound for a whole tiny scenario (two one-second phases plus setup, in a debug build).
-const SCENARIO: std::time::Duration = std::time::Duration::from_secs(60);
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_scenario_applies_every_event_and_cleans_up() {
     let coordinator = kvplane::coordinator::start(
@@ -106,9 +107,7 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
     .await
     .expect("coordinator starts");
     let url = format!("http://{}", coordinator.addr);
-    let pid = std::process::id().to_string();
-    let args = CoordinatorWrapper::parse_from([
-        "bench",
+    let args = timed_bench_args(&[
         "--url",
         &url,
         "--servers",
@@ -121,16 +120,8 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
         "10",
         "--salts",
         "3",
-        "--timeout",
-        "30",
-        "--pid",
-        &pid,
-    ])
-    .bench;
-    let report = tokio::time::timeout(SCENARIO, kvplane::bench::coordinator::run(&args))
-        .await
-        .expect("the scenario finishes")
-        .expect("the scenario succeeds");
+    ]);
+    let report = scenario(kvplane::bench::coordinator::run(&args)).await;
     // One beat per server per phase, every one answered 200.
     assert_eq!(report.heartbeat_idle.count, 20);
     assert_eq!(report.heartbeat_loaded.count, 20);
@@ -173,8 +164,7 @@ async fn coordinator_scenario_with_event_batches_posts_exactly_that_many() {
     .await
     .expect("coordinator starts");
     let url = format!("http://{}", coordinator.addr);
-    let args = CoordinatorWrapper::parse_from([
-        "bench",
+    let args = bench_args(&[
         "--url",
         &url,
         "--servers",
@@ -189,19 +179,13 @@ async fn coordinator_scenario_with_event_batches_posts_exactly_that_many() {
         "3",
         "--timeout",
         "30",
-    ])
-    .bench;
-    let report = tokio::time::timeout(SCENARIO, kvplane::bench::coordinator::run(&args))
-        .await
-        .expect("the scenario finishes")
-        .expect("the scenario succeeds");
+    ]);
+    let report = scenario(kvplane::bench::coordinator::run(&args)).await;
     // 2 senders × 3 batches × 10 entries, whatever the phase's seconds allowed.
     assert_eq!(report.events, 60, "{report:?}");
     assert_eq!(report.event_request.count, 6);
     assert_eq!(report.heartbeat_loaded.count, 4);
-    let zero = CoordinatorWrapper::try_parse_from(["bench", "--event-batches", "0"])
-        .expect("parses")
-        .bench;
+    let zero = bench_args(&["--event-batches", "0"]);
     let err = kvplane::bench::coordinator::run(&zero)
         .await
         .expect_err("zero batches is refused");
@@ -215,9 +199,7 @@ async fn node_scenario_stores_and_reads_back_every_object() {
         .await
         .expect("node starts");
     let addr = node.addrs.lm.to_string();
-    let pid = std::process::id().to_string();
-    let args = NodeWrapper::parse_from([
-        "bench",
+    let args = timed_bench_args(&[
         "--addr",
         &addr,
         "--clients",
@@ -226,16 +208,8 @@ async fn node_scenario_stores_and_reads_back_every_object() {
         "16384,65536",
         "--bytes-per-size",
         "262144",
-        "--timeout",
-        "30",
-        "--pid",
-        &pid,
-    ])
-    .bench;
-    let report = tokio::time::timeout(SCENARIO, kvplane::bench::node::run(&args))
-        .await
-        .expect("the scenario finishes")
-        .expect("the scenario succeeds (every GET returned the bytes put)");
+    ]);
+    let report = scenario(kvplane::bench::node::run(&args)).await;
     assert_eq!(report.sizes.len(), 2);
     for (s, (size, per_client)) in report.sizes.iter().zip([(16384, 8), (65536, 2)]) {
         assert_eq!((s.size, s.objects_per_client), (size, per_client));
@@ -252,8 +226,7 @@ async fn node_scenario_stores_and_reads_back_every_object() {
     node.stop().await;
 
     // The baseline needs no server and stores nothing.
-    let args = NodeWrapper::parse_from([
-        "bench",
+    let args = bench_args(&[
         "--baseline",
         "--clients",
         "2",
@@ -261,12 +234,8 @@ async fn node_scenario_stores_and_reads_back_every_object() {
         "16384",
         "--bytes-per-size",
         "65536",
-    ])
-    .bench;
-    let report = tokio::time::timeout(SCENARIO, kvplane::bench::node::run(&args))
-        .await
-        .expect("the baseline finishes")
-        .expect("the baseline succeeds");
+    ]);
+    let report = scenario(kvplane::bench::node::run(&args)).await;
     assert_eq!(report.target, "baseline");
     assert_eq!(report.sizes[0].get.ops, 4);
 }
