@@ -30,42 +30,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import os
 import sys
 import threading
 import time
-import traceback
 from types import SimpleNamespace
 from typing import Any, Optional
 
-# stdout belongs to the JSON protocol; everything else goes to stderr.
-_JSON_OUT = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-_OUT_LOCK = threading.Lock()
+# The JSON protocol on stdout (imported first: it moves stdout's other writers to stderr).
+from worker_protocol import FakeKey, ReportingHooks, run_driver, serve_commands
+from worker_protocol import emit, jsonable as _jsonable
+
 os.environ.setdefault("LMCACHE_TRACK_USAGE", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set, frozenset)):
-        return [_jsonable(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if hasattr(v, "value") and isinstance(getattr(v, "value"), (str, int)):
-        return v.value
-    return repr(v)
-
-
-def emit(event: str, **fields: Any) -> None:
-    line = json.dumps({"event": event, **_jsonable(fields)}, separators=(",", ":"))
-    with _OUT_LOCK:
-        _JSON_OUT.write(line + "\n")
-        _JSON_OUT.flush()
-
 
 import torch  # noqa: E402  (the real one: lmcache's modules import it)
 
@@ -90,15 +67,6 @@ except ImportError:  # up to 0.3.11
     from lmcache.config import LMCacheEngineMetadata as Metadata
 
 LOCAL_CPU = "LocalCPUBackend"
-
-
-class FakeKey:
-    """Stands in for CacheEngineKey: full sync reads .chunk_hash."""
-
-    __slots__ = ("chunk_hash",)
-
-    def __init__(self, chunk_hash: int):
-        self.chunk_hash = chunk_hash
 
 
 class FakeEngine:
@@ -149,7 +117,7 @@ class FakeEngine:
         return self._record("lookup", {"tokens": tokens}, len(tokens or []))
 
 
-class ObservedWorker(worker_mod.LMCacheWorker):
+class ObservedWorker(ReportingHooks, worker_mod.LMCacheWorker):
     """The version's LMCacheWorker; each hook calls the real method."""
 
     heartbeats = 0
@@ -174,32 +142,6 @@ class ObservedWorker(worker_mod.LMCacheWorker):
         ret = await super()._send_heartbeat_msg(msg)
         self.heartbeats += 1
         return ret
-
-    def _handle_heartbeat_commands(self, ret_msg):
-        if ret_msg.has_commands():
-            emit("heartbeat_commands", commands=[
-                {"command_type": type(c).__struct_config__.tag, "reason": c.reason}
-                for c in ret_msg.commands])
-        return super()._handle_heartbeat_commands(ret_msg)
-
-    def _get_full_sync_sender(self):
-        created = self._full_sync_sender is None
-        sender = super()._get_full_sync_sender()
-        if created:
-            real = sender.start_full_sync
-
-            async def start_full_sync(reason=None):
-                emit("full_sync_started", reason=reason)
-                ok = False
-                try:
-                    ok = await real(reason)
-                    return ok
-                finally:
-                    emit("full_sync_finished", ok=bool(ok), reason=reason)
-
-            sender.start_full_sync = start_full_sync
-        return sender
-
 
 def build(a: argparse.Namespace):
     extra = {"full_sync_startup_delay_s": 0.2, "full_sync_status_poll_interval_s": 0.3,
@@ -300,36 +242,12 @@ class Driver:
     def run(self) -> int:
         emit("ready", version=VERSION, batched_ops=BATCHED, register_reply=REQ_REP_REGISTER,
              pid=os.getpid())
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                c = json.loads(line)
-                name = c["cmd"]
-            except Exception as e:
-                emit("error", error=f"bad command line: {e}")
-                continue
-            if name == "close":
-                self.close()
-                emit("closed", **({"id": c["id"]} if "id" in c else {}))
-                return 0
-            fn = getattr(self, f"cmd_{name}", None)
-            if fn is None:
-                emit("error", error=f"unknown cmd {name!r}")
-                continue
-            try:
-                reply = fn(c)
-            except Exception as e:
-                traceback.print_exc()
-                emit("error", error=f"{type(e).__name__}: {e}", **({"id": c["id"]} if "id" in c else {}))
-                continue
-            if "id" in c:
-                reply["id"] = c["id"]
-            emit(reply.pop("event"), **reply)
-        self.close()
-        emit("closed", reason="stdin_eof")
-        return 0
+
+        def close(c: dict) -> dict:
+            self.close()
+            return {}
+
+        return serve_commands(self, close)
 
 
 def main() -> int:
@@ -342,16 +260,7 @@ def main() -> int:
     p.add_argument("--peer-init-url", default=None)
     p.add_argument("--heartbeat-time", type=float, default=1.0)
     p.add_argument("--ip", default="127.0.0.1")
-    a = p.parse_args()
-    try:
-        d = Driver(a)
-    except Exception as e:
-        traceback.print_exc()
-        emit("error", error=f"startup failed: {type(e).__name__}: {e}")
-        return 2
-    rc = d.run()
-    _JSON_OUT.flush()
-    os._exit(rc)
+    return run_driver(lambda: Driver(p.parse_args()))
 
 
 if __name__ == "__main__":

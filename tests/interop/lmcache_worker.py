@@ -58,40 +58,15 @@ import os
 import sys
 import threading
 import time
-import traceback
 from types import SimpleNamespace
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-# --- stdout belongs to the JSON protocol -----------------------------------
-# Keep a private handle on the real stdout and point fd 1 (and sys.stdout) at
-# stderr, so stray prints/log handlers can never corrupt the JSON stream.
-_JSON_OUT = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-_OUT_LOCK = threading.Lock()
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set, frozenset)):
-        return [_jsonable(x) for x in v]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if hasattr(v, "value") and isinstance(getattr(v, "value"), (str, int)):
-        return v.value  # enums
-    return repr(v)
-
-
-def emit(event: str, **fields: Any) -> None:
-    line = json.dumps({"event": event, **_jsonable(fields)}, separators=(",", ":"))
-    with _OUT_LOCK:
-        _JSON_OUT.write(line + "\n")
-        _JSON_OUT.flush()
-
+# The JSON protocol on stdout (imported first: it moves stdout's other writers to stderr).
+from worker_protocol import FakeKey, ReportingHooks, run_driver, serve_commands  # noqa: E402
+from worker_protocol import emit, jsonable as _jsonable  # noqa: E402
 
 # --- environment, stub torch, lmcache --------------------------------------
 import stub_torch  # noqa: E402
@@ -117,18 +92,6 @@ LOCAL_CPU = "LocalCPUBackend"
 
 
 # --- fake engine -------------------------------------------------------------
-class FakeKey:
-    """Stands in for lmcache.utils.CacheEngineKey: full sync reads .chunk_hash."""
-
-    __slots__ = ("chunk_hash",)
-
-    def __init__(self, chunk_hash: int):
-        self.chunk_hash = chunk_hash
-
-    def __repr__(self) -> str:
-        return f"FakeKey({self.chunk_hash})"
-
-
 class FakeLocalCPUBackend:
     """What FullSyncSender touches: get_keys() and str(backend)."""
 
@@ -256,7 +219,7 @@ class FakeEngine:
 
 
 # --- the real worker, observed ----------------------------------------------
-class ObservedWorker(worker_mod.LMCacheWorker):
+class ObservedWorker(ReportingHooks, worker_mod.LMCacheWorker):
     """LMCacheWorker with reporting hooks; every hook calls the real method."""
 
     heartbeats_sent = 0
@@ -294,31 +257,6 @@ class ObservedWorker(worker_mod.LMCacheWorker):
             self.heartbeat_idle.set()
         self.heartbeats_sent += 1
         return ret
-
-    def _handle_heartbeat_commands(self, ret_msg):
-        if ret_msg.has_commands():
-            emit("heartbeat_commands", commands=[
-                {"command_type": type(c).__struct_config__.tag, "reason": c.reason,
-                 "args": c.args} for c in ret_msg.commands])
-        return super()._handle_heartbeat_commands(ret_msg)
-
-    def _get_full_sync_sender(self):
-        created = self._full_sync_sender is None
-        sender = super()._get_full_sync_sender()
-        if created:
-            real = sender.start_full_sync
-
-            async def start_full_sync(reason=None):
-                emit("full_sync_started", reason=reason)
-                ok = False
-                try:
-                    ok = await real(reason)
-                    return ok
-                finally:
-                    emit("full_sync_finished", ok=bool(ok), reason=reason)
-
-            sender.start_full_sync = start_full_sync
-        return sender
 
 
 # --- driver -------------------------------------------------------------------
@@ -544,55 +482,17 @@ class Driver:
         emit("ready", instance_id=a.instance_id, worker_id=a.worker_id,
              worker_port=a.worker_port, ip=a.ip, peer_init_url=a.peer_init_url,
              pid=os.getpid())
-        for line in sys.stdin:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                c = json.loads(line)
-                name = c["cmd"]
-            except Exception as e:
-                emit("error", error=f"bad command line: {e}", line=line)
-                continue
-            if name == "close":
-                info = self.close(c.get("mode", "deregister"))
-                emit("closed", **info, **({"id": c["id"]} if "id" in c else {}))
-                return 0
-            if name == "crash":
-                emit("crashing")
-                os._exit(3)
-            fn = getattr(self, f"cmd_{name}", None)
-            if fn is None:
-                emit("error", error=f"unknown cmd {name!r}", cmd=c)
-                continue
-            try:
-                reply = fn(c)
-            except Exception as e:
-                traceback.print_exc()
-                emit("error", error=f"{type(e).__name__}: {e}", cmd=c)
-                continue
-            if "id" in c:
-                reply["id"] = c["id"]
-            ev = reply.pop("event")
-            emit(ev, **reply)
-        # stdin EOF: shut down cleanly (deregister)
-        info = self.close()
-        emit("closed", reason="stdin_eof", **info)
-        return 0
+
+        def crash(c: dict) -> None:
+            emit("crashing")
+            os._exit(3)
+
+        return serve_commands(self, lambda c: self.close(c.get("mode", "deregister")),
+                              {"crash": crash})
 
 
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    try:
-        d = Driver(a)
-    except Exception as e:
-        traceback.print_exc()
-        emit("error", error=f"startup failed: {type(e).__name__}: {e}")
-        return 2
-    rc = d.run()
-    _JSON_OUT.flush()
-    # daemon threads (sender, worker loop) must not keep us alive
-    os._exit(rc)
+    return run_driver(lambda: Driver(parse_args(argv)))
 
 
 if __name__ == "__main__":
