@@ -28,136 +28,27 @@
 //! [`KeyStore::memory_bytes`] counts the real allocations; the `memory_per_key` test asserts
 //! the bound.
 
-use super::holders::{HolderDump, Holders, FLEET};
+use super::holders::{Holders, FLEET};
 pub(crate) use super::objkey::{lookup_compact, CompactKey, HEX};
 pub use super::objkey::{EncodedKey, KeyError};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use indexmap::IndexSet;
 use std::hash::BuildHasher;
 
-/// Slots per arena segment.
-pub(crate) const SEGMENT: usize = 4 * 1024;
+#[path = "keys_slots.rs"]
+mod slots;
+use slots::{at, at_mut, push_newest, unlink, SaltKeys, Slot, NIL};
+pub(crate) use slots::{Placement, SEGMENT};
+
+#[path = "keys_dump.rs"]
+mod dump;
+pub use dump::KeysDump;
+
 /// Keys of one salt at which its table is split into [`SHARDS`] tables.
 pub(crate) const SPLIT_AT: usize = 64 * 1024;
 /// Tables of a split salt (a power of two).
 pub(crate) const SHARDS: usize = 256;
 pub(crate) use super::objkey::MAX_HASH_BYTES;
-
-/// No slot (the end of an LRU list).
-const NIL: u32 = u32::MAX;
-
-/// One copy of a key: its holder, backend and size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Placement {
-    /// Holder index ([`super::holders`]; [`FLEET`] for a shared backend).
-    pub(crate) holder: u16,
-    /// Backend index.
-    pub(crate) backend: u8,
-    /// In a slot's first placement: 1 when more placements are in the side table.
-    more: u8,
-    /// Bytes.
-    pub(crate) size: u32,
-}
-
-#[derive(Clone, Copy)]
-struct Slot {
-    key: CompactKey,
-    /// Older neighbour in the salt's LRU list.
-    prev: u32,
-    /// Newer neighbour.
-    next: u32,
-    first: Placement,
-}
-
-/// One salt's keys: its hash tables (one, or [`SHARDS`] once split), LRU list and byte total.
-struct SaltKeys {
-    tables: Vec<HashTable<u32>>,
-    len: usize,
-    /// Bytes of its placements with a live holder.
-    bytes: u64,
-    /// Object groups a key of this salt was ever stored in (bit per group; never cleared,
-    /// so it may list a group with no key left: lookups then find nothing).
-    groups: [u64; 4],
-    /// Least recently used slot.
-    head: u32,
-    /// Most recently used slot.
-    tail: u32,
-}
-
-impl Default for SaltKeys {
-    fn default() -> Self {
-        SaltKeys {
-            tables: vec![HashTable::new()],
-            len: 0,
-            bytes: 0,
-            groups: [0; 4],
-            head: NIL,
-            tail: NIL,
-        }
-    }
-}
-
-impl SaltKeys {
-    /// The table a hash belongs to: bits 40.. of the hash (hashbrown uses the low bits for
-    /// the bucket and the top 7 for its tag, so a shard's table stays well spread).
-    fn shard(&self, h: u64) -> usize {
-        (h >> 40) as usize & (self.tables.len() - 1)
-    }
-
-    fn table(&self, h: u64) -> &HashTable<u32> {
-        &self.tables[self.shard(h)]
-    }
-
-    fn table_mut(&mut self, h: u64) -> &mut HashTable<u32> {
-        let i = self.shard(h);
-        &mut self.tables[i]
-    }
-
-    fn indices(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tables.iter().flat_map(|t| t.iter().copied())
-    }
-}
-
-fn at(segments: &[Vec<Slot>], i: u32) -> &Slot {
-    let i = i as usize;
-    &segments[i / SEGMENT][i % SEGMENT]
-}
-
-fn at_mut(segments: &mut [Vec<Slot>], i: u32) -> &mut Slot {
-    let i = i as usize;
-    &mut segments[i / SEGMENT][i % SEGMENT]
-}
-
-/// Takes slot `i` out of its salt's LRU list.
-fn unlink(segments: &mut [Vec<Slot>], s: &mut SaltKeys, i: u32) {
-    let Slot { prev, next, .. } = *at(segments, i);
-    if prev == NIL {
-        s.head = next;
-    } else {
-        at_mut(segments, prev).next = next;
-    }
-    if next == NIL {
-        s.tail = prev;
-    } else {
-        at_mut(segments, next).prev = prev;
-    }
-}
-
-/// Puts slot `i` at the most recent end of its salt's LRU list.
-fn push_newest(segments: &mut [Vec<Slot>], s: &mut SaltKeys, i: u32) {
-    let tail = s.tail;
-    {
-        let slot = at_mut(segments, i);
-        slot.prev = tail;
-        slot.next = NIL;
-    }
-    if tail == NIL {
-        s.head = i;
-    } else {
-        at_mut(segments, tail).next = i;
-    }
-    s.tail = i;
-}
 
 /// Why a store was not tracked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,28 +85,6 @@ pub(crate) struct KeyStore {
     pub(crate) holders: Holders,
 }
 
-/// The key store's content in a snapshot: model names in interning order (keys refer to them
-/// by index), the holder and backend tables, and each salt in order with its object-group
-/// bits and its keys, least recently used first, each with its placements.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct KeysDump {
-    models: Vec<String>,
-    holders: Vec<HolderDump>,
-    backends: Vec<String>,
-    salts: Vec<SaltDump>,
-}
-
-/// `(hash, group, model index, kv_rank, [(holder, backend, size)])`.
-type KeyDump = (serde_bytes::ByteBuf, u8, u16, u32, Vec<(u16, u8, u32)>);
-
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-struct SaltDump {
-    salt: String,
-    groups: [u64; 4],
-    /// Least recently used first.
-    keys: Vec<KeyDump>,
-}
-
 impl KeyStore {
     /// Empty; at most `max_holders` holders (the fleet included).
     pub(crate) fn new(max_holders: usize) -> Self {
@@ -230,92 +99,6 @@ impl KeyStore {
             extra: 0,
             holders: Holders::new(max_holders),
         }
-    }
-
-    /// The content for a snapshot ([`KeysDump`]).
-    pub(crate) fn dump(&self) -> KeysDump {
-        let salts = self
-            .salts
-            .iter()
-            .map(|(salt, s)| {
-                let mut keys = Vec::with_capacity(s.len);
-                let mut i = s.head;
-                while i != NIL {
-                    let slot = self.slot(i);
-                    let key = slot.key;
-                    let hash = key.hash[..usize::from(key.hash_len)].to_vec();
-                    let places = self
-                        .placements(i)
-                        .map(|p| (p.holder, p.backend, p.size))
-                        .collect();
-                    keys.push((
-                        serde_bytes::ByteBuf::from(hash),
-                        key.group,
-                        key.model,
-                        key.kv_rank,
-                        places,
-                    ));
-                    i = slot.next;
-                }
-                SaltDump {
-                    salt: salt.clone(),
-                    groups: s.groups,
-                    keys,
-                }
-            })
-            .collect();
-        let (holders, backends) = self.holders.dump();
-        KeysDump {
-            models: self.models.iter().cloned().collect(),
-            holders,
-            backends,
-            salts,
-        }
-    }
-
-    /// A store holding `dump`'s keys in its LRU order, within `limits`.
-    ///
-    /// # Errors
-    /// A key that does not fit (a bad hash, model, holder or backend index) or a limit.
-    pub(crate) fn restore(
-        dump: KeysDump,
-        limits: Limits,
-        max_holders: usize,
-    ) -> Result<Self, String> {
-        let mut store = KeyStore::new(max_holders);
-        store.holders = Holders::restore(max_holders, dump.holders, dump.backends)?;
-        for m in dump.models {
-            store.models.insert(m);
-        }
-        for s in dump.salts {
-            for (hash, group, model, kv_rank, places) in s.keys {
-                if hash.len() > MAX_HASH_BYTES || usize::from(model) >= store.models.len() {
-                    return Err(format!("a key of salt {:?} does not fit", s.salt));
-                }
-                let mut key = CompactKey {
-                    hash: [0; MAX_HASH_BYTES],
-                    hash_len: u8::try_from(hash.len()).unwrap_or(0),
-                    group,
-                    model,
-                    kv_rank,
-                };
-                key.hash[..hash.len()].copy_from_slice(&hash);
-                for (holder, backend, size) in places {
-                    let known = store.holders.get(holder).is_some()
-                        && usize::from(backend) < store.holders.backends.len();
-                    if !known {
-                        return Err(format!("a placement of salt {:?} does not fit", s.salt));
-                    }
-                    store
-                        .store(&s.salt, key, holder, backend, size, limits)
-                        .map_err(|e| format!("{e:?} limit reached"))?;
-                }
-            }
-            if let Some(salt) = store.salts.get_mut(&s.salt) {
-                salt.groups = s.groups;
-            }
-        }
-        Ok(store)
     }
 
     /// Keys tracked over all salts.
