@@ -8,10 +8,7 @@
 // screenshot. Fails on any console error, page error (a CSP violation included) or request
 // that leaves the base origin. Prints a JSON report as its last line; exits 1 on failure.
 
-import { chromium } from "playwright-core";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { inBrowser, openPage, reporter } from "./harness.mjs";
 
 const [base, shot, expectJson] = process.argv.slice(2);
 if (!base || !shot || !expectJson) {
@@ -19,43 +16,11 @@ if (!base || !shot || !expectJson) {
   process.exit(2);
 }
 const expect = JSON.parse(expectJson);
-const origin = new URL(base).origin;
-const STEP_MS = 20000;
-const report = { ok: false, checks: [] };
-const problems = [];
-const log = (msg) => { report.checks.push(msg); console.log(`[browser] ${msg}`); };
-const check = (cond, msg) => { if (!cond) throw new Error(`check failed: ${msg}`); log(`ok: ${msg}`); };
+const { report, check } = reporter("browser");
 
-const profile = mkdtempSync(join(tmpdir(), "kvplane-chromium-"));
-let context;
-let page;
-try {
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-      "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
-    ],
-    viewport: { width: 1440, height: 900 },
-    deviceScaleFactor: 1,
-    colorScheme: process.env.KVPLANE_COLOR_SCHEME === "light" ? "light" : "dark",
-    timeout: STEP_MS,
-  });
-  context.setDefaultTimeout(STEP_MS);
-  context.on("request", (req) => {
-    const url = req.url();
-    if (!url.startsWith(`${origin}/`) && !url.startsWith("data:")) problems.push(`request left the host: ${url}`);
-  });
-  page = context.pages()[0] || (await context.newPage());
-  page.on("console", (m) => { if (m.type() === "error") problems.push(`console error: ${m.text()}`); });
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-
+await inBrowser({ base, report, failureName: `kvplane-dashboard-failure-${process.pid}.png` }, async (page) => {
   // 1. Load with a fast poll so the charts fill within seconds.
-  const resp = await page.goto(`${base}/?interval=500`, { waitUntil: "load" });
-  check(resp && resp.status() === 200, `GET / answered 200 (${resp && resp.status()})`);
-  check((resp.headers()["content-security-policy"] || "").includes("connect-src 'self'"), "the page has a same-origin CSP");
+  await openPage(page, base, check);
 
   // 2. Totals and workers.
   await page.waitForFunction((n) => document.querySelector('[data-k="workers"]')?.textContent.replace(/,/g, "") === String(n), expect.workers);
@@ -152,20 +117,4 @@ try {
   await page.waitForTimeout(400);
   await page.screenshot({ path: shot, fullPage: false });
   check(true, `screenshot saved to ${shot}`);
-
-  if (problems.length) throw new Error(problems.join("\n"));
-  report.ok = true;
-} catch (e) {
-  report.error = String(e && e.stack ? e.stack : e);
-  if (problems.length) report.problems = problems;
-  console.error(report.error);
-  if (page) {
-    const failed = join(tmpdir(), `kvplane-dashboard-failure-${process.pid}.png`);
-    await page.screenshot({ path: failed }).then(() => console.error(`screenshot of the failure: ${failed}`), () => {});
-  }
-} finally {
-  if (context) await context.close().catch(() => {});
-  rmSync(profile, { recursive: true, force: true });
-}
-console.log(JSON.stringify(report));
-process.exit(report.ok ? 0 : 1);
+});

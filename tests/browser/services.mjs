@@ -11,10 +11,7 @@
 // any console error, page error (a CSP violation included) or request that leaves the base
 // origin. Prints a JSON report as its last line; exits 1 on failure.
 
-import { chromium } from "playwright-core";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { inBrowser, openPage, reporter, STEP_MS } from "./harness.mjs";
 
 const [base, kind, shot, expectJson] = process.argv.slice(2);
 if (!base || !kind || !shot || !expectJson) {
@@ -23,12 +20,8 @@ if (!base || !kind || !shot || !expectJson) {
 }
 const expect = JSON.parse(expectJson);
 const origin = new URL(base).origin;
-const STEP_MS = 20000;
-const report = { ok: false, page: kind, checks: [] };
-const problems = [];
+const { report, check } = reporter(`browser:${kind}`, { page: kind });
 const posts = [];
-const log = (msg) => { report.checks.push(msg); console.log(`[browser:${kind}] ${msg}`); };
-const check = (cond, msg) => { if (!cond) throw new Error(`check failed: ${msg}`); log(`ok: ${msg}`); };
 const num = (s) => Number(String(s).replace(/,/g, ""));
 
 /** Waits until canvas `id` has at least `n` points in its window. */
@@ -179,39 +172,20 @@ async function controllerClusterPage(page) {
   check(true, `the worker table lists the followed workers`);
 }
 
-const profile = mkdtempSync(join(tmpdir(), "kvplane-chromium-"));
-let context;
-let page;
-try {
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: "/usr/bin/chromium",
-    headless: true,
-    args: [
-      "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-      "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
-    ],
-    viewport: { width: 1440, height: expect.height || 900 },
-    deviceScaleFactor: 1,
-    colorScheme: process.env.KVPLANE_COLOR_SCHEME === "light" ? "light" : "dark",
-    timeout: STEP_MS,
-  });
-  context.setDefaultTimeout(STEP_MS);
-  context.on("request", (req) => {
-    const url = req.url();
-    if (!url.startsWith(`${origin}/`) && !url.startsWith("data:")) problems.push(`request left the host: ${url}`);
-    if (req.method() !== "GET") {
-      const hd = req.headers();
-      posts.push({ url, method: req.method(), type: hd["content-type"] || "", origin: hd.origin || "" });
-    }
-  });
-  page = context.pages()[0] || (await context.newPage());
-  page.on("console", (m) => { if (m.type() === "error") problems.push(`console error: ${m.text()}`); });
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
+/** Every request other than a GET, for the checks that the pages send none but /query. */
+function recordPosts(req) {
+  if (req.method() !== "GET") {
+    const hd = req.headers();
+    posts.push({ url: req.url(), method: req.method(), type: hd["content-type"] || "", origin: hd.origin || "" });
+  }
+}
 
-  const resp = await page.goto(`${base}/?interval=500`, { waitUntil: "load" });
-  check(resp && resp.status() === 200, `GET / answered 200 (${resp && resp.status()})`);
-  check((resp.headers()["content-security-policy"] || "").includes("connect-src 'self'"), "the page has a same-origin CSP");
+const run = {
+  base, report, height: expect.height || 900, onRequest: recordPosts,
+  failureName: `kvplane-${kind}-failure-${process.pid}.png`, failureFullPage: true,
+};
+await inBrowser(run, async (page) => {
+  await openPage(page, base, check);
   const title = await page.title();
   check(title.includes(expect.title), `the page is the ${kind} page (${title})`);
 
@@ -227,19 +201,4 @@ try {
   await page.waitForTimeout(300);
   await page.screenshot({ path: shot, fullPage: !!expect.full_page });
   check(true, `screenshot saved to ${shot}`);
-  if (problems.length) throw new Error(problems.join("\n"));
-  report.ok = true;
-} catch (e) {
-  report.error = String(e && e.stack ? e.stack : e);
-  if (problems.length) report.problems = problems;
-  console.error(report.error);
-  if (page) {
-    const failed = join(tmpdir(), `kvplane-${kind}-failure-${process.pid}.png`);
-    await page.screenshot({ path: failed, fullPage: true }).then(() => console.error(`screenshot of the failure: ${failed}`), () => {});
-  }
-} finally {
-  if (context) await context.close().catch(() => {});
-  rmSync(profile, { recursive: true, force: true });
-}
-console.log(JSON.stringify(report));
-process.exit(report.ok ? 0 : 1);
+});
