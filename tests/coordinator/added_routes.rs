@@ -4,7 +4,7 @@
 //! the reference material as `spec/mp-coordinator/coordinator_probe_0.5.6.txt`; the bodies
 //! below are copied from it).
 
-use crate::app::{app, call, config_with, quiet_config, register};
+use crate::app::{app, call, config_with, get, post, put, quiet_config, register};
 use axum::http::StatusCode;
 use axum::Router;
 use kvplane::coordinator::{driver, openapi};
@@ -22,46 +22,34 @@ async fn quota_config_sets_reads_and_validates_the_default() {
     let (app, handle) = default_app();
     // Boot: null, salts without a quota exempt (0.5.6's; `--default-quota-gb` changes it).
     assert_eq!(
-        call(&app, "GET", "/quota/config", None).await,
+        get(&app, "/quota/config").await,
         (StatusCode::OK, json!({"default_limit_gb": null}))
     );
     // The allowlist: 0 GiB for salts without a quota; GET /quota shows it as their limit.
     assert_eq!(
-        call(
-            &app,
-            "PUT",
-            "/quota/config",
-            Some(r#"{"default_limit_gb": 0}"#)
-        )
-        .await,
+        put(&app, "/quota/config", r#"{"default_limit_gb": 0}"#).await,
         (StatusCode::OK, json!({"default_limit_gb": 0.0}))
     );
-    let (_, row) = call(&app, "GET", "/quota/nobody", None).await;
+    let (_, row) = get(&app, "/quota/nobody").await;
     assert_eq!(
         row,
         json!({"cache_salt": "nobody", "quota_limit_gb": 0.0, "quota_exists": false,
                "usage_gb": 0.0, "effective_limit_gb": 0.0, "limit_source": "default"})
     );
     // An unknown field is a 422 naming it, never a silent reset (0.5.6 resets to null, Q10).
-    let (code, body) = call(&app, "PUT", "/quota/config", Some(r#"{"limit_gb": 5}"#)).await;
+    let (code, body) = put(&app, "/quota/config", r#"{"limit_gb": 5}"#).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["detail"][0]["loc"], json!(["body", "limit_gb"]));
     assert_eq!(
-        call(&app, "GET", "/quota/config", None).await.1,
+        get(&app, "/quota/config").await.1,
         json!({"default_limit_gb": 0.0})
     );
     assert_eq!(
-        call(
-            &app,
-            "PUT",
-            "/quota/config",
-            Some(r#"{"default_limit_gb": 2.5}"#)
-        )
-        .await,
+        put(&app, "/quota/config", r#"{"default_limit_gb": 2.5}"#).await,
         (StatusCode::OK, json!({"default_limit_gb": 2.5}))
     );
     assert_eq!(
-        call(&app, "GET", "/quota/config?tier=l2", None).await,
+        get(&app, "/quota/config?tier=l2").await,
         (StatusCode::OK, json!({"default_limit_gb": 2.5}))
     );
     assert_eq!(
@@ -71,53 +59,34 @@ async fn quota_config_sets_reads_and_validates_the_default() {
     // {} and null both exempt salts without a quota, as in 0.5.6.
     for body in [r#"{"default_limit_gb": null}"#, "{}"] {
         assert_eq!(
-            call(&app, "PUT", "/quota/config", Some(body)).await,
+            put(&app, "/quota/config", body).await,
             (StatusCode::OK, json!({"default_limit_gb": null}))
         );
     }
     assert_eq!(
-        call(&app, "GET", "/quota/config", None).await.1,
+        get(&app, "/quota/config").await.1,
         json!({"default_limit_gb": null})
     );
     // Codes.
-    let (code, body) = call(
-        &app,
-        "PUT",
-        "/quota/config",
-        Some(r#"{"default_limit_gb": -1}"#),
-    )
-    .await;
+    let (code, body) = put(&app, "/quota/config", r#"{"default_limit_gb": -1}"#).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(
         body["detail"][0]["loc"],
         json!(["body", "default_limit_gb"])
     );
-    let (code, body) = call(
+    let (code, body) = put(
         &app,
-        "PUT",
         "/quota/config",
-        Some(r#"{"default_limit_gb": 1, "tier": "l1"}"#),
+        r#"{"default_limit_gb": 1, "tier": "l1"}"#,
     )
     .await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
     assert_eq!(body["detail"], "quotas apply to tier 'l2' only, not 'l1'");
-    let (code, body) = call(
-        &app,
-        "PUT",
-        "/quota/config",
-        Some(r#"{"default_limit_gb": 1e300}"#),
-    )
-    .await;
+    let (code, body) = put(&app, "/quota/config", r#"{"default_limit_gb": 1e300}"#).await;
     assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
-    let (code, body) = call(
-        &app,
-        "PUT",
-        "/quota/config",
-        Some(r#"{"default_limit_gb": "x"}"#),
-    )
-    .await;
+    let (code, body) = put(&app, "/quota/config", r#"{"default_limit_gb": "x"}"#).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    let (code, body) = call(&app, "GET", "/quota/config?tier=l1", None).await;
+    let (code, body) = get(&app, "/quota/config?tier=l1").await;
     assert_eq!(
         (code, body["detail"].as_str()),
         (
@@ -125,7 +94,7 @@ async fn quota_config_sets_reads_and_validates_the_default() {
             Some("quotas apply to tier 'l2' only, not 'l1'")
         )
     );
-    let (code, body) = call(&app, "GET", "/quota/config?tier=xx", None).await;
+    let (code, body) = get(&app, "/quota/config?tier=xx").await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["detail"][0]["loc"], json!(["query", "tier"]));
     // Nothing above changed the default.
@@ -139,13 +108,7 @@ async fn quota_config_sets_reads_and_validates_the_default() {
 async fn quota_routes_take_the_tier_parameter() {
     let (app, _) = default_app();
     assert_eq!(
-        call(
-            &app,
-            "PUT",
-            "/quota/user-a",
-            Some(r#"{"limit_gb": 1.5, "tier": "l2"}"#)
-        )
-        .await,
+        put(&app, "/quota/user-a", r#"{"limit_gb": 1.5, "tier": "l2"}"#).await,
         (
             StatusCode::OK,
             json!({"cache_salt": "user-a", "limit_gb": 1.5, "status": "ok"})
@@ -156,35 +119,26 @@ async fn quota_routes_take_the_tier_parameter() {
         ("all", "quotas apply to tier 'l2' only, not 'all'"),
     ] {
         let body = format!(r#"{{"limit_gb": 1, "tier": "{tier}"}}"#);
-        let (code, got) = call(&app, "PUT", "/quota/user-a", Some(&body)).await;
+        let (code, got) = put(&app, "/quota/user-a", &body).await;
         assert_eq!(
             (code, got["detail"].as_str()),
             (StatusCode::BAD_REQUEST, Some(detail))
         );
     }
     // Tier names are case-sensitive: 422 at the body's tier, as FastAPI's enum check.
-    let (code, got) = call(
-        &app,
-        "PUT",
-        "/quota/user-a",
-        Some(r#"{"limit_gb": 1, "tier": "L2"}"#),
-    )
-    .await;
+    let (code, got) = put(&app, "/quota/user-a", r#"{"limit_gb": 1, "tier": "L2"}"#).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(got["detail"][0]["loc"], json!(["body", "tier"]));
     // Reads: l2 (explicit or default) answers; all is 400 as in 0.5.6; l1 is 400 (not tracked).
     let row = json!({"cache_salt": "user-a", "quota_limit_gb": 1.5, "quota_exists": true, "usage_gb": 0.0,
                      "effective_limit_gb": 1.5, "limit_source": "quota"});
     for uri in ["/quota/user-a", "/quota/user-a?tier=l2"] {
-        assert_eq!(
-            call(&app, "GET", uri, None).await,
-            (StatusCode::OK, row.clone())
-        );
+        assert_eq!(get(&app, uri).await, (StatusCode::OK, row.clone()));
     }
-    let (code, got) = call(&app, "GET", "/quota?tier=l2", None).await;
+    let (code, got) = get(&app, "/quota?tier=l2").await;
     assert_eq!((code, &got["by_cache_salt"][0]), (StatusCode::OK, &row));
     for uri in ["/quota/user-a?tier=all", "/quota?tier=all"] {
-        let (code, got) = call(&app, "GET", uri, None).await;
+        let (code, got) = get(&app, uri).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "{uri}");
         assert_eq!(
             got["detail"],
@@ -192,12 +146,12 @@ async fn quota_routes_take_the_tier_parameter() {
         );
     }
     for uri in ["/quota/user-a?tier=l1", "/quota?tier=l1"] {
-        let (code, got) = call(&app, "GET", uri, None).await;
+        let (code, got) = get(&app, uri).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "{uri}");
         assert!(got["detail"].as_str().unwrap().contains("L2 usage only"));
     }
     for uri in ["/quota/user-a?tier=xx", "/quota?tier=xx"] {
-        let (code, got) = call(&app, "GET", uri, None).await;
+        let (code, got) = get(&app, uri).await;
         assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{uri}");
         assert_eq!(got["detail"][0]["loc"], json!(["query", "tier"]));
     }
@@ -222,7 +176,7 @@ async fn quota_routes_take_the_tier_parameter() {
 #[tokio::test]
 async fn openapi_lists_exactly_the_routes_served() {
     let (app, _) = default_app();
-    let (code, doc) = call(&app, "GET", "/openapi.json", None).await;
+    let (code, doc) = get(&app, "/openapi.json").await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
     let paths = doc["paths"].as_object().unwrap();
@@ -240,7 +194,7 @@ async fn openapi_lists_exactly_the_routes_served() {
         }
     }
     // A route not listed is not served (0.5.3's event route): the one 404 of every service.
-    let (code, body) = call(&app, "POST", "/directory/events", Some("{}")).await;
+    let (code, body) = post(&app, "/directory/events", "{}").await;
     assert_eq!(code, StatusCode::NOT_FOUND);
     assert_eq!(
         (&body["detail"], &body["reason"]),
@@ -271,7 +225,7 @@ async fn pins_resolve_tokens_count_and_list() {
     let (app, handle) = app_chunk16();
     let tokens = bench_tokens();
     assert_eq!(
-        call(&app, "POST", "/cache/pins", Some(&pin_body(&tokens, "", 1))).await,
+        post(&app, "/cache/pins", &pin_body(&tokens, "", 1)).await,
         (
             StatusCode::OK,
             json!({"requested": 4, "affected": 4, "status": "pinned"})
@@ -279,26 +233,14 @@ async fn pins_resolve_tokens_count_and_list() {
     );
     // World size 2: one key per rank; the chunk hash ignores the salt.
     assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/cache/pins",
-            Some(&pin_body(&tokens[..16], "t", 2))
-        )
-        .await,
+        post(&app, "/cache/pins", &pin_body(&tokens[..16], "t", 2)).await,
         (
             StatusCode::OK,
             json!({"requested": 1, "affected": 2, "status": "pinned"})
         )
     );
-    call(
-        &app,
-        "POST",
-        "/cache/pins",
-        Some(&pin_body(&tokens[..16], "", 1)),
-    )
-    .await;
-    let (code, got) = call(&app, "GET", "/cache/pins", None).await;
+    post(&app, "/cache/pins", &pin_body(&tokens[..16], "", 1)).await;
+    let (code, got) = get(&app, "/cache/pins").await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(got["total"], 6);
     assert_eq!(
@@ -307,31 +249,18 @@ async fn pins_resolve_tokens_count_and_list() {
                        "kv_rank": 16777472, "object_group_id": 0, "cache_salt": ""},
                "pin_count": 2})
     );
-    let (_, got) = call(
-        &app,
-        "GET",
-        "/cache/pins?cache_salt=t&limit=1&offset=1",
-        None,
-    )
-    .await;
+    let (_, got) = get(&app, "/cache/pins?cache_salt=t&limit=1&offset=1").await;
     assert_eq!(got["total"], 2);
     assert_eq!(got["pins"][0]["key"]["kv_rank"], 33620481);
     assert_eq!(
-        call(&app, "GET", "/cache/pins?model_name=other", None)
-            .await
-            .1,
+        get(&app, "/cache/pins?model_name=other").await.1,
         json!({"total": 0, "pins": []})
     );
     // Under one chunk: nothing pinned.
     assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/cache/pins",
-            Some(&pin_body(&tokens[..15], "", 1))
-        )
-        .await
-        .1,
+        post(&app, "/cache/pins", &pin_body(&tokens[..15], "", 1))
+            .await
+            .1,
         json!({"requested": 0, "affected": 0, "status": "pinned"})
     );
     // Unpin: counted down; at zero the key leaves.
@@ -373,11 +302,11 @@ async fn pins_resolve_tokens_count_and_list() {
     }
     let model_at = r#"{"model_name": "a@b", "world_size": 1, "token_ids": []}"#;
     assert_eq!(
-        call(&app, "POST", "/cache/pins", Some(model_at)).await.0,
+        post(&app, "/cache/pins", model_at).await.0,
         StatusCode::BAD_REQUEST
     );
     for q in ["limit=0", "limit=10001", "offset=-1", "limit=x"] {
-        let (code, _) = call(&app, "GET", &format!("/cache/pins?{q}"), None).await;
+        let (code, _) = get(&app, &format!("/cache/pins?{q}")).await;
         assert!(code.is_client_error(), "{q}: {code}");
     }
     assert_eq!(handle.with(|m, _, _| m.pins.len()).await.unwrap(), 3);
@@ -426,20 +355,13 @@ async fn cache_delete_holds_back_pinned_keys_unless_forced() {
     register(&app, "mp-a", addr.port()).await;
     let tokens = bench_tokens();
     // Pin the first chunk.
-    call(
-        &app,
-        "POST",
-        "/cache/pins",
-        Some(&pin_body(&tokens[..16], "", 1)),
-    )
-    .await;
+    post(&app, "/cache/pins", &pin_body(&tokens[..16], "", 1)).await;
     // tier all, not forced: the pinned key is held back (skipped), 3 sent.
     assert_eq!(
-        call(
+        post(
             &app,
-            "POST",
             "/cache/delete",
-            Some(&delete_body("mp-a", &tokens, "all", false))
+            &delete_body("mp-a", &tokens, "all", false)
         )
         .await,
         (
@@ -463,20 +385,18 @@ async fn cache_delete_holds_back_pinned_keys_unless_forced() {
         assert!(!sent.contains(&json!(BENCH_KEY0)));
     }
     // tier l1 ignores L2 pins: all 4 sent.
-    let (_, got) = call(
+    let (_, got) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-a", &tokens, "l1", false)),
+        &delete_body("mp-a", &tokens, "l1", false),
     )
     .await;
     assert_eq!(got["affected"], 4);
     // force: all sent, and the pin is gone.
-    let (_, got) = call(
+    let (_, got) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-a", &tokens, "l2", true)),
+        &delete_body("mp-a", &tokens, "l2", true),
     )
     .await;
     assert_eq!(
@@ -487,11 +407,10 @@ async fn cache_delete_holds_back_pinned_keys_unless_forced() {
     assert_eq!(handle.with(|m, _, _| m.pins.len()).await.unwrap(), 0);
     // Under one chunk: noop, nothing sent.
     assert_eq!(
-        call(
+        post(
             &app,
-            "POST",
             "/cache/delete",
-            Some(&delete_body("mp-a", &tokens[..3], "all", false))
+            &delete_body("mp-a", &tokens[..3], "all", false)
         )
         .await
         .1,
@@ -499,26 +418,24 @@ async fn cache_delete_holds_back_pinned_keys_unless_forced() {
     );
     assert_eq!(seen.lock().unwrap().len(), 3);
     // Codes: unknown instance 404, bad tier / world size 422, bad salt 400.
-    let (code, got) = call(
+    let (code, got) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("nobody", &tokens, "all", false)),
+        &delete_body("nobody", &tokens, "all", false),
     )
     .await;
     assert_eq!(code, StatusCode::NOT_FOUND);
     assert!(got["detail"].as_str().unwrap().contains("nobody"));
-    let (code, _) = call(
+    let (code, _) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-a", &tokens, "L2", false)),
+        &delete_body("mp-a", &tokens, "L2", false),
     )
     .await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     let bad_salt = json!({"instance_id": "mp-a", "model_name": "m", "world_size": 1, "token_ids": tokens, "cache_salt": "a@b"}).to_string();
     assert_eq!(
-        call(&app, "POST", "/cache/delete", Some(&bad_salt)).await.0,
+        post(&app, "/cache/delete", &bad_salt).await.0,
         StatusCode::BAD_REQUEST
     );
     assert_eq!(seen.lock().unwrap().len(), 3);
@@ -530,11 +447,10 @@ async fn cache_delete_is_502_when_the_server_fails_or_is_gone() {
     let (addr, _) = fake_mp(500).await;
     register(&app, "mp-err", addr.port()).await;
     let tokens = bench_tokens();
-    let (code, got) = call(
+    let (code, got) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-err", &tokens, "all", false)),
+        &delete_body("mp-err", &tokens, "all", false),
     )
     .await;
     assert_eq!(code, StatusCode::BAD_GATEWAY);
@@ -547,11 +463,10 @@ async fn cache_delete_is_502_when_the_server_fails_or_is_gone() {
     let port = free.local_addr().unwrap().port();
     drop(free);
     register(&app, "mp-gone", port).await;
-    let (code, _) = call(
+    let (code, _) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-gone", &tokens, "all", false)),
+        &delete_body("mp-gone", &tokens, "all", false),
     )
     .await;
     assert_eq!(code, StatusCode::BAD_GATEWAY);
@@ -560,12 +475,12 @@ async fn cache_delete_is_502_when_the_server_fails_or_is_gone() {
 #[tokio::test]
 async fn a_missing_field_is_named_in_loc() {
     let (app, _) = default_app();
-    let (code, got) = call(&app, "POST", "/instances", Some(r#"{"http_port": 8080}"#)).await;
+    let (code, got) = post(&app, "/instances", r#"{"http_port": 8080}"#).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(got["detail"][0]["loc"], json!(["body", "ip"]));
     // Nested: the path to the object, then the field.
     let body = r#"{"batches": [{"instance_id": "a", "seq": 1, "event_type": "store", "tier": "l2", "backend": "fs", "entries": [{"size_bytes": 1}]}]}"#;
-    let (code, got) = call(&app, "POST", "/events", Some(body)).await;
+    let (code, got) = post(&app, "/events", body).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{got}");
     assert_eq!(
         got["detail"][0]["loc"],
@@ -578,11 +493,10 @@ async fn a_missing_field_is_named_in_loc() {
 #[tokio::test]
 async fn instance_usage_joins_event_bytes_to_declared_capacity() {
     let (app, _) = default_app();
-    let (code, _) = call(
+    let (code, _) = post(
         &app,
-        "POST",
         "/instances",
-        Some(r#"{"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9}"#),
+        r#"{"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9}"#,
     )
     .await;
     assert_eq!(code, StatusCode::OK);
@@ -607,7 +521,7 @@ async fn instance_usage_joins_event_bytes_to_declared_capacity() {
         batch(5, "store", "l2", "nfs", true, json!([{"key": key("03"), "size_bytes": 1000}])),
         batch(6, "store", "l2", "fs", false, json!([{"key": key("04"), "size_bytes": 30}])),
     ]});
-    let (code, v) = call(&app, "POST", "/events", Some(&body.to_string())).await;
+    let (code, v) = post(&app, "/events", &body.to_string()).await;
     assert_eq!((code, v["applied"].clone()), (StatusCode::OK, json!(6)));
     let dram = json!({"tier": "l1", "backend": "dram", "shared": false, "used_bytes": 100,
                       "capacity_bytes": 1000, "usage_ratio": 0.1});
@@ -616,19 +530,19 @@ async fn instance_usage_joins_event_bytes_to_declared_capacity() {
     let mp_a = json!({"instance_id": "mp-a", "registered": true, "declared_capacity": true,
                       "modules": [dram, fs]});
     assert_eq!(
-        call(&app, "GET", "/instances/mp-a/usage", None).await,
+        get(&app, "/instances/mp-a/usage").await,
         (StatusCode::OK, mp_a.clone())
     );
     let shared = json!([{"tier": "l2", "backend": "nfs", "shared": true, "used_bytes": 1000,
                          "capacity_bytes": 4000, "usage_ratio": 0.25}]);
     assert_eq!(
-        call(&app, "GET", "/instances/usage", None).await,
+        get(&app, "/instances/usage").await,
         (
             StatusCode::OK,
             json!({"instances": [mp_a], "shared_modules": shared.clone()})
         )
     );
-    let (code, v) = call(&app, "GET", "/instances/nobody/usage", None).await;
+    let (code, v) = get(&app, "/instances/nobody/usage").await;
     assert_eq!(code, StatusCode::NOT_FOUND);
     assert_eq!(v["detail"], "unknown instance 'nobody'");
     // Deregistered: L1 bytes and the declaration go, the L2 bytes stay (registered: false).
@@ -638,14 +552,14 @@ async fn instance_usage_joins_event_bytes_to_declared_capacity() {
                       "modules": [{"tier": "l2", "backend": "fs", "shared": false,
                                    "used_bytes": 30, "capacity_bytes": 0, "usage_ratio": null}]});
     assert_eq!(
-        call(&app, "GET", "/instances/mp-a/usage", None).await,
+        get(&app, "/instances/mp-a/usage").await,
         (StatusCode::OK, left.clone())
     );
     // The shared pool's capacity was declared by the server that left: now undeclared.
     let shared_now = json!([{"tier": "l2", "backend": "nfs", "shared": true, "used_bytes": 1000,
                              "capacity_bytes": 0, "usage_ratio": null}]);
     assert_eq!(
-        call(&app, "GET", "/instances/usage", None).await,
+        get(&app, "/instances/usage").await,
         (
             StatusCode::OK,
             json!({"instances": [left], "shared_modules": shared_now})
@@ -667,13 +581,12 @@ async fn cache_delete_reaches_tracked_copies_in_other_object_groups() {
     };
     let body = json!({"batches": [{"instance_id": "mp-a", "incarnation": 1, "seq": 1,
         "event_type": "store", "tier": "l2", "backend": "fs", "entries": [copy(5), copy(2)]}]});
-    let (code, _) = call(&app, "POST", "/events", Some(&body.to_string())).await;
+    let (code, _) = post(&app, "/events", &body.to_string()).await;
     assert_eq!(code, StatusCode::OK);
-    let (code, got) = call(
+    let (code, got) = post(
         &app,
-        "POST",
         "/cache/delete",
-        Some(&delete_body("mp-a", &bench_tokens(), "l1", false)),
+        &delete_body("mp-a", &bench_tokens(), "l1", false),
     )
     .await;
     assert_eq!(code, StatusCode::OK);

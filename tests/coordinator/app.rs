@@ -84,6 +84,21 @@ pub(crate) async fn call(
     (status, v)
 }
 
+/// `GET uri` through [`call`].
+pub(crate) async fn get(app: &Router, uri: &str) -> (StatusCode, Value) {
+    call(app, "GET", uri, None).await
+}
+
+/// `PUT uri` with `body` through [`call`].
+pub(crate) async fn put(app: &Router, uri: &str, body: &str) -> (StatusCode, Value) {
+    call(app, "PUT", uri, Some(body)).await
+}
+
+/// `POST uri` with `body` through [`call`].
+pub(crate) async fn post(app: &Router, uri: &str, body: &str) -> (StatusCode, Value) {
+    call(app, "POST", uri, Some(body)).await
+}
+
 /// [`call`] with a JSON body.
 pub(crate) async fn call_json(
     app: &Router,

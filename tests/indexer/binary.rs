@@ -77,11 +77,7 @@ async fn serve_with_both_ports_shows_lmcache_chunks_as_cpu_and_disk_blocks() {
         ])
         .env("KVPLANE_COORDINATOR_ENABLE_STARTUP_RESYNC", "0")
         .spawn();
-    let indexer = kv.listening("kvplane indexer listening").await.addr("http");
-    let coord = kv
-        .listening("MP coordinator listening on")
-        .await
-        .addr("http");
+    let (indexer, coord) = crate::support::embedded_http(&kv).await;
     let reg = r#"{"endpoint":"tcp://127.0.0.1:9","type":"vLLM","modelname":"m",
         "instance_id":"vllm-a","block_size":16,"dp_rank":0,"lmcache_instance_id":"mp-1"}"#;
     assert_eq!(

@@ -61,11 +61,7 @@ async fn a_real_mp_servers_chunks_are_cpu_then_disk_blocks_and_leave_on_eviction
         .env("KVPLANE_COORDINATOR_CHUNK_SIZE", CHUNK.to_string())
         .stop_on_drop(Duration::from_secs(10))
         .spawn();
-    let indexer = kv.listening("kvplane indexer listening").await.addr("http");
-    let coord = kv
-        .listening("MP coordinator listening on")
-        .await
-        .addr("http");
+    let (indexer, coord) = crate::support::embedded_http(&kv).await;
     let reg = json!({"endpoint": "tcp://127.0.0.1:9", "type": "vLLM", "modelname": "m",
         "instance_id": "vllm-a", "block_size": 16, "dp_rank": 0, "lmcache_instance_id": "mp-a"});
     let (status, body) = http(indexer, "POST", "/register", Some(&reg.to_string()), &[]).await;

@@ -408,6 +408,17 @@ impl ServePorts {
     }
 }
 
+/// The HTTP addresses of the indexer and the MP coordinator that a `kvplane serve` child runs
+/// beside the controller, read from their listening lines.
+pub async fn embedded_http(kv: &process::Process) -> (SocketAddr, SocketAddr) {
+    let indexer = kv.listening("kvplane indexer listening").await.addr("http");
+    let coordinator = kv
+        .listening("MP coordinator listening on")
+        .await
+        .addr("http");
+    (indexer, coordinator)
+}
+
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))

@@ -99,28 +99,37 @@ async fn bench_runs_every_scenario_with_tiny_counts() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn coordinator_scenario_applies_every_event_and_cleans_up() {
-    let coordinator = kvplane::coordinator::start(
-        kvplane::coordinator::CoordinatorConfig::with_defaults("127.0.0.1", 0),
-    )
-    .await
-    .expect("coordinator starts");
-    let url = format!("http://{}", coordinator.addr);
-    let args = timed_bench_args(&[
+/// The coordinator scenario's load flags: `servers` MP servers at `url`, one-second phases,
+/// two senders of batches of 10.
+fn load<'a>(url: &'a str, servers: &'a str) -> [&'a str; 10] {
+    [
         "--url",
-        &url,
+        url,
         "--servers",
-        "20",
+        servers,
         "--seconds",
         "1",
         "--senders",
         "2",
         "--batch",
         "10",
-        "--salts",
-        "3",
-    ]);
+    ]
+}
+
+/// An in-process coordinator with the defaults, and its base URL.
+async fn coordinator_at_url() -> (kvplane::coordinator::CoordinatorServer, String) {
+    let config = kvplane::coordinator::CoordinatorConfig::with_defaults("127.0.0.1", 0);
+    let coordinator = within("coordinator", kvplane::coordinator::start(config))
+        .await
+        .expect("coordinator starts");
+    let url = format!("http://{}", coordinator.addr);
+    (coordinator, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinator_scenario_applies_every_event_and_cleans_up() {
+    let (coordinator, url) = coordinator_at_url().await;
+    let args = timed_bench_args(&[&load(&url, "20")[..], &["--salts", "3"]].concat());
     let report = scenario(kvplane::bench::coordinator::run(&args)).await;
     // One beat per server per phase, every one answered 200.
     assert_eq!(report.heartbeat_idle.count, 20);
@@ -158,28 +167,14 @@ async fn coordinator_scenario_applies_every_event_and_cleans_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coordinator_scenario_with_event_batches_posts_exactly_that_many() {
-    let coordinator = kvplane::coordinator::start(
-        kvplane::coordinator::CoordinatorConfig::with_defaults("127.0.0.1", 0),
-    )
-    .await
-    .expect("coordinator starts");
-    let url = format!("http://{}", coordinator.addr);
-    let args = bench_args(&[
-        "--url",
-        &url,
-        "--servers",
-        "4",
-        "--seconds",
-        "1",
-        "--senders",
-        "2",
-        "--batch",
-        "10",
-        "--event-batches",
-        "3",
-        "--timeout",
-        "30",
-    ]);
+    let (coordinator, url) = coordinator_at_url().await;
+    let args = bench_args(
+        &[
+            &load(&url, "4")[..],
+            &["--event-batches", "3", "--timeout", "30"],
+        ]
+        .concat(),
+    );
     let report = scenario(kvplane::bench::coordinator::run(&args)).await;
     // 2 senders × 3 batches × 10 entries, whatever the phase's seconds allowed.
     assert_eq!(report.events, 60, "{report:?}");

@@ -338,11 +338,7 @@ async fn serve_reads_the_embedded_services_sections_of_its_config_file() {
         // The twin wins over the section.
         .env("KVPLANE_COORDINATOR_API_TOKEN", "twin-secret")
         .spawn();
-    let indexer = kv.listening("kvplane indexer listening").await.addr("http");
-    let coord = kv
-        .listening("MP coordinator listening on")
-        .await
-        .addr("http");
+    let (indexer, coord) = crate::support::embedded_http(&kv).await;
     let reg = r#"{"endpoint":"tcp://127.0.0.1:9","type":"vLLM","modelname":"m",
         "instance_id":"a","block_size":16,"dp_rank":0}"#;
     assert_eq!(
