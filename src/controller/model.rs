@@ -16,8 +16,9 @@ use crate::index::{
 };
 use crate::net::host_port;
 use crate::protocol::{
-    BatchedP2PLookupRetMsg, ChunkHash, ErrorMsg, FullSyncStartRetMsg, FullSyncStatusRetMsg,
-    HeartbeatCommand, HeartbeatRetMsg, KVOpEvent, Msg, OpType, RegisterRetMsg, Wire,
+    BatchedKVOperationMsg, BatchedP2PLookupRetMsg, ChunkHash, ErrorMsg, FullSyncStartRetMsg,
+    FullSyncStatusRetMsg, HeartbeatCommand, HeartbeatRetMsg, KVAdmitMsg, KVEvictMsg, KVOpEvent,
+    Msg, OpType, RegisterRetMsg, Wire,
 };
 use std::collections::HashMap;
 
@@ -102,6 +103,42 @@ fn error(text: impl Into<String>) -> Msg {
 
 fn port_of(port: i64) -> Result<u16, String> {
     u16::try_from(port).map_err(|_| format!("port {port} is out of range"))
+}
+
+/// A legacy single-op message (`KVAdmitMsg`, `KVEvictMsg`) as the batch of one it stands
+/// for; any other message as it is. LMCache 0.5.6 decodes and ignores them; applying them
+/// is what their sender meant (Mooncake's JSON integration sends them).
+fn as_batch(msg: Msg) -> Msg {
+    let (op_type, m) = match msg {
+        Msg::KVAdmitMsg(m) => (OpType::Admit, m),
+        Msg::KVEvictMsg(KVEvictMsg {
+            instance_id,
+            worker_id,
+            key,
+            location,
+            seq_num,
+        }) => (
+            OpType::Evict,
+            KVAdmitMsg {
+                instance_id,
+                worker_id,
+                key,
+                location,
+                seq_num,
+            },
+        ),
+        other => return other,
+    };
+    Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
+        instance_id: m.instance_id,
+        worker_id: m.worker_id,
+        location: m.location,
+        operations: vec![KVOpEvent {
+            op_type,
+            key: m.key,
+            seq_num: m.seq_num,
+        }],
+    })
 }
 
 fn key(instance_id: &str, worker_id: i64) -> WorkerKey {
@@ -243,47 +280,13 @@ impl Fleet {
     /// effect.
     pub fn on_push(&mut self, msg: Msg, now: f64) -> (Result<(), DropReason>, Vec<Effect>) {
         let mut fx = Vec::new();
-        let result = match msg {
+        let result = match as_batch(msg) {
             Msg::BatchedKVOperationMsg(m) => {
                 self.on_ops(
                     &m.instance_id,
                     m.worker_id,
                     &m.location,
                     &m.operations,
-                    now,
-                    &mut fx,
-                );
-                Ok(())
-            }
-            // Legacy single-op messages: LMCache 0.5.6 decodes and ignores them; applying
-            // them is what their sender meant (Mooncake's JSON integration sends them).
-            Msg::KVAdmitMsg(m) => {
-                let op = KVOpEvent {
-                    op_type: OpType::Admit,
-                    key: m.key,
-                    seq_num: m.seq_num,
-                };
-                self.on_ops(
-                    &m.instance_id,
-                    m.worker_id,
-                    &m.location,
-                    &[op],
-                    now,
-                    &mut fx,
-                );
-                Ok(())
-            }
-            Msg::KVEvictMsg(m) => {
-                let op = KVOpEvent {
-                    op_type: OpType::Evict,
-                    key: m.key,
-                    seq_num: m.seq_num,
-                };
-                self.on_ops(
-                    &m.instance_id,
-                    m.worker_id,
-                    &m.location,
-                    &[op],
                     now,
                     &mut fx,
                 );

@@ -386,17 +386,18 @@ const LMCACHE_039: [(&str, &str); 5] = [
     ("deregister", "85a474797065ad446552656769737465724d7367ab696e7374616e63655f6964a36f6c64a9776f726b65725f696400a26970a93132372e302e302e31a4706f7274cd1fa4"),
 ];
 
-fn frame_039(name: &str) -> Msg {
-    let hex = LMCACHE_039
-        .iter()
-        .find(|(n, _)| *n == name)
-        .expect("frame")
-        .1;
+/// The frame `name` of a recorded generation's `frames`, decoded.
+fn recorded(frames: &[(&str, &str)], name: &str) -> Msg {
+    let hex = frames.iter().find(|(n, _)| *n == name).expect("frame").1;
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
         .collect();
-    crate::protocol::decode(&bytes).expect("a 0.3.9 frame decodes")
+    crate::protocol::decode(&bytes).unwrap_or_else(|e| panic!("recorded frame {name}: {e}"))
+}
+
+fn frame_039(name: &str) -> Msg {
+    recorded(&LMCACHE_039, name)
 }
 
 #[test]
@@ -443,16 +444,7 @@ const LMCACHE_0311: [(&str, &str); 3] = [
 ];
 
 fn frame_0311(name: &str) -> Msg {
-    let hex = LMCACHE_0311
-        .iter()
-        .find(|(n, _)| *n == name)
-        .expect("frame")
-        .1;
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect();
-    crate::protocol::decode(&bytes).expect("a 0.3.11 frame decodes")
+    recorded(&LMCACHE_0311, name)
 }
 
 #[test]

@@ -429,17 +429,23 @@ fn num_tokens_answer(
     }))
 }
 
-/// Sends one `num_tokens` command to every worker of `instance_id`.
+/// Sends one `num_tokens` command to every worker of `instance_id`: a new event id
+/// `<event>…`, and to each worker the message `make` builds from its
+/// `worker_event_id`, `<worker><worker_id><event id>`.
 async fn num_tokens_command(
     shared: Arc<Shared>,
     command: &'static str,
-    event_id: String,
+    (event, worker): (&str, &str),
     instance_id: &str,
-    make: impl Fn(i64) -> Msg,
+    make: impl Fn(String) -> Msg,
     expect: NumTokens,
 ) -> Result<Json<Value>, ApiError> {
+    let event_id = new_event_id(event);
     let targets = targets(&shared, instance_id).map_err(|e| refused(&shared, command, e))?;
-    let msgs = targets.iter().map(|t| make(t.worker_id)).collect();
+    let msgs = targets
+        .iter()
+        .map(|t| make(format!("{worker}{}{event_id}", t.worker_id)))
+        .collect();
     let id = event_id.clone();
     run_command(&shared, command, &event_id, instance_id, async move {
         let answers = fan_out(&targets, msgs).await;
@@ -457,16 +463,14 @@ pub(crate) async fn clear(
         instance_id,
         location,
     } = req;
-    let event_id = new_event_id("Clear");
-    let ev = event_id.clone();
     num_tokens_command(
         shared,
         "clear",
-        event_id,
+        ("Clear", "Worker"),
         &instance_id,
-        move |w| {
+        move |worker_event_id| {
             Msg::ClearWorkerMsg(ClearWorkerMsg {
-                worker_event_id: format!("Worker{w}{ev}"),
+                worker_event_id,
                 location: location.clone(),
             })
         },
@@ -488,16 +492,14 @@ pub(crate) async fn pin(
         location,
         tokens,
     } = req;
-    let event_id = new_event_id("Pin");
-    let ev = event_id.clone();
     num_tokens_command(
         shared,
         "pin",
-        event_id,
+        ("Pin", "Worker"),
         &instance_id,
-        move |w| {
+        move |worker_event_id| {
             Msg::PinWorkerMsg(PinWorkerMsg {
-                worker_event_id: format!("Worker{w}{ev}"),
+                worker_event_id,
                 location: location.clone(),
                 tokens: tokens.clone(),
             })
@@ -521,16 +523,14 @@ pub(crate) async fn compress(
         location,
         tokens,
     } = req;
-    let event_id = new_event_id("Compress");
-    let ev = event_id.clone();
     num_tokens_command(
         shared,
         "compress",
-        event_id,
+        ("Compress", "CompressWorker"),
         &instance_id,
-        move |w| {
+        move |worker_event_id| {
             Msg::CompressWorkerMsg(CompressWorkerMsg {
-                worker_event_id: format!("CompressWorker{w}{ev}"),
+                worker_event_id,
                 method: method.clone(),
                 location: location.clone(),
                 tokens: tokens.clone(),
@@ -555,16 +555,14 @@ pub(crate) async fn decompress(
         location,
         tokens,
     } = req;
-    let event_id = new_event_id("Decompress");
-    let ev = event_id.clone();
     num_tokens_command(
         shared,
         "decompress",
-        event_id,
+        ("Decompress", "DecompressWorker"),
         &instance_id,
-        move |w| {
+        move |worker_event_id| {
             Msg::DecompressWorkerMsg(DecompressWorkerMsg {
-                worker_event_id: format!("DecompressWorker{w}{ev}"),
+                worker_event_id,
                 method: method.clone(),
                 location: location.clone(),
                 tokens: tokens.clone(),
