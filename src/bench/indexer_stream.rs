@@ -99,6 +99,34 @@ pub(super) struct EnginePublisher {
     replay_task: tokio::task::JoinHandle<()>,
 }
 
+/// Serves vLLM's replay requests on `router` until it closes (or a reply cannot be sent): to
+/// `[identity, empty, start]`, each of `entries(start)` (sequence, payload) as `[identity,
+/// empty, topic, sequence (8 bytes, big-endian), payload]`, then the end marker `[identity,
+/// empty, empty, 0xff × 8 (`u64::MAX`), empty]`.
+pub(super) async fn serve_replays(
+    mut router: ReplayServer,
+    topic: Bytes,
+    entries: impl Fn(u64) -> Vec<(u64, Bytes)>,
+) {
+    while let Ok(f) = router.recv().await {
+        let [id, _empty, seq] = &f[..] else { continue };
+        let Ok(start) = <[u8; 8]>::try_from(&seq[..]) else {
+            continue;
+        };
+        let reply = |topic: &Bytes, seq: u64, payload: Bytes| {
+            let seq = Bytes::copy_from_slice(&seq.to_be_bytes());
+            vec![id.clone(), Bytes::new(), topic.clone(), seq, payload]
+        };
+        for (s, payload) in entries(u64::from_be_bytes(start)) {
+            if router.send(reply(&topic, s, payload)).await.is_err() {
+                return;
+            }
+        }
+        let end = reply(&Bytes::new(), u64::MAX, Bytes::new());
+        let _ = router.send(end).await;
+    }
+}
+
 impl EnginePublisher {
     /// Binds both sockets on 127.0.0.1 (ephemeral ports) and starts serving replays.
     ///
@@ -109,7 +137,7 @@ impl EnginePublisher {
             .await
             .map_err(|e| format!("bind PUB: {e}"))?;
         let endpoint = format!("tcp://{pub_addr}");
-        let (mut router, router_addr) = ReplayServer::bind("127.0.0.1:0")
+        let (router, router_addr) = ReplayServer::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("bind ROUTER: {e}"))?;
         let replay_endpoint = format!("tcp://{router_addr}");
@@ -117,36 +145,16 @@ impl EnginePublisher {
         let served = Arc::clone(&messages);
         let published = Arc::new(AtomicUsize::new(0));
         let upto = Arc::clone(&published);
-        let replay_task = tokio::spawn(async move {
-            while let Ok(f) = router.recv().await {
-                let [id, _empty, seq] = &f[..] else { continue };
-                let Ok(start) = <[u8; 8]>::try_from(&seq[..]) else {
-                    continue;
-                };
-                let start = u64::from_be_bytes(start) as usize;
-                let end = upto.load(Ordering::Acquire);
-                for (s, payload) in served.iter().enumerate().take(end).skip(start) {
-                    let msg = vec![
-                        id.clone(),
-                        Bytes::new(),
-                        Bytes::new(),
-                        Bytes::copy_from_slice(&(s as u64).to_be_bytes()),
-                        payload.clone(),
-                    ];
-                    if router.send(msg).await.is_err() {
-                        return;
-                    }
-                }
-                let end = vec![
-                    id.clone(),
-                    Bytes::new(),
-                    Bytes::new(),
-                    Bytes::from_static(&[0xff; 8]),
-                    Bytes::new(),
-                ];
-                let _ = router.send(end).await;
-            }
-        });
+        let replay_task = tokio::spawn(serve_replays(router, Bytes::new(), move |start| {
+            let end = upto.load(Ordering::Acquire);
+            served
+                .iter()
+                .enumerate()
+                .take(end)
+                .skip(start as usize)
+                .map(|(s, payload)| (s as u64, payload.clone()))
+                .collect()
+        }));
         Ok(Self {
             socket,
             endpoint,

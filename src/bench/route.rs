@@ -224,23 +224,23 @@ async fn wait_ok(client: &Client, url: &str, limit: Duration) -> Result<(), Stri
 type Client = crate::router::upstream::HttpClient;
 
 async fn get_json(client: &Client, url: &str) -> Result<Value, String> {
-    let req = hyper::Request::get(url)
-        .body(Body::empty())
-        .map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?;
-    serde_json::from_slice(&body.to_bytes()).map_err(|e| e.to_string())
+    let req = hyper::Request::get(url).body(Body::empty());
+    send_json(client, req).await
 }
 
 async fn post_json(client: &Client, url: String, body: Vec<u8>) -> Result<Value, String> {
     let req = hyper::Request::post(&url)
         .header("content-type", "application/json")
-        .body(Body::from(body))
-        .map_err(|e| e.to_string())?;
+        .body(Body::from(body));
+    send_json(client, req).await
+}
+
+/// Sends `req` (once built) and reads the reply's body as JSON.
+async fn send_json(
+    client: &Client,
+    req: hyper::http::Result<hyper::Request<Body>>,
+) -> Result<Value, String> {
+    let req = req.map_err(|e| e.to_string())?;
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     let body = resp
         .into_body()

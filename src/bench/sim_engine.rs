@@ -7,6 +7,7 @@
 //! the true cached prefix. It models nothing of a GPU beyond that (docs/ROUTER.md, "The
 //! simulator"); it must not be mistaken for an engine.
 
+use super::indexer_stream::serve_replays;
 use super::sim_pool::{admission_batch, block_hashes, cached_tokens, Pool};
 use crate::transport::{Publisher, ReplayServer};
 use axum::body::Body;
@@ -371,7 +372,7 @@ pub(super) async fn start_publisher(
     let (mut socket, events) = Publisher::bind(&format!("{}:0", args.host))
         .await
         .map_err(|e| format!("bind PUB: {e}"))?;
-    let (mut router, replay) = ReplayServer::bind(&format!("{}:0", args.host))
+    let (router, replay) = ReplayServer::bind(&format!("{}:0", args.host))
         .await
         .map_err(|e| format!("bind ROUTER: {e}"))?;
     let (events, replay) = (format!("tcp://{events}"), format!("tcp://{replay}"));
@@ -379,42 +380,14 @@ pub(super) async fn start_publisher(
     let cap = args.replay_ring.max(1);
     let ring: Arc<parking_lot::Mutex<VecDeque<(u64, Bytes)>>> = Arc::default();
     let served = Arc::clone(&ring);
-    let replay_topic = topic.clone();
-    tokio::spawn(async move {
-        while let Ok(f) = router.recv().await {
-            let [id, _empty, seq] = &f[..] else { continue };
-            let Ok(start) = <[u8; 8]>::try_from(&seq[..]) else {
-                continue;
-            };
-            let start = u64::from_be_bytes(start);
-            let entries: Vec<(u64, Bytes)> = served
-                .lock()
-                .iter()
-                .filter(|(s, _)| *s >= start)
-                .cloned()
-                .collect();
-            for (s, payload) in entries {
-                let frames = vec![
-                    id.clone(),
-                    Bytes::new(),
-                    replay_topic.clone(),
-                    Bytes::copy_from_slice(&s.to_be_bytes()),
-                    payload,
-                ];
-                if router.send(frames).await.is_err() {
-                    return;
-                }
-            }
-            let end = vec![
-                id.clone(),
-                Bytes::new(),
-                Bytes::new(),
-                Bytes::from_static(&[0xff; 8]),
-                Bytes::new(),
-            ];
-            let _ = router.send(end).await;
-        }
-    });
+    tokio::spawn(serve_replays(router, topic.clone(), move |start| {
+        served
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect()
+    }));
     tokio::spawn(async move {
         let mut seq = 0u64;
         while let Some(batch) = rx.recv().await {
