@@ -40,14 +40,7 @@ pub(crate) fn register(
 ) {
     let reply = shared.handle_request(
         RouterKind::Reply,
-        Msg::RegisterMsg(RegisterMsg {
-            instance_id: instance.to_owned(),
-            worker_id: worker,
-            ip: "127.0.0.1".to_owned(),
-            port: i64::from(port),
-            peer_init_url: peer.map(str::to_owned),
-            distributed_url: None,
-        }),
+        crate::support::register_msg(instance, worker, port, peer),
     );
     assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
 }

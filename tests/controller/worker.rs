@@ -390,14 +390,7 @@ async fn commands_reach_the_handler_and_its_answers_return() {
             "{junk:?}"
         );
     }
-    let register = Msg::RegisterMsg(RegisterMsg {
-        instance_id: "x".into(),
-        worker_id: 0,
-        ip: "127.0.0.1".into(),
-        port: 1,
-        peer_init_url: None,
-        distributed_url: None,
-    });
+    let register = register_msg("x", 0, 1, None);
     let reply = within("wrong kind", raw.request(encode(&register).into()))
         .await
         .expect("answered");

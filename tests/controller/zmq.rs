@@ -164,14 +164,7 @@ async fn heartbeats_known_unknown_and_on_the_heartbeat_socket_only() {
         other => panic!("{other:?}"),
     }
     // A RegisterMsg on the heartbeat socket is refused, as LMCache does.
-    let reg = Msg::RegisterMsg(RegisterMsg {
-        instance_id: "x".into(),
-        worker_id: 0,
-        ip: "127.0.0.1".into(),
-        port: 1,
-        peer_init_url: None,
-        distributed_url: None,
-    });
+    let reg = register_msg("x", 0, 1, None);
     match ask(&mut hb, &reg).await {
         Msg::ErrorMsg(e) => assert!(e.error.contains("Expected HeartbeatMsg"), "{}", e.error),
         other => panic!("{other:?}"),

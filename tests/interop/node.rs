@@ -64,12 +64,7 @@ async fn sigkill_mid_writes_leaves_only_intact_objects() {
     child.kill().await;
 
     let node = node_with(|cfg| {
-        cfg.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            kvplane::node::config::PrefetchPolicy::Default,
-            kvplane::node::config::StorePolicy::Default,
-        ));
+        cfg.l2 = Some(plain_l2(&dir, 1 << 30));
     })
     .await;
     eprintln!("recovery after SIGKILL: {:?} of {n} PUTs", node.recovery);

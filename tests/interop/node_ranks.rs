@@ -14,7 +14,6 @@ use crate::support::lmcache::{python, worker_args, LmcacheWorker};
 use crate::support::node::*;
 use crate::support::process::Launch;
 use crate::support::*;
-use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -78,12 +77,7 @@ async fn lmcache_workers_find_the_node_rank_of_their_own_rank() {
     let dir = tempdir("interop-ranks");
     let node = controller_node(&server, "node-r", |c| {
         c.tp_ranks = 2;
-        c.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(&dir, 1 << 30));
     })
     .await;
     let lm = node.addrs.lm.to_string();

@@ -9,7 +9,6 @@ use crate::support::http::http;
 use crate::support::node::*;
 use crate::support::{eventually, server, STEP};
 use kvplane::controller::Server;
-use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use kvplane::node::NodeServer;
 use kvplane::protocol::token_hash::chunk_hashes;
 use kvplane::protocol::ChunkHash;
@@ -53,12 +52,7 @@ async fn node_at(
     controller_node(server, instance, |c| {
         c.chunk_size = CHUNK;
         c.l1.budget = l1;
-        c.l2 = Some(l2(
-            dir,
-            l2_budget,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(dir, l2_budget));
     })
     .await
 }

@@ -81,12 +81,7 @@ async fn coordinator_eviction_deletes_from_the_node() {
 async fn resync_then(eviction: Option<Duration>) {
     let dir = tempdir("coord");
     let node = node_with(|c| {
-        c.l2 = Some(l2(
-            &dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(&dir, 1 << 30));
     })
     .await;
     let mut client = Client::connect(&node).await;

@@ -200,12 +200,7 @@ async fn skip_l1_keeps_objects_only_on_l2_and_l2_evicts_at_its_watermark() {
 async fn restart_serves_complete_objects_and_discards_torn_ones() {
     let dir = tempdir("restart");
     let config = |c: &mut kvplane::node::NodeConfig| {
-        c.l2 = Some(l2(
-            &dir,
-            1 << 20,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(&dir, 1 << 20));
     };
     let node = node_with(config).await;
     let mut c = Client::connect(&node).await;

@@ -40,12 +40,7 @@ async fn reporting_node(
 ) -> NodeServer {
     controller_node(server, instance, |c| {
         c.l1.budget = l1_budget;
-        c.l2 = Some(l2(
-            dir,
-            1 << 30,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(dir, 1 << 30));
         if let Some(w) = c.controller.as_mut() {
             tweak(w);
         }

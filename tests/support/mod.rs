@@ -101,14 +101,7 @@ impl TestWorker {
     }
 
     pub async fn register(&mut self, port: u16, peer_init_url: Option<&str>) -> Msg {
-        let msg = Msg::RegisterMsg(kvplane::protocol::RegisterMsg {
-            instance_id: self.instance_id.clone(),
-            worker_id: self.worker_id,
-            ip: "127.0.0.1".into(),
-            port: i64::from(port),
-            peer_init_url: peer_init_url.map(str::to_owned),
-            distributed_url: None,
-        });
+        let msg = register_msg(&self.instance_id, self.worker_id, port, peer_init_url);
         self.request(msg).await
     }
 
@@ -146,6 +139,19 @@ impl TestWorker {
             operations,
         })
     }
+}
+
+/// The `RegisterMsg` of worker `worker_id` of `instance` with its command socket at
+/// `127.0.0.1:port` (and `peer_init_url` for P2P lookups, if any).
+pub fn register_msg(instance: &str, worker_id: i64, port: u16, peer_init_url: Option<&str>) -> Msg {
+    Msg::RegisterMsg(kvplane::protocol::RegisterMsg {
+        instance_id: instance.to_owned(),
+        worker_id,
+        ip: "127.0.0.1".into(),
+        port: i64::from(port),
+        peer_init_url: peer_init_url.map(str::to_owned),
+        distributed_url: None,
+    })
 }
 
 /// A worker's command socket (REP) on an ephemeral port.

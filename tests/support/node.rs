@@ -50,6 +50,11 @@ pub fn l2(path: &Path, budget: u64, prefetch: PrefetchPolicy, store: StorePolicy
     }
 }
 
+/// [`l2`] with the default prefetch and store policies.
+pub fn plain_l2(path: &Path, budget: u64) -> L2Config {
+    l2(path, budget, PrefetchPolicy::Default, StorePolicy::Default)
+}
+
 /// Starts a node with `tweak` applied to the ephemeral configuration.
 pub async fn node_with(tweak: impl FnOnce(&mut NodeConfig)) -> NodeServer {
     let mut c = NodeConfig::ephemeral();

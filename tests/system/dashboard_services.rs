@@ -12,10 +12,9 @@
 //! to skip the browser part on a machine without Chromium; `KVPLANE_DASHBOARD_SCREENSHOT_DIR`
 //! writes the screenshots elsewhere.
 
-use crate::support::node::{l2, node_with, Client};
+use crate::support::node::{node_with, plain_l2, Client};
 use crate::support::{http, within};
 use bytes::Bytes;
-use kvplane::node::config::{PrefetchPolicy, StorePolicy};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -556,12 +555,7 @@ async fn node_page_shows_tier_usage_over_time() {
     let dir = crate::support::node::tempdir("dashboard");
     let node = node_with(|c| {
         c.l1.budget = 4 << 20;
-        c.l2 = Some(l2(
-            &dir,
-            16 << 20,
-            PrefetchPolicy::Default,
-            StorePolicy::Default,
-        ));
+        c.l2 = Some(plain_l2(&dir, 16 << 20));
     })
     .await;
     let http_addr = node.addrs.http.expect("http port");

@@ -316,14 +316,7 @@ async fn churn(ports: ServePorts, lanes: usize, cycles: usize, tag: &str) {
             let mut push = PushSender::new(format!("127.0.0.1:{}", ports.pull));
             for i in (lane..cycles).step_by(lanes) {
                 let instance = format!("{tag}-{i}");
-                let reg = Msg::RegisterMsg(RegisterMsg {
-                    instance_id: instance.clone(),
-                    worker_id: 0,
-                    ip: "127.0.0.1".into(),
-                    port: 1,
-                    peer_init_url: None,
-                    distributed_url: None,
-                });
+                let reg = register_msg(&instance, 0, 1, None);
                 let reply = within("register", dealer.request(Bytes::from(encode(&reg))))
                     .await
                     .expect("answered");
