@@ -252,9 +252,7 @@ async fn status(w: &mut TestWorker, sync_id: &str) -> FullSyncStatusRetMsg {
 #[tokio::test]
 async fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
     let server = server().await;
-    let (_rep, port) = rep().await;
-    let mut w = TestWorker::new(&server, "inst-s", 0);
-    w.register(port, None).await;
+    let (mut w, _rep) = TestWorker::registered(&server, "inst-s", 0, None).await;
     let stale = w.batch(CPU, &[(true, 999)]);
     w.push(&[stale]).await;
     eventually("pre-sync key", STEP, async || {
@@ -602,9 +600,7 @@ async fn rapid_deregister_register_cycles_leave_one_downlink_per_worker() {
 #[tokio::test]
 async fn garbage_on_every_socket_is_counted_and_valid_traffic_still_works() {
     let server = server().await;
-    let (_rep, port) = rep().await;
-    let mut w = TestWorker::new(&server, "inst-g", 0);
-    w.register(port, Some("127.0.0.1:7001")).await;
+    let (mut w, _rep) = TestWorker::registered(&server, "inst-g", 0, Some("127.0.0.1:7001")).await;
 
     // PULL: random bytes, a truncated message, an unknown tag, a wrong field type, JSON
     // garbage, then a valid batch in the same multipart.
@@ -697,9 +693,7 @@ async fn healthz_answers_over_http() {
 #[tokio::test]
 async fn dropping_the_server_cancels_its_tasks() {
     let server = server().await;
-    let (_rep, port) = rep().await;
-    let mut w = TestWorker::new(&server, "drop", 0);
-    w.register(port, None).await;
+    let (_w, _rep) = TestWorker::registered(&server, "drop", 0, None).await;
     let shared = std::sync::Arc::clone(&server.shared);
     let tasks = shared.tasks().clone();
     assert!(!tasks.is_empty(), "loops and a downlink are running");

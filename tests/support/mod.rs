@@ -89,6 +89,20 @@ impl TestWorker {
         }
     }
 
+    /// A worker of `server` registered with its command socket (REP) on an ephemeral port,
+    /// and that socket (the caller answers on it, or keeps it so the port stays taken).
+    pub async fn registered(
+        server: &Server,
+        instance_id: &str,
+        worker_id: i64,
+        peer_init_url: Option<&str>,
+    ) -> (Self, RepServer) {
+        let (rep, port) = rep().await;
+        let mut worker = Self::new(server, instance_id, worker_id);
+        worker.register(port, peer_init_url).await;
+        (worker, rep)
+    }
+
     /// Sends a request on the reply socket and decodes the answer.
     pub async fn request(&mut self, msg: Msg) -> Msg {
         let bytes = within(

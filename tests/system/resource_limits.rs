@@ -109,9 +109,7 @@ async fn max_keys_per_worker_drops_new_admits_and_keeps_evicts() {
 #[tokio::test]
 async fn max_batch_ops_drops_whole_batches() {
     let server = server_with(|c| c.max_batch_ops = 50).await;
-    let (_rep, port) = rep().await;
-    let mut a = TestWorker::new(&server, "a", 0);
-    a.register(port, None).await;
+    let (mut a, _rep) = TestWorker::registered(&server, "a", 0, None).await;
     let big: Vec<(bool, i64)> = (0..51).map(|k| (true, k)).collect();
     let ok: Vec<(bool, i64)> = (100..150).map(|k| (true, k)).collect();
     let big = a.batch(CPU, &big);
@@ -138,9 +136,7 @@ async fn max_batch_ops_drops_whole_batches() {
 async fn max_frame_bytes_drops_the_frame_and_the_socket_keeps_serving() {
     let max = 4096;
     let server = server_with(|c| c.max_frame_bytes = max).await;
-    let (_rep, port) = rep().await;
-    let mut a = TestWorker::new(&server, "a", 0);
-    a.register(port, None).await;
+    let (mut a, _rep) = TestWorker::registered(&server, "a", 0, None).await;
     // A frame just over the limit on PULL: the transport hangs up on that connection (or the
     // loop drops the frame); either way it is counted and nothing of it is applied.
     let ops: Vec<(bool, i64)> = (0..400).map(|k| (true, 1_000_000 + k)).collect();
@@ -271,9 +267,7 @@ async fn zmq_connection_cap_is_counted_in_metrics() {
 async fn transport_frame_limit_is_counted_and_the_pull_loop_goes_on() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = server_with(|c| c.max_frame_bytes = 1024).await;
-    let (_rep, port) = rep().await;
-    let mut a = TestWorker::new(&server, "a", 0);
-    a.register(port, None).await;
+    let (mut a, _rep) = TestWorker::registered(&server, "a", 0, None).await;
     let pull = server.addrs.pull.expect("pull port");
     let mut attack = crate::support::zmtp::zmtp_handshake("PUSH");
     attack.extend_from_slice(&crate::support::zmtp::zmtp_header(2048, false, false));
