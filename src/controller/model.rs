@@ -11,8 +11,8 @@
 use super::command_log::CommandLog;
 pub use super::effects::{DropReason, Effect, Event, RemovalReason, WorkerKey};
 use crate::index::{
-    BatchOutcome, HeartbeatOutcome, Index, RegisterOutcome, SyncBatchOutcome, SyncEndOutcome,
-    REASON_WORKER_RE_REGISTERED,
+    BatchOutcome, HeartbeatOutcome, Index, IndexError, RegisterOutcome, SyncBatchOutcome,
+    SyncEndOutcome, REASON_WORKER_RE_REGISTERED,
 };
 use crate::net::host_port;
 use crate::protocol::{
@@ -139,6 +139,17 @@ fn as_batch(msg: Msg) -> Msg {
             seq_num: m.seq_num,
         }],
     })
+}
+
+/// The `ErrorMsg` answering a registration or heartbeat (`what`) the index refused, reported.
+fn refused(key: WorkerKey, what: &'static str, e: IndexError, fx: &mut Vec<Effect>) -> Msg {
+    let reply = error(format!("{what} refused: {e}"));
+    fx.push(Effect::Report(Event::WorkerRefused {
+        key,
+        what,
+        error: e,
+    }));
+    reply
 }
 
 fn key(instance_id: &str, worker_id: i64) -> WorkerKey {
@@ -467,15 +478,7 @@ impl Fleet {
         );
         let outcome = match outcome {
             Ok(o) => o,
-            Err(e) => {
-                let reply = error(format!("registration refused: {e}"));
-                fx.push(Effect::Report(Event::WorkerRefused {
-                    key: k,
-                    what: "registration",
-                    error: e,
-                }));
-                return reply;
-            }
+            Err(e) => return refused(k, "registration", e, fx),
         };
         self.index.set_wire(&m.instance_id, m.worker_id, wire);
         let (reopen, again) = match outcome {
@@ -516,15 +519,7 @@ impl Fleet {
                 .heartbeat(&m.instance_id, m.worker_id, &m.ip, port, m.peer_url(), now);
         let outcome = match outcome {
             Ok(o) => o,
-            Err(e) => {
-                let reply = error(format!("heartbeat refused: {e}"));
-                fx.push(Effect::Report(Event::WorkerRefused {
-                    key: k,
-                    what: "heartbeat",
-                    error: e,
-                }));
-                return reply;
-            }
+            Err(e) => return refused(k, "heartbeat", e, fx),
         };
         self.index.set_wire(&m.instance_id, m.worker_id, wire);
         let commands = match outcome {
