@@ -58,7 +58,18 @@ fn resolve(
     tokens: &[u32],
     salt: &str,
 ) -> Result<(Vec<super::keys::EncodedKey>, usize), ApiError> {
-    let world = world_size(s, world)?;
+    resolve_keys(s, model, world_size(s, world)?, tokens, salt)
+}
+
+/// The keys of the complete chunks of `tokens` ([`pins::resolve`]) and how many chunks;
+/// a sequence that cannot be resolved is a 400.
+pub(super) fn resolve_keys(
+    s: &Shared,
+    model: &str,
+    world: u8,
+    tokens: &[u32],
+    salt: &str,
+) -> Result<(Vec<super::keys::EncodedKey>, usize), ApiError> {
     pins::resolve(model, world, tokens, salt, s.chunk_size)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
@@ -68,17 +79,7 @@ pub(crate) async fn pin(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let b: PinBody = parse(&s, &body)?;
-    let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
-    let affected = keys.len();
-    s.handle
-        .pin(keys, MAX_PINNED_KEYS)
-        .await?
-        .map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    s.metadata.save(s.handle.metadata()).await;
-    Ok(Json(
-        json!({"requested": chunks, "affected": affected, "status": "pinned"}),
-    ))
+    pin_or_unpin(&s, &body, true).await
 }
 
 /// `DELETE /cache/pins`: removes one pin from each of those keys.
@@ -86,13 +87,28 @@ pub(crate) async fn unpin(
     State(s): State<Shared>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let b: PinBody = parse(&s, &body)?;
-    let (keys, chunks) = resolve(&s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
+    pin_or_unpin(&s, &body, false).await
+}
+
+/// `pin`s (or removes one pin from) the keys of the complete chunks of the body's
+/// `token_ids`, saves the metadata and says how many.
+async fn pin_or_unpin(s: &Shared, body: &[u8], pin: bool) -> Result<Json<Value>, ApiError> {
+    let b: PinBody = parse(s, body)?;
+    let (keys, chunks) = resolve(s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
-    s.handle.unpin(keys).await?;
+    let status = if pin {
+        s.handle
+            .pin(keys, MAX_PINNED_KEYS)
+            .await?
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        "pinned"
+    } else {
+        s.handle.unpin(keys).await?;
+        "unpinned"
+    };
     s.metadata.save(s.handle.metadata()).await;
     Ok(Json(
-        json!({"requested": chunks, "affected": affected, "status": "unpinned"}),
+        json!({"requested": chunks, "affected": affected, "status": status}),
     ))
 }
 
@@ -155,14 +171,7 @@ pub(crate) async fn delete(
     };
     let world = world_size(&s, b.world_size)?;
     let (ip, port) = address_of(&s, &b.instance_id).await?;
-    let (keys, chunks) = pins::resolve(
-        &b.model_name,
-        world,
-        &b.token_ids,
-        &b.cache_salt,
-        s.chunk_size,
-    )
-    .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let (keys, chunks) = resolve_keys(&s, &b.model_name, world, &b.token_ids, &b.cache_salt)?;
     if chunks == 0 {
         return Ok(Json(json!({
             "instance_id": b.instance_id, "requested": 0, "affected": 0, "skipped": 0,

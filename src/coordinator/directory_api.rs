@@ -134,14 +134,8 @@ async fn lookup(
         ));
     }
     let (keys, chunks) = if b.keys.is_empty() {
-        let (keys, chunks) = pins::resolve(
-            &b.model_name,
-            world,
-            &b.token_ids,
-            &b.cache_salt,
-            s.chunk_size,
-        )
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let (keys, chunks) =
+            super::cache_api::resolve_keys(&s, &b.model_name, world, &b.token_ids, &b.cache_salt)?;
         let keys = s
             .handle
             .with(move |m, _, _| m.directory.across_groups(keys, MAX_LOOKUP_KEYS))
