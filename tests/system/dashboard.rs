@@ -173,6 +173,48 @@ fn serve_commands(
     })
 }
 
+/// The clock of a task feeding a dashboard: ticks every `period` until `limit` has passed
+/// since it started or `cancel` fires, and counts them.
+pub(crate) struct Feed {
+    started: tokio::time::Instant,
+    limit: Duration,
+    tick: tokio::time::Interval,
+    cancel: CancellationToken,
+    ticks: u32,
+}
+
+impl Feed {
+    pub(crate) fn new(period: Duration, limit: Duration, cancel: CancellationToken) -> Self {
+        Feed {
+            started: tokio::time::Instant::now(),
+            limit,
+            tick: tokio::time::interval(period),
+            cancel,
+            ticks: 0,
+        }
+    }
+
+    /// Missed ticks (a slow round) are not made up for.
+    pub(crate) fn delay_missed_ticks(&mut self) {
+        self.tick
+            .set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+
+    /// Waits for the next tick: its number (from 1), or `None` once the feed is over.
+    pub(crate) async fn next<T: From<u32>>(&mut self) -> Option<T> {
+        if self.started.elapsed() >= self.limit {
+            return None;
+        }
+        tokio::select! {
+            () = self.cancel.cancelled() => None,
+            _ = self.tick.tick() => {
+                self.ticks += 1;
+                Some(T::from(self.ticks))
+            }
+        }
+    }
+}
+
 /// Keeps the fleet alive and busy until cancelled (or [`FEED_LIMIT`]): admits and evicts every
 /// 100 ms, about 20 P2P lookups a second (hits and misses), heartbeats every second except from one
 /// worker. Returns the ingest task (the heartbeat task ends with it, on the same token).
@@ -199,13 +241,8 @@ fn feed(
         .collect();
     let beat_cancel = cancel.clone();
     tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        while started.elapsed() < FEED_LIMIT {
-            tokio::select! {
-                () = beat_cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+        let mut feed = Feed::new(Duration::from_secs(1), FEED_LIMIT, beat_cancel);
+        while feed.next::<u32>().await.is_some() {
             for msg in &beats {
                 let bytes = Bytes::from(encode(msg));
                 let _ = tokio::time::timeout(STEP, heartbeats.request(bytes)).await;
@@ -213,16 +250,9 @@ fn feed(
         }
     });
     tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut n: i64 = 0;
-        while started.elapsed() < FEED_LIMIT {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            n += 1;
+        let mut feed = Feed::new(Duration::from_millis(100), FEED_LIMIT, cancel);
+        feed.delay_missed_ticks();
+        while let Some(n) = feed.next::<i64>().await {
             // A wave: the ingest rate rises and falls so the chart has a shape.
             let wave = (30.0 + 25.0 * ((n as f64) / 25.0).sin()).max(1.0) as i64;
             for (i, w) in workers.iter_mut().enumerate().take(4) {

@@ -12,6 +12,7 @@
 //! to skip the browser part on a machine without Chromium; `KVPLANE_DASHBOARD_SCREENSHOT_DIR`
 //! writes the screenshots elsewhere.
 
+use crate::dashboard::Feed;
 use crate::support::node::{node_with, plain_l2, Client};
 use crate::support::{http, within};
 use bytes::Bytes;
@@ -202,15 +203,8 @@ fn feed_indexer(
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
-        let mut n: u32 = 0;
-        while started.elapsed() < FEED_LIMIT {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            n += 1;
+        let mut feed = Feed::new(Duration::from_millis(200), FEED_LIMIT, cancel);
+        while let Some(n) = feed.next::<u32>().await {
             let blocks = 1 + (n % 4);
             let base = 100_000 + n * 64;
             let tokens: Vec<u32> = (base..base + blocks * BLOCK).collect();
@@ -429,15 +423,8 @@ fn feed_coordinator(
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        let mut seq: u64 = 0;
-        while started.elapsed() < FEED_LIMIT {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            seq += 1;
+        let mut feed = Feed::new(Duration::from_millis(250), FEED_LIMIT, cancel);
+        while let Some(seq) = feed.next::<u64>().await {
             if seq.is_multiple_of(4) {
                 let path = format!("/instances/{instance}/heartbeat");
                 let _ = http(addr, "PUT", &path, None, &[]).await;
@@ -532,15 +519,8 @@ fn feed_node(lm: SocketAddr, cancel: CancellationToken) -> tokio::task::JoinHand
             .expect("connects");
         let mut client = Client { stream };
         let body = vec![7u8; 256 << 10];
-        let started = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(Duration::from_millis(150));
-        let mut n: u64 = 0;
-        while started.elapsed() < FEED_LIMIT {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            n += 1;
+        let mut feed = Feed::new(Duration::from_millis(150), FEED_LIMIT, cancel);
+        while let Some(n) = feed.next::<u64>().await {
             client.put(&format!("dash-{n}"), &body).await;
             let _ = client.get(&format!("dash-{}", n.saturating_sub(1))).await;
             if n.is_multiple_of(3) {
