@@ -63,17 +63,6 @@ fn in_sync(server: &Server, instance: &str, worker: i64, keys: &MemoryKeys) -> b
         .all(|l| index_keys(server, instance, worker, l) == keys.snapshot(l))
 }
 
-/// Admits or evicts in the model first, then through the worker.
-fn apply(worker: &WorkerHandle, keys: &MemoryKeys, admit: bool, location: &str, key: i64) {
-    if admit {
-        keys.admit(location, key);
-        worker.admit(location, key).expect("admit queued");
-    } else {
-        keys.evict(location, key);
-        worker.evict(location, key).expect("evict queued");
-    }
-}
-
 #[tokio::test]
 async fn registers_with_its_bound_port_and_deregisters_on_shutdown() {
     let server = server().await;

@@ -289,6 +289,23 @@ pub fn worker_config(pull: u16, reply: u16, instance: &str, worker_id: i64) -> W
     c
 }
 
+/// Admits (or evicts) `key` at `location` in the model `keys` first, then through `worker`.
+pub fn apply(
+    worker: &kvplane::worker::WorkerHandle,
+    keys: &kvplane::worker::MemoryKeys,
+    admit: bool,
+    location: &str,
+    key: i64,
+) {
+    if admit {
+        keys.admit(location, key);
+        worker.admit(location, key).expect("admit queued");
+    } else {
+        keys.evict(location, key);
+        worker.evict(location, key).expect("evict queued");
+    }
+}
+
 /// A loopback port bound (port 0, read back) but not listening: connections to it are refused,
 /// as to a free port, yet nobody else can take it until the hold is dropped. For a test that
 /// needs "nothing listens here yet" and binds the port itself later: drop the hold right

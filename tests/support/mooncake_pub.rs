@@ -7,7 +7,7 @@
 //! publisher (`MOONCAKE_ENABLE_KV_EVENTS` off: docs/INDEXER.md, "Mooncake envelope"), so no
 //! real one runs here.
 
-use super::vllm_pub::frames_msg;
+use super::vllm_pub::{frames_msg, tcp_addr};
 use bytes::Bytes;
 use rmp::encode::{write_array_len, write_map_len, write_nil, write_sint, write_str, write_uint};
 use std::net::SocketAddr;
@@ -101,11 +101,7 @@ impl MasterPublisher {
     pub async fn bind() -> Self {
         let mut socket = PubSocket::new();
         let ep = socket.bind("tcp://127.0.0.1:0").await.expect("bind pub");
-        let addr = ep
-            .to_string()
-            .trim_start_matches("tcp://")
-            .parse()
-            .expect("addr");
+        let addr = tcp_addr(&ep);
         Self {
             socket,
             next_seq: 1,

@@ -183,22 +183,22 @@ pub struct Publisher {
     pub replay_task: tokio::task::JoinHandle<()>,
 }
 
+/// The address of a bound `tcp://host:port` endpoint.
+pub fn tcp_addr(ep: &impl std::fmt::Display) -> SocketAddr {
+    let text = ep.to_string();
+    text.trim_start_matches("tcp://")
+        .parse()
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
 impl Publisher {
     pub async fn start() -> Self {
         let mut socket = PubSocket::new();
         let ep = socket.bind("tcp://127.0.0.1:0").await.expect("bind pub");
-        let pub_addr: SocketAddr = ep
-            .to_string()
-            .trim_start_matches("tcp://")
-            .parse()
-            .expect("addr");
+        let pub_addr = tcp_addr(&ep);
         let mut router = RouterSocket::new();
         let ep = router.bind("tcp://127.0.0.1:0").await.expect("bind router");
-        let replay_addr: SocketAddr = ep
-            .to_string()
-            .trim_start_matches("tcp://")
-            .parse()
-            .expect("addr");
+        let replay_addr = tcp_addr(&ep);
         let ring: Ring = Arc::default();
         let served = Arc::clone(&ring);
         let replay_task = tokio::spawn(async move {

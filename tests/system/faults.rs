@@ -151,15 +151,9 @@ pub(crate) async fn start_worker(config: WorkerConfig, keys: &MemoryKeys) -> Wor
     w
 }
 
-/// Admits (or evicts) in the model first, then through the worker.
+/// [`crate::support::apply`] at the CPU location.
 pub(crate) fn apply(worker: &WorkerHandle, keys: &MemoryKeys, admit: bool, key: i64) {
-    if admit {
-        keys.admit(CPU, key);
-        worker.admit(CPU, key).expect("admit queued");
-    } else {
-        keys.evict(CPU, key);
-        worker.evict(CPU, key).expect("evict queued");
-    }
+    crate::support::apply(worker, keys, admit, CPU, key);
 }
 
 pub(crate) fn model(keys: &MemoryKeys) -> BTreeSet<i128> {
