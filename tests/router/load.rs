@@ -4,7 +4,7 @@
 //! it does not (the control). An engine without `/metrics` is counted and routed on tracked
 //! load alone.
 
-use crate::support::engine::Engine;
+use crate::support::engine::engines;
 use crate::support::{eventually, http, sample, within, SLOW};
 use kvplane::router::{start, RouterConfig, RouterServer};
 use serde_json::json;
@@ -47,18 +47,13 @@ async fn picks(r: &RouterServer, run: &str, n: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_reporting_load_the_router_did_not_send_is_avoided() {
-    let engines = [
-        Engine::start("e0", &model_dir(), 4).await,
-        Engine::start("e1", &model_dir(), 4).await,
-        Engine::start("e2", &model_dir(), 4).await,
-    ];
+    let (engines, specs) = engines(&model_dir(), 3, 4).await;
     *engines[0].knobs.metrics.lock().unwrap() = Some(BUSY.into());
     *engines[1].knobs.metrics.lock().unwrap() = Some(
         "vllm:num_requests_running{model_name=\"m\"} 0\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.1\n"
             .into(),
     );
     // e2 has no /metrics (404).
-    let specs: Vec<_> = (0..3).map(|i| engines[i].spec(&format!("e{i}"))).collect();
     for weighted in [true, false] {
         let mut config = RouterConfig::new("m", specs.clone());
         config.model_dir = Some(model_dir());

@@ -6,7 +6,7 @@
 //! Needs `nats-server` (`$KVPLANE_NATS_SERVER`, `scripts/setup-nats.sh`); without it the tests
 //! FAIL with those instructions unless `KVPLANE_SKIP_NATS=1`.
 
-use crate::support::engine::Engine;
+use crate::support::engine::{engines, Engine};
 use crate::support::nats::Nats;
 use crate::support::{eventually, http, sample, within, SLOW};
 use kvplane::router::{start, EngineSpec, RouterConfig, RouterServer};
@@ -110,14 +110,10 @@ async fn two_replicas_never_both_take_the_last_free_slot() {
     let Some(nats) = Nats::start().await else {
         return;
     };
-    let engines = [
-        Engine::start("e0", &model_dir(), BS).await,
-        Engine::start("e1", &model_dir(), BS).await,
-    ];
+    let (engines, specs) = engines(&model_dir(), 2, BS).await;
     for e in &engines {
         e.knobs.gate.store(true, Ordering::Relaxed);
     }
-    let specs: Vec<EngineSpec> = (0..2).map(|i| engines[i].spec(&format!("e{i}"))).collect();
     let a = replica(specs.clone(), Some((&nats, "slots")), |_| {}).await;
     let b = replica(specs.clone(), Some((&nats, "slots")), |_| {}).await;
     for round in 0..4 {

@@ -9,7 +9,7 @@
 //! `scripts/setup-tokenizers.sh`; `scripts/test.sh` sets it); without it the test FAILS with
 //! these instructions, unless `KVPLANE_SKIP_TOKENIZERS=1` says on purpose that it is skipped.
 
-use crate::support::engine::Engine;
+use crate::support::engine::{engines, Engine};
 use crate::support::process::{Launch, Stream};
 use crate::support::{eventually, http, within, SLOW, STEP};
 use http_body_util::BodyExt;
@@ -100,16 +100,7 @@ fn cached(body: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_to_the_engine_holding_the_prefix_and_accounts_it() {
-    let engines = [
-        Engine::start("e0", &model_dir(), BS).await,
-        Engine::start("e1", &model_dir(), BS).await,
-        Engine::start("e2", &model_dir(), BS).await,
-    ];
-    let specs = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.spec(&format!("e{i}")))
-        .collect();
+    let (_engines, specs) = engines(&model_dir(), 3, BS).await;
     let r = router(specs, |_| {}).await;
     let (status, first) = post(
         r.addr,
@@ -270,11 +261,8 @@ async fn streams_pass_through_chunk_by_chunk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chats_are_tokenized_with_the_template_and_follow_their_prefix() {
-    let engines = [
-        Engine::start("e0", &model_dir(), BS).await,
-        Engine::start("e1", &model_dir(), BS).await,
-    ];
-    let r = router(vec![engines[0].spec("e0"), engines[1].spec("e1")], |_| {}).await;
+    let (_engines, specs) = engines(&model_dir(), 2, BS).await;
+    let r = router(specs, |_| {}).await;
     let system = "You answer questions about the weather in small mountain towns, briefly and \
                   with care for the facts you are given by the user";
     let chat = |q: &str| {
@@ -305,11 +293,8 @@ async fn chats_are_tokenized_with_the_template_and_follow_their_prefix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lora_and_cache_salt_are_part_of_the_key() {
-    let engines = [
-        Engine::start("e0", &model_dir(), BS).await,
-        Engine::start("e1", &model_dir(), BS).await,
-    ];
-    let r = router(vec![engines[0].spec("e0"), engines[1].spec("e1")], |_| {}).await;
+    let (_engines, specs) = engines(&model_dir(), 2, BS).await;
+    let r = router(specs, |_| {}).await;
     let ids = tokenizer().encode(PROMPT, true).unwrap();
     let full = (ids.len() / BS * BS) as u64;
     let (_, a) = post(

@@ -2,7 +2,7 @@
 //! `user`) go to the engine that served it last, though their prompts share no prefix;
 //! requests without one take turns (the control).
 
-use crate::support::engine::Engine;
+use crate::support::engine::engines;
 use crate::support::{http, sample, within};
 use kvplane::router::{start, RouterConfig, RouterServer};
 use serde_json::{json, Value};
@@ -48,15 +48,8 @@ fn distinct(picks: &[String]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_keeps_its_engine() {
-    let engines = [
-        Engine::start("e0", &model_dir(), 4).await,
-        Engine::start("e1", &model_dir(), 4).await,
-        Engine::start("e2", &model_dir(), 4).await,
-    ];
-    let mut config = RouterConfig::new(
-        "m",
-        (0..3).map(|i| engines[i].spec(&format!("e{i}"))).collect(),
-    );
+    let (_engines, specs) = engines(&model_dir(), 3, 4).await;
+    let mut config = RouterConfig::new("m", specs);
     config.model_dir = Some(model_dir());
     config.block_size = 4;
     let r = within("router starts", start(config))

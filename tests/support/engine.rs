@@ -72,6 +72,25 @@ impl Drop for Engine {
     }
 }
 
+/// `n` engines named `e0`, `e1`… on `model_dir` with blocks of `block_size` tokens, started
+/// one after the other, and their router specs (each named as its engine).
+pub async fn engines(
+    model_dir: &Path,
+    n: usize,
+    block_size: usize,
+) -> (Vec<Engine>, Vec<kvplane::router::EngineSpec>) {
+    let mut engines = Vec::with_capacity(n);
+    for i in 0..n {
+        engines.push(Engine::start(&format!("e{i}"), model_dir, block_size).await);
+    }
+    let specs = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.spec(&format!("e{i}")))
+        .collect();
+    (engines, specs)
+}
+
 impl Engine {
     /// Starts an engine named `name` tokenizing with `model_dir`'s tokenizer.
     pub async fn start(name: &str, model_dir: &Path, block_size: usize) -> Self {
