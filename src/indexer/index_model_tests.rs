@@ -8,6 +8,7 @@
 
 use super::tests::{spec, BS};
 use super::*;
+use crate::indexer::events::{Lora, Removed, Stored};
 use proptest::prelude::*;
 use std::collections::HashMap;
 

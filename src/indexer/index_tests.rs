@@ -2,6 +2,7 @@
 //! engine-hash map, clears, unregister, capacity and TTL.
 
 use super::*;
+use crate::indexer::events::{Lora, Removed, Stored};
 
 /// Tokens per block in these tests (and the replica's).
 pub(crate) const BS: u32 = 4;
