@@ -54,6 +54,22 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Whether some slot holds an id under `tag` (or, when `tag` is all of `tag_bits`, a
+    /// marker), and whether some slot is empty: one compare a vector at a time and no bit
+    /// per slot, so that a probe whose group holds no candidate (most of them) is done in a
+    /// few instructions; [`Group::scan`] is for a group that does.
+    #[inline(always)]
+    fn quick(&self, tag: u32, tag_bits: u32) -> (bool, bool) {
+        let (mut candidate, mut open) = (false, false);
+        for &e in &self.0 {
+            candidate |= e & tag_bits == tag;
+            open |= e == EMPTY;
+        }
+        (candidate, open)
+    }
+}
+
 /// The largest id a table of `id_bits`-bit ids holds (the two values above it, with an
 /// all-ones tag, are the empty and tombstone markers).
 pub(crate) fn max_id(id_bits: u32) -> u32 {
@@ -117,17 +133,20 @@ impl IdTable {
         (self.len + self.tombs + 1) * MAX_LOAD.1 > self.slots() * MAX_LOAD.0
     }
 
+    #[inline]
     fn home(&self, hash: u64) -> usize {
         ((u128::from(hash) * self.groups.len() as u128) >> 64) as usize
     }
 
     /// The tag bits of `hash`, in place above the id (the home group takes the high bits of
     /// the hash, the tag some of the low ones).
+    #[inline]
     fn tag(&self, hash: u64) -> u32 {
         (hash as u32) >> self.id_bits << self.id_bits
     }
 
     /// The group a probe goes on to after `g` (the last wraps to the first).
+    #[inline]
     fn next_group(&self, g: usize) -> usize {
         if g + 1 == self.groups.len() {
             0
@@ -136,6 +155,7 @@ impl IdTable {
         }
     }
 
+    #[inline]
     fn id_mask(&self) -> u32 {
         (1u32 << self.id_bits) - 1
     }
@@ -154,15 +174,18 @@ impl IdTable {
         let mut g = self.home(hash);
         for _ in 0..self.groups.len() {
             let group = &self.groups[g];
-            let (mut hits, open) = group.scan(tag, !mask);
-            while hits != 0 {
-                let e = group.0[hits.trailing_zeros() as usize];
-                if f(e & mask) {
-                    return true;
+            let (candidate, open) = group.quick(tag, !mask);
+            if candidate {
+                let (mut hits, _) = group.scan(tag, !mask);
+                while hits != 0 {
+                    let e = group.0[hits.trailing_zeros() as usize];
+                    if f(e & mask) {
+                        return true;
+                    }
+                    hits &= hits - 1;
                 }
-                hits &= hits - 1;
             }
-            if open != 0 {
+            if open {
                 return false;
             }
             g = self.next_group(g);
@@ -374,6 +397,35 @@ mod tests {
                 assert_eq!(a, b);
             }
             assert_eq!(built.find(key(n + 10), |_| true), None);
+        }
+    }
+
+    /// Keys whose tag is all ones, as the markers' are: the quick check of a group takes its
+    /// empty slots and tombstones for candidates, and a probe still yields only stored ids,
+    /// every one under its key included.
+    #[test]
+    fn an_all_ones_tag_never_yields_a_marker() {
+        let mut t = IdTable::with_room(64, 16);
+        // The low 32 bits all ones: the tag is all ones. The home group is group 0 for every
+        // key, so the 40 ids fill it and overflow, and removals from it leave tombstones.
+        let key = |i: u32| (u64::from(i % 4) << 40) | u64::from(u32::MAX);
+        (0..40u32).for_each(|i| t.insert(key(i), i));
+        for i in (0..40u32).step_by(3) {
+            assert!(t.remove(key(i), i));
+        }
+        assert!(t.tombs > 0);
+        for k in 0..4u32 {
+            let mut seen = Vec::new();
+            t.any(key(k), |id| {
+                seen.push(id);
+                false
+            });
+            assert!(seen.iter().all(|&id| id < 40 && id % 3 != 0), "{seen:?}");
+            for i in (0..40u32).filter(|i| i % 4 == k && i % 3 != 0) {
+                assert!(seen.contains(&i), "{i} {seen:?}");
+                assert_eq!(t.find(key(i), |j| j == i), Some(i));
+            }
+            assert_eq!(t.find(key(k), |j| j >= 40), None);
         }
     }
 

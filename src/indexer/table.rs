@@ -75,6 +75,7 @@ pub(crate) struct Rec {
 
 impl Rec {
     /// The standard sequence hash.
+    #[inline]
     pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
@@ -85,6 +86,7 @@ impl Rec {
         self.engine
     }
 
+    #[inline]
     fn lane(&self) -> usize {
         (self.meta & LANE_MASK) as usize
     }
@@ -110,6 +112,7 @@ impl Rec {
     }
 
     /// Bit `t` set for every tier `t` held (GPU 1, CPU 2, disk 4).
+    #[inline]
     pub(crate) fn mask(&self) -> u8 {
         let m = self.meta;
         u8::from(m & GPU_BIT != 0)
@@ -128,6 +131,7 @@ impl Rec {
         self.meta & TIERS == 0
     }
 
+    #[inline]
     fn continues(&self) -> bool {
         self.meta & (CONT | TIERS) > CONT
     }
@@ -135,6 +139,7 @@ impl Rec {
 
 /// MurmurHash3's 64-bit finalizer: every input bit reaches every output bit, so keys that
 /// differ only in high bits (sequential engine hashes, say) still spread over the groups.
+#[inline]
 pub(crate) fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -149,6 +154,7 @@ fn engine_key(key: u64, stream: u16, engine: u64) -> u64 {
 }
 
 /// A chain head's key in `by_block`.
+#[inline]
 fn block_key(key: u64, ns: u32, seq: u64) -> u64 {
     mix(seq ^ key.rotate_left(32) ^ u64::from(ns).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
@@ -249,11 +255,13 @@ impl Store {
     }
 
     /// The record at `id`.
+    #[inline]
     pub(crate) fn rec(&self, id: RecId) -> Rec {
         self.recs[id as usize]
     }
 
     /// The stream of a live record.
+    #[inline]
     pub(crate) fn stream_of(&self, r: &Rec) -> u16 {
         self.lanes[r.lane()].stream
     }
@@ -287,6 +295,7 @@ impl Store {
         engine_key(self.key, stream, engine)
     }
 
+    #[inline]
     fn block_key(&self, ns: u32, seq: u64) -> u64 {
         block_key(self.key, ns, seq)
     }
@@ -384,6 +393,7 @@ impl Store {
     }
 
     /// Calls `f` with every chain head holding `(ns, seq)`.
+    #[inline(always)]
     pub(crate) fn for_each_head(&self, ns: u32, seq: u64, mut f: impl FnMut(RecId)) {
         let recs = &self.recs;
         let lanes = &self.lanes;
@@ -397,6 +407,7 @@ impl Store {
     }
 
     /// The record continuing `id` in its chain, if it holds `seq`.
+    #[inline]
     pub(crate) fn next_in_chain(&self, id: RecId, seq: u64) -> Option<RecId> {
         let next = id as usize + 1;
         let r = self.recs.get(next)?;

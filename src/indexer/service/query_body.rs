@@ -196,31 +196,39 @@ mod flat {
         /// are read 8 bytes at a time (where 8 bytes are left): the number's length from a
         /// mask of the non-digit bytes, its value by [`eight_digits`], no branch per digit.
         fn token(&mut self) -> Option<u32> {
-            const LO: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-            const HI: u64 = 0xF0F0_F0F0_F0F0_F0F0;
-            const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-            const TOP: u64 = 0x8080_8080_8080_8080;
-            const ZEROS: u64 = 0x3030_3030_3030_3030;
             let rest = &self.b[self.i..];
-            if let Some(word) = rest.get(..8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
-                let w = u64::from_le_bytes(word);
-                // A byte is a digit when its high nibble is 3 and its low nibble at most 9:
-                // `bad` is non-zero in every other byte, `top` has its top bit set there.
-                let bad = ((w & HI) ^ ZEROS) | (((w & LO) + 0x0606_0606_0606_0606) & HI);
-                let top = (((bad & LOW7) + LOW7) | bad) & TOP;
-                let len = (top.trailing_zeros() / 8) as usize;
+            if let Some(word) = rest.first_chunk::<8>() {
+                let w = u64::from_le_bytes(*word);
+                let len = digit_run(w);
                 if (1..8).contains(&len) {
                     if (len > 1 && rest[0] == b'0') || matches!(rest[len], b'.' | b'e' | b'E') {
                         return None;
                     }
-                    // Digit values, the number right-aligned (leading zero digits in front);
-                    // what follows it is shifted out, borrows included.
-                    let digits = w.wrapping_sub(ZEROS) << (8 * (8 - len));
                     self.i += len;
-                    return Some(eight_digits(digits));
+                    return Some(digits_value(w, len));
                 }
             }
             u32::try_from(self.uint(U32_DIGITS)?).ok()
+        }
+
+        /// The common element, read from 8 bytes at once with no call and no branch per
+        /// digit: a token id of 1 to 7 digits, no leading zero, followed right away by `,` or
+        /// `]`. Returns the id, its length and that byte; `None` for anything else (fewer than
+        /// 8 bytes left, whitespace, a leading zero, a fraction...), which the caller reads
+        /// with [`Reader::token`] and gets the same answer.
+        #[inline(always)]
+        fn short_token(&self) -> Option<(u32, usize, u8)> {
+            let w = u64::from_le_bytes(*self.b.get(self.i..)?.first_chunk::<8>()?);
+            let len = digit_run(w);
+            if !(1..8).contains(&len) {
+                return None;
+            }
+            let after = (w >> (8 * len)) as u8;
+            let leading_zero = len > 1 && w as u8 == b'0';
+            if leading_zero || !matches!(after, b',' | b']') {
+                return None;
+            }
+            Some((digits_value(w, len), len, after))
         }
 
         /// A scalar field value.
@@ -250,6 +258,15 @@ mod flat {
                 return Some(Tokens::List(list));
             }
             loop {
+                if let Some((id, len, after)) = self.short_token() {
+                    list.push(id);
+                    self.i += len;
+                    if after == b']' {
+                        break;
+                    }
+                    self.i += 1;
+                    continue;
+                }
                 if !self.peek()?.is_ascii_digit() {
                     self.ws()?;
                 }
@@ -269,8 +286,35 @@ mod flat {
         }
     }
 
+    /// How many of the 8 bytes of `w` (the first in the lowest byte) are ASCII digits before
+    /// the first that is not one (8: all are).
+    #[inline(always)]
+    fn digit_run(w: u64) -> usize {
+        const LO: u64 = 0x0F0F_0F0F_0F0F_0F0F;
+        const HI: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+        const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+        const TOP: u64 = 0x8080_8080_8080_8080;
+        // A byte is a digit when its high nibble is 3 and its low nibble at most 9: `bad` is
+        // non-zero in every other byte, `top` has its top bit set there.
+        let bad = ((w & HI) ^ ZEROS) | (((w & LO) + 0x0606_0606_0606_0606) & HI);
+        let top = (((bad & LOW7) + LOW7) | bad) & TOP;
+        (top.trailing_zeros() / 8) as usize
+    }
+
+    /// The value of the first `len` bytes of `w` (1 to 7 ASCII digits, the first in the
+    /// lowest byte): the digit values right-aligned (leading zero digits in front), what
+    /// follows them shifted out, borrows included.
+    #[inline(always)]
+    fn digits_value(w: u64, len: usize) -> u32 {
+        eight_digits(w.wrapping_sub(ZEROS) << (8 * (8 - len)))
+    }
+
+    /// ASCII `0` in every byte.
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+
     /// The value of 8 decimal digits, one per byte, the first in the lowest byte (Lemire's
     /// SWAR conversion: pairs, then fours, then the eight).
+    #[inline(always)]
     fn eight_digits(d: u64) -> u32 {
         let d = d.wrapping_mul(10).wrapping_add(d >> 8);
         let d = (d & 0x0000_00FF_0000_00FF)
