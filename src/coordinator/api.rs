@@ -564,7 +564,8 @@ async fn prefetch_status(
         )));
     }
     let path = format!("/cache/prefetches/{request}");
-    let reply = outbound::call(&ip, port, "GET", &path, None, s.outbound_timeout)
+    let reply = outbound::MP
+        .call(&ip, port, "GET", &path, None, s.outbound_timeout)
         .await
         .map_err(|e| ApiError::BadGateway(format!("prefetch poll of '{instance}' failed: {e}")))?;
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);

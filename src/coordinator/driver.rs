@@ -429,16 +429,17 @@ pub fn http_dispatcher(timeout: Duration) -> Dispatcher {
                 body["adapter"] = serde_json::json!(adapter);
             }
             let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
-            let reply = outbound::call(
-                &d.ip,
-                d.http_port,
-                "DELETE",
-                "/cache/objects",
-                Some(&body),
-                timeout,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+            let reply = outbound::MP
+                .call(
+                    &d.ip,
+                    d.http_port,
+                    "DELETE",
+                    "/cache/objects",
+                    Some(&body),
+                    timeout,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
             if (200..300).contains(&reply.status) {
                 let said: serde_json::Value =
                     serde_json::from_slice(&reply.body).unwrap_or_default();

@@ -3,35 +3,15 @@
 //! over connect + write + read, a reply body capped whatever its framing (beyond it, a 502 for
 //! the caller), at most one idle connection kept per MP server — as `kvplane-coordinator`.
 
+use crate::web::client::Caller;
 use crate::web::error::ApiError;
 use serde_json::Value;
 use std::time::Duration;
 
 pub use crate::web::client::{ClientError as OutboundError, Reply, MAX_REPLY_BYTES};
 
-/// Sends `method path` with an optional JSON body to `host:port`.
-///
-/// # Errors
-/// [`OutboundError`] on connection failure, timeout or an unreadable reply.
-pub async fn call(
-    host: &str,
-    port: u16,
-    method: &str,
-    path: &str,
-    json: Option<&[u8]>,
-    timeout: Duration,
-) -> Result<Reply, OutboundError> {
-    crate::web::client::call(
-        host,
-        port,
-        method,
-        path,
-        json,
-        timeout,
-        "kvplane-coordinator",
-    )
-    .await
-}
+/// Every call to an MP server, as `kvplane-coordinator`.
+pub const MP: Caller = Caller("kvplane-coordinator");
 
 /// Sends `method path` with `body` as JSON to an MP server at `host:port` and reads its 2xx
 /// reply as JSON. A failure is the `ApiError` (a 502) that `failed` makes of its reason:
@@ -48,7 +28,8 @@ pub async fn call_json(
     failed: impl Fn(String) -> ApiError,
 ) -> Result<Value, ApiError> {
     let body = serde_json::to_vec(body).map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    let reply = call(host, port, method, path, Some(&body), timeout)
+    let reply = MP
+        .call(host, port, method, path, Some(&body), timeout)
         .await
         .map_err(|e| failed(e.to_string()))?;
     let text = String::from_utf8_lossy(&reply.body);

@@ -108,7 +108,7 @@ pub async fn run(
         }
         let reply = tokio::select! {
             () = shutdown.cancelled() => return seeded,
-            r = outbound::call(&ip, port, "GET", &path, None, timeout) => r,
+            r = outbound::MP.call(&ip, port, "GET", &path, None, timeout) => r,
         };
         let page = match reply {
             Ok(r) if r.status == 200 => {

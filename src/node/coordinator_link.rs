@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const L2_BACKEND: &str = "fs";
 /// The L1 backend name (LMCache's `dram`), in capacity declarations and L1 events.
 const L1_BACKEND: &str = "dram";
-const USER_AGENT: &str = "kvplane-node";
+/// Every call to the coordinator, as `kvplane-node`.
+const COORDINATOR: client::Caller = client::Caller("kvplane-node");
 
 /// What happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,16 +152,9 @@ impl Link {
     ) -> Option<Reply> {
         let c = &self.ctx.config;
         let bytes = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
-        let out = client::call(
-            &c.host,
-            c.port,
-            method,
-            path,
-            bytes.as_deref(),
-            c.timeout,
-            USER_AGENT,
-        )
-        .await;
+        let out = COORDINATOR
+            .call(&c.host, c.port, method, path, bytes.as_deref(), c.timeout)
+            .await;
         let outcome = match &out {
             Ok(r) if (200..300).contains(&r.status) => "ok",
             Ok(r) if r.status == 404 => "not_found",

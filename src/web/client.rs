@@ -1,6 +1,6 @@
 //! The HTTP client of every service: hyper's HTTP/1 client through hyper-util's pooled client.
 //! [`pooled`] builds one (the router's calls to engines hold their own, with their own pool
-//! size); [`call`] is the bounded JSON call services make to one another (the coordinator to
+//! size); [`Caller::call`] is the bounded JSON call services make to one another (the coordinator to
 //! MP servers, a node to its coordinator): a deadline over connect + write + read, the reply
 //! body capped at [`MAX_REPLY_BYTES`] whether it comes with a `Content-Length`, chunked or up
 //! to the close, and few idle connections kept per peer.
@@ -15,15 +15,15 @@ use hyper_util::rt::TokioExecutor;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// Largest reply body read by [`call`].
+/// Largest reply body read by [`Caller::call`].
 pub const MAX_REPLY_BYTES: usize = 4 << 20;
 
-/// Idle connections [`call`] keeps per peer: a node's batches to its coordinator reuse one;
+/// Idle connections [`Caller::call`] keeps per peer: a node's batches to its coordinator reuse one;
 /// a coordinator of 10,000 MP servers holds at most one idle connection to each, for
 /// [`CALL_IDLE`] at most.
 const CALL_IDLE_PER_PEER: usize = 1;
 
-/// How long an idle connection of [`call`] stays open.
+/// How long an idle connection of [`Caller::call`] stays open.
 const CALL_IDLE: Duration = Duration::from_secs(15);
 
 /// Why a call failed.
@@ -72,54 +72,60 @@ where
         .build(http)
 }
 
-/// The client every [`call`] of this process goes through.
+/// The client every [`Caller::call`] of this process goes through.
 fn shared() -> &'static Client<HttpConnector, Full<Bytes>> {
     static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
     CLIENT.get_or_init(|| pooled(None, CALL_IDLE, CALL_IDLE_PER_PEER))
 }
 
-/// Sends `method path` with an optional JSON body to `host:port`, as `user_agent`.
-///
-/// # Errors
-/// [`ClientError`] on connection failure, timeout or an unreadable reply.
-pub async fn call(
-    host: &str,
-    port: u16,
-    method: &str,
-    path: &str,
-    json: Option<&[u8]>,
-    timeout: Duration,
-    user_agent: &str,
-) -> Result<Reply, ClientError> {
-    let authority = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    };
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://{authority}{path}"))
-        .header(hyper::header::ACCEPT, "application/json")
-        .header(hyper::header::USER_AGENT, user_agent);
-    if json.is_some() {
-        req = req.header(hyper::header::CONTENT_TYPE, "application/json");
-    }
-    let req = req.body(Full::new(Bytes::copy_from_slice(json.unwrap_or_default())))?;
-    tokio::time::timeout(timeout, async {
-        let resp = shared().request(req).await?;
-        let status = resp.status().as_u16();
-        let body = Limited::new(resp.into_body(), MAX_REPLY_BYTES)
-            .collect()
-            .await
-            .map_err(|e| ClientError::BadReply(e.to_string()))?
-            .to_bytes();
-        Ok(Reply {
-            status,
-            body: body.to_vec(),
+/// A service's calls: the user agent each of them names.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller(pub &'static str);
+
+impl Caller {
+    /// Sends `method path` with an optional JSON body to `host:port`.
+    ///
+    /// # Errors
+    /// [`ClientError`] on connection failure, timeout or an unreadable reply.
+    pub async fn call(
+        self,
+        host: &str,
+        port: u16,
+        method: &str,
+        path: &str,
+        json: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Reply, ClientError> {
+        let authority = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://{authority}{path}"))
+            .header(hyper::header::ACCEPT, "application/json")
+            .header(hyper::header::USER_AGENT, self.0);
+        if json.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::new(Bytes::copy_from_slice(json.unwrap_or_default())))?;
+        tokio::time::timeout(timeout, async {
+            let resp = shared().request(req).await?;
+            let status = resp.status().as_u16();
+            let body = Limited::new(resp.into_body(), MAX_REPLY_BYTES)
+                .collect()
+                .await
+                .map_err(|e| ClientError::BadReply(e.to_string()))?
+                .to_bytes();
+            Ok(Reply {
+                status,
+                body: body.to_vec(),
+            })
         })
-    })
-    .await
-    .map_err(|_| ClientError::Timeout(timeout))?
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))?
+    }
 }
 
 #[cfg(test)]
@@ -150,16 +156,9 @@ mod tests {
     }
 
     async fn get(port: u16) -> Result<Reply, ClientError> {
-        call(
-            "127.0.0.1",
-            port,
-            "GET",
-            "/x",
-            None,
-            Duration::from_secs(5),
-            "t",
-        )
-        .await
+        Caller("t")
+            .call("127.0.0.1", port, "GET", "/x", None, Duration::from_secs(5))
+            .await
     }
 
     #[tokio::test]
@@ -195,16 +194,16 @@ mod tests {
     async fn a_silent_peer_times_out_and_a_closed_port_fails() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
-        let r = call(
-            "127.0.0.1",
-            port,
-            "GET",
-            "/",
-            None,
-            Duration::from_millis(200),
-            "t",
-        )
-        .await;
+        let r = Caller("t")
+            .call(
+                "127.0.0.1",
+                port,
+                "GET",
+                "/",
+                None,
+                Duration::from_millis(200),
+            )
+            .await;
         assert!(matches!(r, Err(ClientError::Timeout(_))));
         drop(l);
         assert!(matches!(get(port).await, Err(ClientError::Transport(_))));

@@ -321,7 +321,7 @@ async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
         let body = body.map(|b| b.to_string());
         let r = within(
             "request",
-            coordinator::outbound::call(
+            coordinator::outbound::MP.call(
                 "127.0.0.1",
                 addr.port(),
                 method,

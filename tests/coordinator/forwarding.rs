@@ -207,16 +207,17 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
         let addr = server.addr;
         async move {
             let body = v.to_string();
-            coordinator::outbound::call(
-                "127.0.0.1",
-                addr.port(),
-                "POST",
-                path,
-                Some(body.as_bytes()),
-                Duration::from_secs(2),
-            )
-            .await
-            .unwrap()
+            coordinator::outbound::MP
+                .call(
+                    "127.0.0.1",
+                    addr.port(),
+                    "POST",
+                    path,
+                    Some(body.as_bytes()),
+                    Duration::from_secs(2),
+                )
+                .await
+                .unwrap()
         }
     };
     let r = within(
