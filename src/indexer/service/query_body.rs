@@ -211,26 +211,6 @@ mod flat {
             u32::try_from(self.uint(U32_DIGITS)?).ok()
         }
 
-        /// The common element, read from 8 bytes at once with no call and no branch per
-        /// digit: a token id of 1 to 7 digits, no leading zero, followed right away by `,` or
-        /// `]`. Returns the id, its length and that byte; `None` for anything else (fewer than
-        /// 8 bytes left, whitespace, a leading zero, a fraction...), which the caller reads
-        /// with [`Reader::token`] and gets the same answer.
-        #[inline(always)]
-        fn short_token(&self) -> Option<(u32, usize, u8)> {
-            let w = u64::from_le_bytes(*self.b.get(self.i..)?.first_chunk::<8>()?);
-            let len = digit_run(w);
-            if !(1..8).contains(&len) {
-                return None;
-            }
-            let after = (w >> (8 * len)) as u8;
-            let leading_zero = len > 1 && w as u8 == b'0';
-            if leading_zero || !matches!(after, b',' | b']') {
-                return None;
-            }
-            Some((digits_value(w, len), len, after))
-        }
-
         /// A scalar field value.
         fn value(&mut self) -> Option<Value> {
             match self.ws()? {
@@ -258,14 +238,10 @@ mod flat {
                 return Some(Tokens::List(list));
             }
             loop {
-                if let Some((id, len, after)) = self.short_token() {
-                    list.push(id);
-                    self.i += len;
-                    if after == b']' {
-                        break;
-                    }
-                    self.i += 1;
-                    continue;
+                let (next, closed) = short_tokens(self.b, self.i, &mut list);
+                self.i = next;
+                if closed {
+                    return Some(Tokens::List(list));
                 }
                 if !self.peek()?.is_ascii_digit() {
                     self.ws()?;
@@ -286,27 +262,53 @@ mod flat {
         }
     }
 
+    /// The common elements of `token_ids` from `b[i..]`, one after another, each read from
+    /// 8 bytes at once with no branch per digit and no call: a token id of 1 to 7 digits, no
+    /// leading zero, followed right away by `,` or `]`. Returns where it stopped and whether
+    /// that is just past the closing `]`; else it stopped on an element of another form
+    /// (fewer than 8 bytes left, whitespace, a leading zero, a fraction, 8 digits or more,
+    /// not a number...), which the caller reads with [`Reader::token`] and its checks.
+    fn short_tokens(b: &[u8], mut i: usize, list: &mut Vec<u32>) -> (usize, bool) {
+        while let Some(word) = b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+            let w = u64::from_le_bytes(*word);
+            let len = digit_run(w);
+            if !(1..8).contains(&len) {
+                break;
+            }
+            let after = (w >> (8 * len)) as u8;
+            let leading_zero = len > 1 && w as u8 == b'0';
+            if leading_zero || !matches!(after, b',' | b']') {
+                break;
+            }
+            list.push(digits_value(w, len));
+            i += len + 1;
+            if after == b']' {
+                return (i, true);
+            }
+        }
+        (i, false)
+    }
+
     /// How many of the 8 bytes of `w` (the first in the lowest byte) are ASCII digits before
     /// the first that is not one (8: all are).
     #[inline(always)]
     fn digit_run(w: u64) -> usize {
-        const LO: u64 = 0x0F0F_0F0F_0F0F_0F0F;
-        const HI: u64 = 0xF0F0_F0F0_F0F0_F0F0;
         const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
         const TOP: u64 = 0x8080_8080_8080_8080;
-        // A byte is a digit when its high nibble is 3 and its low nibble at most 9: `bad` is
-        // non-zero in every other byte, `top` has its top bit set there.
-        let bad = ((w & HI) ^ ZEROS) | (((w & LO) + 0x0606_0606_0606_0606) & HI);
-        let top = (((bad & LOW7) + LOW7) | bad) & TOP;
+        // A byte is a digit when, XORed with `0`, it is below 10: adding 0x76 to its low 7
+        // bits sets its top bit from 10 on (no carry into the next byte), and a byte whose
+        // top bit was set is no digit either.
+        let x = w ^ ZEROS;
+        let top = (((x & LOW7) + 0x7676_7676_7676_7676) | x) & TOP;
         (top.trailing_zeros() / 8) as usize
     }
 
     /// The value of the first `len` bytes of `w` (1 to 7 ASCII digits, the first in the
-    /// lowest byte): the digit values right-aligned (leading zero digits in front), what
-    /// follows them shifted out, borrows included.
+    /// lowest byte): the digit values (a digit XOR `0`) right-aligned, leading zero digits
+    /// in front, what follows them shifted out.
     #[inline(always)]
     fn digits_value(w: u64, len: usize) -> u32 {
-        eight_digits(w.wrapping_sub(ZEROS) << (8 * (8 - len)))
+        eight_digits((w ^ ZEROS) << (8 * (8 - len)))
     }
 
     /// ASCII `0` in every byte.
