@@ -17,8 +17,8 @@ use crate::index::{
 use crate::net::host_port;
 use crate::protocol::{
     BatchedKVOperationMsg, BatchedP2PLookupRetMsg, ChunkHash, ErrorMsg, FullSyncStartRetMsg,
-    FullSyncStatusRetMsg, HeartbeatCommand, HeartbeatRetMsg, KVAdmitMsg, KVEvictMsg, KVOpEvent,
-    Msg, OpType, RegisterRetMsg, Wire,
+    FullSyncStatusRetMsg, HeartbeatCommand, HeartbeatRetMsg, KVOpEvent, Msg, OpType,
+    RegisterRetMsg, Wire,
 };
 use std::collections::HashMap;
 
@@ -109,34 +109,33 @@ fn port_of(port: i64) -> Result<u16, String> {
 /// for; any other message as it is. LMCache 0.5.6 decodes and ignores them; applying them
 /// is what their sender meant (Mooncake's JSON integration sends them).
 fn as_batch(msg: Msg) -> Msg {
-    let (op_type, m) = match msg {
-        Msg::KVAdmitMsg(m) => (OpType::Admit, m),
-        Msg::KVEvictMsg(KVEvictMsg {
-            instance_id,
-            worker_id,
-            key,
-            location,
-            seq_num,
-        }) => (
+    let (op_type, instance_id, worker_id, location, key, seq_num) = match msg {
+        Msg::KVAdmitMsg(m) => (
+            OpType::Admit,
+            m.instance_id,
+            m.worker_id,
+            m.location,
+            m.key,
+            m.seq_num,
+        ),
+        Msg::KVEvictMsg(m) => (
             OpType::Evict,
-            KVAdmitMsg {
-                instance_id,
-                worker_id,
-                key,
-                location,
-                seq_num,
-            },
+            m.instance_id,
+            m.worker_id,
+            m.location,
+            m.key,
+            m.seq_num,
         ),
         other => return other,
     };
     Msg::BatchedKVOperationMsg(BatchedKVOperationMsg {
-        instance_id: m.instance_id,
-        worker_id: m.worker_id,
-        location: m.location,
+        instance_id,
+        worker_id,
+        location,
         operations: vec![KVOpEvent {
             op_type,
-            key: m.key,
-            seq_num: m.seq_num,
+            key,
+            seq_num,
         }],
     })
 }

@@ -3,7 +3,9 @@
 use super::*;
 use crate::index::IndexConfig;
 use crate::protocol::ChunkHash;
-use crate::protocol::{DeRegisterMsg, FullSyncStartMsg, HeartbeatMsg, KVAdmitMsg, RegisterMsg};
+use crate::protocol::{
+    DeRegisterMsg, FullSyncStartMsg, HeartbeatMsg, KVAdmitMsg, KVEvictMsg, RegisterMsg,
+};
 
 fn fleet() -> Fleet {
     Fleet::new(
@@ -334,6 +336,17 @@ fn push_messages_report_their_drop_reason() {
     let (res, _) = f.on_push(admit, 1.0);
     assert_eq!(res, Ok(()));
     assert_eq!(f.index().key_count(), 1);
+    // The legacy evict removes what the legacy admit added.
+    let evict = Msg::KVEvictMsg(KVEvictMsg {
+        instance_id: "a".into(),
+        worker_id: 0,
+        key: ChunkHash::from_i64(7),
+        location: "cpu".into(),
+        seq_num: 1,
+    });
+    let (res, _) = f.on_push(evict, 2.0);
+    assert_eq!(res, Ok(()));
+    assert_eq!(f.index().key_count(), 0);
 }
 
 #[test]
