@@ -27,7 +27,10 @@
 //!   access policy and its `/openapi.json` are all derived;
 //! * `limits` — the HTTP limits, their defaults and their reporting;
 //! * `stack` — [`stack::Stack`]: the layers every service's router is finished with;
-//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts;
+//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts,
+//!   over TLS with [`serve::serve_tls`];
+//! * `tls` — `--tls-cert`/`--tls-key`/`--tls-client-ca` on every HTTP listener, reloaded when
+//!   the files change;
 //! * `testing` — (tests only) one GET through a router and its body, JSON and content type.
 
 pub mod access;
@@ -49,6 +52,7 @@ pub mod serve;
 pub mod stack;
 #[cfg(test)]
 pub mod testing;
+pub mod tls;
 
 pub use limits::HttpLimits;
-pub use serve::serve;
+pub use serve::{serve, serve_tls};
