@@ -9,12 +9,13 @@ use crate::coordinator::changes::tests::{
     batch, config, fleet_view, key, model_view, reg, stores, Follower,
 };
 use crate::coordinator::changes::Change;
-use crate::coordinator::driver::{self, Timing};
+use crate::coordinator::driver::{self, wall_now, Timing};
 use crate::coordinator::events::Op;
 use crate::coordinator::events::Tier;
 use crate::coordinator::logged::ChangeLog;
 use crate::coordinator::model::Model;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
