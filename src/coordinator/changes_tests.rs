@@ -663,3 +663,28 @@ fn a_snapshot_over_the_limits_is_refused() {
     }));
     assert!(Replicated::restore(&small, dump).is_err());
 }
+
+/// A store after a delete that dropped the last placement of its backend, in one batch, keeps
+/// its backend's name: the directory holds the batch's backend while it applies the batch
+/// (it freed the name at the delete, and the store then named an empty backend).
+#[test]
+fn a_store_after_the_delete_of_its_backends_last_placement_names_the_backend() {
+    let ops = vec![
+        Op::Store(key(1, "u"), 1),
+        Op::Delete(key(1, "u")),
+        Op::Store(key(0, "t"), 1),
+    ];
+    let mut s = CoordinatorState::new(Model::new(config()));
+    apply_change(
+        &mut s,
+        Change::Apply {
+            batch: batch("a", 1, Tier::L2, ops),
+        },
+        T0,
+        clock(T0).0,
+    );
+    let found = s.model.directory.lookup(&[key(0, "t"), key(1, "u")]);
+    assert_eq!(found[0].placements.len(), 1);
+    assert_eq!(found[0].placements[0].backend, "fs");
+    assert!(found[1].placements.is_empty());
+}
