@@ -20,7 +20,6 @@ use super::driver::Dispatcher;
 use super::{Coordinator, CoordinatorConfig, Leading};
 use crate::cluster::{Candidate, ClusterConfig, Fence, LeaderService, LeaseGuard, Owned};
 use crate::service::{Running, StartError};
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -113,8 +112,8 @@ impl LeaderService for Serves {
     type Bound = (TcpListener, SocketAddr);
     type Server = Coordinator;
 
-    fn bind(&self) -> impl Future<Output = Result<Self::Bound, String>> + Send {
-        async { super::bind(&self.config).await.map_err(|e| e.to_string()) }
+    async fn bind(&self) -> Result<Self::Bound, String> {
+        super::bind(&self.config).await.map_err(|e| e.to_string())
     }
 
     fn serve(self, bound: Self::Bound) -> Running<Coordinator> {
