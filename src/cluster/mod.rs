@@ -449,3 +449,5 @@ async fn read(
 #[path = "core_tests.rs"]
 pub(crate) mod core_tests;
 
+#[cfg(test)]
+pub(crate) mod laws;
