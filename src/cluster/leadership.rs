@@ -154,8 +154,9 @@ impl<H: Host> Candidate<H> {
         self.follower.status()
     }
 
-    /// Waits for the lease, then takes over (see [`Follower::take_over`]) and opens the fence.
-    /// `None` once `cancel`: the service's tasks are stopped and drained.
+    /// Waits for the lease, then takes over (the follower announces the epoch, reads the log
+    /// back to it and starts the leader's log) and opens the fence. `None` once `cancel`: the
+    /// service's tasks are stopped and drained.
     pub async fn elect(self, cancel: &CancellationToken) -> Option<Elected<H::State>> {
         let Some(leadership) = self.follower.take_over(cancel).await else {
             self.stop.cancel();
