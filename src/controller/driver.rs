@@ -395,7 +395,8 @@ impl Shared {
                         self.metrics.clone(),
                         &self.tasks,
                         self.shutdown.clone(),
-                    );
+                    )
+                    .with_fence(self.cluster().and_then(|c| c.fence()).cloned());
                     // Replacing an older entry drops its sender: that task ends.
                     world.live.insert(
                         key,

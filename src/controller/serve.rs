@@ -9,10 +9,9 @@
 use super::{loops, BoundAddrs, Clock, RouterKind, Shared};
 use crate::config::{MonitorPorts, ServeConfig};
 use crate::net::host_port;
-use crate::service::{bind_tcp, Running, StartError, DRAIN_DEADLINE};
+use crate::service::{bind_tcp, Running, StartError};
 use crate::transport;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The running controller's state: its bound addresses and its driver.
@@ -185,8 +184,7 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
 /// [`standby`] and [`run_leader`].
 pub struct Leadership {
     shared: Arc<Shared>,
-    standby: super::cluster::Standby,
-    lease: crate::cluster::Lease,
+    elected: crate::cluster::Elected<super::model::Fleet>,
 }
 
 /// Runs a controller as a hot standby of its cluster (docs/CLUSTER.md): follows the leader's
@@ -201,29 +199,17 @@ pub async fn standby(
     shutdown: &CancellationToken,
 ) -> Result<Option<Leadership>, StartError> {
     let shared = Arc::new(Shared::new(config, None));
-    let stop = shared.shutdown_token().clone();
-    // Any error below stops the tasks started so far.
-    let stop_on_error = stop.clone().drop_guard();
-    let standby = super::cluster::Standby::join(cluster, &shared, false)
+    let candidate = super::cluster::standby(cluster, &shared)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
-    let Some(lease) = standby.take_over(&shared, shutdown).await else {
-        stop.cancel();
-        shared.tasks().close();
-        let _ = tokio::time::timeout(DRAIN_DEADLINE, shared.tasks().wait()).await;
-        return Ok(None);
-    };
-    stop_on_error.disarm();
-    Ok(Some(Leadership {
-        shared,
-        standby,
-        lease,
-    }))
+    let elected = super::cluster::take_over(candidate, &shared, shutdown).await;
+    Ok(elected.map(|elected| Leadership { shared, elected }))
 }
 
-/// Serves as the cluster's leader until `shutdown` (the lease is released) or until the lease
-/// is lost (an error: the process must stop; restarted, it is a standby). Binding is retried
-/// while the lease holds, for a deposed leader that still holds the ports.
+/// Serves as the cluster's leader until `shutdown` (serving stops, then the lease is
+/// released) or until the lease is lost (an error: the process must stop; restarted, it is a
+/// standby), on the cluster's one leader loop ([`crate::cluster::Elected::lead`]): binding is
+/// retried while the lease holds, for a deposed leader that still holds the ports.
 ///
 /// # Errors
 /// [`StartError::Cluster`] when the lease is lost.
@@ -231,40 +217,11 @@ pub async fn run_leader(
     leadership: Leadership,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    let Leadership {
-        shared,
-        standby,
-        lease,
-    } = leadership;
-    let hold = standby.hold(lease, &shutdown);
-    tokio::pin!(hold);
-    let bind = async {
-        loop {
-            match serve_shared(Arc::clone(&shared)).await {
-                Ok(server) => return server,
-                Err(e) => {
-                    tracing::warn!("leader cannot bind yet ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    };
-    let server = tokio::select! {
-        server = bind => server,
-        held = &mut hold => {
-            shared.shutdown_token().cancel();
-            return held.map_err(StartError::Cluster);
-        }
-    };
-    let held = hold.await;
-    if held.is_err() {
-        tracing::error!("the controller lease was lost: stopping at once");
-        shutdown.cancel();
-    } else {
-        tracing::info!("shutting down");
-    }
-    server.stop().await;
-    held.map_err(StartError::Cluster)
+    let Leadership { shared, elected } = leadership;
+    elected
+        .lead(super::cluster::Binds(shared), &shutdown)
+        .await
+        .map_err(StartError::Cluster)
 }
 
 /// Runs a read replica of the cluster's controller (`serve --cluster --replica`,
@@ -288,7 +245,7 @@ pub async fn run_replica(
     config.health_check_interval = None;
     let shared = Arc::new(Shared::new(config, None));
     let stop_on_error = shared.shutdown_token().clone().drop_guard();
-    let _standby = super::cluster::Standby::join(cluster, &shared, true)
+    let _replica = super::cluster::replica(cluster, &shared)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
     let server = serve_shared(shared).await?;

@@ -270,6 +270,11 @@ impl Directory {
             self.l1.insert(inst, hashbrown::HashSet::new());
         }
         let backend = self.backends.intern(&b.backend);
+        // Held while the batch applies: a delete that drops the backend's last placement must
+        // not free the name a later store of the batch uses.
+        if let Some(x) = backend {
+            self.backends.hold(x);
+        }
         // The model records a batch of stores tail first (its LRU); the directory keeps the
         // sender's order, as 0.5.6 lists keys in the order they were first stored.
         let all_stores = b.ops.iter().all(|op| matches!(op, Op::Store(..)));
@@ -306,7 +311,7 @@ impl Directory {
         }
         self.instances.release_if_unused(inst);
         if let Some(x) = backend {
-            self.backends.release_if_unused(x);
+            self.backends.release(x);
         }
         for t in &b.tokens {
             self.bind_tokens(t);

@@ -1,6 +1,8 @@
-//! A replica against an ingester's index fed the same changes: equal answers, a new epoch
-//! starts over, a gap is seen and reported, duplicates are ignored, records survive the codec;
-//! a snapshot restores the very index (arena positions included) and the log goes on from it.
+//! A replica against an ingester's index fed the same changes: the replica's state obeys the
+//! replication laws (`crate::cluster::laws`: the codec, gaps, duplicates, fencing, snapshots
+//! restoring the very index with its arena positions); the ingester's own path gives the same
+//! answers after every op; a new epoch starts over from an empty index; a sliced TTL sweep
+//! replicates slice by slice; a snapshot over the limits is refused.
 
 use super::*;
 use crate::cluster::{apply_record, Applied, LogCursor};
@@ -161,22 +163,6 @@ fn a_follower_answers_as_the_ingester_after_every_op() {
 }
 
 #[test]
-fn duplicates_are_ignored_and_a_gap_is_reported() {
-    let mut follower = Follower::new(IndexConfig::default());
-    let all = ops(1, &changes());
-    for op in &all[..3] {
-        follower.apply(op);
-    }
-    let before = follower.index().memberships();
-    assert_eq!(follower.apply(&all[2]), Applied::Stale);
-    assert_eq!(follower.index().memberships(), before);
-    assert!(follower.cursor.in_sync());
-    assert_eq!(follower.apply(&all[4]), Applied::AfterGap);
-    assert!(!follower.cursor.in_sync());
-    assert_eq!(follower.cursor.gaps(), 1);
-}
-
-#[test]
 fn a_new_epoch_starts_over_from_an_empty_index() {
     let mut follower = Follower::new(IndexConfig::default());
     for op in ops(1, &changes()) {
@@ -188,13 +174,6 @@ fn a_new_epoch_starts_over_from_an_empty_index() {
     assert_eq!(follower.apply(&restarted[1]), Applied::InOrder);
     assert_eq!(follower.index().memberships(), 0);
     assert!(follower.cursor.in_sync());
-    assert_eq!(follower.cursor.epoch_seq(), (Some(2), 2));
-    // A deposed ingester (an older epoch) writing on changes nothing.
-    assert_eq!(follower.apply(&ops(1, &changes())[4]), Applied::Fenced);
-    // Joining an epoch mid-way: applied, but not in sync.
-    let mut late = Follower::new(IndexConfig::default());
-    assert_eq!(late.apply(&ops(3, &changes())[3]), Applied::NewEpoch);
-    assert!(!late.cursor.in_sync());
 }
 
 fn ttl_10s() -> IndexConfig {
@@ -259,60 +238,6 @@ fn a_sliced_ttl_sweep_replicates_slice_by_slice() {
     );
 }
 
-/// A replica's index dumped mid-log, through its bytes, restored elsewhere: the very same
-/// index (the same dump again), and the rest of the log applied on top gives the ingester's
-/// index, arena positions included (a sliced sweep after the restore drops what it drops on
-/// the ingester).
-#[test]
-fn a_snapshot_restores_the_index_and_the_log_goes_on_from_it() {
-    let config = ttl_10s();
-    let (mut leader, mut ids) = (Index::new(config), Vec::new());
-    let log = ops(4, &swept(stored(3, 800, Medium::Gpu), 3));
-    let mid = 4;
-    let mut first = Follower::new(config);
-    for op in &log {
-        lead(&mut leader, &mut ids, &op.change);
-    }
-    for op in &log[..mid] {
-        first.apply(op);
-    }
-    let bytes =
-        crate::cluster::encode_snapshot(&first.cursor.position(), &Replicated::dump(&first.core));
-    let (position, dump): (crate::cluster::Position, CoreDump) =
-        crate::cluster::decode_snapshot(&bytes).expect("decodes");
-    let mut restored = Follower {
-        cursor: LogCursor::at(position),
-        core: Replicated::restore(&Core::new(config), dump).expect("fits"),
-    };
-    assert_eq!(
-        crate::cluster::encode_snapshot(&position, &Replicated::dump(&restored.core)),
-        bytes,
-        "the same index again"
-    );
-    for op in &log[mid..] {
-        assert_eq!(restored.apply(op), Applied::InOrder);
-    }
-    assert!(restored.cursor.in_sync());
-    assert_eq!(restored.index().dump(), leader.dump());
-    assert!(leader.counters().expired > 0, "the sweep dropped something");
-    let tokens: Vec<u32> = (1..=6 * BS).collect();
-    assert_eq!(
-        restored.index().query_tokens(&scope(), &tokens),
-        leader.query_tokens(&scope(), &tokens)
-    );
-    // The ingester's stream ids still map after the restore: a removal reaches the stream.
-    let gone = Record {
-        epoch: 4,
-        seq: log.len() as u64 + 1,
-        at_ms: 0,
-        now: 0.0,
-        change: Change::RemoveStream { stream: 1 },
-    };
-    restored.apply(&gone);
-    lead(&mut leader, &mut ids, &gone.change);
-    assert_eq!(restored.index().dump(), leader.dump());
-}
-
 /// A snapshot this replica's configuration cannot hold, or that is not an index, is refused.
 #[test]
 fn a_snapshot_over_the_limits_or_of_another_ttl_or_broken_is_refused() {
@@ -331,4 +256,95 @@ fn a_snapshot_over_the_limits_or_of_another_ttl_or_broken_is_refused() {
         ..IndexConfig::default()
     });
     assert!(Replicated::restore(&other_ttl, dump.clone()).is_err());
+}
+
+/// The replica's state under the replication laws: logs of streams added and removed, stored,
+/// removed and cleared blocks of every tier, cleared streams and TTL sweeps (whole and in
+/// slices), the ingester's clock going forward, on a 10 s TTL.
+mod laws {
+    use super::*;
+    use crate::cluster::laws::{check, obey, Subject};
+    use proptest::prelude::*;
+
+    const STREAMS: u32 = 3;
+
+    fn medium() -> impl Strategy<Value = Medium> + Clone {
+        prop_oneof![Just(Medium::Gpu), Just(Medium::Cpu), Just(Medium::Disk)]
+    }
+
+    fn event() -> impl Strategy<Value = KvEvent> {
+        prop_oneof![
+            3 => (1..5u32, 0..12u64, medium())
+                .prop_map(|(blocks, base, medium)| stored(blocks, 100 + base, medium)),
+            2 => (prop::collection::vec(100..116u64, 1..4), medium()).prop_map(
+                |(hashes, medium)| KvEvent::Removed(Removed {
+                    hashes,
+                    medium,
+                    group: None,
+                })
+            ),
+            1 => prop::option::of(medium()).prop_map(KvEvent::Cleared),
+        ]
+    }
+
+    /// A change; an `Apply`'s or a sweep's `now` is set by its place in the log.
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            2 => (0..STREAMS, 0..2usize).prop_map(|(stream, i)| Change::AddStream {
+                stream,
+                spec: spec(["a", "b"][i], stream),
+            }),
+            1 => (0..STREAMS).prop_map(|stream| Change::RemoveStream { stream }),
+            6 => (
+                prop::collection::vec(0..STREAMS, 1..3),
+                prop::collection::vec(event(), 1..4),
+            )
+                .prop_map(|(streams, events)| Change::Apply {
+                    streams,
+                    events,
+                    now: 0,
+                }),
+            1 => (0..STREAMS, prop::option::of(medium()))
+                .prop_map(|(stream, tier)| Change::ClearStream { stream, tier }),
+            1 => Just(Change::Expire { now: 0 }),
+            1 => (0..8u64, 1..8u64).prop_map(|(from, len)| Change::ExpireSlice {
+                from,
+                len,
+                now: 0,
+            }),
+        ]
+    }
+
+    /// Change `i` happens at `3 i` seconds.
+    fn timed(mut changes: Vec<Change>) -> Vec<Change> {
+        for (i, c) in changes.iter_mut().enumerate() {
+            let at = 3 * u32::try_from(i).unwrap_or(u32::MAX / 4);
+            match c {
+                Change::Apply { now, .. }
+                | Change::Expire { now }
+                | Change::ExpireSlice { now, .. } => *now = at,
+                _ => {}
+            }
+        }
+        changes
+    }
+
+    impl Subject for Core {
+        fn empty() -> Self {
+            Core::new(ttl_10s())
+        }
+
+        fn changes() -> BoxedStrategy<Vec<Change>> {
+            prop::collection::vec(change(), 0..16)
+                .prop_map(timed)
+                .boxed()
+        }
+    }
+
+    #[test]
+    fn the_replica_obeys_the_replication_laws() {
+        obey::<Core>(&changes());
+        obey::<Core>(&swept(stored(3, 800, Medium::Gpu), 3));
+        check::<Core>(64);
+    }
 }
