@@ -8,17 +8,14 @@
 //! calls with timeouts). Routes: [`routes`]. The index is the indexer's own
 //! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
 
-pub mod accounting;
+pub mod cluster;
 pub mod config;
 pub mod discovery;
 pub mod doctor;
 mod metrics;
+pub mod model;
 pub mod routes;
-pub mod score;
 pub mod scrape;
-pub mod sessions;
-pub mod shared;
-pub mod slots;
 pub mod state;
 pub mod tokenize;
 pub mod upstream;
@@ -34,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{EngineSpec, RouterArgs, RouterConfig};
+pub use model::score::Weights;
 
 /// The running router's state.
 pub struct Router {
@@ -136,7 +134,7 @@ async fn launch(
         Some(cluster) => {
             let instances: Vec<String> =
                 config.engines.iter().map(|e| e.instance.clone()).collect();
-            let joined = shared::Shared::start(
+            let joined = cluster::Shared::start(
                 cluster.clone(),
                 &instances,
                 config.reservation_ttl,

@@ -5,7 +5,7 @@
 //!
 //! Must not: block a request (the loop runs beside them), or keep a figure past its freshness.
 
-use super::score::Reported;
+use super::model::score::Reported;
 use super::state::RouterState;
 use super::upstream;
 use std::sync::Arc;

@@ -1,13 +1,13 @@
 //! The router's driver: the engines with the load it tracks, the in-process index, the
-//! tokenizer, and the decision (tokens → index rows → [`super::score`]) with its reservation:
-//! local, or shared with the other replicas through the cluster ([`super::shared`]), where a
+//! tokenizer, and the decision (tokens → index rows → [`super::model::score`]) with its reservation:
+//! local, or shared with the other replicas through the cluster ([`super::cluster`]), where a
 //! decision and its reservation are one step (decide, write if nobody wrote since, else decide
 //! again).
 
-use super::accounting::{Accounting, Outcome};
+use super::cluster::{Miss, Shared};
 use super::metrics::RouterMetrics;
-use super::score::{self, Candidate, Load, Matched, Reported};
-use super::shared::{Miss, Shared};
+use super::model::accounting::{Accounting, Outcome};
+use super::model::score::{self, Candidate, Load, Matched, Reported};
 use super::tokenize::ModelTokenizer;
 use super::upstream::{self, HttpClient};
 use super::{EngineSpec, RouterConfig};
@@ -216,7 +216,7 @@ pub struct RouterState {
     /// The reservations shared with the other replicas (`--cluster`).
     pub shared: Option<Arc<Shared>>,
     /// The engine each session went to last.
-    pub sessions: Mutex<super::sessions::Sessions>,
+    pub sessions: Mutex<super::model::sessions::Sessions>,
     rotate: AtomicUsize,
 }
 
@@ -261,9 +261,9 @@ impl RouterState {
             client,
             metrics,
             accounting: Mutex::new(Accounting::default()),
-            sessions: Mutex::new(super::sessions::Sessions::new(
+            sessions: Mutex::new(super::model::sessions::Sessions::new(
                 session_ttl,
-                super::sessions::MAX_SESSIONS,
+                super::model::sessions::MAX_SESSIONS,
             )),
             shared,
             rotate: AtomicUsize::new(0),
@@ -495,7 +495,7 @@ impl RouterState {
                 Some(e) if e == instance => "kept",
                 Some(_) => "moved",
             };
-            if sessions.note(id, instance, now) == super::sessions::Noted::Full {
+            if sessions.note(id, instance, now) == super::model::sessions::Noted::Full {
                 self.metrics
                     .limits_hit
                     .with_label_values(&["sessions"])
@@ -583,7 +583,7 @@ impl RouterState {
                     None => continue,
                 }
             };
-            let blocks = super::slots::sample(hashes);
+            let blocks = super::model::slots::sample(hashes);
             match shared
                 .reserve(&engine.spec.instance, engine.slots, blocks)
                 .await

@@ -341,13 +341,13 @@ const SESSION_HEADER: &str = "x-session-id";
 
 /// The request's session: the `x-session-id` header, else the body's `user` (OpenAI's end-user
 /// id); `None` without one, or when it is empty or longer than
-/// [`super::sessions::MAX_SESSION_ID`].
+/// [`super::model::sessions::MAX_SESSION_ID`].
 fn session_id(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
     let id = match headers.get(SESSION_HEADER) {
         Some(h) => h.to_str().ok()?.to_owned(),
         None => body.get("user")?.as_str()?.to_owned(),
     };
-    (!id.is_empty() && id.len() <= super::sessions::MAX_SESSION_ID).then_some(id)
+    (!id.is_empty() && id.len() <= super::model::sessions::MAX_SESSION_ID).then_some(id)
 }
 
 /// Sets `stream_options.include_usage` unless the request set it; whether it did.
@@ -641,7 +641,7 @@ async fn metrics(
     out.response()
 }
 
-fn totals_json(t: &super::accounting::Totals) -> Value {
+fn totals_json(t: &super::model::accounting::Totals) -> Value {
     json!({"requests": t.requests, "reusable": t.reusable, "predicted": t.predicted,
            "delivered": t.delivered, "unpredicted": t.unpredicted,
            "delivered_ratio": t.delivered_ratio(), "hit_ratio": t.hit_ratio(),

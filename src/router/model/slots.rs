@@ -2,7 +2,7 @@
 //! that do not herd"): the value of the engine's entry in the cluster's compare-and-set
 //! bucket, a list of reservations each with its replica, its deadline and the blocks its
 //! request will add (a sample of its prompt's chained block hashes, [`sample`]). Pure: no clock (the
-//! caller passes `now`), no I/O; the driver (`shared.rs`) reads, changes and writes it back
+//! caller passes `now`), no I/O; the driver (`cluster.rs`) reads, changes and writes it back
 //! only if nobody wrote it since.
 
 use bytes::Bytes;

@@ -5,9 +5,9 @@
 //! was read. Every entry is watched into a local view; a conflict reads the entry again.
 //!
 //! Owns: the view, the write of a reservation, the release queue and its worker. Must not:
-//! score (that is `score.rs`), or hold a reservation past its deadline in the view's counts.
+//! score (that is `model/score.rs`), or hold a reservation past its deadline in the view's counts.
 
-use super::slots::{Held, Refused, Table};
+use super::model::slots::{Held, Refused, Table};
 use crate::cluster::{CasBucket, CasEntry, CasError, Cluster, ClusterConfig};
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
