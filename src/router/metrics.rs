@@ -36,7 +36,7 @@ pub struct RouterMetrics {
     pub discovery_changes: IntCounterVec,
     /// Registrations a read could not use, by reason (`unreadable`, `subscribe_refused`).
     pub discovery_skipped: IntCounterVec,
-    /// Registrations not routed to at the last read, by reason ([`super::discovery::Plan`]).
+    /// Registrations not routed to at the last read, by reason ([`super::model::discovery::Plan`]).
     pub discovery_unrouted: IntGaugeVec,
     /// Engines discovered at the last read.
     pub discovered: IntGauge,
