@@ -7,7 +7,7 @@
 //! Owns: the view, the write of a reservation, the release queue and its worker. Must not:
 //! score (that is `model/score.rs`), or hold a reservation past its deadline in the view's counts.
 
-use super::model::slots::{Held, Refused, Table};
+use super::model::slots::{Held, NoSlot, Table};
 use crate::cluster::{CasBucket, CasEntry, CasError, Cluster, ClusterConfig};
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
@@ -59,13 +59,13 @@ pub enum Miss {
     /// Another replica wrote the entry since it was read (the view is read again).
     Conflict,
     /// The engine's slots are all held, or its entry is at its bound.
-    Full(Refused),
+    Full(NoSlot),
     /// NATS did not answer.
     Unreachable(String),
 }
 
 /// The shared reservations of one replica.
-pub struct Shared {
+pub struct SharedSlots {
     bucket: CasBucket,
     /// This replica's id in the entries.
     pub replica: u64,
@@ -87,7 +87,7 @@ pub fn key(instance: &str) -> String {
     format!("engine.{hex}")
 }
 
-impl Shared {
+impl SharedSlots {
     /// Joins `cluster`'s bucket, reads the entries of `instances` (the engines known at
     /// start), and starts the watch (every entry, those of engines discovered later too) and
     /// the release worker.
@@ -236,8 +236,8 @@ impl Shared {
         let outcome = |o: &str| self.counters.reservations.with_label_values(&[o]).inc();
         if let Err(refused) = table.reserve(held, slots, now) {
             outcome(match refused {
-                Refused::Full => "full",
-                Refused::TooMany => "too_many",
+                NoSlot::Full => "full",
+                NoSlot::TooMany => "too_many",
             });
             return Err(Miss::Full(refused));
         }

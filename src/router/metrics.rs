@@ -1,6 +1,6 @@
 //! The router's metrics (`kvplane_router_*`): every name and help text is here.
 
-use super::model::accounting::Totals;
+use super::model::accounting::Tally;
 use crate::web::exposition::Exposition;
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -261,7 +261,7 @@ pub struct EngineGauges<'a> {
 }
 
 impl RouterMetrics {
-    fn totals(&self, engine: &str, t: &Totals) {
+    fn totals(&self, engine: &str, t: &Tally) {
         for (kind, v) in [
             ("reusable", t.reusable),
             ("predicted", t.predicted),

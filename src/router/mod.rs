@@ -135,7 +135,7 @@ async fn launch(
         Some(cluster) => {
             let instances: Vec<String> =
                 config.engines.iter().map(|e| e.instance.clone()).collect();
-            let joined = cluster::Shared::start(
+            let joined = cluster::SharedSlots::start(
                 cluster.clone(),
                 &instances,
                 config.reservation_ttl,

@@ -12,7 +12,7 @@ pub const MAX_DISCOVERED: usize = 1024;
 
 /// What the registrations give the router.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
+pub struct Discovered {
     /// One engine per instance, by instance.
     pub engines: Vec<EngineSpec>,
     /// The registrations of those engines (every data-parallel rank).
@@ -35,8 +35,8 @@ fn http_of(reg: &Registration, port: Option<u16>) -> Option<String> {
 
 /// The engines `regs` give a router configured as `config` (its `--engine` instances are
 /// its own and left out).
-pub fn plan(regs: &[Registration], config: &RouterConfig) -> Plan {
-    let mut out = Plan::default();
+pub fn plan(regs: &[Registration], config: &RouterConfig) -> Discovered {
+    let mut out = Discovered::default();
     let mut by_instance: BTreeMap<&str, EngineSpec> = BTreeMap::new();
     let mut skip = |why| *out.skipped.entry(why).or_insert(0) += 1;
     for reg in regs {

@@ -74,7 +74,7 @@ pub struct Held {
 
 /// Why a reservation was not added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
+pub enum NoSlot {
     /// The engine's slots are all held.
     Full,
     /// The entry already holds [`MAX_HELD`] reservations.
@@ -143,13 +143,13 @@ impl Table {
     /// Adds `held` unless `slots` (when set) are all taken by live reservations.
     ///
     /// # Errors
-    /// [`Refused`]: full, or the entry is at [`MAX_HELD`].
-    pub fn reserve(&mut self, held: Held, slots: Option<u64>, now_ms: u64) -> Result<(), Refused> {
+    /// [`NoSlot`]: full, or the entry is at [`MAX_HELD`].
+    pub fn reserve(&mut self, held: Held, slots: Option<u64>, now_ms: u64) -> Result<(), NoSlot> {
         if slots.is_some_and(|s| self.live(now_ms) >= s) {
-            return Err(Refused::Full);
+            return Err(NoSlot::Full);
         }
         if self.held.len() >= MAX_HELD {
-            return Err(Refused::TooMany);
+            return Err(NoSlot::TooMany);
         }
         self.held.push(held);
         Ok(())
@@ -214,7 +214,7 @@ mod tests {
         let mut t = Table::default();
         assert_eq!(t.reserve(held(1, 7, 100), Some(2), 10), Ok(()));
         assert_eq!(t.reserve(held(2, 8, 100), Some(2), 10), Ok(()));
-        assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Err(Refused::Full));
+        assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Err(NoSlot::Full));
         // Unlimited slots take it; a released one frees the slot.
         assert_eq!(t.release(&[1, 9]), 1);
         assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Ok(()));
@@ -226,7 +226,7 @@ mod tests {
     fn expired_reservations_stop_counting_and_are_pruned() {
         let mut t = Table::default();
         t.reserve(held(1, 7, 50), Some(1), 10).unwrap();
-        assert_eq!(t.reserve(held(2, 7, 200), Some(1), 40), Err(Refused::Full));
+        assert_eq!(t.reserve(held(2, 7, 200), Some(1), 40), Err(NoSlot::Full));
         // Past its deadline the slot is free, though the entry still lists it.
         assert_eq!(t.live(60), 0);
         t.reserve(held(2, 7, 200), Some(1), 60).unwrap();
@@ -242,7 +242,7 @@ mod tests {
         }
         assert_eq!(
             t.reserve(held(u64::MAX, 1, u64::MAX), None, 0),
-            Err(Refused::TooMany)
+            Err(NoSlot::TooMany)
         );
         let bytes = t.encode();
         assert!(bytes.len() <= 32 * MAX_HELD, "{}", bytes.len());

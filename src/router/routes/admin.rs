@@ -3,7 +3,7 @@
 
 use super::St;
 use crate::router::doctor::{self, Verdict};
-use crate::router::model::accounting::Totals;
+use crate::router::model::accounting::Tally;
 use crate::router::state::RouterState;
 use crate::web::access::Access;
 use crate::web::openapi::Operation;
@@ -49,7 +49,7 @@ pub(super) fn operations() -> Vec<Operation> {
     ]
 }
 
-fn totals_json(t: &Totals) -> Value {
+fn totals_json(t: &Tally) -> Value {
     json!({"requests": t.requests, "reusable": t.reusable, "predicted": t.predicted,
            "delivered": t.delivered, "unpredicted": t.unpredicted,
            "delivered_ratio": t.delivered_ratio(), "hit_ratio": t.hit_ratio(),

@@ -4,7 +4,7 @@
 
 use super::St;
 use crate::router::model::sessions::MAX_SESSION_ID;
-use crate::router::state::{Decision, Kind, NoRoute, Reservation, RouterState};
+use crate::router::state::{Decision, NoRoute, RequestKind, Reservation, RouterState};
 use crate::router::upstream::{self, Failure, StreamObserver};
 use crate::web::access::Access;
 use crate::web::error::{ApiError, Refusal};
@@ -90,11 +90,11 @@ fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> 
 }
 
 async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, Kind::Completion, headers, body).await
+    proxy(st, RequestKind::Completion, headers, body).await
 }
 
 async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, Kind::Chat, headers, body).await
+    proxy(st, RequestKind::Chat, headers, body).await
 }
 
 fn status_class(s: StatusCode) -> &'static str {
@@ -107,10 +107,15 @@ fn status_class(s: StatusCode) -> &'static str {
 
 /// Tokenize, decide, then send to the engines in the decided order until one takes the
 /// request (only a refused connection moves on: anything later could have started work).
-async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
+async fn proxy(
+    st: Arc<RouterState>,
+    kind: RequestKind,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = match kind {
-        Kind::Completion => "/v1/completions",
-        Kind::Chat => "/v1/chat/completions",
+        RequestKind::Completion => "/v1/completions",
+        RequestKind::Chat => "/v1/chat/completions",
     };
     let parsed: Map<String, Value> = match serde_json::from_slice(&body) {
         Ok(Value::Object(m)) => m,
