@@ -23,7 +23,7 @@ pub mod upstream;
 
 use crate::indexer::service::api::Registration;
 use crate::indexer::service::IndexerConfig;
-use crate::service::{bind_tcp, Running, StartError};
+use crate::service::{bind_host, Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -127,7 +127,7 @@ async fn launch(
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))
         })?;
     }
-    let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
+    let (listener, bound) = bind_host("http", &config.host, config.port).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let metrics = metrics::RouterMetrics::default();
