@@ -21,17 +21,17 @@ use tokio_util::task::TaskTracker;
 
 /// Releases waiting to be written; beyond, a release is dropped (counted) and its
 /// reservation expires at its deadline.
-pub const RELEASE_QUEUE: usize = 65_536;
+pub(super) const RELEASE_QUEUE: usize = 65_536;
 
 /// Writes tried per batch of releases of one engine before giving up (counted).
 const RELEASE_ATTEMPTS: usize = 16;
 
 /// Longest wait for NATS to answer one read or write of an entry.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// After NATS did not answer, reservations are local only for this long (counted as
 /// `unreachable`) instead of each request waiting its turn for [`CALL_TIMEOUT`].
-pub const BACKOFF_MS: u64 = 1000;
+pub(super) const BACKOFF_MS: u64 = 1000;
 
 /// The counters the shared reservations bump (`kvplane_router_*`, registered in the router's
 /// metrics).
@@ -82,7 +82,7 @@ pub struct SharedSlots {
 }
 
 /// An engine's key: `engine.` and its instance name in hex (keys take few characters).
-pub fn key(instance: &str) -> String {
+pub(super) fn key(instance: &str) -> String {
     let hex: String = instance.bytes().map(|b| format!("{b:02x}")).collect();
     format!("engine.{hex}")
 }

@@ -112,7 +112,7 @@ fn mirror(
 
 /// One read of the registrations: the engines beyond `--engine`'s become the ones found.
 /// A failed read changes nothing (counted).
-pub async fn pass(st: &RouterState, mirrored: &mut BTreeMap<String, Registration>) {
+pub(super) async fn pass(st: &RouterState, mirrored: &mut BTreeMap<String, Registration>) {
     let Some(source) = &st.config.discover else {
         return;
     };
@@ -162,7 +162,7 @@ pub async fn pass(st: &RouterState, mirrored: &mut BTreeMap<String, Registration
 /// Reads the registrations every `--discovery-interval` until `shutdown` (`mirrored`: what
 /// a first [`pass`] registered); registrations made for a separate indexer's engines are
 /// removed from the router's index at the end.
-pub async fn discovery_loop(
+pub(super) async fn discovery_loop(
     st: Arc<RouterState>,
     mut mirrored: BTreeMap<String, Registration>,
     shutdown: CancellationToken,

@@ -2,22 +2,35 @@
 //! vLLM or SGLang engines that sends each request to the engine holding the most of its
 //! prompt's KV cache, weighed against the load it tracks.
 //!
-//! Flags and their validated form: [`config`]. Pure: [`score`] (the decision) and
-//! [`accounting`] (predicted against delivered cached tokens). Driver: [`state`] (engines and their load, the in-process index, the tokenizer,
-//! reservations), [`tokenize`] (tokenizer.json and the chat template), [`upstream`] (engine
-//! calls with timeouts). Routes: [`routes`]. The index is the indexer's own
-//! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
+//! The service's anatomy (docs/ARCHITECTURE.md), as every service's:
+//! - this file: starting it ([`start`], [`start_beside`], `--doctor`), the server type;
+//! - [`config`]: its flags and their validated form, [`RouterConfig`];
+//! - `model/`: the pure state — the decision (`score`), predicted against delivered cached
+//!   tokens (`accounting`), one engine's shared reservations (`slots`), the sessions'
+//!   engines (`sessions`), which registrations become engines (`discovery`), an engine's
+//!   Prometheus text read (`scrape`); no I/O, no clock;
+//! - the driver: `state.rs` (`RouterState`: the engines and their load, the in-process
+//!   index, the tokenizer, the decision and its reservation), [`tokenize`] (tokenizer.json and
+//!   the chat template), [`upstream`] (engine calls with timeouts), [`doctor`] (the
+//!   hash-parity probe), `discovery.rs`, `scrape.rs` and `health.rs` (the loops reading the
+//!   registrations, the engines' metrics and their health);
+//! - `cluster.rs`: `--cluster`, the reservations the replicas share;
+//! - `routes/`: one file per resource (the OpenAI routes, the probes, `/router/*`);
+//! - `metrics.rs`: its metric families.
+//!
+//! The index is the indexer's own ([`crate::indexer::service`]), run in process and fed by
+//! the engines' KV events.
 
-pub mod cluster;
+mod cluster;
 pub mod config;
-pub mod discovery;
+mod discovery;
 pub mod doctor;
 mod health;
 mod metrics;
-pub mod model;
-pub mod routes;
-pub mod scrape;
-pub mod state;
+pub(crate) mod model;
+mod routes;
+mod scrape;
+pub(crate) mod state;
 pub mod tokenize;
 pub mod upstream;
 

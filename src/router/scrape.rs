@@ -13,10 +13,10 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// Largest `/metrics` body read (a bigger one is not used, counted `too_large`).
-pub const MAX_METRICS_BYTES: usize = 4 << 20;
+pub(super) const MAX_METRICS_BYTES: usize = 4 << 20;
 
 /// Scrapes every engine each interval until `shutdown` (the first scrape at once).
-pub async fn scrape_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
+pub(super) async fn scrape_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
     let Some(every) = st.config.engine_metrics_interval else {
         return;
     };

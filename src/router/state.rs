@@ -166,7 +166,7 @@ pub enum NoRoute {
 }
 
 /// Tries of one route-and-reserve before it gives up ([`NoRoute::Contended`]).
-pub const ROUTE_ATTEMPTS: usize = 8;
+pub(crate) const ROUTE_ATTEMPTS: usize = 8;
 
 /// The routing decision for one request.
 #[derive(Debug)]

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 
 /// Discovered engines at most; registrations beyond are not routed to (counted
 /// `over_limit`).
-pub const MAX_DISCOVERED: usize = 1024;
+pub(crate) const MAX_DISCOVERED: usize = 1024;
 
 /// What the registrations give the router.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Discovered {
+pub(crate) struct Discovered {
     /// One engine per instance, by instance.
     pub engines: Vec<EngineSpec>,
     /// The registrations of those engines (every data-parallel rank).
@@ -35,7 +35,7 @@ fn http_of(reg: &Registration, port: Option<u16>) -> Option<String> {
 
 /// The engines `regs` give a router configured as `config` (its `--engine` instances are
 /// its own and left out).
-pub fn plan(regs: &[Registration], config: &RouterConfig) -> Discovered {
+pub(crate) fn plan(regs: &[Registration], config: &RouterConfig) -> Discovered {
     let mut out = Discovered::default();
     let mut by_instance: BTreeMap<&str, EngineSpec> = BTreeMap::new();
     let mut skip = |why| *out.skipped.entry(why).or_insert(0) += 1;

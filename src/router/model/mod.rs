@@ -6,9 +6,9 @@
 //! each session went to last), [`discovery`] (which registrations become engines), [`scrape`]
 //! (an engine's Prometheus text read into its figures).
 
-pub mod accounting;
-pub mod discovery;
-pub mod score;
-pub mod scrape;
-pub mod sessions;
-pub mod slots;
+pub(crate) mod accounting;
+pub(crate) mod discovery;
+pub(crate) mod score;
+pub(crate) mod scrape;
+pub(crate) mod sessions;
+pub(crate) mod slots;

@@ -17,7 +17,7 @@ const KV_USAGE: &[&str] = &[
 /// The engine's figures in a Prometheus text exposition: running and waiting summed over
 /// every label set (models, data-parallel ranks), KV usage the highest. `None` when it holds
 /// neither request series.
-pub fn parse(text: &str) -> Option<Reported> {
+pub(crate) fn parse(text: &str) -> Option<Reported> {
     let (mut running, mut waiting, mut usage): (Option<f64>, Option<f64>, Option<f64>) =
         (None, None, None);
     for line in text.lines() {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 type St = State<Arc<RouterState>>;
 
 /// The router's axum router, on the HTTP stack ([`crate::web::stack`]).
-pub fn router(state: Arc<RouterState>, stack: &Stack) -> Router {
+pub(super) fn router(state: Arc<RouterState>, stack: &Stack) -> Router {
     let doc = Arc::new(openapi::document(
         "kvplane router",
         &operations(),
