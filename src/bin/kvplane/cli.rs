@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(c.engines[1].events.as_deref(), Some("tcp://h:5557"));
         assert_eq!(c.engines[1].replay.as_deref(), Some("tcp://h:5558"));
         assert_eq!(c.engines[1].dp_rank, 2);
-        assert_eq!(c.weights, kvplane::router::score::Weights::default());
+        assert_eq!(c.weights, kvplane::router::Weights::default());
         for (bad, says) in [
             (vec!["--engine", "10.0.0.5:8000"], "must start with http://"),
             (

@@ -5,9 +5,9 @@
 //! was read. Every entry is watched into a local view; a conflict reads the entry again.
 //!
 //! Owns: the view, the write of a reservation, the release queue and its worker. Must not:
-//! score (that is `score.rs`), or hold a reservation past its deadline in the view's counts.
+//! score (that is `model/score.rs`), or hold a reservation past its deadline in the view's counts.
 
-use super::slots::{Held, Refused, Table};
+use super::model::slots::{Held, NoSlot, Table};
 use crate::cluster::{CasBucket, CasEntry, CasError, Cluster, ClusterConfig};
 use parking_lot::Mutex;
 use prometheus::IntCounterVec;
@@ -21,17 +21,17 @@ use tokio_util::task::TaskTracker;
 
 /// Releases waiting to be written; beyond, a release is dropped (counted) and its
 /// reservation expires at its deadline.
-pub const RELEASE_QUEUE: usize = 65_536;
+pub(super) const RELEASE_QUEUE: usize = 65_536;
 
 /// Writes tried per batch of releases of one engine before giving up (counted).
 const RELEASE_ATTEMPTS: usize = 16;
 
 /// Longest wait for NATS to answer one read or write of an entry.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// After NATS did not answer, reservations are local only for this long (counted as
 /// `unreachable`) instead of each request waiting its turn for [`CALL_TIMEOUT`].
-pub const BACKOFF_MS: u64 = 1000;
+pub(super) const BACKOFF_MS: u64 = 1000;
 
 /// The counters the shared reservations bump (`kvplane_router_*`, registered in the router's
 /// metrics).
@@ -59,13 +59,13 @@ pub enum Miss {
     /// Another replica wrote the entry since it was read (the view is read again).
     Conflict,
     /// The engine's slots are all held, or its entry is at its bound.
-    Full(Refused),
+    Full(NoSlot),
     /// NATS did not answer.
     Unreachable(String),
 }
 
 /// The shared reservations of one replica.
-pub struct Shared {
+pub struct SharedSlots {
     bucket: CasBucket,
     /// This replica's id in the entries.
     pub replica: u64,
@@ -82,12 +82,12 @@ pub struct Shared {
 }
 
 /// An engine's key: `engine.` and its instance name in hex (keys take few characters).
-pub fn key(instance: &str) -> String {
+pub(super) fn key(instance: &str) -> String {
     let hex: String = instance.bytes().map(|b| format!("{b:02x}")).collect();
     format!("engine.{hex}")
 }
 
-impl Shared {
+impl SharedSlots {
     /// Joins `cluster`'s bucket, reads the entries of `instances` (the engines known at
     /// start), and starts the watch (every entry, those of engines discovered later too) and
     /// the release worker.
@@ -236,8 +236,8 @@ impl Shared {
         let outcome = |o: &str| self.counters.reservations.with_label_values(&[o]).inc();
         if let Err(refused) = table.reserve(held, slots, now) {
             outcome(match refused {
-                Refused::Full => "full",
-                Refused::TooMany => "too_many",
+                NoSlot::Full => "full",
+                NoSlot::TooMany => "too_many",
             });
             return Err(Miss::Full(refused));
         }

@@ -2,7 +2,7 @@
 //! that do not herd"): the value of the engine's entry in the cluster's compare-and-set
 //! bucket, a list of reservations each with its replica, its deadline and the blocks its
 //! request will add (a sample of its prompt's chained block hashes, [`sample`]). Pure: no clock (the
-//! caller passes `now`), no I/O; the driver (`shared.rs`) reads, changes and writes it back
+//! caller passes `now`), no I/O; the driver (`cluster.rs`) reads, changes and writes it back
 //! only if nobody wrote it since.
 
 use bytes::Bytes;
@@ -11,21 +11,21 @@ use serde::{Deserialize, Serialize};
 /// Most reservations one engine's entry holds (about 27 bytes each on NATS, plus up to
 /// [`MAX_SAMPLES`] × 14 bytes of blocks); a reservation beyond is refused like a full engine
 /// and counted.
-pub const MAX_HELD: usize = 1024;
+pub(crate) const MAX_HELD: usize = 1024;
 
 /// Every prefix length up to this many blocks is sampled ([`sample`]); beyond, powers of two.
-pub const DENSE_BLOCKS: u32 = 16;
+pub(crate) const DENSE_BLOCKS: u32 = 16;
 
 /// Most block samples one reservation carries: the first [`DENSE_BLOCKS`], the powers of two
 /// after them up to 2^31, and the last.
-pub const MAX_SAMPLES: usize = 16 + 27 + 1;
+pub(crate) const MAX_SAMPLES: usize = 16 + 27 + 1;
 
 /// The prefixes of a prompt a reservation carries, as `(blocks, chained hash of those
 /// blocks)`: every length up to [`DENSE_BLOCKS`], then every power of two, then the whole.
 /// `hashes[i]` is the chained hash of the first `i + 1` blocks. A prompt sharing `k` blocks
 /// with it is then seen to share exactly `k` up to 16 blocks or when it extends it whole,
 /// else at least half of `k`.
-pub fn sample(hashes: &[u64]) -> Vec<(u32, u64)> {
+pub(crate) fn sample(hashes: &[u64]) -> Vec<(u32, u64)> {
     let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
     let mut out: Vec<(u32, u64)> = Vec::new();
     let mut k = 1u32;
@@ -43,11 +43,12 @@ pub fn sample(hashes: &[u64]) -> Vec<(u32, u64)> {
     if n > 0 && out.last().is_none_or(|(b, _)| *b != n) {
         out.push((n, hashes[n as usize - 1]));
     }
+    debug_assert!(out.len() <= MAX_SAMPLES);
     out
 }
 
 /// Blocks of a prompt (`hashes`, chained) that `samples` show it shares.
-pub fn shared_blocks(samples: &[(u32, u64)], hashes: &[u64]) -> u32 {
+pub(crate) fn shared_blocks(samples: &[(u32, u64)], hashes: &[u64]) -> u32 {
     samples
         .iter()
         .filter(|(b, h)| *b > 0 && hashes.get(*b as usize - 1) == Some(h))
@@ -59,7 +60,7 @@ pub fn shared_blocks(samples: &[(u32, u64)], hashes: &[u64]) -> u32 {
 /// One routed request's share of an engine, held by one replica until its answer ends or its
 /// deadline passes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Held {
+pub(crate) struct Held {
     /// Unique per reservation (random).
     pub id: u64,
     /// The replica that holds it (random per process).
@@ -74,7 +75,7 @@ pub struct Held {
 
 /// Why a reservation was not added.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
+pub enum NoSlot {
     /// The engine's slots are all held.
     Full,
     /// The entry already holds [`MAX_HELD`] reservations.
@@ -83,7 +84,7 @@ pub enum Refused {
 
 /// One engine's reservations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Table {
+pub(crate) struct Table {
     /// Live and expired reservations, oldest first.
     pub held: Vec<Held>,
 }
@@ -93,7 +94,7 @@ impl Table {
     ///
     /// # Errors
     /// Bytes that are not a table (another version's, or damaged).
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
         if bytes.is_empty() {
             return Ok(Self::default());
         }
@@ -105,17 +106,17 @@ impl Table {
     }
 
     /// The entry's value.
-    pub fn encode(&self) -> Bytes {
+    pub(crate) fn encode(&self) -> Bytes {
         Bytes::from(rmp_serde::to_vec(&self.held).unwrap_or_default())
     }
 
     /// Reservations that still count at `now`.
-    pub fn live(&self, now_ms: u64) -> u64 {
+    pub(crate) fn live(&self, now_ms: u64) -> u64 {
         self.held.iter().filter(|h| h.until_ms > now_ms).count() as u64
     }
 
     /// Reservations of replicas other than `replica` that still count at `now`.
-    pub fn others(&self, replica: u64, now_ms: u64) -> u64 {
+    pub(crate) fn others(&self, replica: u64, now_ms: u64) -> u64 {
         self.held
             .iter()
             .filter(|h| h.replica != replica && h.until_ms > now_ms)
@@ -124,7 +125,7 @@ impl Table {
 
     /// The most blocks of a prompt (`hashes`, chained) that a reservation still counting at
     /// `now` will add.
-    pub fn pending(&self, now_ms: u64, hashes: &[u64]) -> u32 {
+    pub(crate) fn pending(&self, now_ms: u64, hashes: &[u64]) -> u32 {
         self.held
             .iter()
             .filter(|h| h.until_ms > now_ms)
@@ -134,7 +135,7 @@ impl Table {
     }
 
     /// Drops the reservations whose deadline passed; how many.
-    pub fn prune(&mut self, now_ms: u64) -> usize {
+    pub(crate) fn prune(&mut self, now_ms: u64) -> usize {
         let before = self.held.len();
         self.held.retain(|h| h.until_ms > now_ms);
         before - self.held.len()
@@ -143,20 +144,25 @@ impl Table {
     /// Adds `held` unless `slots` (when set) are all taken by live reservations.
     ///
     /// # Errors
-    /// [`Refused`]: full, or the entry is at [`MAX_HELD`].
-    pub fn reserve(&mut self, held: Held, slots: Option<u64>, now_ms: u64) -> Result<(), Refused> {
+    /// [`NoSlot`]: full, or the entry is at [`MAX_HELD`].
+    pub(crate) fn reserve(
+        &mut self,
+        held: Held,
+        slots: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(), NoSlot> {
         if slots.is_some_and(|s| self.live(now_ms) >= s) {
-            return Err(Refused::Full);
+            return Err(NoSlot::Full);
         }
         if self.held.len() >= MAX_HELD {
-            return Err(Refused::TooMany);
+            return Err(NoSlot::TooMany);
         }
         self.held.push(held);
         Ok(())
     }
 
     /// Removes the reservations named in `ids`; how many were there.
-    pub fn release(&mut self, ids: &[u64]) -> usize {
+    pub(crate) fn release(&mut self, ids: &[u64]) -> usize {
         let before = self.held.len();
         self.held.retain(|h| !ids.contains(&h.id));
         before - self.held.len()
@@ -214,7 +220,7 @@ mod tests {
         let mut t = Table::default();
         assert_eq!(t.reserve(held(1, 7, 100), Some(2), 10), Ok(()));
         assert_eq!(t.reserve(held(2, 8, 100), Some(2), 10), Ok(()));
-        assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Err(Refused::Full));
+        assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Err(NoSlot::Full));
         // Unlimited slots take it; a released one frees the slot.
         assert_eq!(t.release(&[1, 9]), 1);
         assert_eq!(t.reserve(held(3, 8, 100), Some(2), 10), Ok(()));
@@ -226,7 +232,7 @@ mod tests {
     fn expired_reservations_stop_counting_and_are_pruned() {
         let mut t = Table::default();
         t.reserve(held(1, 7, 50), Some(1), 10).unwrap();
-        assert_eq!(t.reserve(held(2, 7, 200), Some(1), 40), Err(Refused::Full));
+        assert_eq!(t.reserve(held(2, 7, 200), Some(1), 40), Err(NoSlot::Full));
         // Past its deadline the slot is free, though the entry still lists it.
         assert_eq!(t.live(60), 0);
         t.reserve(held(2, 7, 200), Some(1), 60).unwrap();
@@ -242,7 +248,7 @@ mod tests {
         }
         assert_eq!(
             t.reserve(held(u64::MAX, 1, u64::MAX), None, 0),
-            Err(Refused::TooMany)
+            Err(NoSlot::TooMany)
         );
         let bytes = t.encode();
         assert!(bytes.len() <= 32 * MAX_HELD, "{}", bytes.len());

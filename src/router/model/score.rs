@@ -63,7 +63,7 @@ impl Load {
 
 /// One engine as scoring sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// Cached tokens per tier.
     pub matched: Matched,
     /// Tracked load.
@@ -116,7 +116,7 @@ impl Default for Weights {
 
 /// Cached tokens weighted by tier: GPU tokens count fully, tokens beyond them that the CPU
 /// tier holds count `cpu_tier`, the rest of the longest mixed prefix `disk_tier`.
-pub fn weighted_hit(m: Matched, w: &Weights) -> f64 {
+pub(crate) fn weighted_hit(m: Matched, w: &Weights) -> f64 {
     let gpu = m.gpu.min(m.longest);
     let cpu = m.cpu.max(gpu).min(m.longest);
     gpu as f64 + w.cpu_tier * (cpu - gpu) as f64 + w.disk_tier * (m.longest - cpu) as f64
@@ -125,7 +125,7 @@ pub fn weighted_hit(m: Matched, w: &Weights) -> f64 {
 /// Each candidate's score: `overlap · hit/prompt − load · units/max(load_scale, max units)
 /// − kv_usage · cache used + session (the session's engine)`, `units` [`Load::blended`].
 /// Down candidates score `-inf`.
-pub fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<f64> {
+pub(crate) fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<f64> {
     let units: Vec<f64> = candidates
         .iter()
         .map(|c| c.load.blended(w.engine_metrics))
@@ -162,7 +162,7 @@ pub fn scores(candidates: &[Candidate], prompt_tokens: u64, w: &Weights) -> Vec<
 /// With temperature 0: the best score; ties go to the least loaded, then to the first at or
 /// after `rotate` (so equal engines take turns). Otherwise a softmax draw at that
 /// temperature, `draw` in `[0, 1)`.
-pub fn choose(
+pub(crate) fn choose(
     candidates: &[Candidate],
     prompt_tokens: u64,
     w: &Weights,
@@ -214,7 +214,7 @@ pub fn choose(
 
 /// What vLLM can reuse of a prompt: never its last token (it must compute one to sample),
 /// in whole blocks. `longest` is clamped to that.
-pub fn reusable(longest: u64, prompt_tokens: u64, block_size: u32) -> u64 {
+pub(crate) fn reusable(longest: u64, prompt_tokens: u64, block_size: u32) -> u64 {
     let bs = u64::from(block_size.max(1));
     let cap = prompt_tokens.saturating_sub(1) / bs * bs;
     longest.min(cap)

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 /// One answered request's figures, in tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Delivery {
     /// What the engine could at most reuse of the prompt (whole blocks, never the last
     /// token).
     pub reusable: u64,
@@ -32,10 +32,10 @@ pub struct Misses {
     pub index_stale: u64,
 }
 
-impl Outcome {
+impl Delivery {
     /// The split of `reusable − delivered`. Tokens delivered beyond the prediction (the
     /// engine held more than the index knew) reduce the stale count first, and what remains
-    /// of them is [`Outcome::unpredicted`].
+    /// of them is [`Delivery::unpredicted`].
     pub fn misses(&self) -> Misses {
         let predicted = self.predicted.min(self.best);
         let best = self.best.min(self.reusable);
@@ -55,7 +55,7 @@ impl Outcome {
 
 /// Sums for one engine (or the whole router).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Totals {
+pub struct Tally {
     /// Requests whose engine reported cached tokens.
     pub requests: u64,
     /// Reusable tokens.
@@ -70,8 +70,8 @@ pub struct Totals {
     pub misses: Misses,
 }
 
-impl Totals {
-    fn add(&mut self, o: &Outcome) {
+impl Tally {
+    fn add(&mut self, o: &Delivery) {
         let m = o.misses();
         self.requests += 1;
         self.reusable += o.reusable;
@@ -97,18 +97,18 @@ impl Totals {
 /// Sums per engine, and overall.
 #[derive(Debug, Default)]
 pub struct Accounting {
-    per_engine: BTreeMap<String, Totals>,
-    overall: Totals,
+    per_engine: BTreeMap<String, Tally>,
+    overall: Tally,
 }
 
 impl Accounting {
     /// Records one answered request of `engine`.
-    pub fn record(&mut self, engine: &str, o: &Outcome) {
+    pub fn record(&mut self, engine: &str, o: &Delivery) {
         self.overall.add(o);
         match self.per_engine.get_mut(engine) {
             Some(t) => t.add(o),
             None => {
-                let mut t = Totals::default();
+                let mut t = Tally::default();
                 t.add(o);
                 self.per_engine.insert(engine.to_owned(), t);
             }
@@ -116,12 +116,12 @@ impl Accounting {
     }
 
     /// The whole router's sums.
-    pub fn overall(&self) -> Totals {
+    pub fn overall(&self) -> Tally {
         self.overall
     }
 
     /// Each engine's sums (engines that answered with usage at least once).
-    pub fn per_engine(&self) -> &BTreeMap<String, Totals> {
+    pub fn per_engine(&self) -> &BTreeMap<String, Tally> {
         &self.per_engine
     }
 }
@@ -130,8 +130,8 @@ impl Accounting {
 mod tests {
     use super::*;
 
-    fn o(reusable: u64, best: u64, predicted: u64, delivered: u64) -> Outcome {
-        Outcome {
+    fn o(reusable: u64, best: u64, predicted: u64, delivered: u64) -> Delivery {
+        Delivery {
             reusable,
             best,
             predicted,

@@ -9,10 +9,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// Sessions remembered at most.
-pub const MAX_SESSIONS: usize = 100_000;
+pub(crate) const MAX_SESSIONS: usize = 100_000;
 
 /// Longest session id kept (a longer one is not a session, counted).
-pub const MAX_SESSION_ID: usize = 256;
+pub(crate) const MAX_SESSION_ID: usize = 256;
 
 /// The engine each session went to last.
 #[derive(Debug)]

@@ -1,72 +1,33 @@
-//! The router's HTTP routes: the OpenAI-compatible front (`/v1/completions`,
-//! `/v1/chat/completions`, `/v1/models`), `/health`, `/metrics` and `/router/stats`.
+//! The OpenAI-compatible front: `POST /v1/completions` and `POST /v1/chat/completions`
+//! (tokenize, decide, send to the chosen engine, pass its answer on and account its
+//! `usage`) and `GET /v1/models`. Errors in OpenAI's shape (OpenAI clients read it).
 
-use super::metrics::EngineGauges;
-use super::state::{Decision, Kind, NoRoute, Reservation, RouterState};
-use super::upstream::{self, Failure, StreamObserver};
+use super::St;
+use crate::router::model::sessions::MAX_SESSION_ID;
+use crate::router::state::{Decision, NoRoute, RequestKind, Reservation, RouterState};
+use crate::router::upstream::{self, Failure, StreamObserver};
 use crate::web::access::Access;
 use crate::web::error::{ApiError, Refusal};
-use crate::web::exposition::Exposition;
-use crate::web::openapi::{self, Operation};
-use crate::web::stack::Stack;
+use crate::web::openapi::Operation;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Router;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-type St = State<Arc<RouterState>>;
-
-/// The router's axum router, on the HTTP stack ([`crate::web::stack`]).
-pub fn router(state: Arc<RouterState>, stack: &Stack) -> Router {
-    let doc = Arc::new(openapi::document(
-        "kvplane router",
-        &operations(),
-        stack.policy.auth(),
-    ));
-    let routes = Router::new()
+/// The OpenAI routes.
+pub(super) fn routes() -> Router<Arc<RouterState>> {
+    Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(health))
-        .route(
-            "/openapi.json",
-            get(move || async move { Json(Value::clone(&doc)) }),
-        )
-        .route("/metrics", get(metrics))
-        .route("/router/stats", get(stats))
-        .route("/router/doctor", post(doctor));
-    stack
-        .finish(routes)
-        .layer(axum::Extension(Arc::clone(&stack.metrics)))
-        .with_state(state)
 }
 
-/// The router's access policy, from [`operations`].
-pub(crate) fn policy(auth: crate::web::access::Auth) -> crate::web::access::Policy {
-    let routes = operations()
-        .into_iter()
-        .map(|op| (op.method, op.path, op.access))
-        .collect();
-    crate::web::access::Policy::new("router", routes, auth)
-}
-
-/// An error of the OpenAI routes: the one error type, in OpenAI's shape (`kind` its type).
-fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
-    ApiError::from(Refusal::new(status, kind, message)).openai_response()
-}
-
-/// The routes that never need a token; the OpenAI routes and the other reads by
-/// `--api-token-reads`; `POST /router/doctor` (it sends probe prompts to every engine) is a
-/// write.
-pub(crate) fn operations() -> Vec<Operation> {
-    use axum::http::Method as M;
-    use Access::{Open, Read, Write};
+/// The OpenAI routes: reads (`--api-token-reads`), answering errors in OpenAI's shape.
+pub(super) fn operations() -> Vec<Operation> {
     let completion = json!({"type": "object", "required": ["prompt"],
         "properties": {"model": {"type": "string"}, "prompt": {}, "stream": {"type": "boolean"},
                        "max_tokens": {"type": "integer"}}});
@@ -80,12 +41,6 @@ pub(crate) fn operations() -> Vec<Operation> {
         "error": {"type": "object", "required": ["message", "type"], "properties": {
             "message": {"type": "string"}, "type": {"type": "string"},
             "param": {"nullable": true}, "code": {"nullable": true}}}}});
-    // What /health and /readyz answer, up or not.
-    let health = json!({"type": "object", "required": ["status", "engines"], "properties": {
-        "status": {"type": "string"}, "engines": {"type": "array", "items": {"type": "object"}}}});
-    // The doctor's verdicts, agreeing or not.
-    let verdicts = json!({"type": "object", "required": ["ok", "engines"], "properties": {
-        "ok": {"type": "boolean"}, "engines": {"type": "array", "items": {"type": "object"}}}});
     let proxied: &[(u16, &'static str)] = &[
         (200, "The engine's answer (SSE when streaming)"),
         (
@@ -101,68 +56,45 @@ pub(crate) fn operations() -> Vec<Operation> {
     ];
     vec![
         Operation::new(
-            M::POST,
+            Method::POST,
             "/v1/completions",
-            Read,
+            Access::Read,
             "OpenAI completions, routed by KV prefix",
         )
         .body(completion)
         .answers(proxied)
         .error_body(openai_error.clone()),
         Operation::new(
-            M::POST,
+            Method::POST,
             "/v1/chat/completions",
-            Read,
+            Access::Read,
             "OpenAI chat completions, routed by KV prefix",
         )
         .body(chat)
         .answers(proxied)
         .error_body(openai_error.clone()),
-        Operation::new(M::GET, "/v1/models", Read, "The engines' models")
-            .answers(&[(200, "The models"), (503, "No engine is up")])
-            .error_body(openai_error),
         Operation::new(
-            M::GET,
-            "/health",
-            Open,
-            "Whether an engine is up (vLLM's probe path)",
+            Method::GET,
+            "/v1/models",
+            Access::Read,
+            "The engines' models",
         )
-        .answers(&[(200, "An engine is up"), (503, "No engine is up")])
-        .answer_body(200, health.clone())
-        .answer_body(503, health.clone()),
-        Operation::new(M::GET, "/healthz", Open, "Liveness"),
-        Operation::new(M::GET, "/readyz", Open, "Ready: an engine is up")
-            .answers(&[(200, "An engine is up"), (503, "No engine is up")])
-            .answer_body(200, health.clone())
-            .answer_body(503, health),
-        Operation::new(M::GET, "/openapi.json", Open, "This document"),
-        Operation::new(M::GET, "/metrics", Read, "Prometheus metrics"),
-        Operation::new(
-            M::GET,
-            "/router/stats",
-            Read,
-            "Predicted against delivered cached tokens",
-        ),
-        // The body is read by nothing, but the CSRF guard wants a JSON one: `{}`.
-        Operation::new(
-            M::POST,
-            "/router/doctor",
-            Write,
-            "Hash-parity probe of every engine",
-        )
-        .body(json!({"type": "object"}))
-        .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")])
-        .answer_body(200, verdicts.clone())
-        .answer_body(409, verdicts),
+        .answers(&[(200, "The models"), (503, "No engine is up")])
+        .error_body(openai_error),
     ]
 }
 
+/// An error of the OpenAI routes: the one error type, in OpenAI's shape (`kind` its type).
+fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
+    ApiError::from(Refusal::new(status, kind, message)).openai_response()
+}
+
 async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, Kind::Completion, headers, body).await
+    proxy(st, RequestKind::Completion, headers, body).await
 }
 
 async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, Kind::Chat, headers, body).await
+    proxy(st, RequestKind::Chat, headers, body).await
 }
 
 fn status_class(s: StatusCode) -> &'static str {
@@ -175,10 +107,15 @@ fn status_class(s: StatusCode) -> &'static str {
 
 /// Tokenize, decide, then send to the engines in the decided order until one takes the
 /// request (only a refused connection moves on: anything later could have started work).
-async fn proxy(st: Arc<RouterState>, kind: Kind, headers: HeaderMap, body: Bytes) -> Response {
+async fn proxy(
+    st: Arc<RouterState>,
+    kind: RequestKind,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = match kind {
-        Kind::Completion => "/v1/completions",
-        Kind::Chat => "/v1/chat/completions",
+        RequestKind::Completion => "/v1/completions",
+        RequestKind::Chat => "/v1/chat/completions",
     };
     let parsed: Map<String, Value> = match serde_json::from_slice(&body) {
         Ok(Value::Object(m)) => m,
@@ -341,13 +278,13 @@ const SESSION_HEADER: &str = "x-session-id";
 
 /// The request's session: the `x-session-id` header, else the body's `user` (OpenAI's end-user
 /// id); `None` without one, or when it is empty or longer than
-/// [`super::sessions::MAX_SESSION_ID`].
+/// [`MAX_SESSION_ID`].
 fn session_id(headers: &HeaderMap, body: &Map<String, Value>) -> Option<String> {
     let id = match headers.get(SESSION_HEADER) {
         Some(h) => h.to_str().ok()?.to_owned(),
         None => body.get("user")?.as_str()?.to_owned(),
     };
-    (!id.is_empty() && id.len() <= super::sessions::MAX_SESSION_ID).then_some(id)
+    (!id.is_empty() && id.len() <= MAX_SESSION_ID).then_some(id)
 }
 
 /// Sets `stream_options.include_usage` unless the request set it; whether it did.
@@ -584,95 +521,5 @@ async fn models(State(st): St) -> Response {
         StatusCode::SERVICE_UNAVAILABLE,
         "no_engine",
         "no engine is up",
-    )
-}
-
-fn engines_json(st: &RouterState) -> Vec<Value> {
-    st.engines()
-        .iter()
-        .map(|e| {
-            let load = e.load();
-            json!({"instance": e.spec.instance, "url": e.spec.url, "up": e.is_up(),
-                   "in_flight": load.in_flight, "waiting": load.waiting})
-        })
-        .collect()
-}
-
-/// 200 while at least one engine is up, 503 otherwise; the engines either way.
-async fn health(State(st): St) -> Response {
-    let up = st.engines().iter().any(|e| e.is_up());
-    let status = if up {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (
-        status,
-        Json(json!({"status": if up {"ok"} else {"no engine up"}, "engines": engines_json(&st)})),
-    )
-        .into_response()
-}
-
-async fn metrics(
-    State(st): St,
-    axum::Extension(http): axum::Extension<Arc<crate::web::metrics_layer::HttpMetrics>>,
-) -> Response {
-    let accounting = st.accounting.lock();
-    let now = crate::cluster::now_ms();
-    let engines = st.engines();
-    let mut out = Exposition::new();
-    st.metrics.write_to(
-        &mut out,
-        engines.iter().map(|e| {
-            let load = e.load();
-            EngineGauges {
-                name: &e.spec.instance,
-                in_flight: load.in_flight,
-                waiting: load.waiting,
-                up: e.is_up(),
-                shared: st.shared.as_ref().map(|s| s.live(&e.spec.instance, now)),
-                reported: load.reported,
-            }
-        }),
-        &accounting,
-    );
-    drop(accounting);
-    http.write_to(&mut out);
-    out.response()
-}
-
-fn totals_json(t: &super::accounting::Totals) -> Value {
-    json!({"requests": t.requests, "reusable": t.reusable, "predicted": t.predicted,
-           "delivered": t.delivered, "unpredicted": t.unpredicted,
-           "delivered_ratio": t.delivered_ratio(), "hit_ratio": t.hit_ratio(),
-           "missed": {"no_reuse_possible": t.misses.no_reuse_possible,
-                      "routed_for_load": t.misses.routed_for_load,
-                      "index_stale": t.misses.index_stale}})
-}
-
-/// Runs the hash-parity doctor now (docs/ROUTER.md): 200 when every engine agrees, 409
-/// with the verdicts otherwise. Sends each engine two small probe completions.
-async fn doctor(State(st): St) -> Response {
-    let verdicts = super::doctor::run(&st, st.config.connect_timeout * 5).await;
-    let ok = verdicts.iter().all(super::doctor::Verdict::ok);
-    let status = if ok {
-        StatusCode::OK
-    } else {
-        StatusCode::CONFLICT
-    };
-    (status, Json(json!({"ok": ok, "engines": verdicts}))).into_response()
-}
-
-/// Predicted against delivered cached tokens, per engine and overall, and the engines.
-async fn stats(State(st): St) -> Json<Value> {
-    let a = st.accounting.lock();
-    let per: Map<String, Value> = a
-        .per_engine()
-        .iter()
-        .map(|(k, t)| (k.clone(), totals_json(t)))
-        .collect();
-    Json(
-        json!({"overall": totals_json(&a.overall()), "per_engine": per,
-                "engines": engines_json(&st)}),
     )
 }
