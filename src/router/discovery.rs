@@ -14,7 +14,7 @@
 use super::config::{Discover, EngineSpec, RouterConfig};
 use super::state::RouterState;
 use super::upstream;
-use crate::indexer::service::api::{self, EngineType, Registration, Unregistration};
+use crate::indexer::api::{self, EngineType, Registration, Unregistration};
 use axum::body::Body;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -6,7 +6,7 @@
 //! [`accounting`] (predicted against delivered cached tokens). Driver: [`state`] (engines and their load, the in-process index, the tokenizer,
 //! reservations), [`tokenize`] (tokenizer.json and the chat template), [`upstream`] (engine
 //! calls with timeouts). Routes: [`routes`]. The index is the indexer's own
-//! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
+//! ([`crate::indexer`]), run in process and fed by the engines' KV events.
 
 pub mod accounting;
 pub mod config;
@@ -23,8 +23,8 @@ pub mod state;
 pub mod tokenize;
 pub mod upstream;
 
-use crate::indexer::service::api::Registration;
-use crate::indexer::service::IndexerConfig;
+use crate::indexer::api::Registration;
+use crate::indexer::IndexerConfig;
 use crate::service::{bind_tcp, Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
@@ -61,7 +61,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         seed: config.hash_seed,
         ..Default::default()
     };
-    let indexer = crate::indexer::service::start(IndexerConfig {
+    let indexer = crate::indexer::start(IndexerConfig {
         host: "127.0.0.1".into(),
         port: config.indexer_port,
         index,
@@ -86,7 +86,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
 /// As [`start`].
 pub async fn start_beside(
     mut config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     config.hash_seed = index.hash_seed();
@@ -97,7 +97,7 @@ pub async fn start_beside(
 /// and starts the health probes, the scrapes and the discovery.
 async fn launch(
     config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     let tokenizer = match &config.model_dir {

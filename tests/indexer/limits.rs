@@ -6,7 +6,7 @@
 use crate::support::http::raw_exchange;
 use crate::support::http_limits::*;
 use crate::support::within;
-use kvplane::indexer::service::{start, IndexerConfig, IndexerServer};
+use kvplane::indexer::{start, IndexerConfig, IndexerServer};
 use std::time::Duration;
 
 const PREFIX: &str = "kvplane_indexer";
