@@ -1,6 +1,7 @@
 //! The indexer's counters and their series (`kvplane_indexer_*`), written into the one
 //! `/metrics` writer (`web::exposition`). Every name and help text is here.
 
+use super::IndexerState;
 use crate::web::exposition::{Exposition, Kind};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -107,5 +108,149 @@ impl IndexerMetrics {
             family.sample(&[("reason", reason)], n);
         }
         self.envelope.render(out);
+    }
+}
+
+/// One per-publisher metric: name, help, and how to read it from the status.
+type PublisherFamily = (
+    &'static str,
+    &'static str,
+    fn(&super::PublisherStatus) -> u64,
+);
+
+/// The index's sizes and counters and every publisher's series, read from the state now
+/// (the index's lock, then the registry's; neither across an `.await`).
+pub(super) fn render_state(st: &IndexerState, out: &mut Exposition) {
+    {
+        let core = st.core.read();
+        let ix = &core.index;
+        for (name, help, v) in [
+            (
+                "memberships",
+                "(holder, block) memberships stored.",
+                ix.memberships(),
+            ),
+            (
+                "records",
+                "(stream, block) records stored, whatever tiers each holds.",
+                ix.records(),
+            ),
+            (
+                "chain_heads",
+                "Records queries find through the block table (the first of each stored run of a chain; the others follow it in the arena).",
+                ix.chain_heads(),
+            ),
+            (
+                "namespaces",
+                "(tenant, model, LoRA, block size, salt) namespaces in use.",
+                ix.namespaces(),
+            ),
+            (
+                "heap_bytes",
+                "Heap bytes of the record arena, its two id tables and the lanes.",
+                ix.heap_bytes(),
+            ),
+        ] {
+            out.one(format_args!("kvplane_indexer_{name}"), Kind::Gauge, help, v as u64);
+        }
+        let c = ix.counters();
+        for (name, help, v) in [
+            ("stored", "Block stores applied.", c.stored),
+            ("removed", "Block memberships removed.", c.removed),
+            (
+                "orphans",
+                "Stores dropped: parent engine hash unknown.",
+                c.orphans,
+            ),
+            (
+                "unknown_hashes",
+                "Removals or token-less stores of an unknown engine hash.",
+                c.unknown_hashes,
+            ),
+            (
+                "shape_mismatch",
+                "Stores whose tokens do not fill the blocks or whose block size differs.",
+                c.shape_mismatch,
+            ),
+            (
+                "opaque",
+                "Stores with multimodal or embedding keys, not indexed.",
+                c.opaque,
+            ),
+            (
+                "other_group",
+                "Events of a KV cache group other than 0, not indexed.",
+                c.other_group,
+            ),
+            (
+                "capacity_refused",
+                "Memberships refused at the capacity limit.",
+                c.capacity_refused,
+            ),
+            ("expired", "Memberships dropped by the TTL.", c.expired),
+            (
+                "evicted",
+                "Memberships evicted at the capacity limit, least recently stored first.",
+                c.evicted,
+            ),
+            (
+                "clears",
+                "Stream clears (events, restarts, unregistrations).",
+                c.clears,
+            ),
+        ] {
+            out.one(
+                format_args!("kvplane_indexer_{name}_total"),
+                Kind::Counter,
+                help,
+                v,
+            );
+        }
+    }
+    let registry = st.registry.lock();
+    let families: [PublisherFamily; 7] = [
+        ("gaps", "Sequence gaps seen.", |s| s.seq.lock().gaps),
+        ("replays", "Replays started.", |s| s.seq.lock().replays),
+        ("replay_failures", "Replays failed or timed out.", |s| {
+            s.seq.lock().replay_failures
+        }),
+        ("restarts", "Publisher restarts detected.", |s| {
+            s.seq.lock().restarts
+        }),
+        ("duplicates", "Duplicate messages dropped.", |s| {
+            s.seq.lock().duplicates
+        }),
+        (
+            "queue_full",
+            "Live messages that found the queue full and waited (the socket unread meanwhile).",
+            |s| s.queue_full.load(Ordering::Relaxed),
+        ),
+        (
+            "dropped",
+            "Live messages from a --bind socket dropped because the queue was full (replayed).",
+            |s| s.dropped.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, f) in families {
+        let mut family = out.family(
+            format_args!("kvplane_indexer_publisher_{name}_total"),
+            Kind::Counter,
+            help,
+        );
+        for (endpoint, p) in &registry.publishers {
+            family.sample(&[("endpoint", endpoint)], f(&p.status));
+        }
+    }
+    super::backends::render_backends(&registry, out);
+    let mut family = out.family(
+        "kvplane_indexer_publisher_connected",
+        Kind::Gauge,
+        "1 while the SUB connection is up.",
+    );
+    for (endpoint, p) in &registry.publishers {
+        family.sample(
+            &[("endpoint", endpoint)],
+            u64::from(p.status.connected.load(Ordering::Relaxed)),
+        );
     }
 }

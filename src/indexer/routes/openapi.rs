@@ -1,5 +1,7 @@
 //! `/openapi.json` for the indexer: every route, its body and its answers.
 
+use axum::extract::State;
+use axum::Json;
 use serde_json::{json, Value};
 
 /// A port, 0 to 65535 in 1 to 5 digits (`api::port` reads it alike).
@@ -117,4 +119,11 @@ pub(crate) fn openapi_doc() -> Value {
         "/openapi.json": {"get": op("This document", None, json!({"type": "object"}), &["405"])}
       }
     })
+}
+
+/// `GET /openapi.json`: the document with each route's access class.
+pub(super) async fn openapi(State(st): super::St) -> Json<Value> {
+    let mut doc = openapi_doc();
+    crate::web::openapi::annotate(&mut doc, &super::policy(st.config.auth.clone()));
+    Json(doc)
 }
