@@ -38,7 +38,7 @@ pub use metrics::IndexerMetrics;
 pub use model::{events, hash, index, replica, tiers};
 pub use state::{IndexerState, PublisherStatus};
 
-use crate::service::{bind_tcp, Running, StartError};
+use crate::service::{bind_host, Running, StartError};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +70,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
         Some(path) => api::publishers_file(path)?,
         None => Vec::new(),
     };
-    let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
+    let (listener, bound) = bind_host("http", &config.host, config.port).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let role = cluster::Role::join(config.cluster.as_ref(), config.replica, &shutdown, &tasks)

@@ -51,3 +51,18 @@ async fn a_client_beyond_the_connection_cap_waits_only_while_the_slot_is_busy() 
     assert!(counted(&server, "http_idle_closed", 1.0).await >= 1.0);
     server.stop().await;
 }
+
+/// `--host` takes an IPv6 literal as it is written (the bind brackets it); skipped where the
+/// machine has no IPv6 loopback.
+#[tokio::test]
+async fn binds_an_ipv6_literal() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    }
+    let server = indexer(|c| c.host = "::1".into()).await;
+    assert!(server.addr.is_ipv6(), "{}", server.addr);
+    let reply = raw_exchange(server.addr, b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+    server.stop().await;
+}
