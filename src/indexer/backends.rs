@@ -130,7 +130,7 @@ impl EnvelopeCounters {
 
 /// Which streams of a publisher a run of events applies to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Target {
+enum StreamFilter {
     /// Every stream (events without an envelope).
     All,
     /// The streams reading `backend` for `tenant` (`None`: any tenant).
@@ -146,10 +146,10 @@ impl IndexerState {
     pub(super) fn apply_standard(&self, id: u32, order: &mut EventOrder, batch: Batch) {
         let counters = &self.metrics.envelope;
         let mut run: Vec<KvEvent> = Vec::new();
-        let mut target = Target::All;
+        let mut target = StreamFilter::All;
         for (event, envelope) in batch.events.into_iter().zip(batch.envelopes) {
             let next = match envelope {
-                None => Target::All,
+                None => StreamFilter::All,
                 Some(env) => {
                     let backend = env.backend_id.unwrap_or_default();
                     match env.event_id.map(|e| order.place(&backend, e)) {
@@ -168,7 +168,7 @@ impl IndexerState {
                             continue;
                         }
                     }
-                    Target::Backend {
+                    StreamFilter::Backend {
                         backend,
                         tenant: env.tenant_id,
                     }
@@ -184,17 +184,17 @@ impl IndexerState {
     }
 
     /// Applies (and empties) a run of events to `target`'s streams of publisher `id`.
-    fn apply_run(&self, id: u32, target: &Target, run: &mut Vec<KvEvent>) {
+    fn apply_run(&self, id: u32, target: &StreamFilter, run: &mut Vec<KvEvent>) {
         if run.is_empty() {
             return;
         }
         let (backend, tenant) = match target {
-            Target::All => {
+            StreamFilter::All => {
                 self.apply_where(id, |_, _| true, &[], run);
                 run.clear();
                 return;
             }
-            Target::Backend { backend, tenant } => (backend.as_str(), tenant.as_deref()),
+            StreamFilter::Backend { backend, tenant } => (backend.as_str(), tenant.as_deref()),
         };
         let for_tenant = |index: &Index, s: StreamId| {
             tenant.is_none_or(|t| index.stream_spec(s).is_some_and(|spec| spec.tenant == t))

@@ -13,7 +13,7 @@
 //! `--max-topic-instances` are refused and counted in `kvplane_indexer_topic_refused_total`.
 
 use super::api::{EngineType, Registration};
-use super::publisher::Feed;
+use super::publisher::ApplierQueue;
 use super::state::Registry;
 use super::IndexerState;
 use crate::service::StartError;
@@ -171,7 +171,7 @@ impl Default for CentralConfig {
 
 /// Why a message on a bound socket went nowhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Refused {
+enum TopicRefusal {
     /// Fewer than three frames (topic, sequence, payload).
     TooFewFrames,
     /// Longer than [`MAX_TOPIC_BYTES`].
@@ -185,14 +185,14 @@ enum Refused {
     Conflict,
 }
 
-impl Refused {
+impl TopicRefusal {
     fn label(self) -> &'static str {
         match self {
-            Refused::TooFewFrames => "too_few_frames",
-            Refused::TooLong => "topic_too_long",
-            Refused::NoMatch => "no_match",
-            Refused::InstanceCap => "instance_cap",
-            Refused::Conflict => "conflict",
+            TopicRefusal::TooFewFrames => "too_few_frames",
+            TopicRefusal::TooLong => "topic_too_long",
+            TopicRefusal::NoMatch => "no_match",
+            TopicRefusal::InstanceCap => "instance_cap",
+            TopicRefusal::Conflict => "conflict",
         }
     }
 }
@@ -204,15 +204,15 @@ pub struct TopicCounters {
 }
 
 impl TopicCounters {
-    const REASONS: [Refused; 5] = [
-        Refused::TooFewFrames,
-        Refused::TooLong,
-        Refused::NoMatch,
-        Refused::InstanceCap,
-        Refused::Conflict,
+    const REASONS: [TopicRefusal; 5] = [
+        TopicRefusal::TooFewFrames,
+        TopicRefusal::TooLong,
+        TopicRefusal::NoMatch,
+        TopicRefusal::InstanceCap,
+        TopicRefusal::Conflict,
     ];
 
-    fn count(&self, why: Refused, topic: &[u8]) {
+    fn count(&self, why: TopicRefusal, topic: &[u8]) {
         let i = Self::REASONS.iter().position(|r| *r == why).unwrap_or(0);
         let n = self.refused[i].fetch_add(1, Ordering::Relaxed);
         if n.is_multiple_of(1000) {
@@ -261,7 +261,7 @@ pub(super) async fn start(state: &Arc<IndexerState>) -> Result<Vec<SocketAddr>, 
 /// One bound socket's task: topic → applier, for as long as the indexer runs.
 async fn receive(state: Arc<IndexerState>, index: usize, mut socket: BoundSubscriber) {
     // Only topics that reached an applier are kept, so this is bounded by the instances.
-    let mut routes: HashMap<Bytes, Feed> = HashMap::new();
+    let mut routes: HashMap<Bytes, ApplierQueue> = HashMap::new();
     let cancel = state.shutdown.clone();
     loop {
         let frames = tokio::select! {
@@ -272,7 +272,10 @@ async fn receive(state: Arc<IndexerState>, index: usize, mut socket: BoundSubscr
             continue;
         };
         if frames.len() < 3 {
-            state.metrics.topics.count(Refused::TooFewFrames, &topic);
+            state
+                .metrics
+                .topics
+                .count(TopicRefusal::TooFewFrames, &topic);
             continue;
         }
         // A route whose applier went (unregistered, replaced by a registration) is resolved
@@ -306,15 +309,15 @@ fn resolve(
     index: usize,
     topic: &[u8],
     frames: &[Bytes],
-) -> Result<Feed, Refused> {
+) -> Result<ApplierQueue, TopicRefusal> {
     if topic.len() > MAX_TOPIC_BYTES {
-        return Err(Refused::TooLong);
+        return Err(TopicRefusal::TooLong);
     }
-    let topic = std::str::from_utf8(topic).map_err(|_| Refused::NoMatch)?;
+    let topic = std::str::from_utf8(topic).map_err(|_| TopicRefusal::NoMatch)?;
     let central = &state.config.central;
-    let (address, model) = central.pattern.names(topic).ok_or(Refused::NoMatch)?;
+    let (address, model) = central.pattern.names(topic).ok_or(TopicRefusal::NoMatch)?;
     if address.chars().any(char::is_control) || model.chars().any(char::is_control) {
-        return Err(Refused::NoMatch);
+        return Err(TopicRefusal::NoMatch);
     }
     let endpoint = format!("tcp://{address}");
     if let Some(feed) = adopt(&mut state.registry.lock(), &endpoint, index)? {
@@ -328,7 +331,7 @@ fn resolve(
         .filter(|p| p.by_topic)
         .count();
     if by_topic >= central.max_instances {
-        return Err(Refused::InstanceCap);
+        return Err(TopicRefusal::InstanceCap);
     }
     // The rank is the batch's own (vLLM stamps it); 0 when it names none.
     let dp_rank = crate::indexer::model::frames::split(frames)
@@ -354,20 +357,24 @@ fn resolve(
     };
     if let Err(e) = state.register_as(reg, true) {
         tracing::warn!(%topic, "instance of a topic not registered: {}", e.message);
-        return Err(Refused::Conflict);
+        return Err(TopicRefusal::Conflict);
     }
     tracing::info!(%topic, instance = address, model, dp_rank, "instance registered by its topic");
-    adopt(&mut state.registry.lock(), &endpoint, index)?.ok_or(Refused::Conflict)
+    adopt(&mut state.registry.lock(), &endpoint, index)?.ok_or(TopicRefusal::Conflict)
 }
 
 /// The feed of the publisher registered at `endpoint`, now known to connect to bound socket
 /// `index` (its own receiver, if any, stops). `Ok(None)`: none registered there.
-fn adopt(registry: &mut Registry, endpoint: &str, index: usize) -> Result<Option<Feed>, Refused> {
+fn adopt(
+    registry: &mut Registry,
+    endpoint: &str,
+    index: usize,
+) -> Result<Option<ApplierQueue>, TopicRefusal> {
     let Some(p) = registry.publishers.get_mut(endpoint) else {
         return Ok(None);
     };
     match p.bound {
-        Some(i) if i != index => Err(Refused::Conflict),
+        Some(i) if i != index => Err(TopicRefusal::Conflict),
         _ => {
             if p.bound.is_none() {
                 tracing::info!(
@@ -452,9 +459,9 @@ mod tests {
     #[test]
     fn refusals_are_counted_by_reason() {
         let c = TopicCounters::default();
-        c.count(Refused::InstanceCap, b"kv@a@m");
-        c.count(Refused::InstanceCap, b"kv@b@m");
-        c.count(Refused::TooLong, &[b'x'; 600]);
+        c.count(TopicRefusal::InstanceCap, b"kv@a@m");
+        c.count(TopicRefusal::InstanceCap, b"kv@b@m");
+        c.count(TopicRefusal::TooLong, &[b'x'; 600]);
         let by: HashMap<_, _> = c.by_reason().into_iter().collect();
         assert_eq!(by["instance_cap"], 2);
         assert_eq!(by["topic_too_long"], 1);

@@ -11,7 +11,7 @@
 //!
 //! A publisher that connects to a bound socket (`--bind`, [`super::central`]) has no receiver
 //! of its own: the bound socket's task hands its messages to the same applier through
-//! [`Feed::offer`], which never waits (the socket is shared, so one publisher's full queue must
+//! [`ApplierQueue::offer`], which never waits (the socket is shared, so one publisher's full queue must
 //! not stall the others): a message that finds the queue full is dropped and counted, and the
 //! gap it leaves is replayed like any other.
 //!
@@ -25,7 +25,7 @@ use crate::indexer::model::frames::{self, ReplayReply};
 use crate::indexer::model::index::{Index, StreamId};
 use crate::indexer::model::mooncake::EventOrder;
 use crate::indexer::model::replica::{Change, Core};
-use crate::indexer::model::seq::{SeqConfig, SeqTracker, Step};
+use crate::indexer::model::seq::{SeqConfig, SeqStep, SeqTracker};
 use crate::transport::{ReplayClient, Subscriber, SubscriberEvent, TransportLimits};
 use bytes::Bytes;
 use std::collections::VecDeque;
@@ -84,13 +84,13 @@ impl Budget {
 
 /// The way into a publisher's applier: its queue and the queue's byte budget.
 #[derive(Clone)]
-pub(crate) struct Feed {
+pub(crate) struct ApplierQueue {
     tx: mpsc::Sender<Inbound>,
     budget: Budget,
     status: Arc<PublisherStatus>,
 }
 
-/// What became of a message offered to a [`Feed`].
+/// What became of a message offered to an [`ApplierQueue`].
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Offer {
     /// Queued for the applier.
@@ -101,7 +101,7 @@ pub(crate) enum Offer {
     Closed,
 }
 
-impl Feed {
+impl ApplierQueue {
     /// Tells the applier a publisher appeared (as a SUB connection coming up does): it
     /// replays from the first number when it can. False when the applier is gone.
     pub(crate) fn offer_connected(&self) -> bool {
@@ -154,11 +154,11 @@ pub(crate) fn spawn(
     state: &Arc<IndexerState>,
     task: PublisherTask,
     subscribe: bool,
-) -> (Feed, CancellationToken) {
+) -> (ApplierQueue, CancellationToken) {
     let (tx, rx) = mpsc::channel(state.config.queue_capacity.max(1));
     let budget = Budget::new(state.config.max_queued_bytes);
     let receiver = task.cancel.child_token();
-    let feed = Feed {
+    let feed = ApplierQueue {
         tx: tx.clone(),
         budget: budget.clone(),
         status: Arc::clone(&task.status),
@@ -357,13 +357,13 @@ impl Applier {
     }
 
     /// Carries out steps (and the steps they lead to); false when cancelled.
-    async fn run(&mut self, steps: Vec<Step<Bytes>>) -> bool {
-        let mut queue: VecDeque<Step<Bytes>> = steps.into();
+    async fn run(&mut self, steps: Vec<SeqStep<Bytes>>) -> bool {
+        let mut queue: VecDeque<SeqStep<Bytes>> = steps.into();
         while let Some(step) = queue.pop_front() {
             match step {
-                Step::Apply(_, payload) => self.apply(&payload),
-                Step::Clear => self.state.clear_where(self.task.id, |_, _| true, &[]),
-                Step::Replay(from) => {
+                SeqStep::Apply(_, payload) => self.apply(&payload),
+                SeqStep::Clear => self.state.clear_where(self.task.id, |_, _| true, &[]),
+                SeqStep::Replay(from) => {
                     self.publish_status();
                     match self.replay(from).await {
                         Some(more) => queue.extend(more),
@@ -395,7 +395,7 @@ impl Applier {
     }
 
     /// One replay attempt from `from`; returns the steps that follow (None: cancelled).
-    async fn replay(&mut self, from: u64) -> Option<Vec<Step<Bytes>>> {
+    async fn replay(&mut self, from: u64) -> Option<Vec<SeqStep<Bytes>>> {
         let timeout = self.state.config.replay_timeout;
         let Some(client) = self.replay.as_mut() else {
             return Some(self.tracker.on_replay_failed());
@@ -458,7 +458,7 @@ impl Applier {
     }
 
     /// A failed attempt: back off a little, then the tracker decides (retry or clear).
-    async fn failed(&mut self) -> Option<Vec<Step<Bytes>>> {
+    async fn failed(&mut self) -> Option<Vec<SeqStep<Bytes>>> {
         tokio::select! {
             () = self.task.cancel.cancelled() => return None,
             () = tokio::time::sleep(Duration::from_millis(100)) => {}

@@ -42,14 +42,14 @@ pub struct PublisherStatus {
     pub error: Mutex<Option<String>>,
 }
 
-pub(super) struct Publisher {
+pub(super) struct PublisherEntry {
     pub(super) id: u32,
     pub(super) replay_endpoint: Option<String>,
     pub(super) kind: EngineType,
     pub(super) status: Arc<PublisherStatus>,
     pub(super) cancel: CancellationToken,
     /// Its applier's queue.
-    pub(super) feed: publisher::Feed,
+    pub(super) feed: publisher::ApplierQueue,
     /// Stops the receiver that connects to the endpoint (kept stopped once the publisher is
     /// seen connecting to a `--bind` socket).
     pub(super) receiver: CancellationToken,
@@ -71,7 +71,7 @@ pub(super) struct Service {
 #[derive(Default)]
 pub(super) struct Registry {
     pub(super) services: BTreeMap<String, Service>,
-    pub(super) publishers: HashMap<String, Publisher>,
+    pub(super) publishers: HashMap<String, PublisherEntry>,
     next_publisher: u32,
 }
 
@@ -311,7 +311,7 @@ impl IndexerState {
             );
             registry.publishers.insert(
                 reg.endpoint.clone(),
-                Publisher {
+                PublisherEntry {
                     id: pub_id,
                     replay_endpoint: reg.replay_endpoint.clone(),
                     kind: reg.kind,

@@ -10,7 +10,7 @@ use super::IndexerState;
 use crate::indexer::model::events::KvEvent;
 use crate::indexer::model::index::StreamId;
 use crate::indexer::model::replica::Change;
-use crate::indexer::model::tiers::{Target, TierBatch, TierCounters};
+use crate::indexer::model::tiers::{TierBatch, TierCounters, TierLink};
 use std::sync::atomic::Ordering;
 
 /// Chunks tracked over all MP servers at most (256 tokens each: 16M chunks is 4G tokens);
@@ -63,7 +63,7 @@ impl IndexerState {
         for server in &reg.lmcache {
             events.extend(tiers.link(
                 server,
-                Target {
+                TierLink {
                     stream: pool,
                     block_size: reg.block_size,
                 },

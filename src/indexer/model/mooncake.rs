@@ -18,7 +18,7 @@
 //!
 //! Pure: no I/O, never panics.
 
-use super::seq::{SeqConfig, SeqCounters, SeqTracker, Step};
+use super::seq::{SeqConfig, SeqCounters, SeqStep, SeqTracker};
 use std::collections::BTreeMap;
 
 /// Backends whose `event_id`s one publisher's tracker follows at most; events of further
@@ -74,10 +74,10 @@ impl EventOrder {
         };
         let steps = tracker.on_live(id, id);
         match steps.first() {
-            Some(Step::Clear) => Ordered::ClearThenApply,
-            Some(Step::Apply(..)) => Ordered::Apply,
+            Some(SeqStep::Clear) => Ordered::ClearThenApply,
+            Some(SeqStep::Apply(..)) => Ordered::Apply,
             // No replay is configured, so a tracker never asks for one.
-            Some(Step::Replay(_)) | None => Ordered::Drop,
+            Some(SeqStep::Replay(_)) | None => Ordered::Drop,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Per-stream sequence tracking (spec §6): when to replay, what to buffer meanwhile, and what
 //! to apply, in which order. A pure state machine: the driver feeds it live messages, replay
-//! replies and replay outcomes, and carries out the [`Step`]s it returns.
+//! replies and replay outcomes, and carries out the [`SeqStep`]s it returns.
 //!
 //! Rules: a live message with the next sequence number is applied; an older one is a
 //! duplicate, unless it looks like a publisher restart (back to the first number, or far
@@ -76,7 +76,7 @@ impl Weighed for u64 {
 
 /// What the driver must do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Step<T> {
+pub(crate) enum SeqStep<T> {
     /// Apply this message's events.
     Apply(u64, T),
     /// Drop every block of the stream (publisher restart, or recovery given up).
@@ -163,11 +163,11 @@ impl<T: Weighed> SeqTracker<T> {
             .map_or(self.config.first_seq, |l| l.saturating_add(1))
     }
 
-    fn start_replay(&mut self, out: &mut Vec<Step<T>>) {
+    fn start_replay(&mut self, out: &mut Vec<SeqStep<T>>) {
         self.start_replay_from(self.next_expected(), false, out);
     }
 
-    fn start_replay_from(&mut self, from: u64, on_connect: bool, out: &mut Vec<Step<T>>) {
+    fn start_replay_from(&mut self, from: u64, on_connect: bool, out: &mut Vec<SeqStep<T>>) {
         self.counters.replays += 1;
         self.replay = Some(Replay {
             from,
@@ -179,12 +179,12 @@ impl<T: Weighed> SeqTracker<T> {
             buffered_bytes: 0,
             overflowed: false,
         });
-        out.push(Step::Replay(from));
+        out.push(SeqStep::Replay(from));
     }
 
     /// The subscriber (re)connected: replay proactively from the first number, so that a
     /// publisher that restarted meanwhile is recognised by its shorter history.
-    pub(crate) fn on_connect(&mut self) -> Vec<Step<T>> {
+    pub(crate) fn on_connect(&mut self) -> Vec<SeqStep<T>> {
         let mut out = Vec::new();
         if self.config.replay && self.replay.is_none() {
             self.start_replay_from(self.config.first_seq, true, &mut out);
@@ -192,14 +192,14 @@ impl<T: Weighed> SeqTracker<T> {
         out
     }
 
-    fn apply(&mut self, seq: u64, item: T, out: &mut Vec<Step<T>>) {
+    fn apply(&mut self, seq: u64, item: T, out: &mut Vec<SeqStep<T>>) {
         self.last = Some(seq);
         self.counters.applied += 1;
-        out.push(Step::Apply(seq, item));
+        out.push(SeqStep::Apply(seq, item));
     }
 
     /// A live message arrived.
-    pub(crate) fn on_live(&mut self, seq: u64, item: T) -> Vec<Step<T>> {
+    pub(crate) fn on_live(&mut self, seq: u64, item: T) -> Vec<SeqStep<T>> {
         let mut out = Vec::new();
         if self.replay.is_some() {
             self.buffer(seq, item);
@@ -223,7 +223,7 @@ impl<T: Weighed> SeqTracker<T> {
                 && (seq == self.config.first_seq || last - seq > self.config.restart_distance);
             if restart {
                 self.counters.restarts += 1;
-                out.push(Step::Clear);
+                out.push(SeqStep::Clear);
                 self.last = None;
                 if self.config.replay && seq > self.config.first_seq {
                     self.start_replay(&mut out);
@@ -276,7 +276,7 @@ impl<T: Weighed> SeqTracker<T> {
     }
 
     /// A replay reply arrived; it is applied when the replay ends.
-    pub(crate) fn on_replay(&mut self, seq: u64, item: T) -> Vec<Step<T>> {
+    pub(crate) fn on_replay(&mut self, seq: u64, item: T) -> Vec<SeqStep<T>> {
         let Some(r) = &mut self.replay else {
             return Vec::new();
         };
@@ -289,12 +289,12 @@ impl<T: Weighed> SeqTracker<T> {
     }
 
     /// The replay's end marker arrived: apply the replies and the live messages buffered
-    /// meanwhile, in order (after a [`Step::Clear`] if the publisher restarted). A hole left in
+    /// meanwhile, in order (after a [`SeqStep::Clear`] if the publisher restarted). A hole left in
     /// them (live messages lost while the replay ran), or a buffer that overflowed, starts the
     /// next replay from the first missing number, as long as this one applied something; a
     /// hole the publisher cannot fill (its ring wrapped) is counted as unrepaired and passed
     /// over.
-    pub(crate) fn on_replay_end(&mut self) -> Vec<Step<T>> {
+    pub(crate) fn on_replay_end(&mut self) -> Vec<SeqStep<T>> {
         let mut out = Vec::new();
         if let Some(r) = self.replay.take() {
             let history_ends_before_last = r.on_connect
@@ -304,7 +304,7 @@ impl<T: Weighed> SeqTracker<T> {
             if history_ends_before_last {
                 self.counters.restarts += 1;
                 self.last = None;
-                out.push(Step::Clear);
+                out.push(SeqStep::Clear);
             }
             let (progressed, rest) = self.flush_contiguous(r.buffered, &mut out);
             if rest.is_empty() && !r.overflowed {
@@ -328,7 +328,7 @@ impl<T: Weighed> SeqTracker<T> {
     fn flush_contiguous(
         &mut self,
         buffered: BTreeMap<u64, T>,
-        out: &mut Vec<Step<T>>,
+        out: &mut Vec<SeqStep<T>>,
     ) -> (bool, BTreeMap<u64, T>) {
         let mut progressed = false;
         let mut rest = BTreeMap::new();
@@ -347,7 +347,7 @@ impl<T: Weighed> SeqTracker<T> {
         (progressed, rest)
     }
 
-    fn flush(&mut self, buffered: BTreeMap<u64, T>, out: &mut Vec<Step<T>>) {
+    fn flush(&mut self, buffered: BTreeMap<u64, T>, out: &mut Vec<SeqStep<T>>) {
         for (seq, item) in buffered {
             match self.last {
                 Some(last) if seq <= last => self.counters.duplicates += 1,
@@ -362,7 +362,7 @@ impl<T: Weighed> SeqTracker<T> {
 
     /// The replay failed or timed out: retry from the first missing number, or after
     /// [`SeqConfig::max_replay_attempts`] clear the stream and go on from live traffic.
-    pub(crate) fn on_replay_failed(&mut self) -> Vec<Step<T>> {
+    pub(crate) fn on_replay_failed(&mut self) -> Vec<SeqStep<T>> {
         let mut out = Vec::new();
         self.counters.replay_failures += 1;
         let from = self.next_expected();
@@ -375,12 +375,12 @@ impl<T: Weighed> SeqTracker<T> {
                 r.from = from;
             }
             r.first_reply = true;
-            out.push(Step::Replay(r.from));
+            out.push(SeqStep::Replay(r.from));
             return out;
         }
         let buffered = self.replay.take().map(|r| r.buffered).unwrap_or_default();
         self.counters.unrepaired_gaps += 1;
-        out.push(Step::Clear);
+        out.push(SeqStep::Clear);
         self.last = None;
         self.flush(buffered, &mut out);
         out

@@ -4,11 +4,11 @@
 
 use super::*;
 
-fn applied<T: Clone>(steps: &[Step<T>]) -> Vec<u64> {
+fn applied<T: Clone>(steps: &[SeqStep<T>]) -> Vec<u64> {
     steps
         .iter()
         .filter_map(|s| match s {
-            Step::Apply(seq, _) => Some(*seq),
+            SeqStep::Apply(seq, _) => Some(*seq),
             _ => None,
         })
         .collect()
@@ -39,7 +39,7 @@ fn in_order_live_messages_apply_and_duplicates_drop() {
 #[test]
 fn connect_replays_proactively_and_buffers_live_traffic() {
     let mut t = SeqTracker::new(SeqConfig::default());
-    assert_eq!(t.on_connect(), vec![Step::Replay(0)]);
+    assert_eq!(t.on_connect(), vec![SeqStep::Replay(0)]);
     assert!(t.on_live(5, "L5").is_empty());
     assert!(t.on_live(6, "L6").is_empty());
     let mut got = Vec::new();
@@ -60,12 +60,12 @@ fn reconnecting_to_a_restarted_publisher_clears_the_stream() {
     }
     assert_eq!(applied(&t.on_replay_end()).len(), 100);
     // The connection drops; the engine restarts and publishes 5 batches before we are back.
-    assert_eq!(t.on_connect(), vec![Step::Replay(0)]);
+    assert_eq!(t.on_connect(), vec![SeqStep::Replay(0)]);
     for s in 0..5 {
         t.on_replay(s, ());
     }
     let steps = t.on_replay_end();
-    assert_eq!(steps.first(), Some(&Step::Clear));
+    assert_eq!(steps.first(), Some(&SeqStep::Clear));
     assert_eq!(applied(&steps), vec![0, 1, 2, 3, 4]);
     assert_eq!(t.counters().restarts, 1);
     // Reconnecting to the same publisher, which went on counting, is not a restart.
@@ -85,7 +85,7 @@ fn a_gap_replays_from_the_first_missing_number() {
     for s in 0..4 {
         t.on_live(s, ());
     }
-    assert_eq!(t.on_live(6, ()), vec![Step::Replay(4)]);
+    assert_eq!(t.on_live(6, ()), vec![SeqStep::Replay(4)]);
     assert_eq!(t.counters().gaps, 1);
     let mut got = Vec::new();
     for s in 4..=6 {
@@ -114,7 +114,10 @@ fn a_publisher_restart_clears_the_stream() {
     for s in 0..50 {
         t.on_live(s, ());
     }
-    assert_eq!(t.on_live(0, ()), vec![Step::Clear, Step::Apply(0, ())]);
+    assert_eq!(
+        t.on_live(0, ()),
+        vec![SeqStep::Clear, SeqStep::Apply(0, ())]
+    );
     assert_eq!(t.counters().restarts, 1);
     // Far below the last number also counts, and with replay the missed start is fetched.
     let mut t = SeqTracker::new(SeqConfig::default());
@@ -123,7 +126,7 @@ fn a_publisher_restart_clears_the_stream() {
     for s in 0..5000 {
         t.on_live(s, ());
     }
-    assert_eq!(t.on_live(3, ()), vec![Step::Clear, Step::Replay(0)]);
+    assert_eq!(t.on_live(3, ()), vec![SeqStep::Clear, SeqStep::Replay(0)]);
     let mut got = Vec::new();
     for s in 0..=3 {
         got.extend(applied(&t.on_replay(s, ())));
@@ -140,8 +143,11 @@ fn failed_replays_retry_then_clear_and_go_on_live() {
     });
     t.on_connect();
     t.on_live(3, ());
-    assert_eq!(t.on_replay_failed(), vec![Step::Replay(0)]);
-    assert_eq!(t.on_replay_failed(), vec![Step::Clear, Step::Apply(3, ())]);
+    assert_eq!(t.on_replay_failed(), vec![SeqStep::Replay(0)]);
+    assert_eq!(
+        t.on_replay_failed(),
+        vec![SeqStep::Clear, SeqStep::Apply(3, ())]
+    );
     assert!(!t.replaying());
     assert_eq!(t.counters().replay_failures, 2);
 }
@@ -206,12 +212,12 @@ fn lossy_live_channel_with_replay_applies_everything_once_in_order() {
         for _round in 0..10_000 {
             for s in steps.drain(..) {
                 match s {
-                    Step::Apply(seq, v) => {
+                    SeqStep::Apply(seq, v) => {
                         assert_eq!(seq, v);
                         applied_seqs.push(seq);
                     }
-                    Step::Clear => panic!("seed {seed}: no restart happened"),
-                    Step::Replay(from) => pending = Some((from, rnd(5))),
+                    SeqStep::Clear => panic!("seed {seed}: no restart happened"),
+                    SeqStep::Replay(from) => pending = Some((from, rnd(5))),
                 }
             }
             if let Some((from, 0)) = pending {
@@ -252,20 +258,20 @@ fn lossy_live_channel_with_replay_applies_everything_once_in_order() {
         if t.last() != Some(total - 1) {
             steps.extend(t.on_live(total, total));
             for s in steps.drain(..) {
-                if let Step::Replay(from) = s {
+                if let SeqStep::Replay(from) = s {
                     for s in from..=total {
                         for st in t.on_replay(s, s) {
-                            if let Step::Apply(q, _) = st {
+                            if let SeqStep::Apply(q, _) = st {
                                 applied_seqs.push(q);
                             }
                         }
                     }
                     for st in t.on_replay_end() {
-                        if let Step::Apply(q, _) = st {
+                        if let SeqStep::Apply(q, _) = st {
                             applied_seqs.push(q);
                         }
                     }
-                } else if let Step::Apply(q, _) = s {
+                } else if let SeqStep::Apply(q, _) = s {
                     applied_seqs.push(q);
                 }
             }
@@ -287,7 +293,7 @@ fn an_overflowing_replay_goes_on_from_the_first_message_it_could_not_keep() {
     let mut got = applied(&t.on_live(0, ()));
     got.extend(applied(&t.on_live(1, ())));
     // A flood: 2..=4 lost, 5..=8 buffered while the gap's replay runs.
-    assert_eq!(t.on_live(5, ()), vec![Step::Replay(2)]);
+    assert_eq!(t.on_live(5, ()), vec![SeqStep::Replay(2)]);
     for s in 6..=8 {
         t.on_live(s, ());
     }
@@ -296,7 +302,7 @@ fn an_overflowing_replay_goes_on_from_the_first_message_it_could_not_keep() {
         t.on_replay(s, ());
     }
     let steps = t.on_replay_end();
-    assert_eq!(steps.last(), Some(&Step::Replay(6)), "{steps:?}");
+    assert_eq!(steps.last(), Some(&SeqStep::Replay(6)), "{steps:?}");
     got.extend(applied(&steps));
     for s in 6..=8 {
         t.on_replay(s, ());
@@ -306,13 +312,13 @@ fn an_overflowing_replay_goes_on_from_the_first_message_it_could_not_keep() {
     assert!(!t.replaying());
     assert_eq!(t.counters().unrepaired_gaps, 0);
     // A live message lost while a replay ran leaves a hole after it: replayed as well.
-    assert_eq!(t.on_live(10, ()), vec![Step::Replay(9)]);
+    assert_eq!(t.on_live(10, ()), vec![SeqStep::Replay(9)]);
     t.on_live(12, ());
     t.on_replay(9, ());
     t.on_replay(10, ());
     let steps = t.on_replay_end();
     assert_eq!(applied(&steps), vec![9, 10]);
-    assert_eq!(steps.last(), Some(&Step::Replay(11)));
+    assert_eq!(steps.last(), Some(&SeqStep::Replay(11)));
     t.on_replay(11, ());
     t.on_replay(12, ());
     assert_eq!(applied(&t.on_replay_end()), vec![11, 12]);

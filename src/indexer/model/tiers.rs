@@ -97,7 +97,7 @@ pub struct TierBatch {
 
 /// An index stream an MP server's chunks feed, with its block size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Target {
+pub struct TierLink {
     /// The stream (a shared pool of the engine instance).
     pub stream: StreamId,
     /// The instance's tokens per block.
@@ -142,8 +142,9 @@ struct Key {
     salt: Box<str>,
 }
 
+/// One chunk an MP server holds, with where it sits in its prompt and on which tiers.
 #[derive(Debug)]
-struct Chunk {
+struct TrackedChunk {
     offset: i64,
     tokens: Box<[u32]>,
     parent: Option<Key>,
@@ -155,7 +156,7 @@ struct Chunk {
     shown: [bool; 2],
 }
 
-impl Chunk {
+impl TrackedChunk {
     fn complete(&self, slot: usize) -> bool {
         let keys = &self.keys[slot];
         let Some(&(first, _)) = keys.first() else {
@@ -169,10 +170,11 @@ impl Chunk {
     }
 }
 
+/// One MP server's incarnation and the chunks it holds.
 #[derive(Debug, Default)]
-struct Server {
+struct ServerChunks {
     incarnation: u64,
-    chunks: HashMap<Key, Chunk>,
+    chunks: HashMap<Key, TrackedChunk>,
     /// Tracked chunks by position: the candidates for a parent.
     by_offset: HashMap<i64, Vec<Key>>,
     /// Stores whose parent is not tracked yet, oldest first.
@@ -184,8 +186,8 @@ struct Server {
 pub struct Tiers {
     seed: u64,
     max_chunks: usize,
-    links: HashMap<String, Vec<Target>>,
-    servers: HashMap<String, Server>,
+    links: HashMap<String, Vec<TierLink>>,
+    servers: HashMap<String, ServerChunks>,
     chunks: usize,
     counters: TierCounters,
 }
@@ -224,7 +226,7 @@ impl Tiers {
     }
 
     /// The MP servers linked to streams, with the streams.
-    pub fn links(&self) -> impl Iterator<Item = (&str, &[Target])> {
+    pub fn links(&self) -> impl Iterator<Item = (&str, &[TierLink])> {
         self.links.iter().map(|(s, t)| (s.as_str(), t.as_slice()))
     }
 
@@ -249,7 +251,7 @@ impl Tiers {
 
     /// Links `server`'s chunks to `target`; returns the stores of the chunks it already
     /// shows (so the stream starts complete).
-    pub fn link(&mut self, server: &str, target: Target) -> Vec<(StreamId, KvEvent)> {
+    pub fn link(&mut self, server: &str, target: TierLink) -> Vec<(StreamId, KvEvent)> {
         let links = self.links.entry(server.to_owned()).or_default();
         if links.contains(&target) {
             return Vec::new();
@@ -459,7 +461,7 @@ impl Tiers {
         let s = self.servers.get_mut(server).expect("server entry");
         s.chunks.insert(
             key.clone(),
-            Chunk {
+            TrackedChunk {
                 offset: k.offset,
                 tokens: tokens.clone().into_boxed_slice(),
                 parent,

@@ -83,7 +83,7 @@ fn setup(bs: u32) -> (Index, Tiers, StreamId) {
     assert!(tiers
         .link(
             "mp-1",
-            Target {
+            TierLink {
                 stream: pool,
                 block_size: bs
             }
@@ -308,7 +308,7 @@ fn a_late_link_gets_what_the_server_shows_and_unlinked_servers_cost_nothing() {
     let other = index.add_stream(spec(true, 16)).unwrap();
     tiers.link(
         "mp-1",
-        Target {
+        TierLink {
             stream: other,
             block_size: 16,
         },
@@ -316,7 +316,7 @@ fn a_late_link_gets_what_the_server_shows_and_unlinked_servers_cost_nothing() {
     apply(&mut index, tiers.apply(&batch(Tier::L1, Op::Store, keys)));
     let late = tiers.link(
         "mp-1",
-        Target {
+        TierLink {
             stream: pool,
             block_size: 32,
         },
@@ -334,7 +334,7 @@ fn the_chunk_limit_refuses_and_counts() {
     let mut tiers = Tiers::new(1337, 1);
     tiers.link(
         "mp-1",
-        Target {
+        TierLink {
             stream: StreamId(0),
             block_size: 16,
         },

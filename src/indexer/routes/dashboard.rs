@@ -68,7 +68,7 @@ impl Blocks {
 
 /// One publisher endpoint and what it feeds.
 #[derive(Serialize)]
-struct Publisher {
+struct PublisherRow {
     endpoint: String,
     replay_endpoint: Option<String>,
     r#type: &'static str,
@@ -135,7 +135,7 @@ struct Feed {
     totals: Totals,
     counters: Counters,
     /// By endpoint, the first [`FEED_ROWS`].
-    publishers: Vec<Publisher>,
+    publishers: Vec<PublisherRow>,
     /// The role in its cluster and, for a replica, its lag (`/readyz`'s body).
     cluster: serde_json::Value,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,7 +143,7 @@ struct Feed {
 }
 
 /// Everything but the history, under the registry lock then the index read lock.
-fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
+fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<PublisherRow>) {
     let registry = st.registry.lock();
     let core = st.core.read();
     let ix = &core.index;
@@ -161,7 +161,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
         clears: c.clears,
         ..Counters::default()
     };
-    let mut by_endpoint: BTreeMap<&str, Publisher> = BTreeMap::new();
+    let mut by_endpoint: BTreeMap<&str, PublisherRow> = BTreeMap::new();
     for (endpoint, p) in &registry.publishers {
         let s = &p.status;
         let seq = *s.seq.lock();
@@ -174,7 +174,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
         counters.queue_full += queue_full;
         by_endpoint.insert(
             endpoint,
-            Publisher {
+            PublisherRow {
                 endpoint: endpoint.clone(),
                 replay_endpoint: p.replay_endpoint.clone(),
                 r#type: p.kind.name(),
@@ -213,7 +213,7 @@ fn snapshot(st: &IndexerState) -> (Totals, Counters, Vec<Publisher>) {
             p.services.push(entry);
         }
     }
-    let publishers: Vec<Publisher> = by_endpoint.into_values().collect();
+    let publishers: Vec<PublisherRow> = by_endpoint.into_values().collect();
     let totals = Totals {
         services: registry.services.len(),
         publishers: publishers.len(),

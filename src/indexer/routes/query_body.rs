@@ -83,8 +83,8 @@ impl QueryBody {
 
 impl<'de> Deserialize<'de> for QueryBody {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Body;
-        impl<'de> Visitor<'de> for Body {
+        struct QueryVisitor;
+        impl<'de> Visitor<'de> for QueryVisitor {
             type Value = QueryBody;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a JSON object")
@@ -103,7 +103,7 @@ impl<'de> Deserialize<'de> for QueryBody {
                 Ok(QueryBody { fields, tokens })
             }
         }
-        d.deserialize_map(Body)
+        d.deserialize_map(QueryVisitor)
     }
 }
 

@@ -96,11 +96,11 @@ type StreamMap = HashMap<u64, (usize, u64, [u8; 3])>;
 
 /// The naive index.
 #[derive(Default)]
-struct Model {
+struct NaiveIndex {
     maps: Vec<StreamMap>,
 }
 
-impl Model {
+impl NaiveIndex {
     fn store(&mut self, st: usize, engine: u64, ns: usize, seq: u64, tier: usize) {
         let map = &mut self.maps[st];
         if map.get(&engine).is_some_and(|e| (e.0, e.1) != (ns, seq)) {
@@ -201,7 +201,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         .iter()
         .map(|s| index.add_stream(s.clone()).expect("a stream"))
         .collect();
-    let mut model = Model {
+    let mut model = NaiveIndex {
         maps: vec![HashMap::new(); specs.len()],
     };
     let seed = index.config().seed;
