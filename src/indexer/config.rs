@@ -226,6 +226,20 @@ pub struct IndexerConfig {
     pub central: central::CentralConfig,
 }
 
+impl IndexerConfig {
+    /// The limits of its HTTP server (one value for the stack and the server loop).
+    pub(crate) fn http_limits(&self) -> crate::web::HttpLimits {
+        crate::web::HttpLimits {
+            max_body_bytes: self.max_body_bytes,
+            // Not enforced by the indexer: its bodies are parsed into typed requests whose
+            // sizes `max_body_bytes` bounds.
+            max_body_items: usize::MAX,
+            max_connections: self.max_http_connections,
+            read_timeout: self.http_read_timeout,
+        }
+    }
+}
+
 impl Default for IndexerConfig {
     fn default() -> Self {
         Self {

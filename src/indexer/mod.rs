@@ -41,7 +41,6 @@ pub use state::{IndexerState, PublisherStatus};
 use crate::service::{bind_host, Running, StartError};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -101,42 +100,14 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
             tracing::warn!(%key, "publisher from the file not registered: {}", e.message);
         }
     }
-    // The sweep drops what the TTL says, and without one still clamps old store times (the
-    // index keeps them in 16 bits: it must see every record every few hours). A replica's
-    // sweeps come from the ingester, in order with the rest.
     if !state.role.is_replica() {
-        let st = Arc::clone(&state);
-        let cancel = shutdown.clone();
-        let every = Duration::from_secs(
-            state
-                .config
-                .index
-                .ttl_secs
-                .map_or(600, |ttl| u64::from(ttl / 4).clamp(1, 60)),
-        );
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    _ = tick.tick() => st.expire().await,
-                }
-            }
-        });
+        state.spawn_sweep();
     }
     let app = routes::router(Arc::clone(&state));
-    let limits = crate::web::HttpLimits {
-        max_body_bytes: state.config.max_body_bytes,
-        // Not enforced by the indexer: its bodies are parsed into typed requests whose
-        // sizes `max_body_bytes` bounds.
-        max_body_items: usize::MAX,
-        max_connections: state.config.max_http_connections,
-        read_timeout: state.config.http_read_timeout,
-    };
     let served = crate::web::serve(
         listener,
         app,
-        limits,
+        state.config.http_limits(),
         crate::web::limits::counting_hook("indexer", routes::refusals(&state)),
         shutdown.clone(),
     );

@@ -12,6 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -123,7 +124,7 @@ impl IndexerState {
 
     /// Runs the TTL sweep at the current time, one slice of the record arena per lock hold
     /// (queries and events go on between slices, whatever the streams' sizes).
-    pub(super) async fn expire(&self) {
+    async fn expire(&self) {
         let now = self.now_secs();
         let mut from = Some(0);
         while let Some(start) = from {
@@ -139,6 +140,29 @@ impl IndexerState {
             }
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Spawns the TTL sweep: it drops what the TTL says, and without one still clamps old
+    /// store times (the index keeps them in 16 bits: it must see every record every few
+    /// hours). Not on a replica: its sweeps come from the ingester, in order with the rest.
+    pub(super) fn spawn_sweep(self: &Arc<Self>) {
+        let st = Arc::clone(self);
+        let cancel = self.shutdown.clone();
+        let every = Duration::from_secs(
+            self.config
+                .index
+                .ttl_secs
+                .map_or(600, |ttl| u64::from(ttl / 4).clamp(1, 60)),
+        );
+        self.tasks.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = tick.tick() => st.expire().await,
+                }
+            }
+        });
     }
 
     /// 409 on a replica: publishers register on the ingester.

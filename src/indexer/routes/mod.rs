@@ -44,14 +44,7 @@ pub(super) fn policy(auth: Auth) -> Policy {
 
 /// The router.
 pub(super) fn router(state: Arc<IndexerState>) -> Router {
-    let limits = crate::web::HttpLimits {
-        max_body_bytes: state.config.max_body_bytes,
-        // Not enforced by the indexer: its bodies are parsed into typed requests whose
-        // sizes `max_body_bytes` bounds.
-        max_body_items: usize::MAX,
-        max_connections: state.config.max_http_connections,
-        read_timeout: state.config.http_read_timeout,
-    };
+    let limits = state.config.http_limits();
     let http = Arc::new(HttpMetrics::standalone(
         "kvplane_indexer_",
         limits.max_body_bytes,
