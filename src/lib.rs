@@ -36,7 +36,7 @@
 //!   (protocol + transport only).
 //! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
 //!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
-//!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
+//!   replay state machine) in `indexer::model`, its owner, tasks and routes around it.
 //! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
 //!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
 //! - [`router`] — `kvplane router`, the cache-aware OpenAI-compatible router in front of

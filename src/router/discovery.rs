@@ -15,7 +15,7 @@ use super::config::Discover;
 use super::model::discovery::plan;
 use super::state::RouterState;
 use super::upstream;
-use crate::indexer::service::api::{self, Registration, Unregistration};
+use crate::indexer::api::{self, Registration, Unregistration};
 use axum::body::Body;
 use serde_json::Value;
 use std::collections::BTreeMap;

@@ -18,7 +18,7 @@
 //! - `routes/`: one file per resource (the OpenAI routes, the probes, `/router/*`);
 //! - `metrics.rs`: its metric families.
 //!
-//! The index is the indexer's own ([`crate::indexer::service`]), run in process and fed by
+//! The index is the indexer's own ([`crate::indexer`]), run in process and fed by
 //! the engines' KV events.
 
 mod cluster;
@@ -34,8 +34,8 @@ pub(crate) mod state;
 pub mod tokenize;
 pub mod upstream;
 
-use crate::indexer::service::api::Registration;
-use crate::indexer::service::IndexerConfig;
+use crate::indexer::api::Registration;
+use crate::indexer::IndexerConfig;
 use crate::service::{bind_host, Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
@@ -73,7 +73,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         seed: config.hash_seed,
         ..Default::default()
     };
-    let indexer = crate::indexer::service::start(IndexerConfig {
+    let indexer = crate::indexer::start(IndexerConfig {
         host: "127.0.0.1".into(),
         port: config.indexer_port,
         index,
@@ -98,7 +98,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
 /// As [`start`].
 pub async fn start_beside(
     mut config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     config.hash_seed = index.hash_seed();
@@ -109,7 +109,7 @@ pub async fn start_beside(
 /// and starts the health probes, the scrapes and the discovery.
 async fn launch(
     config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     let tokenizer = match &config.model_dir {

@@ -12,7 +12,7 @@ use super::tokenize::ModelTokenizer;
 use super::upstream::{self, HttpClient};
 use super::{EngineSpec, RouterConfig};
 use crate::indexer::index::{LoraNs, QueryScope};
-use crate::indexer::service::IndexerState;
+use crate::indexer::IndexerState;
 use axum::body::Body;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};

@@ -24,7 +24,7 @@ pub(crate) enum Command {
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
     /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
-    Indexer(kvplane::indexer::service::IndexerArgs),
+    Indexer(kvplane::indexer::IndexerArgs),
     /// Run the cache-aware router: an OpenAI-compatible front over vLLM/SGLang engines
     /// (docs/ROUTER.md).
     Router(kvplane::router::RouterArgs),

@@ -6,8 +6,8 @@
 
 use kvplane::coordinator::events::{Batch, Op as CoordOp, Tier as CoordTier};
 use kvplane::coordinator::tap::{Tap, TapEvent};
-use kvplane::indexer::service::IndexerState;
 use kvplane::indexer::tiers::{ChunkKey, Op, Tier, TierBatch};
+use kvplane::indexer::IndexerState;
 use std::collections::HashMap;
 use std::sync::Arc;
 
