@@ -16,28 +16,13 @@
 //! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
 //! `crate::metrics`) and must not touch it.
 
-mod arena;
-pub mod args;
-mod buffers;
-pub mod codec;
-mod commands;
-mod compress;
 pub mod config;
-mod connection;
+mod controller_link;
 mod coordinator_link;
-mod dashboard;
-mod disk;
-mod http;
-mod lru;
+mod lm;
 pub mod metrics;
-mod objects;
-mod openapi;
-mod peer;
-mod pins;
-mod prefetch;
-mod report;
-mod server;
-mod server_threads;
+pub mod model;
+mod routes;
 mod tiers;
 
 pub use config::{ConnectionModel, NodeConfig};
@@ -77,7 +62,7 @@ pub struct Node {
     /// L2 writes, reads and deletes.
     background: TaskTracker,
     /// Reports to the controller, if one is configured.
-    reporter: Option<Arc<report::Reporter>>,
+    reporter: Option<Arc<controller_link::report::Reporter>>,
 }
 
 /// A running node. Its stop stops accepting, closes connections, waits for in-flight L2
@@ -165,8 +150,8 @@ struct RankWorkers {
     config: crate::worker::WorkerConfig,
     tiers: Arc<tiers::Tiers>,
     metrics: Arc<NodeMetrics>,
-    commands: Arc<commands::CommandConfig>,
-    reporter: Arc<report::Reporter>,
+    commands: Arc<controller_link::commands::CommandConfig>,
+    reporter: Arc<controller_link::report::Reporter>,
 }
 
 impl RankWorkers {
@@ -176,13 +161,13 @@ impl RankWorkers {
         if rank != 0 {
             wc.command_port = 0;
         }
-        let handler = commands::NodeCommands {
+        let handler = controller_link::commands::NodeCommands {
             tiers: Arc::clone(&self.tiers),
             metrics: Arc::clone(&self.metrics),
             config: Arc::clone(&self.commands),
             rank: Some(rank),
         };
-        let keys = report::ReportedKeys {
+        let keys = controller_link::report::ReportedKeys {
             reporter: Arc::clone(&self.reporter),
             rank,
         };
@@ -199,12 +184,12 @@ impl RankWorkers {
 async fn preallocate(
     bytes: u64,
     metrics: &NodeMetrics,
-) -> Result<Option<arena::Arena>, StartError> {
+) -> Result<Option<lm::arena::Arena>, StartError> {
     if bytes == 0 {
         return Ok(None);
     }
     let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    if let Some(available) = arena::available_memory() {
+    if let Some(available) = lm::arena::available_memory() {
         if bytes > available {
             return Err(StartError::Config(format!(
                 "--l1-preallocate {:.2} GiB is more than the {:.2} GiB of memory available \
@@ -215,7 +200,7 @@ async fn preallocate(
         }
     }
     let started = std::time::Instant::now();
-    let arena = tokio::task::spawn_blocking(move || arena::Arena::populate(bytes))
+    let arena = tokio::task::spawn_blocking(move || lm::arena::Arena::populate(bytes))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
         .map_err(|e| {
@@ -251,7 +236,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     let preallocation = preallocate(config.l1_preallocate, &metrics).await?;
     let mut observers: tiers::Observers = Vec::new();
     let reporter = config.controller.as_ref().map(|_| {
-        Arc::new(report::Reporter::new(
+        Arc::new(controller_link::report::Reporter::new(
             Arc::clone(&metrics),
             config.l2.is_some(),
         ))
@@ -283,7 +268,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     })?;
     let tiers = Arc::new(tiers);
 
-    let chunks = commands::TokenChunks {
+    let chunks = controller_link::commands::TokenChunks {
         chunk_size: config.chunk_size,
         none_hash: config.lookup_none_hash,
     };
@@ -294,11 +279,11 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         Some(port) => {
             let addr = host_port(&config.host, port);
             let (l, bound) = bind_tcp("http", &addr).await?;
-            let prefetches = Arc::new(prefetch::Prefetches::new(
+            let prefetches = Arc::new(routes::prefetch::Prefetches::new(
                 config.max_prefetch_jobs,
                 config.chunk_size,
             ));
-            let app = http::router(
+            let app = routes::router(
                 Arc::clone(&tiers),
                 Arc::clone(&metrics),
                 prefetches,
@@ -310,7 +295,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
                 l,
                 app,
                 config.http,
-                crate::web::limits::counting_hook("node", http::refusals(Arc::clone(&metrics))),
+                crate::web::limits::counting_hook("node", routes::refusals(Arc::clone(&metrics))),
                 shutdown.clone(),
             );
             tasks.spawn(async move {
@@ -321,14 +306,14 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             Some(bound)
         }
     };
-    let ctx = Arc::new(connection::ConnContext {
+    let ctx = Arc::new(lm::connection::ConnContext {
         tiers: Arc::clone(&tiers),
         metrics: Arc::clone(&metrics),
         max_object_bytes: config.max_object_bytes,
         read_timeout: config.read_timeout,
         max_list_bytes: config.max_list_bytes,
-        bodies: buffers::BodyPool::new(
-            buffers::PoolGauges {
+        bodies: lm::buffers::BodyPool::new(
+            lm::buffers::PoolGauges {
                 spare: metrics.body_pool_spare_bytes.clone(),
                 preallocated_unused: metrics.l1_preallocated_unused_bytes.clone(),
                 sources: metrics.body_buffers.clone(),
@@ -336,7 +321,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             preallocation,
         ),
     });
-    tasks.spawn(server::accept_loop(
+    tasks.spawn(lm::accept_loop(
         listener,
         ctx,
         config.connection_model,
@@ -362,7 +347,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             config: wc,
             tiers: Arc::clone(&tiers),
             metrics: Arc::clone(&metrics),
-            commands: Arc::new(commands::CommandConfig {
+            commands: Arc::new(controller_link::commands::CommandConfig {
                 chunks,
                 peer_url,
                 peer_timeout: config.read_timeout,
@@ -371,7 +356,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         });
         // Rank 0 always (the node registers even when empty), then every rank its keys name:
         // those recovered from L2 now, later ones as they arrive.
-        for rank in 0..config.tp_ranks.clamp(1, report::MAX_RANKS) {
+        for rank in 0..config.tp_ranks.clamp(1, controller_link::report::MAX_RANKS) {
             r.request(rank);
             ranks.start(rank).await.map_err(controller_err)?;
         }

@@ -5,7 +5,7 @@
 
 use crate::support::eventually;
 use crate::support::node::*;
-use kvplane::node::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
+use kvplane::node::model::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
 use kvplane::node::config::{ConnectionModel, EvictionPolicy, PrefetchPolicy, StorePolicy};
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ async fn put_get_exist_list_health_round_trip_identical_bytes_on_threads() {
 async fn put_get_exist_list_health_round_trip_identical_bytes_with(model: ConnectionModel) {
     let node = node_with(|c| c.connection_model = model).await;
     let mut c = Client::connect(&node).await;
-    assert_eq!(c.health().await, kvplane::node::codec::Reply::success());
+    assert_eq!(c.health().await, kvplane::node::model::codec::Reply::success());
     assert!(c.get("absent").await.is_none());
     assert!(!c.exists("absent").await);
 
@@ -389,7 +389,7 @@ async fn bad_input_is_answered_counted_and_harms_no_one_else_with(model: Connect
         c.send_raw(&raw).await;
         if fail_reply {
             let r = c.reply().await;
-            assert_eq!(r, kvplane::node::codec::Reply::fail(), "case {i}");
+            assert_eq!(r, kvplane::node::model::codec::Reply::fail(), "case {i}");
         }
         if usable {
             assert_eq!(c.health().await.code, CODE_SUCCESS, "case {i} still usable");

@@ -3,7 +3,7 @@
 
 #[allow(unused_imports)] // not every test binary uses them through this module
 pub use super::{lmcache::python, sample, within, STEP};
-use kvplane::node::codec::{
+use kvplane::node::model::codec::{
     self, Command, ObjectMeta, Reply, Request, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
 use kvplane::node::config::{L2Config, PrefetchPolicy, StorePolicy};

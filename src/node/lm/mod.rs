@@ -1,9 +1,14 @@
 //! The LMCache protocol listener: the accept loop with its connection cap, which hands each
-//! connection to a runtime task or to a thread of its own (`server_threads`), both running
-//! [`super::connection`]'s loop.
+//! connection to a runtime task or to a thread of its own (`threads`), both running
+//! [`connection`]'s loop.
 
-use super::config::ConnectionModel;
-use super::connection::{serve_connection, ConnContext, OpenConnection};
+pub(crate) mod arena;
+pub(crate) mod buffers;
+pub(crate) mod connection;
+mod threads;
+
+use crate::node::config::ConnectionModel;
+use connection::{serve_connection, ConnContext, OpenConnection};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -60,7 +65,7 @@ pub(crate) async fn accept_loop(
                 });
             }
             ConnectionModel::Threads => {
-                if let Err(e) = super::server_threads::spawn(stream, ctx, shutdown, open) {
+                if let Err(e) = threads::spawn(stream, ctx, shutdown, open) {
                     tracing::warn!(%peer, "cannot start a connection thread: {e}");
                 }
             }

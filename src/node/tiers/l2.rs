@@ -7,8 +7,8 @@
 
 use super::{Announced, Object, Observers, Recovery, TierId, Tiers};
 use crate::node::config::{L2Config, PrefetchPolicy, StorePolicy};
-use crate::node::disk;
-use crate::node::lru::{Insert, TierIndex, Weighted};
+use super::disk;
+use crate::node::model::lru::{Insert, TierIndex, Weighted};
 use crate::node::metrics::NodeMetrics;
 use parking_lot::Mutex;
 use std::collections::HashMap;

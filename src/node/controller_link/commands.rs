@@ -14,11 +14,11 @@
 //!   GET still returns the bytes that were PUT. Without tokens, every object of the tier.
 //! - `health`: 0.
 
-use super::compress::Codec;
-use super::metrics::NodeMetrics;
+use crate::node::model::compress::Codec;
+use crate::node::metrics::NodeMetrics;
 use super::peer::{Outgoing, PeerConn};
 use super::report::{key_rank, location};
-use super::tiers::{decode, Resolved, TierId, TierSet, Tiers};
+use crate::node::tiers::{decode, Resolved, TierId, TierSet, Tiers};
 use crate::protocol::token_hash::chunk_hashes;
 use crate::protocol::{
     ChunkHash, ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, MoveWorkerMsg, PinWorkerMsg,

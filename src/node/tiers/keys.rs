@@ -5,8 +5,8 @@
 //! file I/O on the caller's thread: deleted L2 files go to the background tracker.
 
 use super::{Removed, TierId, TierSet, Tiers};
-use crate::node::disk;
-use crate::node::lru::Weighted;
+use super::disk;
+use crate::node::model::lru::Weighted;
 use std::sync::Arc;
 
 /// One listed object: its key and its size in the tier (body bytes in L1, file bytes in L2).

@@ -15,9 +15,9 @@
 //! completions push it out (0.5.6 forgets it at the first poll, so a lost reply loses the
 //! result), and a submit while every slot holds a running job gets 503.
 
-use super::metrics::NodeMetrics;
+use crate::node::metrics::NodeMetrics;
 use super::objects::{encode, EncodedKey};
-use super::tiers::{Tiers, Warmed};
+use crate::node::tiers::{Tiers, Warmed};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

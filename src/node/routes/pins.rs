@@ -3,9 +3,9 @@
 //! no unpin (an LMCache worker's pins end with the request that made them), so a node, whose
 //! pins last until released, takes the release here.
 
-use super::commands::{tier_of, TokenChunks};
-use super::report::location;
-use super::tiers::{TierId, Tiers};
+use crate::node::controller_link::commands::{tier_of, TokenChunks};
+use crate::node::controller_link::report::location;
+use crate::node::tiers::{TierId, Tiers};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;

@@ -1,15 +1,15 @@
 //! One `lm://` connection: the loop that reads its requests in order, answers them in order
 //! (LMCache's client holds one lock per connection and expects replies in request order) and
 //! never lets bad input reach past its own connection, over an I/O trait so that a runtime
-//! task (`TcpStream`) and a thread of its own (`server_threads`) run the same loop.
+//! task (`TcpStream`) and a thread of its own (`threads`) run the same loop.
 //!
 //! Owns the per-request work and its metrics; must not accept connections or know which
 //! model runs it.
 
 use super::buffers::BodyPool;
-use super::codec::{self, CodecError, Command, Reply, Request, REQUEST_HEADER_LEN};
-use super::metrics::NodeMetrics;
-use super::tiers::{Object, Tiers};
+use crate::node::model::codec::{self, CodecError, Command, Reply, Request, REQUEST_HEADER_LEN};
+use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::{Object, Tiers};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,7 +68,7 @@ pub(crate) enum Stop {
 }
 
 /// How a connection's bytes travel: a runtime task on a tokio socket ([`TcpStream`]), or a
-/// thread of its own on a blocking socket (`server_threads`). The connection loop below is
+/// thread of its own on a blocking socket (`threads`). The connection loop below is
 /// the same for both.
 pub(crate) trait LmIo {
     /// Reads what the peer sends next, waiting as long as it takes (idle between requests

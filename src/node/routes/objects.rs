@@ -9,8 +9,8 @@
 //! worker_id`); keys that do not parse are left out of listings and cannot be deleted by an
 //! encoded key (a DELETE may also name raw key strings).
 
-use super::metrics::NodeMetrics;
-use super::tiers::{TierSet, Tiers};
+use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::{TierSet, Tiers};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::Query;
@@ -25,7 +25,7 @@ use std::sync::Arc;
 pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Default `page_size`.
 const DEFAULT_PAGE_SIZE: usize = 100;
-use super::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
+use crate::node::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
 
 /// The coordinator's form of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! peer's `peer_init_url` is its `lm://` address), then one HEALTH: replies come in request
 //! order on a connection, so its answer means every PUT before it was read and stored.
 
-use super::codec::{self, Command, ObjectMeta, Request, REPLY_HEADER_LEN};
+use crate::node::model::codec::{self, Command, ObjectMeta, Request, REPLY_HEADER_LEN};
 use bytes::Bytes;
 use std::io;
 use std::time::Duration;

@@ -4,9 +4,15 @@
 //! controller's pins (`GET /pins`, `POST /unpin`: `pins`), and the
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
-use super::metrics::NodeMetrics;
-use super::prefetch::Prefetches;
-use super::tiers::Tiers;
+mod dashboard;
+pub(crate) mod objects;
+mod openapi;
+mod pins;
+pub(crate) mod prefetch;
+
+use crate::node::metrics::NodeMetrics;
+use prefetch::Prefetches;
+use crate::node::tiers::Tiers;
 use crate::web::access::{Auth, Policy};
 use crate::web::exposition::Exposition;
 use crate::web::limits::{RefusalCounter, WebLimit};
@@ -27,14 +33,14 @@ struct AppState {
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: super::commands::TokenChunks,
+    chunks: crate::node::controller_link::commands::TokenChunks,
 }
 
 /// The coordinator's calls, which LMCache's coordinator makes without a token
 /// (`--api-token-peers` covers them), and the routes that never need one; the rest by
 /// method (GETs read; `POST /unpin`, an operator's, writes).
 pub(crate) fn policy(auth: Auth) -> Policy {
-    let routes = super::openapi::operations()
+    let routes = openapi::operations()
         .into_iter()
         .map(|op| (op.method, op.path, op.access))
         .collect();
@@ -46,11 +52,11 @@ pub(crate) fn router(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: super::commands::TokenChunks,
+    chunks: crate::node::controller_link::commands::TokenChunks,
     limits: HttpLimits,
     auth: Auth,
 ) -> Router {
-    let doc = Arc::new(super::openapi::document(&auth));
+    let doc = Arc::new(openapi::document(&auth));
     let stack = Stack {
         policy: Arc::new(policy(auth)),
         limits,
@@ -65,44 +71,44 @@ pub(crate) fn router(
     };
     let http = Arc::clone(&stack.metrics);
     let routes = Router::new()
-        .merge(super::dashboard::routes(&tiers, &metrics))
+        .merge(dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/cache/objects",
             get(
                 |State(s): State<AppState>,
-                 q: Result<Query<super::objects::PageQuery>, QueryRejection>| {
-                    super::objects::list(s.tiers, s.metrics, q)
+                 q: Result<Query<objects::PageQuery>, QueryRejection>| {
+                    objects::list(s.tiers, s.metrics, q)
                 },
             )
             .delete(
                 |State(s): State<AppState>, body: Result<axum::body::Bytes, _>| {
-                    super::objects::delete(s.tiers, s.metrics, body)
+                    objects::delete(s.tiers, s.metrics, body)
                 },
             ),
         )
         .route(
             "/pins",
-            get(|State(s): State<AppState>| super::pins::list(s.tiers)),
+            get(|State(s): State<AppState>| pins::list(s.tiers)),
         )
         .route(
             "/unpin",
             post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                super::pins::unpin(s.tiers, s.chunks, body)
+                pins::unpin(s.tiers, s.chunks, body)
             }),
         )
         .route(
             "/cache/prefetches",
             post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                super::prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
+                prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
             }),
         )
         .route(
             "/cache/prefetches/{request}",
             get(
                 |State(s): State<AppState>, Path(request): Path<String>| async move {
-                    super::prefetch::poll(&s.prefetches, &request)
+                    prefetch::poll(&s.prefetches, &request)
                 },
             ),
         )

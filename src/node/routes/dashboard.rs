@@ -10,8 +10,8 @@
 //! the node's own prometheus registry (never `with_label_values` on a read, which would
 //! create empty series in `/metrics`).
 
-use super::metrics::NodeMetrics;
-use super::tiers::Tiers;
+use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::Tiers;
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
@@ -139,7 +139,7 @@ struct Feed {
     history: Option<HistoryPage>,
 }
 
-fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str, pinned: usize) -> Tier {
+fn tier(tiers: &crate::node::TierUsage, m: &NodeMetrics, name: &str, pinned: usize) -> Tier {
     let (bytes, objects) = if name == "l1" {
         (tiers.l1_bytes, tiers.l1_objects)
     } else {

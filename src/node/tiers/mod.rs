@@ -1,15 +1,15 @@
 //! The node's two tiers put together: L1 (`Bytes` in memory) and L2 (one file per object),
 //! the store and prefetch policies, and pins for reads in progress. This file owns the tier
 //! types, the observers' calls, L1 and the operations that reach both tiers (PUT, GET, warm
-//! prefetch); L2's disk work is `tier_l2`'s (on tokio's blocking pool, never on the async
-//! threads), the scans over both tiers' keys `tier_keys`'s, the controller's commands
-//! `tier_ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
+//! prefetch); L2's disk work is `l2`'s (on tokio's blocking pool, never on the async
+//! threads), the scans over both tiers' keys `keys`'s, the controller's commands
+//! `ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
 //! sockets here.
 
-use super::codec::ObjectMeta;
-use super::compress::Codec;
+use super::model::codec::ObjectMeta;
+use super::model::compress::Codec;
 use super::config::{L2Config, PrefetchPolicy};
-use super::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
+use super::model::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
 use super::metrics::NodeMetrics;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -17,14 +17,12 @@ use std::io;
 use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 
-#[path = "tier_l2.rs"]
+pub(crate) mod disk;
 mod l2;
 use l2::L2;
 
-#[path = "tier_keys.rs"]
 mod keys;
 
-#[path = "tier_ops.rs"]
 mod ops;
 pub(crate) use ops::Resolved;
 
@@ -151,7 +149,7 @@ pub struct Recovery {
 }
 
 /// The object with its body as PUT (decoded off the async threads).
-pub(crate) async fn decode(obj: Object) -> Result<Object, super::compress::DecodeError> {
+pub(crate) async fn decode(obj: Object) -> Result<Object, super::model::compress::DecodeError> {
     if obj.codec == Codec::Raw {
         return Ok(obj);
     }
@@ -160,7 +158,7 @@ pub(crate) async fn decode(obj: Object) -> Result<Object, super::compress::Decod
     let limit = i32::MAX as usize;
     tokio::task::spawn_blocking(move || codec.decode(&data, limit))
         .await
-        .unwrap_or_else(|e| Err(super::compress::DecodeError::new(e.to_string())))
+        .unwrap_or_else(|e| Err(super::model::compress::DecodeError::new(e.to_string())))
         .map(|data| Object::raw(meta, data))
 }
 

@@ -15,8 +15,8 @@
 //! worker batches ops per location (`batch_size` ops or `flush_interval`, whichever first);
 //! an op refused by a full queue is counted and the worker resynchronises with a full sync.
 
-use super::metrics::NodeMetrics;
-use super::tiers::{TierId, TierObserver};
+use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::{TierId, TierObserver};
 use crate::protocol::ChunkHash;
 use crate::worker::{KeySource, WorkerError, WorkerHandle, LOCAL_CPU_BACKEND};
 use parking_lot::{Mutex, RwLock};

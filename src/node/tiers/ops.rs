@@ -3,9 +3,9 @@
 //! L1 and L2, re-encode them (compress, decompress), and take objects out for a peer.
 
 use super::{decode, Object, Removed, TierId, Tiers};
-use crate::node::compress::Codec;
-use crate::node::disk;
-use crate::node::report::{chunk_hash, key_rank};
+use crate::node::model::compress::Codec;
+use super::disk;
+use crate::node::controller_link::report::{chunk_hash, key_rank};
 use crate::protocol::ChunkHash;
 use std::collections::{HashMap, HashSet};
 use std::io;
