@@ -14,7 +14,7 @@
 
 use super::config::CoordinatorLinkConfig;
 use super::metrics::NodeMetrics;
-use super::routes::objects::{encode, EncodedKey};
+use super::model::keys::{encode, EncodedKey};
 use super::tiers::{TierId, TierObserver};
 use crate::web::client::{self, Reply};
 use parking_lot::Mutex;

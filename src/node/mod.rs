@@ -143,81 +143,6 @@ impl Node {
     }
 }
 
-/// Starts the controller worker of one TP rank: worker id = the rank, commands and full
-/// syncs limited to that rank's keys. Rank 0 binds `--controller-command-port`, the others
-/// a free port each.
-struct RankWorkers {
-    config: crate::worker::WorkerConfig,
-    tiers: Arc<tiers::Tiers>,
-    metrics: Arc<NodeMetrics>,
-    commands: Arc<controller_link::commands::CommandConfig>,
-    reporter: Arc<controller_link::report::Reporter>,
-}
-
-impl RankWorkers {
-    async fn start(&self, rank: u32) -> Result<(), crate::worker::WorkerError> {
-        let mut wc = self.config.clone();
-        wc.worker_id = i64::from(rank);
-        if rank != 0 {
-            wc.command_port = 0;
-        }
-        let handler = controller_link::commands::NodeCommands {
-            tiers: Arc::clone(&self.tiers),
-            metrics: Arc::clone(&self.metrics),
-            config: Arc::clone(&self.commands),
-            rank: Some(rank),
-        };
-        let keys = controller_link::report::ReportedKeys {
-            reporter: Arc::clone(&self.reporter),
-            rank,
-        };
-        let worker = crate::worker::Worker::start(wc, handler, keys).await?;
-        tracing::info!(rank, "controller worker started for TP rank {rank}");
-        self.reporter.attach(rank, worker);
-        Ok(())
-    }
-}
-
-/// `--l1-preallocate`: maps `bytes` and faults them in on a blocking thread, after checking
-/// them against the memory the system has available (a preallocation the kernel cannot back
-/// would only move the failure to the OOM killer).
-async fn preallocate(
-    bytes: u64,
-    metrics: &NodeMetrics,
-) -> Result<Option<lm::arena::Arena>, StartError> {
-    if bytes == 0 {
-        return Ok(None);
-    }
-    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    if let Some(available) = lm::arena::available_memory() {
-        if bytes > available {
-            return Err(StartError::Config(format!(
-                "--l1-preallocate {:.2} GiB is more than the {:.2} GiB of memory available \
-                 (MemAvailable in /proc/meminfo); lower it or --l1-size-gb",
-                gib(bytes),
-                gib(available)
-            )));
-        }
-    }
-    let started = std::time::Instant::now();
-    let arena = tokio::task::spawn_blocking(move || lm::arena::Arena::populate(bytes))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|e| {
-            StartError::resource(
-                format!("preallocate {:.2} GiB of L1 (--l1-preallocate)", gib(bytes)),
-                e,
-            )
-        })?;
-    metrics.l1_preallocated_bytes.set(arena.len() as i64);
-    tracing::info!(
-        bytes = arena.len(),
-        seconds = started.elapsed().as_secs_f64(),
-        "L1 preallocated and faulted in"
-    );
-    Ok(Some(arena))
-}
-
 /// Opens the tiers (recovering L2), binds both listeners and starts serving.
 ///
 /// # Errors
@@ -233,7 +158,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             "a coordinator calls the node's HTTP port: --coordinator-url needs it".into(),
         ));
     }
-    let preallocation = preallocate(config.l1_preallocate, &metrics).await?;
+    let preallocation = lm::preallocate(config.l1_preallocate, &metrics).await?;
     let mut observers: tiers::Observers = Vec::new();
     let reporter = config.controller.as_ref().map(|_| {
         Arc::new(controller_link::report::Reporter::new(
@@ -268,7 +193,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     })?;
     let tiers = Arc::new(tiers);
 
-    let chunks = controller_link::commands::TokenChunks {
+    let chunks = model::keys::TokenChunks {
         chunk_size: config.chunk_size,
         none_hash: config.lookup_none_hash,
     };
@@ -279,7 +204,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         Some(port) => {
             let addr = host_port(&config.host, port);
             let (l, bound) = bind_tcp("http", &addr).await?;
-            let prefetches = Arc::new(routes::prefetch::Prefetches::new(
+            let prefetches = Arc::new(model::prefetches::Prefetches::new(
                 config.max_prefetch_jobs,
                 config.chunk_size,
             ));
@@ -343,7 +268,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         };
         let mut wc = wc.clone();
         wc.peer_init_url = Some(peer_url.clone());
-        let ranks = Arc::new(RankWorkers {
+        let ranks = Arc::new(controller_link::RankWorkers {
             config: wc,
             tiers: Arc::clone(&tiers),
             metrics: Arc::clone(&metrics),

@@ -17,60 +17,14 @@
 
 use crate::node::metrics::NodeMetrics;
 use crate::node::tiers::{TierId, TierObserver};
+use crate::node::model::keys::{chunk_hash, key_rank};
 use crate::protocol::ChunkHash;
+use super::{location, LOCAL_DISK_BACKEND};
 use crate::worker::{KeySource, WorkerError, WorkerHandle, LOCAL_CPU_BACKEND};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
-
-/// LMCache's name of its local-disk backend (`str(LocalDiskBackend)`), the L2 location.
-pub(crate) const LOCAL_DISK_BACKEND: &str = "LocalDiskBackend";
-
-/// The controller location of a tier.
-pub(crate) fn location(tier: TierId) -> &'static str {
-    match tier {
-        TierId::L1 => LOCAL_CPU_BACKEND,
-        TierId::L2 => LOCAL_DISK_BACKEND,
-    }
-}
-
-/// The chunk hash of an LMCache key string: its fourth `@` field, hex with an optional `-`
-/// (`f"{chunk_hash:x}"` of a Python int, negative for CPython's `hash`). A digest longer than
-/// 64 bits (`bytes.hex()`) is folded to its first 8 bytes, big-endian, as LMCache's controller
-/// folds digests. `None` for keys of another shape.
-pub(crate) fn chunk_hash(key: &str) -> Option<ChunkHash> {
-    let mut parts = key.split('@');
-    let _model = parts.next()?;
-    parts.next()?.parse::<u32>().ok()?;
-    parts.next()?.parse::<u32>().ok()?;
-    let hex = parts.next()?;
-    let (negative, digits) = match hex.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, hex),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    if negative {
-        let v = i128::from_str_radix(digits, 16).ok()?;
-        return ChunkHash::from_i128(-v);
-    }
-    // An int's hex has at most 16 digits; a longer string is a digest's `bytes.hex()`.
-    let digits = digits.get(..16).unwrap_or(digits);
-    u64::from_str_radix(digits, 16)
-        .ok()
-        .map(ChunkHash::from_u64)
-}
-
-/// The TP rank of an LMCache key string: its third `@` field (`worker_id`). `None` for keys
-/// of another shape.
-pub(crate) fn key_rank(key: &str) -> Option<u32> {
-    let mut parts = key.split('@');
-    parts.next()?;
-    parts.next()?.parse::<u32>().ok()?;
-    parts.next()?.parse::<u32>().ok()
-}
 
 /// Most TP ranks the node registers a worker for; keys of higher ranks are not reported.
 pub(crate) const MAX_RANKS: u32 = 256;
@@ -235,41 +189,6 @@ impl KeySource for ReportedKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_lmcache_chunk_hashes() {
-        assert_eq!(
-            chunk_hash("m@1@0@ff@bfloat16"),
-            Some(ChunkHash::from_u64(255))
-        );
-        assert_eq!(
-            chunk_hash("m/x@2@1@-1a@half@k%v"),
-            Some(ChunkHash::from_i64(-26))
-        );
-        assert_eq!(
-            chunk_hash("m@1@0@ffffffffffffffff@bf16"),
-            Some(ChunkHash::from_u64(u64::MAX))
-        );
-        assert_eq!(
-            chunk_hash("m@1@0@-8000000000000000@bf16"),
-            Some(ChunkHash::from_i64(i64::MIN))
-        );
-        // A blake3 digest folds to its first 8 bytes.
-        let digest = format!("0102030405060708{}", "ab".repeat(24));
-        assert_eq!(
-            chunk_hash(&format!("m@1@0@{digest}@bf16")),
-            Some(ChunkHash::from_u64(0x0102_0304_0506_0708))
-        );
-        for bad in [
-            "plain",
-            "m@1@0@xyz@bf16",
-            "m@one@0@ff@bf16",
-            "m@1@0@-@bf16",
-            "m@1@0@-10000000000000000@bf16",
-        ] {
-            assert_eq!(chunk_hash(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn counts_holders_per_rank_hash_and_tier() {

@@ -8,6 +8,8 @@ pub(crate) mod connection;
 mod threads;
 
 use crate::node::config::ConnectionModel;
+use crate::node::metrics::NodeMetrics;
+use crate::service::StartError;
 use connection::{serve_connection, ConnContext, OpenConnection};
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,4 +73,44 @@ pub(crate) async fn accept_loop(
             }
         }
     }
+}
+
+/// `--l1-preallocate`: maps `bytes` and faults them in on a blocking thread, after checking
+/// them against the memory the system has available (a preallocation the kernel cannot back
+/// would only move the failure to the OOM killer).
+pub(crate) async fn preallocate(
+    bytes: u64,
+    metrics: &NodeMetrics,
+) -> Result<Option<arena::Arena>, StartError> {
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+    if let Some(available) = arena::available_memory() {
+        if bytes > available {
+            return Err(StartError::Config(format!(
+                "--l1-preallocate {:.2} GiB is more than the {:.2} GiB of memory available \
+                 (MemAvailable in /proc/meminfo); lower it or --l1-size-gb",
+                gib(bytes),
+                gib(available)
+            )));
+        }
+    }
+    let started = std::time::Instant::now();
+    let arena = tokio::task::spawn_blocking(move || arena::Arena::populate(bytes))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(|e| {
+            StartError::resource(
+                format!("preallocate {:.2} GiB of L1 (--l1-preallocate)", gib(bytes)),
+                e,
+            )
+        })?;
+    metrics.l1_preallocated_bytes.set(arena.len() as i64);
+    tracing::info!(
+        bytes = arena.len(),
+        seconds = started.elapsed().as_secs_f64(),
+        "L1 preallocated and faulted in"
+    );
+    Ok(Some(arena))
 }

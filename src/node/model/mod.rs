@@ -5,3 +5,5 @@
 pub mod codec;
 pub(crate) mod compress;
 pub(crate) mod lru;
+pub(crate) mod keys;
+pub(crate) mod prefetches;

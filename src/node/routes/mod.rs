@@ -11,7 +11,7 @@ mod pins;
 pub(crate) mod prefetch;
 
 use crate::node::metrics::NodeMetrics;
-use prefetch::Prefetches;
+use crate::node::model::prefetches::Prefetches;
 use crate::node::tiers::Tiers;
 use crate::web::access::{Auth, Policy};
 use crate::web::exposition::Exposition;
@@ -33,7 +33,7 @@ struct AppState {
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: crate::node::controller_link::commands::TokenChunks,
+    chunks: crate::node::model::keys::TokenChunks,
 }
 
 /// The coordinator's calls, which LMCache's coordinator makes without a token
@@ -52,7 +52,7 @@ pub(crate) fn router(
     tiers: Arc<Tiers>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: crate::node::controller_link::commands::TokenChunks,
+    chunks: crate::node::model::keys::TokenChunks,
     limits: HttpLimits,
     auth: Auth,
 ) -> Router {

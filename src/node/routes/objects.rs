@@ -10,6 +10,7 @@
 //! encoded key (a DELETE may also name raw key strings).
 
 use crate::node::metrics::NodeMetrics;
+use crate::node::model::keys::{encode, norm_hex};
 use crate::node::tiers::{TierSet, Tiers};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -26,69 +27,6 @@ pub(crate) const MAX_PAGE_SIZE: usize = 1000;
 /// Default `page_size`.
 const DEFAULT_PAGE_SIZE: usize = 100;
 use crate::node::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
-
-/// The coordinator's form of a key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub(crate) struct EncodedKey {
-    /// Lowercase, even-length hex of the chunk hash.
-    pub(crate) chunk_hash_hex: String,
-    /// Model name.
-    pub(crate) model_name: String,
-    /// Packed ranks.
-    pub(crate) kv_rank: i64,
-    /// Object group (always 0 here).
-    #[serde(default)]
-    pub(crate) object_group_id: i64,
-    /// Tenant salt (always "" here).
-    #[serde(default)]
-    pub(crate) cache_salt: String,
-}
-
-/// Lowercase, left-padded to even length; `None` if not hex.
-fn norm_hex(h: &str) -> Option<String> {
-    if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut s = h.to_ascii_lowercase();
-    if s.len() % 2 == 1 {
-        s.insert(0, '0');
-    }
-    Some(s)
-}
-
-/// The key tag carrying a salt: LMCache writes request config `lmcache.tag.cache_salt = S`
-/// into the key as `@cache_salt%S`.
-pub(crate) const SALT_TAG: &str = "cache_salt%";
-
-/// The coordinator's form of an LMCache key string, if it has one.
-pub(crate) fn encode(key: &str) -> Option<EncodedKey> {
-    let mut parts = key.split('@');
-    let model = parts.next()?;
-    let world: i64 = parts.next()?.parse().ok()?;
-    let worker: i64 = parts.next()?.parse().ok()?;
-    let hash = norm_hex(parts.next()?)?;
-    if model.is_empty() || !(0..256).contains(&world) || !(0..256).contains(&worker) {
-        return None;
-    }
-    // The rest: the dtype, a layer id, then LMCache's tags `name%value` (request configs
-    // `lmcache.tag.name`); the tag `cache_salt` is the key's salt.
-    let mut cache_salt = String::new();
-    for part in parts {
-        if let Some(salt) = part.strip_prefix(SALT_TAG) {
-            if salt.len() > 128 || salt.contains(['/', '\\', '\0']) {
-                return None;
-            }
-            salt.clone_into(&mut cache_salt);
-        }
-    }
-    Some(EncodedKey {
-        chunk_hash_hex: hash,
-        model_name: model.to_owned(),
-        kv_rank: (world << 24) | (worker << 16) | (world << 8) | worker,
-        object_group_id: 0,
-        cache_salt,
-    })
-}
 
 #[derive(Deserialize)]
 pub(crate) struct PageQuery {
@@ -319,33 +257,4 @@ pub(crate) async fn delete(
         "ok": true,
     }))
     .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodes_lmcache_keys() {
-        let e = encode("m/x@2@1@ABC@bfloat16").unwrap_or_else(|| unreachable!());
-        assert_eq!(e.chunk_hash_hex, "0abc");
-        assert_eq!(e.model_name, "m/x");
-        assert_eq!(e.kv_rank, (2 << 24) | (1 << 16) | (2 << 8) | 1);
-        assert!(encode("plain-key").is_none());
-        assert!(encode("m@x@1@ab").is_none());
-        assert!(encode("m@1@1@zz").is_none());
-        assert_eq!(e.cache_salt, "");
-        // LMCache's tag `lmcache.tag.cache_salt` names the salt; other tags do not.
-        let salted = encode("m@1@0@ab@bfloat16@user%7@cache_salt%tenant-a").expect("salted");
-        assert_eq!(salted.cache_salt, "tenant-a");
-        assert_eq!(salted.chunk_hash_hex, "ab");
-        assert_eq!(
-            encode("m@1@0@ab@bfloat16@user%7").map(|e| e.cache_salt),
-            Some(String::new())
-        );
-        assert!(
-            encode("m@1@0@ab@bf16@cache_salt%a/b").is_none(),
-            "a salt LMCache refuses"
-        );
-    }
 }

@@ -3,8 +3,9 @@
 //! no unpin (an LMCache worker's pins end with the request that made them), so a node, whose
 //! pins last until released, takes the release here.
 
-use crate::node::controller_link::commands::{tier_of, TokenChunks};
-use crate::node::controller_link::report::location;
+use crate::node::controller_link::tier_of;
+use crate::node::model::keys::TokenChunks;
+use crate::node::controller_link::location;
 use crate::node::tiers::{TierId, Tiers};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -7,50 +7,28 @@
 //! Tokens become keys as LMCache 0.5.6's MP server resolves them: the complete chunks of
 //! `--chunk-size` tokens get rolling BLAKE3 hashes (`h_0 = blake3(0 as i64 BE ‖ 0 as u32 BE)`,
 //! `h_i = blake3(h_{i-1} ‖ chunk tokens as u32 BE)`), one key per rank of `world_size`. The
-//! node's keys are LMCache key strings; one matches when its coordinator form (`objects::
+//! node's keys are LMCache key strings; one matches when its coordinator form (`model::keys::
 //! encode`: model, chunk hash hex, packed `kv_rank`) is one of them, whatever its dtype. Finding
 //! them scans both tiers' keys once per request.
 //!
-//! Bounded: at most `max_jobs` jobs remembered; a completed job stays pollable until newer
-//! completions push it out (0.5.6 forgets it at the first poll, so a lost reply loses the
-//! result), and a submit while every slot holds a running job gets 503.
+//! The jobs are `model::prefetches`' (bounded): a submit while every slot holds a running job
+//! gets 503.
 
 use crate::node::metrics::NodeMetrics;
-use super::objects::{encode, EncodedKey};
+use crate::node::model::keys::{blake3_chunk_hashes, encode, EncodedKey};
+use crate::node::model::prefetches::{Job, Prefetches};
 use crate::node::tiers::{Tiers, Warmed};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use parking_lot::Mutex;
-use rand::Rng;
 use serde::Deserialize;
 use serde_json::json;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Most token ids in one request (0.5.6's cap).
 const MAX_TOKEN_IDS: usize = 1_000_000;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Job {
-    Pending,
-    Completed { found: usize, total: usize },
-}
-
-#[derive(Default)]
-struct Jobs {
-    by_id: HashMap<String, Job>,
-    /// Completed ids, oldest first (the first to be forgotten).
-    completed: VecDeque<String>,
-}
-
-/// The prefetch jobs of one node.
-pub(crate) struct Prefetches {
-    jobs: Mutex<Jobs>,
-    max_jobs: usize,
-    chunk_size: usize,
-}
 
 #[derive(Deserialize)]
 struct Submit {
@@ -65,65 +43,8 @@ struct Submit {
     target_tier: Option<String>,
 }
 
-/// The rolling BLAKE3 hashes of the complete `chunk_size`-token chunks of `tokens`, as hex.
-fn chunk_hashes(tokens: &[u32], chunk_size: usize) -> Vec<String> {
-    let mut prev: [u8; 32] = {
-        let mut h = blake3::Hasher::new();
-        h.update(&0i64.to_be_bytes());
-        h.update(&0u32.to_be_bytes());
-        *h.finalize().as_bytes()
-    };
-    tokens
-        .chunks_exact(chunk_size.max(1))
-        .map(|chunk| {
-            let mut h = blake3::Hasher::new();
-            h.update(&prev);
-            for t in chunk {
-                h.update(&t.to_be_bytes());
-            }
-            prev = *h.finalize().as_bytes();
-            prev.iter().map(|b| format!("{b:02x}")).collect()
-        })
-        .collect()
-}
-
 fn detail(status: StatusCode, text: impl Into<String>) -> Response {
     crate::web::error::ApiError::of_status(status, text).into_response()
-}
-
-impl Prefetches {
-    pub(crate) fn new(max_jobs: usize, chunk_size: usize) -> Self {
-        Prefetches {
-            jobs: Mutex::new(Jobs::default()),
-            max_jobs: max_jobs.max(1),
-            chunk_size: chunk_size.max(1),
-        }
-    }
-
-    /// Takes a slot for a new job; `None` when every slot holds a running one.
-    fn reserve(&self) -> Option<String> {
-        let mut jobs = self.jobs.lock();
-        while jobs.by_id.len() >= self.max_jobs {
-            let oldest = jobs.completed.pop_front()?;
-            jobs.by_id.remove(&oldest);
-        }
-        let id: String = {
-            let mut rng = rand::rng();
-            (0..16)
-                .map(|_| format!("{:02x}", rng.random::<u8>()))
-                .collect()
-        };
-        jobs.by_id.insert(id.clone(), Job::Pending);
-        Some(id)
-    }
-
-    fn complete(&self, id: &str, found: usize, total: usize) {
-        let mut jobs = self.jobs.lock();
-        if let Some(job) = jobs.by_id.get_mut(id) {
-            *job = Job::Completed { found, total };
-            jobs.completed.push_back(id.to_owned());
-        }
-    }
 }
 
 /// `POST /cache/prefetches`.
@@ -182,7 +103,7 @@ pub(crate) async fn submit(
             "cache_salt: at most 128 characters, without '@ / \\ NUL'".into(),
         );
     }
-    let hashes = chunk_hashes(&b.token_ids, prefetches.chunk_size);
+    let hashes = blake3_chunk_hashes(&b.token_ids, prefetches.chunk_size());
     if hashes.is_empty() {
         return (
             StatusCode::ACCEPTED,
@@ -243,7 +164,7 @@ pub(crate) async fn submit(
 
 /// `GET /cache/prefetches/{request_id}`.
 pub(crate) fn poll(prefetches: &Prefetches, id: &str) -> Response {
-    let job = prefetches.jobs.lock().by_id.get(id).copied();
+    let job = prefetches.job(id);
     match job {
         Some(Job::Pending) => Json(json!({"request_id": id, "status": "pending"})).into_response(),
         Some(Job::Completed { found, total }) => Json(json!({
@@ -254,35 +175,5 @@ pub(crate) fn poll(prefetches: &Prefetches, id: &str) -> Response {
             StatusCode::NOT_FOUND,
             format!("unknown prefetch request_id={id:?} (never submitted, or forgotten)"),
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_hashes_roll_over_complete_chunks() {
-        assert!(chunk_hashes(&[1, 2, 3], 4).is_empty());
-        let two = chunk_hashes(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
-        assert_eq!(two.len(), 2);
-        assert_eq!(two[0].len(), 64);
-        // Rolling: the second chunk's hash depends on the first.
-        assert_ne!(chunk_hashes(&[0, 2, 3, 4, 5, 6, 7, 8], 4)[1], two[1]);
-        assert_eq!(chunk_hashes(&[1, 2, 3, 4], 4)[0], two[0]);
-    }
-
-    #[test]
-    fn jobs_are_bounded_and_completed_ones_go_first() {
-        let p = Prefetches::new(2, 4);
-        let a = p.reserve().expect("slot");
-        let b = p.reserve().expect("slot");
-        assert!(p.reserve().is_none(), "both running");
-        p.complete(&a, 1, 2);
-        let c = p.reserve().expect("a's slot");
-        let jobs = p.jobs.lock();
-        assert!(!jobs.by_id.contains_key(&a));
-        assert_eq!(jobs.by_id.get(&b), Some(&Job::Pending));
-        assert_eq!(jobs.by_id.get(&c), Some(&Job::Pending));
     }
 }

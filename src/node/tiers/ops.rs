@@ -5,7 +5,7 @@
 use super::{decode, Object, Removed, TierId, Tiers};
 use crate::node::model::compress::Codec;
 use super::disk;
-use crate::node::controller_link::report::{chunk_hash, key_rank};
+use crate::node::model::keys::{chunk_hash, key_rank};
 use crate::protocol::ChunkHash;
 use std::collections::{HashMap, HashSet};
 use std::io;
