@@ -33,23 +33,23 @@ const COORDINATOR: client::Caller = client::Caller("kvplane-node");
 
 /// What happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum CacheEventKind {
     Store,
     Delete,
     Access,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-struct Event {
+struct CacheEvent {
     tier: TierId,
-    kind: Kind,
+    kind: CacheEventKind,
     key: EncodedKey,
     bytes: u64,
 }
 
 /// The bounded queue between the tiers and the link task.
 pub(crate) struct EventQueue {
-    queue: Mutex<VecDeque<Event>>,
+    queue: Mutex<VecDeque<CacheEvent>>,
     capacity: usize,
     metrics: Arc<NodeMetrics>,
 }
@@ -71,7 +71,7 @@ impl EventQueue {
     }
 
     /// Up to `max` queued events, oldest first.
-    fn take(&self, max: usize) -> Vec<Event> {
+    fn take(&self, max: usize) -> Vec<CacheEvent> {
         let mut q = self.queue.lock();
         let n = q.len().min(max);
         q.drain(..n).collect()
@@ -79,7 +79,7 @@ impl EventQueue {
 }
 
 impl EventQueue {
-    fn push(&self, tier: TierId, kind: Kind, key: &str, bytes: u64) {
+    fn push(&self, tier: TierId, kind: CacheEventKind, key: &str, bytes: u64) {
         let Some(key) = encode(key) else {
             self.count("unreportable_key");
             return;
@@ -90,7 +90,7 @@ impl EventQueue {
             self.count("dropped");
             return;
         }
-        q.push_back(Event {
+        q.push_back(CacheEvent {
             tier,
             kind,
             key,
@@ -103,12 +103,16 @@ impl EventQueue {
 
 impl TierObserver for EventQueue {
     fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
-        let kind = if admitted { Kind::Store } else { Kind::Delete };
+        let kind = if admitted {
+            CacheEventKind::Store
+        } else {
+            CacheEventKind::Delete
+        };
         self.push(tier, kind, key, bytes);
     }
 
     fn accessed(&self, tier: TierId, key: &str) {
-        self.push(tier, Kind::Access, key, 0);
+        self.push(tier, CacheEventKind::Access, key, 0);
     }
 }
 
@@ -192,14 +196,14 @@ impl Link {
 
     /// A `store`, `delete` or `access` batch of one tier: L1 as `l1`/`dram` (an access:
     /// backend `""`, as 0.5.6 sends it), L2 as `l2`/`fs`.
-    fn run_batch(&mut self, (tier, kind): (TierId, Kind), entries: Vec<Value>) -> Value {
+    fn run_batch(&mut self, (tier, kind): (TierId, CacheEventKind), entries: Vec<Value>) -> Value {
         let name = match kind {
-            Kind::Store => "store",
-            Kind::Delete => "delete",
-            Kind::Access => "access",
+            CacheEventKind::Store => "store",
+            CacheEventKind::Delete => "delete",
+            CacheEventKind::Access => "access",
         };
         match (tier, kind) {
-            (TierId::L1, Kind::Access) => self.batch(name, "l1", "", entries),
+            (TierId::L1, CacheEventKind::Access) => self.batch(name, "l1", "", entries),
             (TierId::L1, _) => self.batch(name, "l1", L1_BACKEND, entries),
             (TierId::L2, _) => self.batch(name, "l2", L2_BACKEND, entries),
         }
@@ -280,7 +284,7 @@ impl Link {
             }
             run.push(json!({
                 "key": e.key,
-                "size_bytes": if e.kind == Kind::Store { e.bytes } else { 0 },
+                "size_bytes": if e.kind == CacheEventKind::Store { e.bytes } else { 0 },
                 "token_ids": [],
                 "token_offset": -1,
             }));
@@ -380,7 +384,7 @@ pub(crate) async fn route_ip(endpoint: &str) -> String {
 ///
 /// # Errors
 /// A message naming what is wrong.
-pub fn parse_url(url: &str) -> Result<(String, u16), String> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, u16), String> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     if rest.contains("://") {
         return Err(format!("{url:?}: only http:// is supported"));
@@ -438,9 +442,9 @@ mod tests {
         assert_eq!(
             taken.iter().map(|e| (e.tier, e.kind)).collect::<Vec<_>>(),
             [
-                (TierId::L1, Kind::Store),
-                (TierId::L2, Kind::Store),
-                (TierId::L2, Kind::Delete)
+                (TierId::L1, CacheEventKind::Store),
+                (TierId::L2, CacheEventKind::Store),
+                (TierId::L2, CacheEventKind::Delete)
             ]
         );
         assert_eq!(taken[2].key.chunk_hash_hex, "ab");
@@ -451,6 +455,6 @@ mod tests {
         );
         let q = EventQueue::new(3, Arc::new(NodeMetrics::new()));
         q.accessed(TierId::L1, "m@1@0@ac@bf16");
-        assert_eq!(q.take(1)[0].kind, Kind::Access);
+        assert_eq!(q.take(1)[0].kind, CacheEventKind::Access);
     }
 }

@@ -20,13 +20,12 @@ pub mod config;
 mod controller_link;
 mod coordinator_link;
 mod lm;
-pub mod metrics;
+mod metrics;
 pub mod model;
 mod routes;
 mod tiers;
 
 pub use config::{ConnectionModel, NodeConfig};
-pub use coordinator_link::parse_url as parse_coordinator_url;
 pub use tiers::{Recovery, TierUsage};
 
 use crate::net::host_port;
@@ -56,13 +55,11 @@ pub struct Node {
     pub addrs: NodeAddrs,
     /// What L2 recovery found at start.
     pub recovery: Recovery,
-    /// The node's metrics.
-    pub metrics: Arc<NodeMetrics>,
-    tiers: Arc<tiers::Tiers>,
+    tiers: Arc<tiers::TieredStore>,
     /// L2 writes, reads and deletes.
     background: TaskTracker,
     /// Reports to the controller, if one is configured.
-    reporter: Option<Arc<controller_link::report::Reporter>>,
+    reporter: Option<Arc<controller_link::report::ControllerReporter>>,
 }
 
 /// A running node. Its stop stops accepting, closes connections, waits for in-flight L2
@@ -161,7 +158,7 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     let preallocation = lm::preallocate(config.l1_preallocate, &metrics).await?;
     let mut observers: tiers::Observers = Vec::new();
     let reporter = config.controller.as_ref().map(|_| {
-        Arc::new(controller_link::report::Reporter::new(
+        Arc::new(controller_link::report::ControllerReporter::new(
             Arc::clone(&metrics),
             config.l2.is_some(),
         ))
@@ -183,10 +180,11 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     }
     let (l1, l2) = (config.l1, config.l2.clone());
     let (m, t) = (Arc::clone(&metrics), background.clone());
-    let opened =
-        tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t, observers))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    let opened = tokio::task::spawn_blocking(move || {
+        tiers::TieredStore::open(l1, l2.as_ref(), m, t, observers)
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     let (tiers, recovery) = opened.map_err(|source| {
         let path = config.l2.as_ref().map(|c| c.path.display().to_string());
         StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
@@ -335,7 +333,6 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         Node {
             addrs: NodeAddrs { lm, http },
             recovery,
-            metrics,
             tiers,
             background: background.clone(),
             reporter,

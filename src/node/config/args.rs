@@ -384,9 +384,11 @@ impl NodeArgs {
             None => None,
             Some(url) => {
                 let (host, port) =
-                    crate::node::parse_coordinator_url(url).map_err(|detail| ConfigError::Value {
-                        flag: "coordinator-url",
-                        detail,
+                    crate::node::coordinator_link::parse_url(url).map_err(|detail| {
+                        ConfigError::Value {
+                            flag: "coordinator-url",
+                            detail,
+                        }
                     })?;
                 let mut c = CoordinatorLinkConfig::new(host, port, instance_id.clone());
                 c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
@@ -434,11 +436,12 @@ impl NodeArgs {
             l2,
             max_object_bytes,
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
-            connection_model: super::ConnectionModel::parse(&self.lm_connection_model)
-                .ok_or_else(|| config::ConfigError::Value {
+            connection_model: super::ConnectionModel::parse(&self.lm_connection_model).ok_or_else(
+                || config::ConfigError::Value {
                     flag: "lm-connection-model",
                     detail: format!("{}: use `threads` or `tasks`", self.lm_connection_model),
-                })?,
+                },
+            )?,
             read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
             max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
             http: super::http_limits(

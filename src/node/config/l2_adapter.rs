@@ -6,12 +6,12 @@ use std::path::PathBuf;
 
 /// What one `--l2-adapter` JSON (LMCache's MP-server form) configures on a node.
 #[derive(Debug, Clone, PartialEq)]
-pub struct L2Adapter {
+pub(crate) struct L2Adapter {
     /// `base_path`: the L2 directory.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// `eviction`: `(lru, trigger_watermark, eviction_ratio)`; `None`: the `--l2-eviction-*`
     /// flags apply.
-    pub eviction: Option<(bool, f64, f64)>,
+    pub(crate) eviction: Option<(bool, f64, f64)>,
 }
 
 /// The adapter types LMCache 0.5.6 registers that a node does not have (for the error).
@@ -26,7 +26,7 @@ const OTHER_ADAPTERS: &str = "aerospike, bigtable, dax, fault_inject, mock, nixl
 ///
 /// # Errors
 /// A message naming the field at fault.
-pub fn parse_l2_adapter(raw: &str) -> Result<L2Adapter, String> {
+pub(crate) fn parse_l2_adapter(raw: &str) -> Result<L2Adapter, String> {
     let v: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| format!("invalid JSON: {e}"))?;
     let d = v

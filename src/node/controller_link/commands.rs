@@ -14,14 +14,14 @@
 //!   GET still returns the bytes that were PUT. Without tokens, every object of the tier.
 //! - `health`: 0.
 
-use crate::node::model::compress::Codec;
-use crate::node::metrics::NodeMetrics;
 use super::peer::{Outgoing, PeerConn};
 use super::{location, tier_of};
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::compress::Codec;
 use crate::node::model::keys::{key_rank, TokenChunks};
-use crate::node::tiers::{decode, Resolved, TierId, TierSet, Tiers};
+use crate::node::tiers::{decode, Resolved, TierId, TierSet, TieredStore};
 use crate::protocol::{
-    ChunkHash, ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, MoveWorkerMsg, PinWorkerMsg,
+    ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, MoveWorkerMsg, PinWorkerMsg,
 };
 use crate::worker::{CommandError, CommandHandler, CommandResult};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub(crate) struct CommandConfig {
 
 /// The [`CommandHandler`] of one worker (one TP rank) of the node.
 pub(crate) struct NodeCommands {
-    pub(crate) tiers: Arc<Tiers>,
+    pub(crate) tiers: Arc<TieredStore>,
     pub(crate) metrics: Arc<NodeMetrics>,
     pub(crate) config: Arc<CommandConfig>,
     /// The TP rank this worker answers for; `None`: every rank (one worker for the node).

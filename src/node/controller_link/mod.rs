@@ -7,7 +7,7 @@ mod peer;
 pub(crate) mod report;
 
 use crate::node::metrics::NodeMetrics;
-use crate::node::tiers::{TierId, Tiers};
+use crate::node::tiers::{TierId, TieredStore};
 use crate::worker::LOCAL_CPU_BACKEND;
 use std::sync::Arc;
 
@@ -38,10 +38,10 @@ pub(crate) fn tier_of(loc: &str) -> Option<TierId> {
 /// a free port each.
 pub(crate) struct RankWorkers {
     pub(crate) config: crate::worker::WorkerConfig,
-    pub(crate) tiers: Arc<Tiers>,
+    pub(crate) tiers: Arc<TieredStore>,
     pub(crate) metrics: Arc<NodeMetrics>,
     pub(crate) commands: Arc<commands::CommandConfig>,
-    pub(crate) reporter: Arc<report::Reporter>,
+    pub(crate) reporter: Arc<report::ControllerReporter>,
 }
 
 impl RankWorkers {

@@ -10,16 +10,16 @@
 //! worker's [`KeySource`]: a full sync (after a controller restart, a full queue, or at the
 //! first registration after a node restart) sends exactly what the tiers hold.
 //!
-//! Never blocks the data path: the tiers call [`Reporter::changed`] under their locks; it
+//! Never blocks the data path: the tiers call [`ControllerReporter::changed`] under their locks; it
 //! takes one short lock and hands the op to the worker's bounded queue (`try_send`). The
 //! worker batches ops per location (`batch_size` ops or `flush_interval`, whichever first);
 //! an op refused by a full queue is counted and the worker resynchronises with a full sync.
 
-use crate::node::metrics::NodeMetrics;
-use crate::node::tiers::{TierId, TierObserver};
-use crate::node::model::keys::{chunk_hash, key_rank};
-use crate::protocol::ChunkHash;
 use super::{location, LOCAL_DISK_BACKEND};
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::keys::{chunk_hash, key_rank};
+use crate::node::tiers::{TierId, TierObserver};
+use crate::protocol::ChunkHash;
 use crate::worker::{KeySource, WorkerError, WorkerHandle, LOCAL_CPU_BACKEND};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 pub(crate) const MAX_RANKS: u32 = 256;
 
 /// Holders per (rank, tier, hash); one worker per rank once it is started.
-pub(crate) struct Reporter {
+pub(crate) struct ControllerReporter {
     counts: Mutex<HashMap<(u32, TierId, ChunkHash), u32>>,
     workers: RwLock<HashMap<u32, WorkerHandle>>,
     /// Ranks asked for (started or starting).
@@ -41,11 +41,11 @@ pub(crate) struct Reporter {
     l2: bool,
 }
 
-impl Reporter {
+impl ControllerReporter {
     /// A reporter with no worker yet (ops before a rank's worker starts only update the
     /// counts, which its first registration's full sync sends).
     pub(crate) fn new(metrics: Arc<NodeMetrics>, l2: bool) -> Self {
-        Reporter {
+        ControllerReporter {
             counts: Mutex::new(HashMap::new()),
             workers: RwLock::new(HashMap::new()),
             requested: Mutex::new(HashSet::new()),
@@ -101,7 +101,7 @@ impl Reporter {
     }
 }
 
-impl TierObserver for Reporter {
+impl TierObserver for ControllerReporter {
     fn changed(&self, tier: TierId, key: &str, _bytes: u64, admitted: bool) {
         let (Some(hash), Some(rank)) = (chunk_hash(key), key_rank(key).filter(|r| *r < MAX_RANKS))
         else {
@@ -155,7 +155,7 @@ impl TierObserver for Reporter {
 
 /// One rank's share of the reporter's counts, for its worker's full syncs.
 pub(crate) struct ReportedKeys {
-    pub(crate) reporter: Arc<Reporter>,
+    pub(crate) reporter: Arc<ControllerReporter>,
     pub(crate) rank: u32,
 }
 
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn counts_holders_per_rank_hash_and_tier() {
-        let r = Arc::new(Reporter::new(Arc::new(NodeMetrics::new()), true));
+        let r = Arc::new(ControllerReporter::new(Arc::new(NodeMetrics::new()), true));
         r.changed(TierId::L1, "m@2@0@aa@bf16", 1, true);
         r.changed(TierId::L1, "m@2@0@aa@fp8", 1, true);
         r.changed(TierId::L1, "m@2@1@aa@bf16", 1, true);

@@ -4,6 +4,6 @@
 
 pub mod codec;
 pub(crate) mod compress;
-pub(crate) mod lru;
 pub(crate) mod keys;
+pub(crate) mod lru;
 pub(crate) mod prefetches;

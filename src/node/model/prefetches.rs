@@ -8,7 +8,7 @@ use rand::Rng;
 use std::collections::{HashMap, VecDeque};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Job {
+pub(crate) enum PrefetchJob {
     /// Running.
     Pending,
     /// Done: `found` of the `total` keys wanted are in L1.
@@ -16,15 +16,15 @@ pub(crate) enum Job {
 }
 
 #[derive(Default)]
-struct Jobs {
-    by_id: HashMap<String, Job>,
+struct PrefetchJobs {
+    by_id: HashMap<String, PrefetchJob>,
     /// Completed ids, oldest first (the first to be forgotten).
     completed: VecDeque<String>,
 }
 
 /// The prefetch jobs of one node.
 pub(crate) struct Prefetches {
-    jobs: Mutex<Jobs>,
+    jobs: Mutex<PrefetchJobs>,
     max_jobs: usize,
     chunk_size: usize,
 }
@@ -33,7 +33,7 @@ impl Prefetches {
     /// At most `max_jobs` jobs remembered; tokens hashed in chunks of `chunk_size`.
     pub(crate) fn new(max_jobs: usize, chunk_size: usize) -> Self {
         Prefetches {
-            jobs: Mutex::new(Jobs::default()),
+            jobs: Mutex::new(PrefetchJobs::default()),
             max_jobs: max_jobs.max(1),
             chunk_size: chunk_size.max(1),
         }
@@ -52,7 +52,7 @@ impl Prefetches {
                 .map(|_| format!("{:02x}", rng.random::<u8>()))
                 .collect()
         };
-        jobs.by_id.insert(id.clone(), Job::Pending);
+        jobs.by_id.insert(id.clone(), PrefetchJob::Pending);
         Some(id)
     }
 
@@ -60,7 +60,7 @@ impl Prefetches {
     pub(crate) fn complete(&self, id: &str, found: usize, total: usize) {
         let mut jobs = self.jobs.lock();
         if let Some(job) = jobs.by_id.get_mut(id) {
-            *job = Job::Completed { found, total };
+            *job = PrefetchJob::Completed { found, total };
             jobs.completed.push_back(id.to_owned());
         }
     }
@@ -71,7 +71,7 @@ impl Prefetches {
     }
 
     /// The job `id`, if remembered.
-    pub(crate) fn job(&self, id: &str) -> Option<Job> {
+    pub(crate) fn job(&self, id: &str) -> Option<PrefetchJob> {
         self.jobs.lock().by_id.get(id).copied()
     }
 }
@@ -90,7 +90,7 @@ mod tests {
         let c = p.reserve().expect("a's slot");
         let jobs = p.jobs.lock();
         assert!(!jobs.by_id.contains_key(&a));
-        assert_eq!(jobs.by_id.get(&b), Some(&Job::Pending));
-        assert_eq!(jobs.by_id.get(&c), Some(&Job::Pending));
+        assert_eq!(jobs.by_id.get(&b), Some(&PrefetchJob::Pending));
+        assert_eq!(jobs.by_id.get(&c), Some(&PrefetchJob::Pending));
     }
 }

@@ -5,14 +5,14 @@
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 mod dashboard;
-pub(crate) mod objects;
+mod objects;
 mod openapi;
 mod pins;
-pub(crate) mod prefetch;
+mod prefetch;
 
 use crate::node::metrics::NodeMetrics;
 use crate::node::model::prefetches::Prefetches;
-use crate::node::tiers::Tiers;
+use crate::node::tiers::TieredStore;
 use crate::web::access::{Auth, Policy};
 use crate::web::exposition::Exposition;
 use crate::web::limits::{RefusalCounter, WebLimit};
@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 #[derive(Clone)]
 struct AppState {
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
     chunks: crate::node::model::keys::TokenChunks,
@@ -49,7 +49,7 @@ pub(crate) fn policy(auth: Auth) -> Policy {
 
 /// The node's HTTP routes.
 pub(crate) fn router(
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
     chunks: crate::node::model::keys::TokenChunks,

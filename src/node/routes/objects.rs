@@ -11,7 +11,7 @@
 
 use crate::node::metrics::NodeMetrics;
 use crate::node::model::keys::{encode, norm_hex};
-use crate::node::tiers::{TierSet, Tiers};
+use crate::node::tiers::{TierSet, TieredStore};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::Query;
@@ -39,16 +39,16 @@ pub(crate) struct PageQuery {
 }
 
 #[derive(Serialize)]
-struct Entry {
+struct ListedObject {
     key: EncodedKey,
     size_bytes: u64,
     raw_key: String,
 }
 
 #[derive(Serialize)]
-struct Page {
+struct ObjectPage {
     tier: &'static str,
-    entries: Vec<Entry>,
+    entries: Vec<ListedObject>,
     next_page_token: Option<String>,
 }
 
@@ -63,7 +63,7 @@ fn bad(metrics: &NodeMetrics, route: &str, status: StatusCode, detail: String) -
 /// `GET /cache/objects?tier=l1|l2&page_size=N&page_token=T`: keys in key order; the token is
 /// the last key of the previous page.
 pub(crate) async fn list(
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -103,10 +103,10 @@ pub(crate) async fn list(
     } else {
         None
     };
-    let entries: Vec<Entry> = listed
+    let entries: Vec<ListedObject> = listed
         .into_iter()
         .filter_map(|l| {
-            encode(&l.key).map(|key| Entry {
+            encode(&l.key).map(|key| ListedObject {
                 key,
                 size_bytes: l.size_bytes,
                 raw_key: l.key,
@@ -117,7 +117,7 @@ pub(crate) async fn list(
         .coordinator_requests
         .with_label_values(&["list", "ok"])
         .inc();
-    Json(Page {
+    Json(ObjectPage {
         tier: if l2 { "l2" } else { "l1" },
         entries,
         next_page_token,
@@ -133,7 +133,7 @@ enum DeleteKey {
 }
 
 #[derive(Deserialize)]
-struct DeleteBody {
+struct DeleteKeysBody {
     keys: Vec<DeleteKey>,
     /// `l1`, `l2` or `all`; 0.5.6's default is `l2` (what its eviction loop means).
     #[serde(default)]
@@ -164,7 +164,7 @@ fn delete_tiers(tier: Option<&str>) -> Option<TierSet> {
 /// `DELETE /cache/objects {"keys": [encoded key or key string, ...], "tier": "l1"|"l2"|"all"}`
 /// → `{"deleted": n, "skipped": m, "ok": true}`, as LMCache 0.5.6's MP server answers.
 pub(crate) async fn delete(
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -189,7 +189,7 @@ pub(crate) async fn delete(
             format!("body over {MAX_DELETE_BODY} bytes"),
         );
     }
-    let parsed: DeleteBody = match crate::web::body::read(&body) {
+    let parsed: DeleteKeysBody = match crate::web::body::read(&body) {
         Ok(b) => b,
         Err(e) => {
             return bad(

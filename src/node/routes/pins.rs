@@ -6,7 +6,7 @@
 use crate::node::controller_link::tier_of;
 use crate::node::model::keys::TokenChunks;
 use crate::node::controller_link::location;
-use crate::node::tiers::{TierId, Tiers};
+use crate::node::tiers::{TierId, TieredStore};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -34,7 +34,7 @@ fn detail(status: StatusCode, text: String) -> Response {
 }
 
 /// `GET /pins` → `{"LocalCPUBackend": {"count": n, "keys": [...]}, "LocalDiskBackend": …}`.
-pub(crate) async fn list(tiers: Arc<Tiers>) -> Response {
+pub(crate) async fn list(tiers: Arc<TieredStore>) -> Response {
     let mut out = serde_json::Map::new();
     for tier in [TierId::L1, TierId::L2] {
         let keys = tiers.held_keys(tier);
@@ -50,7 +50,7 @@ pub(crate) async fn list(tiers: Arc<Tiers>) -> Response {
 }
 
 /// `POST /unpin {"location"?, "tokens"?}` → `{"released": objects, "num_tokens": prefix}`.
-pub(crate) async fn unpin(tiers: Arc<Tiers>, chunks: TokenChunks, body: Bytes) -> Response {
+pub(crate) async fn unpin(tiers: Arc<TieredStore>, chunks: TokenChunks, body: Bytes) -> Response {
     let parsed: UnpinBody = if body.is_empty() {
         UnpinBody {
             location: None,

@@ -16,8 +16,8 @@
 
 use crate::node::metrics::NodeMetrics;
 use crate::node::model::keys::{blake3_chunk_hashes, encode, EncodedKey};
-use crate::node::model::prefetches::{Job, Prefetches};
-use crate::node::tiers::{Tiers, Warmed};
+use crate::node::model::prefetches::{PrefetchJob, Prefetches};
+use crate::node::tiers::{TieredStore, Warmed};
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -49,7 +49,7 @@ fn detail(status: StatusCode, text: impl Into<String>) -> Response {
 
 /// `POST /cache/prefetches`.
 pub(crate) async fn submit(
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
     body: Bytes,
@@ -166,8 +166,8 @@ pub(crate) async fn submit(
 pub(crate) fn poll(prefetches: &Prefetches, id: &str) -> Response {
     let job = prefetches.job(id);
     match job {
-        Some(Job::Pending) => Json(json!({"request_id": id, "status": "pending"})).into_response(),
-        Some(Job::Completed { found, total }) => Json(json!({
+        Some(PrefetchJob::Pending) => Json(json!({"request_id": id, "status": "pending"})).into_response(),
+        Some(PrefetchJob::Completed { found, total }) => Json(json!({
             "request_id": id, "status": "completed", "found_keys": found, "total_keys": total
         }))
         .into_response(),

@@ -6,18 +6,18 @@
 //! `ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
 //! sockets here.
 
+use super::config::{L2Config, PrefetchPolicy};
+use super::metrics::NodeMetrics;
 use super::model::codec::ObjectMeta;
 use super::model::compress::Codec;
-use super::config::{L2Config, PrefetchPolicy};
-use super::model::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
-use super::metrics::NodeMetrics;
+use super::model::lru::{EvictionPolicy, Inserted, TierIndex, Weighted};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 
-pub(crate) mod disk;
+mod disk;
 mod l2;
 use l2::L2;
 
@@ -69,7 +69,7 @@ impl TierSet {
 
 /// What a delete removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Removed {
+pub(crate) struct Deleted {
     /// Distinct keys.
     pub(crate) keys: usize,
     /// Tokens, summed tier by tier.
@@ -149,7 +149,7 @@ pub struct Recovery {
 }
 
 /// The object with its body as PUT (decoded off the async threads).
-pub(crate) async fn decode(obj: Object) -> Result<Object, super::model::compress::DecodeError> {
+pub(crate) async fn decode(obj: Object) -> Result<Object, super::model::compress::DecompressError> {
     if obj.codec == Codec::Raw {
         return Ok(obj);
     }
@@ -158,12 +158,12 @@ pub(crate) async fn decode(obj: Object) -> Result<Object, super::model::compress
     let limit = i32::MAX as usize;
     tokio::task::spawn_blocking(move || codec.decode(&data, limit))
         .await
-        .unwrap_or_else(|e| Err(super::model::compress::DecodeError::new(e.to_string())))
+        .unwrap_or_else(|e| Err(super::model::compress::DecompressError::new(e.to_string())))
         .map(|data| Object::raw(meta, data))
 }
 
 /// L1 + optional L2.
-pub(crate) struct Tiers {
+pub(crate) struct TieredStore {
     l1: Mutex<TierIndex<Object>>,
     l2: Option<L2>,
     metrics: Arc<NodeMetrics>,
@@ -173,7 +173,7 @@ pub(crate) struct Tiers {
 
 /// Holds a pin on an L1 object until dropped (the GET reply is written).
 pub(crate) struct Pin {
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     key: String,
 }
 
@@ -183,7 +183,7 @@ impl Drop for Pin {
     }
 }
 
-impl Tiers {
+impl TieredStore {
     /// Builds the tiers; with L2, prepares its directory and recovers every complete object
     /// (blocking: call before serving, off the async threads).
     pub(crate) fn open(
@@ -205,7 +205,7 @@ impl Tiers {
             }
         };
         Ok((
-            Tiers {
+            TieredStore {
                 l1: Mutex::new(TierIndex::new(l1)),
                 l2,
                 metrics,
@@ -237,7 +237,7 @@ impl Tiers {
         let existed = l1.contains(key);
         let bytes = obj.data.len() as u64;
         let admitted = match l1.insert(key, obj) {
-            Insert::Stored { evicted, .. } => {
+            Inserted::Stored { evicted, .. } => {
                 self.left(TierId::L1, &evicted);
                 if !existed {
                     self.tell(TierId::L1, key, bytes, true);
@@ -245,7 +245,7 @@ impl Tiers {
                 self.count_evicted("l1", &evicted);
                 true
             }
-            Insert::Refused(_) => {
+            Inserted::Refused(_) => {
                 self.metrics.stores_refused.with_label_values(&["l1"]).inc();
                 false
             }
@@ -319,7 +319,7 @@ impl Tiers {
         }
     }
 
-    /// As [`Tiers::get`], the object as stored (still encoded by a `compress` command).
+    /// As [`TieredStore::get`], the object as stored (still encoded by a `compress` command).
     pub(crate) async fn get_stored(self: &Arc<Self>, key: &str) -> Option<(Object, Option<Pin>)> {
         {
             let mut l1 = self.l1.lock();
