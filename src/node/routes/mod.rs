@@ -5,12 +5,14 @@
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
 mod dashboard;
+mod error;
 mod objects;
 mod openapi;
 mod pins;
 mod prefetch;
 
 use crate::node::metrics::NodeMetrics;
+use crate::node::model::keys::TokenChunks;
 use crate::node::model::prefetches::Prefetches;
 use crate::node::tiers::TieredStore;
 use crate::web::access::{Auth, Policy};
@@ -19,21 +21,20 @@ use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
 use crate::web::HttpLimits;
-use axum::extract::rejection::QueryRejection;
 use axum::extract::State;
-use axum::extract::{Path, Query};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 use std::sync::Arc;
 
+/// What the routes reach.
 #[derive(Clone)]
 struct AppState {
     tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: crate::node::model::keys::TokenChunks,
+    chunks: TokenChunks,
 }
 
 /// The coordinator's calls, which LMCache's coordinator makes without a token
@@ -52,7 +53,7 @@ pub(crate) fn router(
     tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: crate::node::model::keys::TokenChunks,
+    chunks: TokenChunks,
     limits: HttpLimits,
     auth: Auth,
 ) -> Router {
@@ -74,44 +75,11 @@ pub(crate) fn router(
         .merge(dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/cache/objects",
-            get(
-                |State(s): State<AppState>,
-                 q: Result<Query<objects::PageQuery>, QueryRejection>| {
-                    objects::list(s.tiers, s.metrics, q)
-                },
-            )
-            .delete(
-                |State(s): State<AppState>, body: Result<axum::body::Bytes, _>| {
-                    objects::delete(s.tiers, s.metrics, body)
-                },
-            ),
-        )
-        .route(
-            "/pins",
-            get(|State(s): State<AppState>| pins::list(s.tiers)),
-        )
-        .route(
-            "/unpin",
-            post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                pins::unpin(s.tiers, s.chunks, body)
-            }),
-        )
-        .route(
-            "/cache/prefetches",
-            post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
-            }),
-        )
-        .route(
-            "/cache/prefetches/{request}",
-            get(
-                |State(s): State<AppState>, Path(request): Path<String>| async move {
-                    prefetch::poll(&s.prefetches, &request)
-                },
-            ),
-        )
+        .route("/cache/objects", get(objects::list).delete(objects::delete))
+        .route("/pins", get(pins::list))
+        .route("/unpin", post(pins::unpin))
+        .route("/cache/prefetches", post(prefetch::submit))
+        .route("/cache/prefetches/{request}", get(prefetch::poll))
         .route("/readyz", get(|| async { "ok\n" }))
         .route(
             "/openapi.json",

@@ -3,33 +3,32 @@
 //! eviction), in the bodies an LMCache 0.5.6 MP server uses.
 //!
 //! The coordinator names objects by an encoded key (`model_name`, `chunk_hash_hex`, `kv_rank`,
-//! `object_group_id`, `cache_salt`); the node stores LMCache's key strings
-//! (`CacheEngineKey.to_string()`: `model@world_size@worker_id@chunk_hash_hex@dtype[@…]`). [`encode`] maps one to the other
-//! (`kv_rank` packed as one host: `world_size<<24 | worker_id<<16 | world_size<<8 |
-//! worker_id`); keys that do not parse are left out of listings and cannot be deleted by an
-//! encoded key (a DELETE may also name raw key strings).
+//! `object_group_id`, `cache_salt`); the node stores LMCache's key strings, and [`encode`]
+//! maps one to the other (`model::keys`). Keys that do not parse are left out of listings and
+//! cannot be deleted by an encoded key (a DELETE may also name raw key strings).
 
+use super::error::NodeError;
+use super::AppState;
+use crate::node::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
 use crate::node::metrics::NodeMetrics;
-use crate::node::model::keys::{encode, norm_hex};
+use crate::node::model::keys::{encode, norm_hex, EncodedKey};
 use crate::node::tiers::{TierSet, TieredStore};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::Query;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
 
 /// Largest `page_size` served (a larger one lists this many, as LMCache's MP server).
-pub(crate) const MAX_PAGE_SIZE: usize = 1000;
+const MAX_PAGE_SIZE: usize = 1000;
 /// Default `page_size`.
 const DEFAULT_PAGE_SIZE: usize = 100;
-use crate::node::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
 
 #[derive(Deserialize)]
-pub(crate) struct PageQuery {
+pub(super) struct PageQuery {
     #[serde(default)]
     tier: Option<String>,
     #[serde(default)]
@@ -46,55 +45,50 @@ struct ListedObject {
 }
 
 #[derive(Serialize)]
-struct ObjectPage {
+pub(super) struct ObjectPage {
     tier: &'static str,
     entries: Vec<ListedObject>,
     next_page_token: Option<String>,
 }
 
-fn bad(metrics: &NodeMetrics, route: &str, status: StatusCode, detail: String) -> Response {
+/// Counts one call of `route` by its outcome (every refusal is `bad_request`).
+fn counted<T>(metrics: &NodeMetrics, route: &str, r: Result<T, NodeError>) -> Result<T, NodeError> {
+    let outcome = if r.is_ok() { "ok" } else { "bad_request" };
     metrics
         .coordinator_requests
-        .with_label_values(&[route, "bad_request"])
+        .with_label_values(&[route, outcome])
         .inc();
-    crate::web::error::ApiError::of_status(status, detail).into_response()
+    r
 }
 
 /// `GET /cache/objects?tier=l1|l2&page_size=N&page_token=T`: keys in key order; the token is
 /// the last key of the previous page.
-pub(crate) async fn list(
-    tiers: Arc<TieredStore>,
-    metrics: Arc<NodeMetrics>,
-    q: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
-) -> Response {
+pub(super) async fn list(
+    State(s): State<AppState>,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Json<ObjectPage>, NodeError> {
+    counted(&s.metrics, "list", page(&s.tiers, q)).map(Json)
+}
+
+fn page(
+    tiers: &TieredStore,
+    q: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<ObjectPage, NodeError> {
     // A query that does not parse gets the one error shape, not axum's text.
-    let q = match q {
-        Ok(q) => q,
-        Err(e) => return bad(&metrics, "list", StatusCode::BAD_REQUEST, e.body_text()),
-    };
+    let q = q.map_err(|e| NodeError::Query(e.body_text()))?;
     let l2 = match q.tier.as_deref().unwrap_or("l2") {
         "l2" | "L2" => true,
         "l1" | "L1" => false,
         other => {
-            return bad(
-                &metrics,
-                "list",
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("tier must be l1 or l2, not {other:?}"),
-            )
+            return Err(NodeError::Invalid(format!(
+                "tier must be l1 or l2, not {other:?}"
+            )))
         }
     };
     // 0 is refused, as the document's `minimum: 1` says; above the ceiling the page is the
     // ceiling's size (LMCache's MP server clamps it the same way, and says so).
     let size = match q.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
-        0 => {
-            return bad(
-                &metrics,
-                "list",
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "page_size must be at least 1".into(),
-            )
-        }
+        0 => return Err(NodeError::Invalid("page_size must be at least 1".into())),
         n => n.min(MAX_PAGE_SIZE),
     };
     let (listed, more) = tiers.page(l2, q.page_token.as_deref(), size);
@@ -113,16 +107,11 @@ pub(crate) async fn list(
             })
         })
         .collect();
-    metrics
-        .coordinator_requests
-        .with_label_values(&["list", "ok"])
-        .inc();
-    Json(ObjectPage {
+    Ok(ObjectPage {
         tier: if l2 { "l2" } else { "l1" },
         entries,
         next_page_token,
     })
-    .into_response()
 }
 
 #[derive(Deserialize)]
@@ -163,68 +152,53 @@ fn delete_tiers(tier: Option<&str>) -> Option<TierSet> {
 
 /// `DELETE /cache/objects {"keys": [encoded key or key string, ...], "tier": "l1"|"l2"|"all"}`
 /// → `{"deleted": n, "skipped": m, "ok": true}`, as LMCache 0.5.6's MP server answers.
-pub(crate) async fn delete(
-    tiers: Arc<TieredStore>,
-    metrics: Arc<NodeMetrics>,
+pub(super) async fn delete(
+    State(s): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        // Counted by `web::serve`'s limit hook.
-        Err(e) if crate::web::serve::is_read_timeout(&e) => {
-            return bad(
-                &metrics,
-                "delete",
-                StatusCode::REQUEST_TIMEOUT,
-                "the request body was not received within --http-read-timeout".into(),
-            );
-        }
-        Err(e) => return bad(&metrics, "delete", e.status(), e.body_text()),
-    };
+) -> Result<Json<Value>, NodeError> {
+    let deleted = counted(&s.metrics, "delete", delete_keys(&s.tiers, body))?;
+    s.metrics.coordinator_deleted.inc_by(deleted.deleted);
+    Ok(Json(json!({
+        "deleted": deleted.deleted,
+        "skipped": deleted.requested.saturating_sub(deleted.deleted),
+        "ok": true,
+    })))
+}
+
+/// What a delete did: keys named, keys deleted.
+struct DeleteCount {
+    requested: u64,
+    deleted: u64,
+}
+
+fn delete_keys(
+    tiers: &Arc<TieredStore>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<DeleteCount, NodeError> {
+    // A read timeout is counted by `web::serve`'s limit hook.
+    let body = body.map_err(NodeError::Unreadable)?;
     if body.len() > MAX_DELETE_BODY {
-        return bad(
-            &metrics,
-            "delete",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body over {MAX_DELETE_BODY} bytes"),
-        );
+        return Err(NodeError::TooLarge(format!(
+            "body over {MAX_DELETE_BODY} bytes"
+        )));
     }
-    let parsed: DeleteKeysBody = match crate::web::body::read(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return bad(
-                &metrics,
-                "delete",
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("body: {e}"),
-            )
-        }
-    };
+    let parsed: DeleteKeysBody =
+        crate::web::body::read(&body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?;
     let Some(which) = delete_tiers(parsed.tier.as_deref()) else {
-        return bad(
-            &metrics,
-            "delete",
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("tier must be l1, l2 or all, not {:?}", parsed.tier),
-        );
+        return Err(NodeError::Invalid(format!(
+            "tier must be l1, l2 or all, not {:?}",
+            parsed.tier
+        )));
     };
     if which.l2 && !tiers.has_l2() {
-        return bad(
-            &metrics,
-            "delete",
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no L2 configured (tier includes l2)".into(),
-        );
+        return Err(NodeError::NoL2);
     }
     if parsed.keys.len() > MAX_DELETE_KEYS {
-        return bad(
-            &metrics,
-            "delete",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("at most {MAX_DELETE_KEYS} keys per request"),
-        );
+        return Err(NodeError::TooLarge(format!(
+            "at most {MAX_DELETE_KEYS} keys per request"
+        )));
     }
-    let requested = parsed.keys.len();
+    let requested = parsed.keys.len() as u64;
     let mut encoded = HashSet::new();
     let mut raw = HashSet::new();
     for k in parsed.keys {
@@ -246,15 +220,8 @@ pub(crate) async fn delete(
                 || (!encoded.is_empty() && encode(k).is_some_and(|e| encoded.contains(&e)))
         })
         .keys;
-    metrics
-        .coordinator_requests
-        .with_label_values(&["delete", "ok"])
-        .inc();
-    metrics.coordinator_deleted.inc_by(deleted as u64);
-    Json(serde_json::json!({
-        "deleted": deleted,
-        "skipped": requested.saturating_sub(deleted),
-        "ok": true,
-    }))
-    .into_response()
+    Ok(DeleteCount {
+        requested,
+        deleted: deleted as u64,
+    })
 }

@@ -14,18 +14,17 @@
 //! The jobs are `model::prefetches`' (bounded): a submit while every slot holds a running job
 //! gets 503.
 
-use crate::node::metrics::NodeMetrics;
+use super::error::NodeError;
+use super::AppState;
 use crate::node::model::keys::{blake3_chunk_hashes, encode, EncodedKey};
-use crate::node::model::prefetches::{PrefetchJob, Prefetches};
-use crate::node::tiers::{TieredStore, Warmed};
-use axum::body::Bytes;
+use crate::node::model::prefetches::PrefetchJob;
+use crate::node::tiers::Warmed;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::collections::HashSet;
-use std::sync::Arc;
 
 /// Most token ids in one request (0.5.6's cap).
 const MAX_TOKEN_IDS: usize = 1_000_000;
@@ -43,73 +42,52 @@ struct Submit {
     target_tier: Option<String>,
 }
 
-fn detail(status: StatusCode, text: impl Into<String>) -> Response {
-    crate::web::error::ApiError::of_status(status, text).into_response()
+/// `POST /cache/prefetches`: 202 whether submitted or a noop (no complete chunk).
+pub(super) async fn submit(
+    State(s): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Value>), NodeError> {
+    let submitted = start(&s, &body);
+    if submitted.is_err() {
+        s.metrics.prefetches.with_label_values(&["refused"]).inc();
+    }
+    submitted.map(|answer| (StatusCode::ACCEPTED, Json(answer)))
 }
 
-/// `POST /cache/prefetches`.
-pub(crate) async fn submit(
-    tiers: Arc<TieredStore>,
-    metrics: Arc<NodeMetrics>,
-    prefetches: Arc<Prefetches>,
-    body: Bytes,
-) -> Response {
-    let refused = |status, text: String| {
-        metrics.prefetches.with_label_values(&["refused"]).inc();
-        detail(status, text)
-    };
-    let b: Submit = match crate::web::body::read(&body) {
-        Ok(b) => b,
-        Err(e) => return refused(StatusCode::UNPROCESSABLE_ENTITY, format!("body: {e}")),
-    };
-    let Ok(world) = u8::try_from(b.world_size) else {
-        return refused(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "world_size must be in 1..=255".into(),
-        );
-    };
-    if world == 0 {
-        return refused(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "world_size must be in 1..=255".into(),
-        );
-    }
+/// Checks a submit, and starts its job unless it names no complete chunk.
+fn start(s: &AppState, body: &[u8]) -> Result<Value, NodeError> {
+    let b: Submit =
+        crate::web::body::read(body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?;
+    let world = u8::try_from(b.world_size)
+        .ok()
+        .filter(|w| *w != 0)
+        .ok_or_else(|| NodeError::Invalid("world_size must be in 1..=255".into()))?;
     if b.source_tier.as_deref().unwrap_or("l2") != "l2"
         || b.target_tier.as_deref().unwrap_or("l1") != "l1"
     {
-        return refused(
-            StatusCode::BAD_REQUEST,
+        return Err(NodeError::Unsupported(
             "only source_tier l2 to target_tier l1 is supported".into(),
-        );
+        ));
     }
     if b.token_ids.len() > MAX_TOKEN_IDS {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "too many token_ids in a single request (limit={MAX_TOKEN_IDS}, got={})",
-                b.token_ids.len()
-            ),
-        );
+        return Err(NodeError::Unsupported(format!(
+            "too many token_ids in a single request (limit={MAX_TOKEN_IDS}, got={})",
+            b.token_ids.len()
+        )));
     }
     if b.model_name.contains('@') {
-        return refused(
-            StatusCode::BAD_REQUEST,
+        return Err(NodeError::Unsupported(
             "model_name must not contain '@'".into(),
-        );
+        ));
     }
     if b.cache_salt.chars().count() > 128 || b.cache_salt.contains(['@', '/', '\\', '\0']) {
-        return refused(
-            StatusCode::BAD_REQUEST,
+        return Err(NodeError::Unsupported(
             "cache_salt: at most 128 characters, without '@ / \\ NUL'".into(),
-        );
+        ));
     }
-    let hashes = blake3_chunk_hashes(&b.token_ids, prefetches.chunk_size());
+    let hashes = blake3_chunk_hashes(&b.token_ids, s.prefetches.chunk_size());
     if hashes.is_empty() {
-        return (
-            StatusCode::ACCEPTED,
-            Json(json!({"chunks": 0, "status": "noop"})),
-        )
-            .into_response();
+        return Ok(json!({"chunks": 0, "status": "noop"}));
     }
     let mut wanted: HashSet<EncodedKey> = HashSet::with_capacity(hashes.len() * usize::from(world));
     for h in &hashes {
@@ -124,16 +102,17 @@ pub(crate) async fn submit(
             });
         }
     }
-    let Some(id) = prefetches.reserve() else {
-        return refused(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many warm prefetches running; retry later".into(),
-        );
-    };
-    metrics.prefetches.with_label_values(&["submitted"]).inc();
+    let id = s.prefetches.reserve().ok_or(NodeError::PrefetchesBusy)?;
+    s.metrics.prefetches.with_label_values(&["submitted"]).inc();
     let chunks = hashes.len();
-    let (job, t) = (id.clone(), Arc::clone(&tiers));
-    tiers.spawn(async move {
+    let AppState {
+        tiers: t,
+        metrics,
+        prefetches,
+        ..
+    } = s.clone();
+    let job = id.clone();
+    s.tiers.spawn(async move {
         let total = wanted.len();
         let keys = t.keys_where(|k| encode(k).is_some_and(|e| wanted.contains(&e)));
         // Each wanted key counts once, whichever stored dtypes match it.
@@ -155,25 +134,19 @@ pub(crate) async fn submit(
         metrics.prefetches.with_label_values(&["completed"]).inc();
         prefetches.complete(&job, found.len(), total);
     });
-    (
-        StatusCode::ACCEPTED,
-        Json(json!({"request_id": id, "chunks": chunks, "status": "submitted"})),
-    )
-        .into_response()
+    Ok(json!({"request_id": id, "chunks": chunks, "status": "submitted"}))
 }
 
 /// `GET /cache/prefetches/{request_id}`.
-pub(crate) fn poll(prefetches: &Prefetches, id: &str) -> Response {
-    let job = prefetches.job(id);
-    match job {
-        Some(PrefetchJob::Pending) => Json(json!({"request_id": id, "status": "pending"})).into_response(),
-        Some(PrefetchJob::Completed { found, total }) => Json(json!({
+pub(super) async fn poll(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, NodeError> {
+    match s.prefetches.job(&id) {
+        Some(PrefetchJob::Pending) => Ok(Json(json!({"request_id": id, "status": "pending"}))),
+        Some(PrefetchJob::Completed { found, total }) => Ok(Json(json!({
             "request_id": id, "status": "completed", "found_keys": found, "total_keys": total
-        }))
-        .into_response(),
-        None => detail(
-            StatusCode::NOT_FOUND,
-            format!("unknown prefetch request_id={id:?} (never submitted, or forgotten)"),
-        ),
+        }))),
+        None => Err(NodeError::UnknownPrefetch(id)),
     }
 }
