@@ -12,7 +12,7 @@
 //! a failed post keeps its batches (same sequence numbers, which the coordinator deduplicates)
 //! and retries them on the next flush.
 
-use super::config::CoordinatorLinkConfig;
+use super::config::{CoordinatorLinkConfig, NodeConfig};
 use super::metrics::NodeMetrics;
 use super::model::keys::{encode, EncodedKey};
 use super::tiers::{TierId, TierObserver};
@@ -117,7 +117,7 @@ impl TierObserver for EventQueue {
 }
 
 /// What the link needs from the node.
-pub(crate) struct LinkContext {
+struct LinkContext {
     pub(crate) config: CoordinatorLinkConfig,
     pub(crate) events: Arc<EventQueue>,
     pub(crate) metrics: Arc<NodeMetrics>,
@@ -321,8 +321,45 @@ impl Link {
     }
 }
 
+/// The running link: stopped after the node's data path, so its last events are posted.
+pub(crate) struct CoordinatorLink {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CoordinatorLink {
+    /// Starts the link of a node whose HTTP listener is on `http_port`, declaring its L1 and
+    /// L2 budgets.
+    pub(crate) fn spawn(
+        node: &NodeConfig,
+        config: &CoordinatorLinkConfig,
+        events: Arc<EventQueue>,
+        metrics: Arc<NodeMetrics>,
+        http_port: u16,
+    ) -> Self {
+        let ctx = LinkContext {
+            config: config.clone(),
+            events,
+            metrics,
+            http_port,
+            capacity: (node.l1.budget, node.l2.as_ref().map(|l| l.eviction.budget)),
+        };
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(ctx, stop.clone()));
+        CoordinatorLink { stop, task }
+    }
+
+    /// Stops the link: a last flush and the deregistration, waited for at most `deadline`.
+    pub(crate) async fn stop(self, deadline: Duration) {
+        self.stop.cancel();
+        if tokio::time::timeout(deadline, self.task).await.is_err() {
+            tracing::warn!("the coordinator link did not stop within {deadline:?}");
+        }
+    }
+}
+
 /// Runs the link until `shutdown`, then flushes and deregisters (each call bounded).
-pub(crate) async fn run(ctx: LinkContext, shutdown: CancellationToken) {
+async fn run(ctx: LinkContext, shutdown: CancellationToken) {
     let ip = match &ctx.config.advertise_ip {
         Some(ip) => ip.clone(),
         None => advertised_ip(&ctx.config.host, ctx.config.port).await,

@@ -1,20 +1,30 @@
 //! `kvplane node`: a cache server speaking LMCache 0.5.6's `lm://` protocol, with an L1
-//! memory tier and an L2 disk tier (docs/NODE.md).
+//! memory tier and an L2 disk tier (docs/NODE.md). The service anatomy of
+//! docs/ARCHITECTURE.md:
 //!
-//! - `args` — `kvplane node`'s flags ([`args::NodeArgs`]), validated into [`NodeConfig`].
-//! - `codec` — the wire format (186-byte request, 36-byte reply headers). Pure.
-//! - `lru` — the eviction policy both tiers share (budget, watermark, ratio, pins). Pure.
-//! - `disk` — L2's file format and blocking file operations.
-//! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
-//! - `server` — the accept loop and the per-connection request loop.
-//! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
-//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port;
-//!   `objects` and `prefetch` — the coordinator's object and warm-prefetch routes there.
-//! - `report` — admits and evicts per tier to a controller, through `crate::worker`.
-//! - `coordinator_link` — registration, heartbeats and L2 usage events to a coordinator.
+//! - `config/` — the flags (`NodeArgs`, `args.rs`; LMCache's `--l2-adapter` JSON in
+//!   `l2_adapter.rs`), validated into [`NodeConfig`].
+//! - `model/` — the pure parts: the `lm://` wire format (`codec`: 186-byte request, 36-byte
+//!   reply headers), the eviction policy both tiers share (`lru`), the `compress` command's
+//!   codecs (`compress`), LMCache key names and token hashing (`keys`), the warm prefetch
+//!   job table (`prefetches`).
+//! - `tiers/` — the owner: L1 + L2 with the store and prefetch policies (`TieredStore`),
+//!   L2's disk work off the async threads (`l2`, on `disk`'s file format), scans and deletes
+//!   over both tiers' keys (`keys`), the controller's commands (`ops`).
+//! - `lm/` — the `lm://` listener: the accept loop, the per-connection loop (`connection`) on
+//!   a task or a thread of its own (`threads`), object bodies in page-exact mappings
+//!   (`buffers`) over the L1 preallocation (`arena`).
+//! - `controller_link/` — the node as a controller's LMCache worker, one per TP rank: what
+//!   each tier holds (`report`), the controller's commands (`commands`), `/move`'s PUTs to
+//!   another node (`peer`).
+//! - `coordinator_link.rs` — registration, heartbeats and cache events to a coordinator.
+//! - `routes/` — the HTTP listener (`--http-port`): the coordinator's objects and warm
+//!   prefetch, the controller's pins, the dashboard, `/openapi.json`; every refusal's status
+//!   in `error.rs`.
+//! - `metrics.rs` — the node's own prometheus registry.
 //!
-//! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
-//! `crate::metrics`) and must not touch it.
+//! This module owns nothing of the controller's (`crate::controller`, `crate::metrics`) and
+//! must not touch it.
 
 pub mod config;
 mod controller_link;
@@ -178,18 +188,9 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             observers.push(Arc::clone(q) as Arc<dyn tiers::TierObserver>);
         }
     }
-    let (l1, l2) = (config.l1, config.l2.clone());
-    let (m, t) = (Arc::clone(&metrics), background.clone());
-    let opened = tokio::task::spawn_blocking(move || {
-        tiers::TieredStore::open(l1, l2.as_ref(), m, t, observers)
-    })
-    .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    let (tiers, recovery) = opened.map_err(|source| {
-        let path = config.l2.as_ref().map(|c| c.path.display().to_string());
-        StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
-    })?;
-    let tiers = Arc::new(tiers);
+    let (tiers, recovery) =
+        tiers::TieredStore::start(&config, Arc::clone(&metrics), background.clone(), observers)
+            .await?;
 
     let chunks = model::keys::TokenChunks {
         chunk_size: config.chunk_size,
@@ -200,124 +201,42 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     let http = match config.http_port {
         None => None,
         Some(port) => {
-            let addr = host_port(&config.host, port);
-            let (l, bound) = bind_tcp("http", &addr).await?;
-            let prefetches = Arc::new(model::prefetches::Prefetches::new(
-                config.max_prefetch_jobs,
-                config.chunk_size,
-            ));
-            let app = routes::router(
-                Arc::clone(&tiers),
-                Arc::clone(&metrics),
-                prefetches,
-                chunks,
-                config.http,
-                config.auth.clone(),
-            );
-            let served = crate::web::serve(
-                l,
-                app,
-                config.http,
-                crate::web::limits::counting_hook("node", routes::refusals(Arc::clone(&metrics))),
-                shutdown.clone(),
-            );
-            tasks.spawn(async move {
-                if let Err(e) = served.await {
-                    tracing::error!("node HTTP server failed: {e}");
-                }
-            });
+            let (listener, bound) = bind_tcp("http", &host_port(&config.host, port)).await?;
+            let app = routes::router(&config, Arc::clone(&tiers), Arc::clone(&metrics), chunks);
+            routes::serve(listener, app, &config, &metrics, &shutdown, &tasks);
             Some(bound)
         }
     };
-    let ctx = Arc::new(lm::connection::ConnContext {
-        tiers: Arc::clone(&tiers),
-        metrics: Arc::clone(&metrics),
-        max_object_bytes: config.max_object_bytes,
-        read_timeout: config.read_timeout,
-        max_list_bytes: config.max_list_bytes,
-        bodies: lm::buffers::BodyPool::new(
-            lm::buffers::PoolGauges {
-                spare: metrics.body_pool_spare_bytes.clone(),
-                preallocated_unused: metrics.l1_preallocated_unused_bytes.clone(),
-                sources: metrics.body_buffers.clone(),
-            },
-            preallocation,
-        ),
-    });
-    tasks.spawn(lm::accept_loop(
+    lm::serve(
         listener,
-        ctx,
-        config.connection_model,
-        config.max_connections,
-        shutdown.clone(),
-        tasks.clone(),
-    ));
-    let controller_err = |e| StartError::resource("start reporting to the controller", e);
+        &config,
+        Arc::clone(&tiers),
+        Arc::clone(&metrics),
+        preallocation,
+        &shutdown,
+        &tasks,
+    );
     if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
-        let peer_url = match &config.peer_url {
-            Some(u) => u.clone(),
-            None => {
-                let ip = match &wc.advertise_ip {
-                    Some(ip) => ip.clone(),
-                    None => coordinator_link::route_ip(&wc.controller_reply).await,
-                };
-                host_port(&ip, lm.port())
-            }
-        };
-        let mut wc = wc.clone();
-        wc.peer_init_url = Some(peer_url.clone());
-        let ranks = Arc::new(controller_link::RankWorkers {
-            config: wc,
-            tiers: Arc::clone(&tiers),
-            metrics: Arc::clone(&metrics),
-            commands: Arc::new(controller_link::commands::CommandConfig {
-                chunks,
-                peer_url,
-                peer_timeout: config.read_timeout,
-            }),
-            reporter: Arc::clone(r),
-        });
-        // Rank 0 always (the node registers even when empty), then every rank its keys name:
-        // those recovered from L2 now, later ones as they arrive.
-        for rank in 0..config.tp_ranks.clamp(1, controller_link::report::MAX_RANKS) {
-            r.request(rank);
-            ranks.start(rank).await.map_err(controller_err)?;
-        }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        for rank in r.on_new_ranks(tx) {
-            ranks.start(rank).await.map_err(controller_err)?;
-        }
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            loop {
-                let rank = tokio::select! {
-                    () = stop.cancelled() => return,
-                    r = rx.recv() => match r { Some(r) => r, None => return },
-                };
-                if let Err(e) = ranks.start(rank).await {
-                    tracing::error!(
-                        rank,
-                        "cannot start the controller worker of TP rank {rank}: {e}"
-                    );
-                }
-            }
-        });
+        let ranks = controller_link::RankWorkers::new(
+            wc,
+            &config,
+            lm.port(),
+            Arc::clone(&tiers),
+            Arc::clone(&metrics),
+            chunks,
+            Arc::clone(r),
+        )
+        .await;
+        ranks.start_all(config.tp_ranks, &shutdown, &tasks).await?;
     }
-    let link_stop = CancellationToken::new();
     let link = match (&config.coordinator, events, http) {
-        (Some(c), Some(events), Some(http)) => {
-            let ctx = coordinator_link::LinkContext {
-                config: c.clone(),
-                events,
-                metrics: Arc::clone(&metrics),
-                http_port: http.port(),
-                capacity: (
-                    config.l1.budget,
-                    config.l2.as_ref().map(|l| l.eviction.budget),
-                ),
-            };
-            Some(tokio::spawn(coordinator_link::run(ctx, link_stop.clone())))
-        }
+        (Some(c), Some(events), Some(http)) => Some(coordinator_link::CoordinatorLink::spawn(
+            &config,
+            c,
+            events,
+            Arc::clone(&metrics),
+            http.port(),
+        )),
         _ => None,
     };
     tracing::info!(
@@ -345,18 +264,11 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     .drain_deadline(DRAIN_DEADLINE)
     // The coordinator link stops after the data path, so its last events are posted.
     .after_drain(move || async move {
-        link_stop.cancel();
         if let Some(link) = link {
-            if tokio::time::timeout(DRAIN_DEADLINE, link).await.is_err() {
-                tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
-            }
+            link.stop(DRAIN_DEADLINE).await;
         }
         if let Some(r) = &stopping {
-            for (rank, w) in r.workers() {
-                if let Err(e) = w.shutdown().await {
-                    tracing::warn!(rank, "controller worker shutdown: {e}");
-                }
-            }
+            controller_link::stop(r).await;
         }
     });
     if let Some(a) = http {

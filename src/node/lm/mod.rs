@@ -7,8 +7,9 @@ pub(crate) mod buffers;
 pub(crate) mod connection;
 mod threads;
 
-use crate::node::config::ConnectionModel;
+use crate::node::config::{ConnectionModel, NodeConfig};
 use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::TieredStore;
 use crate::service::StartError;
 use connection::{serve_connection, ConnContext, OpenConnection};
 use std::sync::Arc;
@@ -113,4 +114,40 @@ pub(crate) async fn preallocate(
         "L1 preallocated and faulted in"
     );
     Ok(Some(arena))
+}
+
+/// Serves `lm://` on `listener` until `shutdown`: connections on `tasks`, bodies carved from
+/// `preallocation` while it lasts.
+pub(crate) fn serve(
+    listener: TcpListener,
+    config: &NodeConfig,
+    tiers: Arc<TieredStore>,
+    metrics: Arc<NodeMetrics>,
+    preallocation: Option<arena::Arena>,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) {
+    let ctx = Arc::new(ConnContext {
+        tiers,
+        metrics: Arc::clone(&metrics),
+        max_object_bytes: config.max_object_bytes,
+        read_timeout: config.read_timeout,
+        max_list_bytes: config.max_list_bytes,
+        bodies: buffers::BodyPool::new(
+            buffers::PoolGauges {
+                spare: metrics.body_pool_spare_bytes.clone(),
+                preallocated_unused: metrics.l1_preallocated_unused_bytes.clone(),
+                sources: metrics.body_buffers.clone(),
+            },
+            preallocation,
+        ),
+    });
+    tasks.spawn(accept_loop(
+        listener,
+        ctx,
+        config.connection_model,
+        config.max_connections,
+        shutdown.clone(),
+        tasks.clone(),
+    ));
 }

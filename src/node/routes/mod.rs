@@ -11,6 +11,7 @@ mod openapi;
 mod pins;
 mod prefetch;
 
+use crate::node::config::NodeConfig;
 use crate::node::metrics::NodeMetrics;
 use crate::node::model::keys::TokenChunks;
 use crate::node::model::prefetches::Prefetches;
@@ -20,13 +21,14 @@ use crate::web::exposition::Exposition;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
-use crate::web::HttpLimits;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// What the routes reach.
 #[derive(Clone)]
@@ -50,13 +52,13 @@ pub(crate) fn policy(auth: Auth) -> Policy {
 
 /// The node's HTTP routes.
 pub(crate) fn router(
+    config: &NodeConfig,
     tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
-    prefetches: Arc<Prefetches>,
     chunks: TokenChunks,
-    limits: HttpLimits,
-    auth: Auth,
 ) -> Router {
+    let (limits, auth) = (config.http, config.auth.clone());
+    let prefetches = Arc::new(Prefetches::new(config.max_prefetch_jobs, config.chunk_size));
     let doc = Arc::new(openapi::document(&auth));
     let stack = Stack {
         policy: Arc::new(policy(auth)),
@@ -96,8 +98,31 @@ pub(crate) fn router(
         })
 }
 
+/// Serves `app` on `listener` until `shutdown`, on `tasks`.
+pub(crate) fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    config: &NodeConfig,
+    metrics: &Arc<NodeMetrics>,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) {
+    let served = crate::web::serve(
+        listener,
+        app,
+        config.http,
+        crate::web::limits::counting_hook("node", refusals(Arc::clone(metrics))),
+        shutdown.clone(),
+    );
+    tasks.spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!("node HTTP server failed: {e}");
+        }
+    });
+}
+
 /// Counts a refusal of the node's HTTP listener in `http_limits_hit_total{limit}`.
-pub(crate) fn refusals(metrics: Arc<NodeMetrics>) -> RefusalCounter {
+fn refusals(metrics: Arc<NodeMetrics>) -> RefusalCounter {
     Arc::new(move |limit: WebLimit| {
         metrics
             .http_limits_hit

@@ -6,11 +6,12 @@
 //! `ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
 //! sockets here.
 
-use super::config::{L2Config, PrefetchPolicy};
+use super::config::{L2Config, NodeConfig, PrefetchPolicy};
 use super::metrics::NodeMetrics;
 use super::model::codec::ObjectMeta;
 use super::model::compress::Codec;
 use super::model::lru::{EvictionPolicy, Inserted, TierIndex, Weighted};
+use crate::service::StartError;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::io;
@@ -184,6 +185,26 @@ impl Drop for Pin {
 }
 
 impl TieredStore {
+    /// [`TieredStore::open`] for `kvplane node`'s configuration, off the async threads.
+    pub(crate) async fn start(
+        config: &NodeConfig,
+        metrics: Arc<NodeMetrics>,
+        tasks: TaskTracker,
+        observers: Observers,
+    ) -> Result<(Arc<Self>, Recovery), StartError> {
+        let (l1, l2) = (config.l1, config.l2.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            Self::open(l1, l2.as_ref(), metrics, tasks, observers)
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)));
+        let (tiers, recovery) = opened.map_err(|source| {
+            let path = config.l2.as_ref().map(|c| c.path.display().to_string());
+            StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
+        })?;
+        Ok((Arc::new(tiers), recovery))
+    }
+
     /// Builds the tiers; with L2, prepares its directory and recovers every complete object
     /// (blocking: call before serving, off the async threads).
     pub(crate) fn open(
