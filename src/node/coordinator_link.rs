@@ -12,9 +12,9 @@
 //! a failed post keeps its batches (same sequence numbers, which the coordinator deduplicates)
 //! and retries them on the next flush.
 
-use super::config::CoordinatorLinkConfig;
+use super::config::{CoordinatorLinkConfig, NodeConfig};
 use super::metrics::NodeMetrics;
-use super::objects::{encode, EncodedKey};
+use super::model::keys::{encode, EncodedKey};
 use super::tiers::{TierId, TierObserver};
 use crate::web::client::{self, Reply};
 use parking_lot::Mutex;
@@ -33,23 +33,23 @@ const COORDINATOR: client::Caller = client::Caller("kvplane-node");
 
 /// What happened to a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum CacheEventKind {
     Store,
     Delete,
     Access,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-struct Event {
+struct CacheEvent {
     tier: TierId,
-    kind: Kind,
+    kind: CacheEventKind,
     key: EncodedKey,
     bytes: u64,
 }
 
 /// The bounded queue between the tiers and the link task.
 pub(crate) struct EventQueue {
-    queue: Mutex<VecDeque<Event>>,
+    queue: Mutex<VecDeque<CacheEvent>>,
     capacity: usize,
     metrics: Arc<NodeMetrics>,
 }
@@ -71,7 +71,7 @@ impl EventQueue {
     }
 
     /// Up to `max` queued events, oldest first.
-    fn take(&self, max: usize) -> Vec<Event> {
+    fn take(&self, max: usize) -> Vec<CacheEvent> {
         let mut q = self.queue.lock();
         let n = q.len().min(max);
         q.drain(..n).collect()
@@ -79,7 +79,7 @@ impl EventQueue {
 }
 
 impl EventQueue {
-    fn push(&self, tier: TierId, kind: Kind, key: &str, bytes: u64) {
+    fn push(&self, tier: TierId, kind: CacheEventKind, key: &str, bytes: u64) {
         let Some(key) = encode(key) else {
             self.count("unreportable_key");
             return;
@@ -90,7 +90,7 @@ impl EventQueue {
             self.count("dropped");
             return;
         }
-        q.push_back(Event {
+        q.push_back(CacheEvent {
             tier,
             kind,
             key,
@@ -103,17 +103,21 @@ impl EventQueue {
 
 impl TierObserver for EventQueue {
     fn changed(&self, tier: TierId, key: &str, bytes: u64, admitted: bool) {
-        let kind = if admitted { Kind::Store } else { Kind::Delete };
+        let kind = if admitted {
+            CacheEventKind::Store
+        } else {
+            CacheEventKind::Delete
+        };
         self.push(tier, kind, key, bytes);
     }
 
     fn accessed(&self, tier: TierId, key: &str) {
-        self.push(tier, Kind::Access, key, 0);
+        self.push(tier, CacheEventKind::Access, key, 0);
     }
 }
 
 /// What the link needs from the node.
-pub(crate) struct LinkContext {
+struct LinkContext {
     pub(crate) config: CoordinatorLinkConfig,
     pub(crate) events: Arc<EventQueue>,
     pub(crate) metrics: Arc<NodeMetrics>,
@@ -192,14 +196,14 @@ impl Link {
 
     /// A `store`, `delete` or `access` batch of one tier: L1 as `l1`/`dram` (an access:
     /// backend `""`, as 0.5.6 sends it), L2 as `l2`/`fs`.
-    fn run_batch(&mut self, (tier, kind): (TierId, Kind), entries: Vec<Value>) -> Value {
+    fn run_batch(&mut self, (tier, kind): (TierId, CacheEventKind), entries: Vec<Value>) -> Value {
         let name = match kind {
-            Kind::Store => "store",
-            Kind::Delete => "delete",
-            Kind::Access => "access",
+            CacheEventKind::Store => "store",
+            CacheEventKind::Delete => "delete",
+            CacheEventKind::Access => "access",
         };
         match (tier, kind) {
-            (TierId::L1, Kind::Access) => self.batch(name, "l1", "", entries),
+            (TierId::L1, CacheEventKind::Access) => self.batch(name, "l1", "", entries),
             (TierId::L1, _) => self.batch(name, "l1", L1_BACKEND, entries),
             (TierId::L2, _) => self.batch(name, "l2", L2_BACKEND, entries),
         }
@@ -280,7 +284,7 @@ impl Link {
             }
             run.push(json!({
                 "key": e.key,
-                "size_bytes": if e.kind == Kind::Store { e.bytes } else { 0 },
+                "size_bytes": if e.kind == CacheEventKind::Store { e.bytes } else { 0 },
                 "token_ids": [],
                 "token_offset": -1,
             }));
@@ -317,8 +321,45 @@ impl Link {
     }
 }
 
+/// The running link: stopped after the node's data path, so its last events are posted.
+pub(crate) struct CoordinatorLink {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CoordinatorLink {
+    /// Starts the link of a node whose HTTP listener is on `http_port`, declaring its L1 and
+    /// L2 budgets.
+    pub(crate) fn spawn(
+        node: &NodeConfig,
+        config: &CoordinatorLinkConfig,
+        events: Arc<EventQueue>,
+        metrics: Arc<NodeMetrics>,
+        http_port: u16,
+    ) -> Self {
+        let ctx = LinkContext {
+            config: config.clone(),
+            events,
+            metrics,
+            http_port,
+            capacity: (node.l1.budget, node.l2.as_ref().map(|l| l.eviction.budget)),
+        };
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(ctx, stop.clone()));
+        CoordinatorLink { stop, task }
+    }
+
+    /// Stops the link: a last flush and the deregistration, waited for at most `deadline`.
+    pub(crate) async fn stop(self, deadline: Duration) {
+        self.stop.cancel();
+        if tokio::time::timeout(deadline, self.task).await.is_err() {
+            tracing::warn!("the coordinator link did not stop within {deadline:?}");
+        }
+    }
+}
+
 /// Runs the link until `shutdown`, then flushes and deregisters (each call bounded).
-pub(crate) async fn run(ctx: LinkContext, shutdown: CancellationToken) {
+async fn run(ctx: LinkContext, shutdown: CancellationToken) {
     let ip = match &ctx.config.advertise_ip {
         Some(ip) => ip.clone(),
         None => advertised_ip(&ctx.config.host, ctx.config.port).await,
@@ -380,7 +421,7 @@ pub(crate) async fn route_ip(endpoint: &str) -> String {
 ///
 /// # Errors
 /// A message naming what is wrong.
-pub fn parse_url(url: &str) -> Result<(String, u16), String> {
+pub(crate) fn parse_url(url: &str) -> Result<(String, u16), String> {
     let rest = url.strip_prefix("http://").unwrap_or(url);
     if rest.contains("://") {
         return Err(format!("{url:?}: only http:// is supported"));
@@ -438,9 +479,9 @@ mod tests {
         assert_eq!(
             taken.iter().map(|e| (e.tier, e.kind)).collect::<Vec<_>>(),
             [
-                (TierId::L1, Kind::Store),
-                (TierId::L2, Kind::Store),
-                (TierId::L2, Kind::Delete)
+                (TierId::L1, CacheEventKind::Store),
+                (TierId::L2, CacheEventKind::Store),
+                (TierId::L2, CacheEventKind::Delete)
             ]
         );
         assert_eq!(taken[2].key.chunk_hash_hex, "ab");
@@ -451,6 +492,6 @@ mod tests {
         );
         let q = EventQueue::new(3, Arc::new(NodeMetrics::new()));
         q.accessed(TierId::L1, "m@1@0@ac@bf16");
-        assert_eq!(q.take(1)[0].kind, Kind::Access);
+        assert_eq!(q.take(1)[0].kind, CacheEventKind::Access);
     }
 }

@@ -11,7 +11,7 @@ use prometheus::{
 const PREFIX: &str = "kvplane_node";
 
 /// The node's metrics.
-pub struct NodeMetrics {
+pub(crate) struct NodeMetrics {
     registry: Registry,
     /// Requests by `command` and `outcome` (`hit`, `miss`, `ok`, `fail`).
     pub requests: IntCounterVec,
@@ -100,7 +100,7 @@ fn opts(name: &str, help: &str) -> Opts {
 impl NodeMetrics {
     /// A fresh registry with every node metric.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let registry = Registry::new();
         let r = &registry;
         let counter_vec = |name: &str, help: &str, labels: &[&str]| {
@@ -266,13 +266,13 @@ impl NodeMetrics {
 
     /// Writes every node metric into a `/metrics` document (the registry, through the
     /// crate's encoder).
-    pub fn write_to(&self, out: &mut Exposition) {
+    pub(crate) fn write_to(&self, out: &mut Exposition) {
         out.registry(&self.registry);
     }
 
     /// The text exposition of every node metric.
-    #[must_use]
-    pub fn render(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn render(&self) -> String {
         let mut out = Exposition::new();
         self.write_to(&mut out);
         out.finish()

@@ -1,47 +1,41 @@
 //! `kvplane node`: a cache server speaking LMCache 0.5.6's `lm://` protocol, with an L1
-//! memory tier and an L2 disk tier (docs/NODE.md).
+//! memory tier and an L2 disk tier (docs/NODE.md). The service anatomy of
+//! docs/ARCHITECTURE.md:
 //!
-//! - `args` — `kvplane node`'s flags ([`args::NodeArgs`]), validated into [`NodeConfig`].
-//! - `codec` — the wire format (186-byte request, 36-byte reply headers). Pure.
-//! - `lru` — the eviction policy both tiers share (budget, watermark, ratio, pins). Pure.
-//! - `disk` — L2's file format and blocking file operations.
-//! - `tiers` — L1 + L2 with the store and prefetch policies; disk work off the async threads.
-//! - `server` — the accept loop and the per-connection request loop.
-//! - `http` and `metrics` — `/metrics` and `/healthz` on `--http-port`, with the node's own
-//!   prometheus registry; `dashboard` — the node's page and its JSON feed on the same port;
-//!   `objects` and `prefetch` — the coordinator's object and warm-prefetch routes there.
-//! - `report` — admits and evicts per tier to a controller, through `crate::worker`.
-//! - `coordinator_link` — registration, heartbeats and L2 usage events to a coordinator.
+//! - `config/` — the flags (`NodeArgs`, `args.rs`; LMCache's `--l2-adapter` JSON in
+//!   `l2_adapter.rs`), validated into [`NodeConfig`].
+//! - `model/` — the pure parts: the `lm://` wire format (`codec`: 186-byte request, 36-byte
+//!   reply headers), the eviction policy both tiers share (`lru`), the `compress` command's
+//!   codecs (`compress`), LMCache key names and token hashing (`keys`), the warm prefetch
+//!   job table (`prefetches`).
+//! - `tiers/` — the owner: L1 + L2 with the store and prefetch policies (`TieredStore`),
+//!   L2's disk work off the async threads (`l2`, on `disk`'s file format), scans and deletes
+//!   over both tiers' keys (`keys`), the controller's commands (`ops`).
+//! - `lm/` — the `lm://` listener: the accept loop, the per-connection loop (`connection`) on
+//!   a task or a thread of its own (`threads`), object bodies in page-exact mappings
+//!   (`buffers`) over the L1 preallocation (`arena`).
+//! - `controller_link/` — the node as a controller's LMCache worker, one per TP rank: what
+//!   each tier holds (`report`), the controller's commands (`commands`), `/move`'s PUTs to
+//!   another node (`peer`).
+//! - `coordinator_link.rs` — registration, heartbeats and cache events to a coordinator.
+//! - `routes/` — the HTTP listener (`--http-port`): the coordinator's objects and warm
+//!   prefetch, the controller's pins, the dashboard, `/openapi.json`; every refusal's status
+//!   in `error.rs`.
+//! - `metrics.rs` — the node's own prometheus registry.
 //!
-//! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
-//! `crate::metrics`) and must not touch it.
+//! This module owns nothing of the controller's (`crate::controller`, `crate::metrics`) and
+//! must not touch it.
 
-mod arena;
-pub mod args;
-mod buffers;
-pub mod codec;
-mod commands;
-mod compress;
 pub mod config;
-mod connection;
+mod controller_link;
 mod coordinator_link;
-mod dashboard;
-mod disk;
-mod http;
-mod lru;
-pub mod metrics;
-mod objects;
-mod openapi;
-mod peer;
-mod pins;
-mod prefetch;
-mod report;
-mod server;
-mod server_threads;
+mod lm;
+mod metrics;
+pub mod model;
+mod routes;
 mod tiers;
 
 pub use config::{ConnectionModel, NodeConfig};
-pub use coordinator_link::parse_url as parse_coordinator_url;
 pub use tiers::{Recovery, TierUsage};
 
 use crate::net::host_port;
@@ -71,13 +65,11 @@ pub struct Node {
     pub addrs: NodeAddrs,
     /// What L2 recovery found at start.
     pub recovery: Recovery,
-    /// The node's metrics.
-    pub metrics: Arc<NodeMetrics>,
-    tiers: Arc<tiers::Tiers>,
+    tiers: Arc<tiers::TieredStore>,
     /// L2 writes, reads and deletes.
     background: TaskTracker,
     /// Reports to the controller, if one is configured.
-    reporter: Option<Arc<report::Reporter>>,
+    reporter: Option<Arc<controller_link::report::ControllerReporter>>,
 }
 
 /// A running node. Its stop stops accepting, closes connections, waits for in-flight L2
@@ -158,81 +150,6 @@ impl Node {
     }
 }
 
-/// Starts the controller worker of one TP rank: worker id = the rank, commands and full
-/// syncs limited to that rank's keys. Rank 0 binds `--controller-command-port`, the others
-/// a free port each.
-struct RankWorkers {
-    config: crate::worker::WorkerConfig,
-    tiers: Arc<tiers::Tiers>,
-    metrics: Arc<NodeMetrics>,
-    commands: Arc<commands::CommandConfig>,
-    reporter: Arc<report::Reporter>,
-}
-
-impl RankWorkers {
-    async fn start(&self, rank: u32) -> Result<(), crate::worker::WorkerError> {
-        let mut wc = self.config.clone();
-        wc.worker_id = i64::from(rank);
-        if rank != 0 {
-            wc.command_port = 0;
-        }
-        let handler = commands::NodeCommands {
-            tiers: Arc::clone(&self.tiers),
-            metrics: Arc::clone(&self.metrics),
-            config: Arc::clone(&self.commands),
-            rank: Some(rank),
-        };
-        let keys = report::ReportedKeys {
-            reporter: Arc::clone(&self.reporter),
-            rank,
-        };
-        let worker = crate::worker::Worker::start(wc, handler, keys).await?;
-        tracing::info!(rank, "controller worker started for TP rank {rank}");
-        self.reporter.attach(rank, worker);
-        Ok(())
-    }
-}
-
-/// `--l1-preallocate`: maps `bytes` and faults them in on a blocking thread, after checking
-/// them against the memory the system has available (a preallocation the kernel cannot back
-/// would only move the failure to the OOM killer).
-async fn preallocate(
-    bytes: u64,
-    metrics: &NodeMetrics,
-) -> Result<Option<arena::Arena>, StartError> {
-    if bytes == 0 {
-        return Ok(None);
-    }
-    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    if let Some(available) = arena::available_memory() {
-        if bytes > available {
-            return Err(StartError::Config(format!(
-                "--l1-preallocate {:.2} GiB is more than the {:.2} GiB of memory available \
-                 (MemAvailable in /proc/meminfo); lower it or --l1-size-gb",
-                gib(bytes),
-                gib(available)
-            )));
-        }
-    }
-    let started = std::time::Instant::now();
-    let arena = tokio::task::spawn_blocking(move || arena::Arena::populate(bytes))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
-        .map_err(|e| {
-            StartError::resource(
-                format!("preallocate {:.2} GiB of L1 (--l1-preallocate)", gib(bytes)),
-                e,
-            )
-        })?;
-    metrics.l1_preallocated_bytes.set(arena.len() as i64);
-    tracing::info!(
-        bytes = arena.len(),
-        seconds = started.elapsed().as_secs_f64(),
-        "L1 preallocated and faulted in"
-    );
-    Ok(Some(arena))
-}
-
 /// Opens the tiers (recovering L2), binds both listeners and starts serving.
 ///
 /// # Errors
@@ -248,10 +165,10 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             "a coordinator calls the node's HTTP port: --coordinator-url needs it".into(),
         ));
     }
-    let preallocation = preallocate(config.l1_preallocate, &metrics).await?;
+    let preallocation = lm::preallocate(config.l1_preallocate, &metrics).await?;
     let mut observers: tiers::Observers = Vec::new();
     let reporter = config.controller.as_ref().map(|_| {
-        Arc::new(report::Reporter::new(
+        Arc::new(controller_link::report::ControllerReporter::new(
             Arc::clone(&metrics),
             config.l2.is_some(),
         ))
@@ -271,19 +188,11 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
             observers.push(Arc::clone(q) as Arc<dyn tiers::TierObserver>);
         }
     }
-    let (l1, l2) = (config.l1, config.l2.clone());
-    let (m, t) = (Arc::clone(&metrics), background.clone());
-    let opened =
-        tokio::task::spawn_blocking(move || tiers::Tiers::open(l1, l2.as_ref(), m, t, observers))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-    let (tiers, recovery) = opened.map_err(|source| {
-        let path = config.l2.as_ref().map(|c| c.path.display().to_string());
-        StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
-    })?;
-    let tiers = Arc::new(tiers);
+    let (tiers, recovery) =
+        tiers::TieredStore::start(&config, Arc::clone(&metrics), background.clone(), observers)
+            .await?;
 
-    let chunks = commands::TokenChunks {
+    let chunks = model::keys::TokenChunks {
         chunk_size: config.chunk_size,
         none_hash: config.lookup_none_hash,
     };
@@ -292,124 +201,42 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     let http = match config.http_port {
         None => None,
         Some(port) => {
-            let addr = host_port(&config.host, port);
-            let (l, bound) = bind_tcp("http", &addr).await?;
-            let prefetches = Arc::new(prefetch::Prefetches::new(
-                config.max_prefetch_jobs,
-                config.chunk_size,
-            ));
-            let app = http::router(
-                Arc::clone(&tiers),
-                Arc::clone(&metrics),
-                prefetches,
-                chunks,
-                config.http,
-                config.auth.clone(),
-            );
-            let served = crate::web::serve(
-                l,
-                app,
-                config.http,
-                crate::web::limits::counting_hook("node", http::refusals(Arc::clone(&metrics))),
-                shutdown.clone(),
-            );
-            tasks.spawn(async move {
-                if let Err(e) = served.await {
-                    tracing::error!("node HTTP server failed: {e}");
-                }
-            });
+            let (listener, bound) = bind_tcp("http", &host_port(&config.host, port)).await?;
+            let app = routes::router(&config, Arc::clone(&tiers), Arc::clone(&metrics), chunks);
+            routes::serve(listener, app, &config, &metrics, &shutdown, &tasks);
             Some(bound)
         }
     };
-    let ctx = Arc::new(connection::ConnContext {
-        tiers: Arc::clone(&tiers),
-        metrics: Arc::clone(&metrics),
-        max_object_bytes: config.max_object_bytes,
-        read_timeout: config.read_timeout,
-        max_list_bytes: config.max_list_bytes,
-        bodies: buffers::BodyPool::new(
-            buffers::PoolGauges {
-                spare: metrics.body_pool_spare_bytes.clone(),
-                preallocated_unused: metrics.l1_preallocated_unused_bytes.clone(),
-                sources: metrics.body_buffers.clone(),
-            },
-            preallocation,
-        ),
-    });
-    tasks.spawn(server::accept_loop(
+    lm::serve(
         listener,
-        ctx,
-        config.connection_model,
-        config.max_connections,
-        shutdown.clone(),
-        tasks.clone(),
-    ));
-    let controller_err = |e| StartError::resource("start reporting to the controller", e);
+        &config,
+        Arc::clone(&tiers),
+        Arc::clone(&metrics),
+        preallocation,
+        &shutdown,
+        &tasks,
+    );
     if let (Some(r), Some(wc)) = (&reporter, &config.controller) {
-        let peer_url = match &config.peer_url {
-            Some(u) => u.clone(),
-            None => {
-                let ip = match &wc.advertise_ip {
-                    Some(ip) => ip.clone(),
-                    None => coordinator_link::route_ip(&wc.controller_reply).await,
-                };
-                host_port(&ip, lm.port())
-            }
-        };
-        let mut wc = wc.clone();
-        wc.peer_init_url = Some(peer_url.clone());
-        let ranks = Arc::new(RankWorkers {
-            config: wc,
-            tiers: Arc::clone(&tiers),
-            metrics: Arc::clone(&metrics),
-            commands: Arc::new(commands::CommandConfig {
-                chunks,
-                peer_url,
-                peer_timeout: config.read_timeout,
-            }),
-            reporter: Arc::clone(r),
-        });
-        // Rank 0 always (the node registers even when empty), then every rank its keys name:
-        // those recovered from L2 now, later ones as they arrive.
-        for rank in 0..config.tp_ranks.clamp(1, report::MAX_RANKS) {
-            r.request(rank);
-            ranks.start(rank).await.map_err(controller_err)?;
-        }
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        for rank in r.on_new_ranks(tx) {
-            ranks.start(rank).await.map_err(controller_err)?;
-        }
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            loop {
-                let rank = tokio::select! {
-                    () = stop.cancelled() => return,
-                    r = rx.recv() => match r { Some(r) => r, None => return },
-                };
-                if let Err(e) = ranks.start(rank).await {
-                    tracing::error!(
-                        rank,
-                        "cannot start the controller worker of TP rank {rank}: {e}"
-                    );
-                }
-            }
-        });
+        let ranks = controller_link::RankWorkers::new(
+            wc,
+            &config,
+            lm.port(),
+            Arc::clone(&tiers),
+            Arc::clone(&metrics),
+            chunks,
+            Arc::clone(r),
+        )
+        .await;
+        ranks.start_all(config.tp_ranks, &shutdown, &tasks).await?;
     }
-    let link_stop = CancellationToken::new();
     let link = match (&config.coordinator, events, http) {
-        (Some(c), Some(events), Some(http)) => {
-            let ctx = coordinator_link::LinkContext {
-                config: c.clone(),
-                events,
-                metrics: Arc::clone(&metrics),
-                http_port: http.port(),
-                capacity: (
-                    config.l1.budget,
-                    config.l2.as_ref().map(|l| l.eviction.budget),
-                ),
-            };
-            Some(tokio::spawn(coordinator_link::run(ctx, link_stop.clone())))
-        }
+        (Some(c), Some(events), Some(http)) => Some(coordinator_link::CoordinatorLink::spawn(
+            &config,
+            c,
+            events,
+            Arc::clone(&metrics),
+            http.port(),
+        )),
         _ => None,
     };
     tracing::info!(
@@ -425,7 +252,6 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
         Node {
             addrs: NodeAddrs { lm, http },
             recovery,
-            metrics,
             tiers,
             background: background.clone(),
             reporter,
@@ -438,18 +264,11 @@ pub async fn start(config: NodeConfig) -> Result<NodeServer, StartError> {
     .drain_deadline(DRAIN_DEADLINE)
     // The coordinator link stops after the data path, so its last events are posted.
     .after_drain(move || async move {
-        link_stop.cancel();
         if let Some(link) = link {
-            if tokio::time::timeout(DRAIN_DEADLINE, link).await.is_err() {
-                tracing::warn!("the coordinator link did not stop within {DRAIN_DEADLINE:?}");
-            }
+            link.stop(DRAIN_DEADLINE).await;
         }
         if let Some(r) = &stopping {
-            for (rank, w) in r.workers() {
-                if let Err(e) = w.shutdown().await {
-                    tracing::warn!(rank, "controller worker shutdown: {e}");
-                }
-            }
+            controller_link::stop(r).await;
         }
     });
     if let Some(a) = http {

@@ -5,8 +5,8 @@
 
 use crate::support::eventually;
 use crate::support::node::*;
-use kvplane::node::codec::{Command, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
 use kvplane::node::config::{ConnectionModel, EvictionPolicy, PrefetchPolicy, StorePolicy};
+use kvplane::node::model::codec::{LmCommand, ObjectMeta, CODE_SUCCESS, REQUEST_HEADER_LEN};
 use std::time::Duration;
 
 #[tokio::test]
@@ -22,7 +22,10 @@ async fn put_get_exist_list_health_round_trip_identical_bytes_on_threads() {
 async fn put_get_exist_list_health_round_trip_identical_bytes_with(model: ConnectionModel) {
     let node = node_with(|c| c.connection_model = model).await;
     let mut c = Client::connect(&node).await;
-    assert_eq!(c.health().await, kvplane::node::codec::Reply::success());
+    assert_eq!(
+        c.health().await,
+        kvplane::node::model::codec::LmReply::success()
+    );
     assert!(c.get("absent").await.is_none());
     assert!(!c.exists("absent").await);
 
@@ -389,7 +392,7 @@ async fn bad_input_is_answered_counted_and_harms_no_one_else_with(model: Connect
         c.send_raw(&raw).await;
         if fail_reply {
             let r = c.reply().await;
-            assert_eq!(r, kvplane::node::codec::Reply::fail(), "case {i}");
+            assert_eq!(r, kvplane::node::model::codec::LmReply::fail(), "case {i}");
         }
         if usable {
             assert_eq!(c.health().await.code, CODE_SUCCESS, "case {i} still usable");
@@ -413,7 +416,7 @@ async fn bad_input_is_answered_counted_and_harms_no_one_else_with(model: Connect
     assert!(c.until_closed().await.is_empty());
     // A PUT body cut short.
     let mut c = Client::connect(&node).await;
-    c.send_header(Command::Put, "cut", 1000, ObjectMeta::default())
+    c.send_header(LmCommand::Put, "cut", 1000, ObjectMeta::default())
         .await;
     c.send_raw(&[0u8; 10]).await;
     drop(c);
@@ -513,7 +516,7 @@ async fn an_object_being_sent_is_pinned_and_never_evicted_mid_read() {
     // Ask for it but do not read: 30 MiB cannot fit in the socket buffers, so the node is
     // stuck mid-reply holding the pin.
     reader
-        .send_header(Command::Get, "big", 0, ObjectMeta::default())
+        .send_header(LmCommand::Get, "big", 0, ObjectMeta::default())
         .await;
     eventually("the GET reached the node", STEP, async || {
         requests(&scrape(&node).await, "get", "hit") == 1.0
@@ -693,7 +696,7 @@ async fn force_deletes_an_object_mid_read_and_the_read_completes() {
     writer.put(key, &data).await;
     writer.health().await;
     let mut reader = Client::connect(&node).await;
-    reader.send_header(Command::Get, key, 0, META).await;
+    reader.send_header(LmCommand::Get, key, 0, META).await;
     eventually("the GET is being answered", STEP, async || {
         requests(&scrape(&node).await, "get", "hit") == 1.0
     })

@@ -3,10 +3,10 @@
 
 #[allow(unused_imports)] // not every test binary uses them through this module
 pub use super::{lmcache::python, sample, within, STEP};
-use kvplane::node::codec::{
-    self, Command, ObjectMeta, Reply, Request, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
-};
 use kvplane::node::config::{L2Config, PrefetchPolicy, StorePolicy};
+use kvplane::node::model::codec::{
+    self, LmCommand, LmReply, LmRequest, ObjectMeta, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
+};
 use kvplane::node::{NodeConfig, NodeServer};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,12 +118,12 @@ impl Client {
 
     pub async fn send_header(
         &mut self,
-        command: Command,
+        command: LmCommand,
         key: &str,
         length: usize,
         meta: ObjectMeta,
     ) {
-        let raw = codec::encode_request(&Request {
+        let raw = codec::encode_request(&LmRequest {
             command,
             length,
             meta,
@@ -141,7 +141,7 @@ impl Client {
             .expect("send raw");
     }
 
-    pub async fn reply(&mut self) -> Reply {
+    pub async fn reply(&mut self) -> LmReply {
         let mut raw = [0u8; REPLY_HEADER_LEN];
         within("reply", self.stream.read_exact(&mut raw))
             .await
@@ -158,24 +158,25 @@ impl Client {
     }
 
     pub async fn put(&mut self, key: &str, data: &[u8]) {
-        self.send_header(Command::Put, key, data.len(), META).await;
+        self.send_header(LmCommand::Put, key, data.len(), META)
+            .await;
         within("put body", self.stream.write_all(data))
             .await
             .expect("put body");
     }
 
     /// GET as LMCache's connector sends it; `None` on FAIL.
-    pub async fn get(&mut self, key: &str) -> Option<(Reply, Vec<u8>)> {
+    pub async fn get(&mut self, key: &str) -> Option<(LmReply, Vec<u8>)> {
         let probe = ObjectMeta {
             fmt: 1,
             dtype: 2,
             location: 0,
             shape: [0; 4],
         };
-        self.send_header(Command::Get, key, 0, probe).await;
+        self.send_header(LmCommand::Get, key, 0, probe).await;
         let r = self.reply().await;
         if r.code != codec::CODE_SUCCESS {
-            assert_eq!(r, Reply::fail(), "a miss is FAIL with zeros");
+            assert_eq!(r, LmReply::fail(), "a miss is FAIL with zeros");
             return None;
         }
         let b = self.body(r.length).await;
@@ -183,21 +184,21 @@ impl Client {
     }
 
     pub async fn exists(&mut self, key: &str) -> bool {
-        self.send_header(Command::Exist, key, 0, ObjectMeta::default())
+        self.send_header(LmCommand::Exist, key, 0, ObjectMeta::default())
             .await;
         let r = self.reply().await;
         assert_eq!(r.length, 0);
         r.code == codec::CODE_SUCCESS
     }
 
-    pub async fn health(&mut self) -> Reply {
-        self.send_header(Command::Health, "health", 0, ObjectMeta::default())
+    pub async fn health(&mut self) -> LmReply {
+        self.send_header(LmCommand::Health, "health", 0, ObjectMeta::default())
             .await;
         self.reply().await
     }
 
     pub async fn list(&mut self) -> Vec<String> {
-        self.send_header(Command::List, "list", 0, ObjectMeta::default())
+        self.send_header(LmCommand::List, "list", 0, ObjectMeta::default())
             .await;
         let r = self.reply().await;
         assert_eq!(r.code, codec::CODE_SUCCESS);

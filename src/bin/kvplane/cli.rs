@@ -31,7 +31,7 @@ pub(crate) enum Command {
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
     Coordinator(kvplane::coordinator::args::CoordinatorArgs),
     /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
-    Node(kvplane::node::args::NodeArgs),
+    Node(kvplane::node::config::NodeArgs),
 }
 
 /// The layered subcommands and their word in `KVPLANE_<SERVICE>_<FLAG>`.

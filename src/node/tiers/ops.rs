@@ -2,10 +2,10 @@
 //! locks): find the keys a token prefix names, hold (pin) and release them, move them between
 //! L1 and L2, re-encode them (compress, decompress), and take objects out for a peer.
 
-use super::{decode, Object, Removed, TierId, Tiers};
-use crate::node::compress::Codec;
-use crate::node::disk;
-use crate::node::report::{chunk_hash, key_rank};
+use super::disk;
+use super::{decode, Deleted, Object, TierId, TieredStore};
+use crate::node::model::compress::Codec;
+use crate::node::model::keys::{chunk_hash, key_rank};
 use crate::protocol::ChunkHash;
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -20,7 +20,7 @@ pub(crate) struct Resolved {
     pub(crate) tokens: usize,
 }
 
-impl Tiers {
+impl TieredStore {
     /// The keys of `tier` (L2: complete files only) for which `keep` holds, with the tokens
     /// each object holds.
     pub(crate) fn keys_in(&self, tier: TierId, keep: impl Fn(&str) -> bool) -> Vec<(String, u32)> {
@@ -299,8 +299,8 @@ impl Tiers {
         self: &Arc<Self>,
         tier: TierId,
         keys: &[String],
-    ) -> io::Result<Removed> {
-        let mut removed = Removed::default();
+    ) -> io::Result<Deleted> {
+        let mut removed = Deleted::default();
         match tier {
             TierId::L1 => {
                 let mut l1 = self.l1.lock();

@@ -3,7 +3,7 @@
 //! last). Pure: bytes in, typed values or a typed error out; no sockets, no store.
 //!
 //! Decoding is split in two: [`request_complete`] says whether a whole header is buffered,
-//! then [`parse_request`] turns exactly [`REQUEST_HEADER_LEN`] bytes into a [`Request`] or a
+//! then [`parse_request`] turns exactly [`REQUEST_HEADER_LEN`] bytes into an [`LmRequest`] or a
 //! [`CodecError`] whose [`CodecError::reason`] is a stable metric label.
 
 use thiserror::Error;
@@ -21,7 +21,7 @@ pub const CODE_FAIL: i32 = 400;
 
 /// A client command (`ClientCommand`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Command {
+pub enum LmCommand {
     /// Store the body under the key; no reply.
     Put,
     /// Fetch the object stored under the key.
@@ -34,16 +34,16 @@ pub enum Command {
     Health,
 }
 
-impl Command {
+impl LmCommand {
     /// The wire value (1..=5).
     #[must_use]
     pub fn code(self) -> i32 {
         match self {
-            Command::Put => 1,
-            Command::Get => 2,
-            Command::Exist => 3,
-            Command::List => 4,
-            Command::Health => 5,
+            LmCommand::Put => 1,
+            LmCommand::Get => 2,
+            LmCommand::Exist => 3,
+            LmCommand::List => 4,
+            LmCommand::Health => 5,
         }
     }
 
@@ -51,21 +51,21 @@ impl Command {
     #[must_use]
     pub fn label(self) -> &'static str {
         match self {
-            Command::Put => "put",
-            Command::Get => "get",
-            Command::Exist => "exist",
-            Command::List => "list",
-            Command::Health => "health",
+            LmCommand::Put => "put",
+            LmCommand::Get => "get",
+            LmCommand::Exist => "exist",
+            LmCommand::List => "list",
+            LmCommand::Health => "health",
         }
     }
 
     fn from_code(code: i32) -> Option<Self> {
         Some(match code {
-            1 => Command::Put,
-            2 => Command::Get,
-            3 => Command::Exist,
-            4 => Command::List,
-            5 => Command::Health,
+            1 => LmCommand::Put,
+            2 => LmCommand::Get,
+            3 => LmCommand::Exist,
+            4 => LmCommand::List,
+            5 => LmCommand::Health,
             _ => return None,
         })
     }
@@ -101,9 +101,9 @@ impl ObjectMeta {
 
 /// A parsed request header.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub struct LmRequest {
     /// The command.
-    pub command: Command,
+    pub command: LmCommand,
     /// Body bytes that follow (PUT only; 0 for every other command).
     pub length: usize,
     /// Stored and returned unchanged.
@@ -114,7 +114,7 @@ pub struct Request {
 
 /// A reply header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reply {
+pub struct LmReply {
     /// [`CODE_SUCCESS`] or [`CODE_FAIL`].
     pub code: i32,
     /// Body bytes that follow.
@@ -123,11 +123,11 @@ pub struct Reply {
     pub meta: ObjectMeta,
 }
 
-impl Reply {
+impl LmReply {
     /// SUCCESS with no body and zero fields (EXIST hit, HEALTH).
     #[must_use]
     pub fn success() -> Self {
-        Reply {
+        LmReply {
             code: CODE_SUCCESS,
             length: 0,
             meta: ObjectMeta::default(),
@@ -137,7 +137,7 @@ impl Reply {
     /// FAIL with zero fields (miss, bad request).
     #[must_use]
     pub fn fail() -> Self {
-        Reply {
+        LmReply {
             code: CODE_FAIL,
             length: 0,
             meta: ObjectMeta::default(),
@@ -166,7 +166,7 @@ pub enum CodecError {
     #[error("{command:?} carries a body of {length} bytes; only PUT may")]
     UnexpectedBody {
         /// The command.
-        command: Command,
+        command: LmCommand,
         /// The announced length.
         length: usize,
     },
@@ -228,18 +228,19 @@ fn int_at(buf: &[u8], i: usize) -> i32 {
 pub fn parse_request(
     buf: &[u8; REQUEST_HEADER_LEN],
     max_body: usize,
-) -> Result<Request, CodecError> {
+) -> Result<LmRequest, CodecError> {
     let raw_command = int_at(buf, 0);
-    let command = Command::from_code(raw_command).ok_or(CodecError::UnknownCommand(raw_command))?;
+    let command =
+        LmCommand::from_code(raw_command).ok_or(CodecError::UnknownCommand(raw_command))?;
     let raw_length = int_at(buf, 1);
     let length = usize::try_from(raw_length).map_err(|_| CodecError::NegativeLength(raw_length))?;
-    if command == Command::Put && length > max_body {
+    if command == LmCommand::Put && length > max_body {
         return Err(CodecError::TooLarge {
             length,
             max: max_body,
         });
     }
-    if command != Command::Put && length != 0 {
+    if command != LmCommand::Put && length != 0 {
         return Err(CodecError::UnexpectedBody { command, length });
     }
     let meta = ObjectMeta {
@@ -261,7 +262,7 @@ pub fn parse_request(
     if key.is_empty() {
         return Err(CodecError::EmptyKey);
     }
-    Ok(Request {
+    Ok(LmRequest {
         command,
         length,
         meta,
@@ -277,7 +278,7 @@ fn to_i32(n: usize) -> Result<i32, CodecError> {
 ///
 /// # Errors
 /// [`CodecError::KeyTooLong`], [`CodecError::LengthOverflow`].
-pub fn encode_request(req: &Request) -> Result<[u8; REQUEST_HEADER_LEN], CodecError> {
+pub fn encode_request(req: &LmRequest) -> Result<[u8; REQUEST_HEADER_LEN], CodecError> {
     let key = req.key.as_bytes();
     if key.len() > MAX_KEY_LEN {
         return Err(CodecError::KeyTooLong(key.len()));
@@ -306,7 +307,7 @@ pub fn encode_request(req: &Request) -> Result<[u8; REQUEST_HEADER_LEN], CodecEr
 ///
 /// # Errors
 /// [`CodecError::LengthOverflow`] for a body over `i32::MAX` bytes.
-pub fn encode_reply(reply: &Reply) -> Result<[u8; REPLY_HEADER_LEN], CodecError> {
+pub fn encode_reply(reply: &LmReply) -> Result<[u8; REPLY_HEADER_LEN], CodecError> {
     let m = &reply.meta;
     let ints = [
         reply.code,
@@ -330,10 +331,10 @@ pub fn encode_reply(reply: &Reply) -> Result<[u8; REPLY_HEADER_LEN], CodecError>
 ///
 /// # Errors
 /// [`CodecError::NegativeLength`].
-pub fn parse_reply(buf: &[u8; REPLY_HEADER_LEN]) -> Result<Reply, CodecError> {
+pub fn parse_reply(buf: &[u8; REPLY_HEADER_LEN]) -> Result<LmReply, CodecError> {
     let raw_length = int_at(buf, 1);
     let length = usize::try_from(raw_length).map_err(|_| CodecError::NegativeLength(raw_length))?;
-    Ok(Reply {
+    Ok(LmReply {
         code: int_at(buf, 0),
         length,
         meta: ObjectMeta {

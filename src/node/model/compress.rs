@@ -23,12 +23,12 @@ pub(crate) enum Codec {
 /// A body that does not decode (never served).
 #[derive(Debug, Error)]
 #[error("compressed body does not decode: {0}")]
-pub(crate) struct DecodeError(String);
+pub(crate) struct DecompressError(String);
 
-impl DecodeError {
+impl DecompressError {
     /// A failure with this reason.
     pub(crate) fn new(why: String) -> Self {
-        DecodeError(why)
+        DecompressError(why)
     }
 }
 
@@ -70,22 +70,22 @@ impl Codec {
     }
 
     /// Decodes a body this codec encoded; at most `max_len` bytes come out.
-    pub(crate) fn decode(self, stored: &Bytes, max_len: usize) -> Result<Bytes, DecodeError> {
+    pub(crate) fn decode(self, stored: &Bytes, max_len: usize) -> Result<Bytes, DecompressError> {
         if self == Codec::Raw {
             return Ok(stored.clone());
         }
         let declared = stored
             .get(..4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .ok_or_else(|| DecodeError("shorter than its length prefix".into()))?;
+            .ok_or_else(|| DecompressError("shorter than its length prefix".into()))?;
         if declared > max_len {
-            return Err(DecodeError(format!(
+            return Err(DecompressError(format!(
                 "declares {declared} bytes, over the {max_len}-byte limit"
             )));
         }
         lz4_flex::decompress_size_prepended(stored)
             .map(Bytes::from)
-            .map_err(|e| DecodeError(e.to_string()))
+            .map_err(|e| DecompressError(e.to_string()))
     }
 }
 

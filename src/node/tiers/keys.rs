@@ -4,9 +4,9 @@
 //! object routes' delete). Each scan is O(objects) under one tier lock at a time and takes no
 //! file I/O on the caller's thread: deleted L2 files go to the background tracker.
 
-use super::{Removed, TierId, TierSet, Tiers};
-use crate::node::disk;
-use crate::node::lru::Weighted;
+use super::disk;
+use super::{Deleted, TierId, TierSet, TieredStore};
+use crate::node::model::lru::Weighted;
 use std::sync::Arc;
 
 /// One listed object: its key and its size in the tier (body bytes in L1, file bytes in L2).
@@ -48,7 +48,7 @@ fn page_of<'a, V: Weighted + 'a>(
     (out, more)
 }
 
-impl Tiers {
+impl TieredStore {
     /// The keys of either tier for which `matches` holds (an O(objects) scan).
     pub(crate) fn keys_where(&self, matches: impl Fn(&str) -> bool) -> Vec<String> {
         // L1, then L2's index: the order `list` takes them in.
@@ -147,7 +147,7 @@ impl Tiers {
         which: TierSet,
         force: bool,
         matches: impl Fn(&str) -> bool,
-    ) -> Removed {
+    ) -> Deleted {
         let mut removed = std::collections::HashSet::new();
         let mut tokens = 0u64;
         if which.l1 {
@@ -172,7 +172,7 @@ impl Tiers {
                 }
             }
         }
-        let done = |removed: std::collections::HashSet<String>, tokens| Removed {
+        let done = |removed: std::collections::HashSet<String>, tokens| Deleted {
             keys: removed.len(),
             tokens,
         };

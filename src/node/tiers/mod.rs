@@ -1,30 +1,29 @@
 //! The node's two tiers put together: L1 (`Bytes` in memory) and L2 (one file per object),
 //! the store and prefetch policies, and pins for reads in progress. This file owns the tier
 //! types, the observers' calls, L1 and the operations that reach both tiers (PUT, GET, warm
-//! prefetch); L2's disk work is `tier_l2`'s (on tokio's blocking pool, never on the async
-//! threads), the scans over both tiers' keys `tier_keys`'s, the controller's commands
-//! `tier_ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
+//! prefetch); L2's disk work is `l2`'s (on tokio's blocking pool, never on the async
+//! threads), the scans over both tiers' keys `keys`'s, the controller's commands
+//! `ops`'s. The eviction rules themselves are `lru`'s; the file format is `disk`'s. No
 //! sockets here.
 
-use super::codec::ObjectMeta;
-use super::compress::Codec;
-use super::config::{L2Config, PrefetchPolicy};
-use super::lru::{EvictionPolicy, Insert, TierIndex, Weighted};
+use super::config::{L2Config, NodeConfig, PrefetchPolicy};
 use super::metrics::NodeMetrics;
+use super::model::codec::ObjectMeta;
+use super::model::compress::Codec;
+use super::model::lru::{EvictionPolicy, Inserted, TierIndex, Weighted};
+use crate::service::StartError;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::io;
 use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 
-#[path = "tier_l2.rs"]
+mod disk;
 mod l2;
 use l2::L2;
 
-#[path = "tier_keys.rs"]
 mod keys;
 
-#[path = "tier_ops.rs"]
 mod ops;
 pub(crate) use ops::Resolved;
 
@@ -71,7 +70,7 @@ impl TierSet {
 
 /// What a delete removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Removed {
+pub(crate) struct Deleted {
     /// Distinct keys.
     pub(crate) keys: usize,
     /// Tokens, summed tier by tier.
@@ -151,7 +150,7 @@ pub struct Recovery {
 }
 
 /// The object with its body as PUT (decoded off the async threads).
-pub(crate) async fn decode(obj: Object) -> Result<Object, super::compress::DecodeError> {
+pub(crate) async fn decode(obj: Object) -> Result<Object, super::model::compress::DecompressError> {
     if obj.codec == Codec::Raw {
         return Ok(obj);
     }
@@ -160,12 +159,12 @@ pub(crate) async fn decode(obj: Object) -> Result<Object, super::compress::Decod
     let limit = i32::MAX as usize;
     tokio::task::spawn_blocking(move || codec.decode(&data, limit))
         .await
-        .unwrap_or_else(|e| Err(super::compress::DecodeError::new(e.to_string())))
+        .unwrap_or_else(|e| Err(super::model::compress::DecompressError::new(e.to_string())))
         .map(|data| Object::raw(meta, data))
 }
 
 /// L1 + optional L2.
-pub(crate) struct Tiers {
+pub(crate) struct TieredStore {
     l1: Mutex<TierIndex<Object>>,
     l2: Option<L2>,
     metrics: Arc<NodeMetrics>,
@@ -175,7 +174,7 @@ pub(crate) struct Tiers {
 
 /// Holds a pin on an L1 object until dropped (the GET reply is written).
 pub(crate) struct Pin {
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     key: String,
 }
 
@@ -185,7 +184,27 @@ impl Drop for Pin {
     }
 }
 
-impl Tiers {
+impl TieredStore {
+    /// [`TieredStore::open`] for `kvplane node`'s configuration, off the async threads.
+    pub(crate) async fn start(
+        config: &NodeConfig,
+        metrics: Arc<NodeMetrics>,
+        tasks: TaskTracker,
+        observers: Observers,
+    ) -> Result<(Arc<Self>, Recovery), StartError> {
+        let (l1, l2) = (config.l1, config.l2.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            Self::open(l1, l2.as_ref(), metrics, tasks, observers)
+        })
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e)));
+        let (tiers, recovery) = opened.map_err(|source| {
+            let path = config.l2.as_ref().map(|c| c.path.display().to_string());
+            StartError::resource(format!("open L2 at {}", path.unwrap_or_default()), source)
+        })?;
+        Ok((Arc::new(tiers), recovery))
+    }
+
     /// Builds the tiers; with L2, prepares its directory and recovers every complete object
     /// (blocking: call before serving, off the async threads).
     pub(crate) fn open(
@@ -207,7 +226,7 @@ impl Tiers {
             }
         };
         Ok((
-            Tiers {
+            TieredStore {
                 l1: Mutex::new(TierIndex::new(l1)),
                 l2,
                 metrics,
@@ -239,7 +258,7 @@ impl Tiers {
         let existed = l1.contains(key);
         let bytes = obj.data.len() as u64;
         let admitted = match l1.insert(key, obj) {
-            Insert::Stored { evicted, .. } => {
+            Inserted::Stored { evicted, .. } => {
                 self.left(TierId::L1, &evicted);
                 if !existed {
                     self.tell(TierId::L1, key, bytes, true);
@@ -247,7 +266,7 @@ impl Tiers {
                 self.count_evicted("l1", &evicted);
                 true
             }
-            Insert::Refused(_) => {
+            Inserted::Refused(_) => {
                 self.metrics.stores_refused.with_label_values(&["l1"]).inc();
                 false
             }
@@ -321,7 +340,7 @@ impl Tiers {
         }
     }
 
-    /// As [`Tiers::get`], the object as stored (still encoded by a `compress` command).
+    /// As [`TieredStore::get`], the object as stored (still encoded by a `compress` command).
     pub(crate) async fn get_stored(self: &Arc<Self>, key: &str) -> Option<(Object, Option<Pin>)> {
         {
             let mut l1 = self.l1.lock();

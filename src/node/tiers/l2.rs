@@ -5,11 +5,11 @@
 //! `disk`'s; the eviction rules `lru`'s. Nothing here touches L1 except `skip_l1`'s drop of a
 //! PUT's L1 copy once its file is in place; no sockets.
 
-use super::{Announced, Object, Observers, Recovery, TierId, Tiers};
+use super::disk;
+use super::{Announced, Object, Observers, Recovery, TierId, TieredStore};
 use crate::node::config::{L2Config, PrefetchPolicy, StorePolicy};
-use crate::node::disk;
-use crate::node::lru::{Insert, TierIndex, Weighted};
 use crate::node::metrics::NodeMetrics;
+use crate::node::model::lru::{Inserted, TierIndex, Weighted};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io;
@@ -106,10 +106,10 @@ impl L2 {
                 generation: 0,
             };
             match index.insert(&f.key, entry) {
-                Insert::Stored { evicted, .. } => {
+                Inserted::Stored { evicted, .. } => {
                     over_budget.extend(evicted.into_iter().map(|(k, _)| k));
                 }
-                Insert::Refused(_) => over_budget.push(f.key),
+                Inserted::Refused(_) => over_budget.push(f.key),
             }
         }
         for key in &over_budget {
@@ -152,7 +152,7 @@ impl L2 {
     }
 }
 
-impl Tiers {
+impl TieredStore {
     /// Writes `obj` to L2 only (a move from L1, or a re-encoded L2 object) and waits for its
     /// file; returns whether it is in place.
     pub(crate) async fn store_l2(self: &Arc<Self>, key: &str, obj: Object) -> bool {
@@ -203,13 +203,13 @@ impl Tiers {
             // A replaced key stays announced: it never left L2.
             entry.announced = index.peek(key).is_some_and(|e| e.announced);
             match index.insert(key, entry) {
-                Insert::Stored { evicted, .. } => {
+                Inserted::Stored { evicted, .. } => {
                     // The writer holds a pin until its file is in place.
                     index.pin(key);
                     self.left(TierId::L2, &evicted);
                     evicted
                 }
-                Insert::Refused(_) => {
+                Inserted::Refused(_) => {
                     self.metrics.stores_refused.with_label_values(&["l2"]).inc();
                     return None;
                 }

@@ -8,7 +8,7 @@
 //! cost of a PUT (docs/BENCHMARKS.md).
 //!
 //! With `--l1-preallocate` a new mapping is first carved from the memory faulted in at start
-//! (`node/arena.rs`), so fresh PUTs run at the speed of a bare copy; once that is handed out,
+//! (`arena.rs`), so fresh PUTs run at the speed of a bare copy; once that is handed out,
 //! bodies get mappings of their own as above.
 //!
 //! When a body is dropped (evicted, deleted, replaced) its mapping goes back to a pool of

@@ -2,7 +2,7 @@
 //! peer's `peer_init_url` is its `lm://` address), then one HEALTH: replies come in request
 //! order on a connection, so its answer means every PUT before it was read and stored.
 
-use super::codec::{self, Command, ObjectMeta, Request, REPLY_HEADER_LEN};
+use crate::node::model::codec::{self, LmCommand, LmRequest, ObjectMeta, REPLY_HEADER_LEN};
 use bytes::Bytes;
 use std::io;
 use std::time::Duration;
@@ -39,8 +39,8 @@ impl PeerConn {
 
     /// Sends one PUT (no reply, as LMCache's protocol has it).
     pub(crate) async fn put(&mut self, obj: &Outgoing) -> io::Result<()> {
-        let header = codec::encode_request(&Request {
-            command: Command::Put,
+        let header = codec::encode_request(&LmRequest {
+            command: LmCommand::Put,
             length: obj.data.len(),
             meta: obj.meta,
             key: obj.key.clone(),
@@ -57,8 +57,8 @@ impl PeerConn {
 
     /// Sends HEALTH and waits for SUCCESS: every PUT before it was stored.
     pub(crate) async fn confirm(&mut self) -> io::Result<()> {
-        let header = codec::encode_request(&Request {
-            command: Command::Health,
+        let header = codec::encode_request(&LmRequest {
+            command: LmCommand::Health,
             length: 0,
             meta: ObjectMeta::default(),
             key: "kvplane-move".into(),

@@ -3,7 +3,7 @@
 //! written below is the flag's old name, read as a deprecated alias except where it is
 //! `kvplane serve`'s too (`KVPLANE_HOST`, `KVPLANE_PORT`, …). Parses nothing itself.
 
-use super::config::{
+use super::{
     gib_to_bytes, CoordinatorLinkConfig, EvictionPolicy, L2Config, NodeConfig, PrefetchPolicy,
     StorePolicy,
 };
@@ -288,7 +288,7 @@ impl NodeArgs {
         };
         let adapter = match self.l2_adapter.as_slice() {
             [] => None,
-            [one] => Some(super::config::parse_l2_adapter(one).map_err(adapter_err)?),
+            [one] => Some(super::l2_adapter::parse_l2_adapter(one).map_err(adapter_err)?),
             more => {
                 return Err(adapter_err(format!(
                     "{} adapters given: a node has one L2 tier (an L2 cascade is not built)",
@@ -384,9 +384,11 @@ impl NodeArgs {
             None => None,
             Some(url) => {
                 let (host, port) =
-                    super::parse_coordinator_url(url).map_err(|detail| ConfigError::Value {
-                        flag: "coordinator-url",
-                        detail,
+                    crate::node::coordinator_link::parse_url(url).map_err(|detail| {
+                        ConfigError::Value {
+                            flag: "coordinator-url",
+                            detail,
+                        }
                     })?;
                 let mut c = CoordinatorLinkConfig::new(host, port, instance_id.clone());
                 c.advertise_ip.clone_from(&self.coordinator_advertise_ip);
@@ -434,14 +436,15 @@ impl NodeArgs {
             l2,
             max_object_bytes,
             max_connections: config::at_least_one("max-connections", self.max_connections)?,
-            connection_model: super::config::ConnectionModel::parse(&self.lm_connection_model)
-                .ok_or_else(|| config::ConfigError::Value {
+            connection_model: super::ConnectionModel::parse(&self.lm_connection_model).ok_or_else(
+                || config::ConfigError::Value {
                     flag: "lm-connection-model",
                     detail: format!("{}: use `threads` or `tasks`", self.lm_connection_model),
-                })?,
+                },
+            )?,
             read_timeout: config::positive_seconds("read-timeout", self.read_timeout)?,
             max_list_bytes: config::at_least_one("max-list-bytes", self.max_list_bytes)?,
-            http: super::config::http_limits(
+            http: super::http_limits(
                 config::at_least_one("max-http-connections", self.max_http_connections)?,
                 config::positive_seconds("http-read-timeout", self.http_read_timeout)?,
             ),
@@ -451,7 +454,7 @@ impl NodeArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::config::{NodeConfig, PrefetchPolicy, StorePolicy};
+    use super::super::{NodeConfig, PrefetchPolicy, StorePolicy};
     use super::NodeArgs;
     use clap::Parser;
 

@@ -4,37 +4,46 @@
 //! controller's pins (`GET /pins`, `POST /unpin`: `pins`), and the
 //! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
 
-use super::metrics::NodeMetrics;
-use super::prefetch::Prefetches;
-use super::tiers::Tiers;
+mod dashboard;
+mod error;
+mod objects;
+mod openapi;
+mod pins;
+mod prefetch;
+
+use crate::node::config::NodeConfig;
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::keys::TokenChunks;
+use crate::node::model::prefetches::Prefetches;
+use crate::node::tiers::TieredStore;
 use crate::web::access::{Auth, Policy};
 use crate::web::exposition::Exposition;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
-use crate::web::HttpLimits;
-use axum::extract::rejection::QueryRejection;
 use axum::extract::State;
-use axum::extract::{Path, Query};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use serde_json::Value;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+/// What the routes reach.
 #[derive(Clone)]
 struct AppState {
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
-    chunks: super::commands::TokenChunks,
+    chunks: TokenChunks,
 }
 
 /// The coordinator's calls, which LMCache's coordinator makes without a token
 /// (`--api-token-peers` covers them), and the routes that never need one; the rest by
 /// method (GETs read; `POST /unpin`, an operator's, writes).
 pub(crate) fn policy(auth: Auth) -> Policy {
-    let routes = super::openapi::operations()
+    let routes = openapi::operations()
         .into_iter()
         .map(|op| (op.method, op.path, op.access))
         .collect();
@@ -43,14 +52,14 @@ pub(crate) fn policy(auth: Auth) -> Policy {
 
 /// The node's HTTP routes.
 pub(crate) fn router(
-    tiers: Arc<Tiers>,
+    config: &NodeConfig,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
-    prefetches: Arc<Prefetches>,
-    chunks: super::commands::TokenChunks,
-    limits: HttpLimits,
-    auth: Auth,
+    chunks: TokenChunks,
 ) -> Router {
-    let doc = Arc::new(super::openapi::document(&auth));
+    let (limits, auth) = (config.http, config.auth.clone());
+    let prefetches = Arc::new(Prefetches::new(config.max_prefetch_jobs, config.chunk_size));
+    let doc = Arc::new(openapi::document(&auth));
     let stack = Stack {
         policy: Arc::new(policy(auth)),
         limits,
@@ -66,47 +75,14 @@ pub(crate) fn router(
     };
     let http = Arc::clone(&stack.metrics);
     let routes = Router::new()
-        .merge(super::dashboard::routes(&tiers, &metrics))
+        .merge(dashboard::routes(&tiers, &metrics))
         .route("/metrics", get(metrics_route))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/cache/objects",
-            get(
-                |State(s): State<AppState>,
-                 q: Result<Query<super::objects::PageQuery>, QueryRejection>| {
-                    super::objects::list(s.tiers, s.metrics, q)
-                },
-            )
-            .delete(
-                |State(s): State<AppState>, body: Result<axum::body::Bytes, _>| {
-                    super::objects::delete(s.tiers, s.metrics, body)
-                },
-            ),
-        )
-        .route(
-            "/pins",
-            get(|State(s): State<AppState>| super::pins::list(s.tiers)),
-        )
-        .route(
-            "/unpin",
-            post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                super::pins::unpin(s.tiers, s.chunks, body)
-            }),
-        )
-        .route(
-            "/cache/prefetches",
-            post(|State(s): State<AppState>, body: axum::body::Bytes| {
-                super::prefetch::submit(s.tiers, s.metrics, s.prefetches, body)
-            }),
-        )
-        .route(
-            "/cache/prefetches/{request}",
-            get(
-                |State(s): State<AppState>, Path(request): Path<String>| async move {
-                    super::prefetch::poll(&s.prefetches, &request)
-                },
-            ),
-        )
+        .route("/cache/objects", get(objects::list).delete(objects::delete))
+        .route("/pins", get(pins::list))
+        .route("/unpin", post(pins::unpin))
+        .route("/cache/prefetches", post(prefetch::submit))
+        .route("/cache/prefetches/{request}", get(prefetch::poll))
         .route("/readyz", get(|| async { "ok\n" }))
         .route(
             "/openapi.json",
@@ -123,8 +99,31 @@ pub(crate) fn router(
         })
 }
 
+/// Serves `app` on `listener` until `shutdown`, on `tasks`.
+pub(crate) fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    config: &NodeConfig,
+    metrics: &Arc<NodeMetrics>,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+) {
+    let served = crate::web::serve(
+        listener,
+        app,
+        config.http,
+        crate::web::limits::counting_hook("node", refusals(Arc::clone(metrics))),
+        shutdown.clone(),
+    );
+    tasks.spawn(async move {
+        if let Err(e) = served.await {
+            tracing::error!("node HTTP server failed: {e}");
+        }
+    });
+}
+
 /// Counts a refusal of the node's HTTP listener in `http_limits_hit_total{limit}`.
-pub(crate) fn refusals(metrics: Arc<NodeMetrics>) -> RefusalCounter {
+fn refusals(metrics: Arc<NodeMetrics>) -> RefusalCounter {
     Arc::new(move |limit: WebLimit| {
         metrics
             .http_limits_hit

@@ -34,14 +34,14 @@ pub struct EvictionPolicy {
     pub lru: bool,
 }
 
-struct Slot<V> {
+struct LruEntry<V> {
     value: V,
     tick: u64,
     pins: u32,
     held: bool,
 }
 
-impl<V> Slot<V> {
+impl<V> LruEntry<V> {
     /// Neither pinned by a read nor held by a pin command.
     fn evictable(&self) -> bool {
         self.pins == 0 && !self.held
@@ -50,7 +50,7 @@ impl<V> Slot<V> {
 
 /// The result of an insert.
 #[derive(Debug)]
-pub(crate) enum Insert<V> {
+pub(crate) enum Inserted<V> {
     /// Stored (replacing any value under the key); these entries were evicted to make room.
     Stored {
         /// Evicted to make room.
@@ -67,7 +67,7 @@ pub(crate) struct TierIndex<V> {
     /// Entries held (kept here so reading it is O(1)).
     held: usize,
     clock: u64,
-    slots: HashMap<String, Slot<V>>,
+    slots: HashMap<String, LruEntry<V>>,
     order: BTreeMap<u64, String>,
 }
 
@@ -205,7 +205,7 @@ impl<V: Weighted> TierIndex<V> {
             .order
             .values()
             .filter(|k| skip != Some(k.as_str()))
-            .filter(|k| self.slots.get(k.as_str()).is_some_and(Slot::evictable))
+            .filter(|k| self.slots.get(k.as_str()).is_some_and(LruEntry::evictable))
             .scan(0u64, |acc, k| {
                 if *acc >= needed {
                     return None;
@@ -223,11 +223,11 @@ impl<V: Weighted> TierIndex<V> {
     }
 
     /// Stores `value` under `key` as most recently used, evicting to make room.
-    pub(crate) fn insert(&mut self, key: &str, value: V) -> Insert<V> {
+    pub(crate) fn insert(&mut self, key: &str, value: V) -> Inserted<V> {
         let size = value.bytes();
         let old_size = self.slots.get(key).map_or(0, |s| s.value.bytes());
         if size > self.policy.budget {
-            return Insert::Refused(value);
+            return Inserted::Refused(value);
         }
         let after = self.used - old_size + size;
         let mut evicted = Vec::new();
@@ -239,7 +239,7 @@ impl<V: Weighted> TierIndex<V> {
                 .map(|(_, s)| s.value.bytes())
                 .sum();
             if !self.policy.lru || after - evictable > self.policy.budget {
-                return Insert::Refused(value);
+                return Inserted::Refused(value);
             }
             evicted = self.evict_bytes(after - self.policy.budget, Some(key));
         }
@@ -250,7 +250,7 @@ impl<V: Weighted> TierIndex<V> {
                 self.used -= old.value.bytes();
                 self.slots.insert(
                     key.to_owned(),
-                    Slot {
+                    LruEntry {
                         value,
                         tick,
                         pins: old.pins,
@@ -261,7 +261,7 @@ impl<V: Weighted> TierIndex<V> {
             None => {
                 self.slots.insert(
                     key.to_owned(),
-                    Slot {
+                    LruEntry {
                         value,
                         tick,
                         pins: 0,
@@ -272,7 +272,7 @@ impl<V: Weighted> TierIndex<V> {
         }
         self.used += size;
         self.order.insert(tick, key.to_owned());
-        Insert::Stored { evicted }
+        Inserted::Stored { evicted }
     }
 
     /// Runs one eviction cycle if `used` is above the trigger watermark: frees at least
@@ -327,11 +327,11 @@ mod tests {
     fn watermark_cycle_frees_the_ratio_lru_first() {
         let mut t = tier(100, 0.8, 0.2);
         for k in ["a", "b", "c", "d"] {
-            assert!(matches!(t.insert(k, 20), Insert::Stored { .. }));
+            assert!(matches!(t.insert(k, 20), Inserted::Stored { .. }));
             assert!(t.evict_if_triggered().is_empty(), "80 is not above 80");
         }
         t.touch("a");
-        assert!(matches!(t.insert("e", 10), Insert::Stored { .. }));
+        assert!(matches!(t.insert("e", 10), Inserted::Stored { .. }));
         // 90 > 80: free ceil(0.2 × 90) = 18 bytes → the least recent, "b" (20).
         let out = t.evict_if_triggered();
         assert_eq!(evicted_keys(&out), ["b"]);
@@ -343,24 +343,24 @@ mod tests {
     fn insert_over_budget_evicts_to_fit_or_is_refused() {
         let mut t = tier(100, 1.0, 0.1);
         for k in ["a", "b", "c", "d", "e"] {
-            assert!(matches!(t.insert(k, 20), Insert::Stored { .. }));
+            assert!(matches!(t.insert(k, 20), Inserted::Stored { .. }));
         }
         match t.insert("f", 30) {
-            Insert::Stored { evicted, .. } => assert_eq!(evicted_keys(&evicted), ["a", "b"]),
-            Insert::Refused(_) => panic!("fits after eviction"),
+            Inserted::Stored { evicted, .. } => assert_eq!(evicted_keys(&evicted), ["a", "b"]),
+            Inserted::Refused(_) => panic!("fits after eviction"),
         }
         assert_eq!(t.used(), 90);
-        assert!(matches!(t.insert("huge", 101), Insert::Refused(101)));
+        assert!(matches!(t.insert("huge", 101), Inserted::Refused(101)));
         // Everything pinned: nothing can make room.
         for k in ["c", "d", "e", "f"] {
             assert!(t.pin(k));
         }
-        assert!(matches!(t.insert("g", 20), Insert::Refused(20)));
+        assert!(matches!(t.insert("g", 20), Inserted::Refused(20)));
         assert!(t.evict_if_triggered().is_empty());
         t.unpin("d");
         match t.insert("g", 20) {
-            Insert::Stored { evicted, .. } => assert_eq!(evicted_keys(&evicted), ["d"]),
-            Insert::Refused(_) => panic!("d is unpinned"),
+            Inserted::Stored { evicted, .. } => assert_eq!(evicted_keys(&evicted), ["d"]),
+            Inserted::Refused(_) => panic!("d is unpinned"),
         }
     }
 
@@ -374,8 +374,8 @@ mod tests {
         assert_eq!(evicted_keys(&out), ["b"]);
         assert!(t.contains("a"));
         match t.insert("a", 60) {
-            Insert::Stored { evicted } => assert!(evicted.is_empty()),
-            Insert::Refused(_) => panic!("fits"),
+            Inserted::Stored { evicted } => assert!(evicted.is_empty()),
+            Inserted::Refused(_) => panic!("fits"),
         }
         assert_eq!((t.used(), t.pins("a")), (60, 1));
         assert!(t.evict_if_triggered().is_empty(), "a is still pinned");
@@ -396,18 +396,18 @@ mod tests {
         t.unpin("a");
         assert_eq!(evicted_keys(&t.evict_if_triggered()), ["b"]);
         match t.insert("a", 40) {
-            Insert::Stored { .. } => {}
-            Insert::Refused(_) => panic!("fits"),
+            Inserted::Stored { .. } => {}
+            Inserted::Refused(_) => panic!("fits"),
         }
         assert!(t.is_held("a"), "replacement keeps the hold");
         // A store that could only fit by evicting the held entry is refused.
-        assert!(matches!(t.insert("c", 70), Insert::Refused(_)));
+        assert!(matches!(t.insert("c", 70), Inserted::Refused(_)));
         assert_eq!(t.held_count(), 1);
         assert!(t.set_held("a", false));
         assert_eq!(t.held_count(), 0);
         match t.insert("c", 70) {
-            Insert::Stored { evicted } => assert_eq!(evicted_keys(&evicted), ["a"]),
-            Insert::Refused(_) => panic!("a is released"),
+            Inserted::Stored { evicted } => assert_eq!(evicted_keys(&evicted), ["a"]),
+            Inserted::Refused(_) => panic!("a is released"),
         }
     }
 
@@ -421,7 +421,7 @@ mod tests {
         });
         t.insert("a", 30);
         assert!(t.evict_if_triggered().is_empty());
-        assert!(matches!(t.insert("b", 30), Insert::Refused(30)));
+        assert!(matches!(t.insert("b", 30), Inserted::Refused(30)));
         assert_eq!(t.remove("a"), Some(30));
         assert_eq!(t.used(), 0);
     }

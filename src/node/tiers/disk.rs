@@ -6,8 +6,8 @@
 //! Everything here blocks: callers run it on the blocking pool (`spawn_blocking`). The
 //! policy (what to keep, what to evict) lives in `lru` and `tiers`, not here.
 
-use super::codec::{ObjectMeta, MAX_KEY_LEN};
-use super::compress::Codec;
+use crate::node::model::codec::{ObjectMeta, MAX_KEY_LEN};
+use crate::node::model::compress::Codec;
 use bytes::{Bytes, BytesMut};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};

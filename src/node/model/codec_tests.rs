@@ -44,24 +44,24 @@ fn parses_and_reencodes_every_lmcache_request_vector() {
     let cases = [
         (
             "put",
-            Command::Put,
+            LmCommand::Put,
             4096,
             meta(1, 3, 0, [2, 32, 256, 1024]),
             KEY,
         ),
-        ("get", Command::Get, 0, meta(1, 2, 0, [0; 4]), KEY),
-        ("exist", Command::Exist, 0, meta(1, 2, 0, [0; 4]), KEY),
-        ("list", Command::List, 0, meta(0, 0, 0, [0; 4]), "x"),
+        ("get", LmCommand::Get, 0, meta(1, 2, 0, [0; 4]), KEY),
+        ("exist", LmCommand::Exist, 0, meta(1, 2, 0, [0; 4]), KEY),
+        ("list", LmCommand::List, 0, meta(0, 0, 0, [0; 4]), "x"),
         (
             "health",
-            Command::Health,
+            LmCommand::Health,
             0,
             meta(0, 0, 0, [0; 4]),
             "health",
         ),
         (
             "put_3d_located",
-            Command::Put,
+            LmCommand::Put,
             12,
             meta(4, 6, 2, [3, 2, 2, 0]),
             KEY,
@@ -72,7 +72,7 @@ fn parses_and_reencodes_every_lmcache_request_vector() {
         assert!(request_complete(&raw));
         assert!(!request_complete(&raw[..REQUEST_HEADER_LEN - 1]));
         let req = parse_request(&raw, 1 << 20).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let want = Request {
+        let want = LmRequest {
             command,
             length,
             meta: m,
@@ -94,17 +94,17 @@ fn encodes_replies_byte_identical_to_lmcache() {
     let cases = [
         (
             "reply_get_hit",
-            Reply {
+            LmReply {
                 code: CODE_SUCCESS,
                 length: 4096,
                 meta: meta(1, 3, 1, [2, 32, 256, 1024]),
             },
         ),
-        ("reply_fail", Reply::fail()),
-        ("reply_success_empty", Reply::success()),
+        ("reply_fail", LmReply::fail()),
+        ("reply_success_empty", LmReply::success()),
         (
             "reply_3d",
-            Reply {
+            LmReply {
                 code: CODE_SUCCESS,
                 length: 12,
                 meta: meta(4, 6, 2, [3, 2, 2, 0]),
@@ -146,8 +146,8 @@ fn bad_headers_are_typed_errors_with_stable_reasons() {
     }
     // A PUT exactly at the limit is fine; one byte over is not.
     assert!(parse_request(&with_ints([1, 1024, 0, 0, 0, 0, 0, 0, 0], b"k"), 1024).is_ok());
-    let too_long = Request {
-        command: Command::Get,
+    let too_long = LmRequest {
+        command: LmCommand::Get,
         length: 0,
         meta: ObjectMeta::default(),
         key: "k".repeat(151),

@@ -10,13 +10,15 @@
 //! worker's [`KeySource`]: a full sync (after a controller restart, a full queue, or at the
 //! first registration after a node restart) sends exactly what the tiers hold.
 //!
-//! Never blocks the data path: the tiers call [`Reporter::changed`] under their locks; it
+//! Never blocks the data path: the tiers call [`ControllerReporter::changed`] under their locks; it
 //! takes one short lock and hands the op to the worker's bounded queue (`try_send`). The
 //! worker batches ops per location (`batch_size` ops or `flush_interval`, whichever first);
 //! an op refused by a full queue is counted and the worker resynchronises with a full sync.
 
-use super::metrics::NodeMetrics;
-use super::tiers::{TierId, TierObserver};
+use super::{location, LOCAL_DISK_BACKEND};
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::keys::{chunk_hash, key_rank};
+use crate::node::tiers::{TierId, TierObserver};
 use crate::protocol::ChunkHash;
 use crate::worker::{KeySource, WorkerError, WorkerHandle, LOCAL_CPU_BACKEND};
 use parking_lot::{Mutex, RwLock};
@@ -24,59 +26,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 
-/// LMCache's name of its local-disk backend (`str(LocalDiskBackend)`), the L2 location.
-pub(crate) const LOCAL_DISK_BACKEND: &str = "LocalDiskBackend";
-
-/// The controller location of a tier.
-pub(crate) fn location(tier: TierId) -> &'static str {
-    match tier {
-        TierId::L1 => LOCAL_CPU_BACKEND,
-        TierId::L2 => LOCAL_DISK_BACKEND,
-    }
-}
-
-/// The chunk hash of an LMCache key string: its fourth `@` field, hex with an optional `-`
-/// (`f"{chunk_hash:x}"` of a Python int, negative for CPython's `hash`). A digest longer than
-/// 64 bits (`bytes.hex()`) is folded to its first 8 bytes, big-endian, as LMCache's controller
-/// folds digests. `None` for keys of another shape.
-pub(crate) fn chunk_hash(key: &str) -> Option<ChunkHash> {
-    let mut parts = key.split('@');
-    let _model = parts.next()?;
-    parts.next()?.parse::<u32>().ok()?;
-    parts.next()?.parse::<u32>().ok()?;
-    let hex = parts.next()?;
-    let (negative, digits) = match hex.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, hex),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    if negative {
-        let v = i128::from_str_radix(digits, 16).ok()?;
-        return ChunkHash::from_i128(-v);
-    }
-    // An int's hex has at most 16 digits; a longer string is a digest's `bytes.hex()`.
-    let digits = digits.get(..16).unwrap_or(digits);
-    u64::from_str_radix(digits, 16)
-        .ok()
-        .map(ChunkHash::from_u64)
-}
-
-/// The TP rank of an LMCache key string: its third `@` field (`worker_id`). `None` for keys
-/// of another shape.
-pub(crate) fn key_rank(key: &str) -> Option<u32> {
-    let mut parts = key.split('@');
-    parts.next()?;
-    parts.next()?.parse::<u32>().ok()?;
-    parts.next()?.parse::<u32>().ok()
-}
-
 /// Most TP ranks the node registers a worker for; keys of higher ranks are not reported.
 pub(crate) const MAX_RANKS: u32 = 256;
 
 /// Holders per (rank, tier, hash); one worker per rank once it is started.
-pub(crate) struct Reporter {
+pub(crate) struct ControllerReporter {
     counts: Mutex<HashMap<(u32, TierId, ChunkHash), u32>>,
     workers: RwLock<HashMap<u32, WorkerHandle>>,
     /// Ranks asked for (started or starting).
@@ -87,11 +41,11 @@ pub(crate) struct Reporter {
     l2: bool,
 }
 
-impl Reporter {
+impl ControllerReporter {
     /// A reporter with no worker yet (ops before a rank's worker starts only update the
     /// counts, which its first registration's full sync sends).
     pub(crate) fn new(metrics: Arc<NodeMetrics>, l2: bool) -> Self {
-        Reporter {
+        ControllerReporter {
             counts: Mutex::new(HashMap::new()),
             workers: RwLock::new(HashMap::new()),
             requested: Mutex::new(HashSet::new()),
@@ -147,7 +101,7 @@ impl Reporter {
     }
 }
 
-impl TierObserver for Reporter {
+impl TierObserver for ControllerReporter {
     fn changed(&self, tier: TierId, key: &str, _bytes: u64, admitted: bool) {
         let (Some(hash), Some(rank)) = (chunk_hash(key), key_rank(key).filter(|r| *r < MAX_RANKS))
         else {
@@ -201,7 +155,7 @@ impl TierObserver for Reporter {
 
 /// One rank's share of the reporter's counts, for its worker's full syncs.
 pub(crate) struct ReportedKeys {
-    pub(crate) reporter: Arc<Reporter>,
+    pub(crate) reporter: Arc<ControllerReporter>,
     pub(crate) rank: u32,
 }
 
@@ -237,43 +191,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_lmcache_chunk_hashes() {
-        assert_eq!(
-            chunk_hash("m@1@0@ff@bfloat16"),
-            Some(ChunkHash::from_u64(255))
-        );
-        assert_eq!(
-            chunk_hash("m/x@2@1@-1a@half@k%v"),
-            Some(ChunkHash::from_i64(-26))
-        );
-        assert_eq!(
-            chunk_hash("m@1@0@ffffffffffffffff@bf16"),
-            Some(ChunkHash::from_u64(u64::MAX))
-        );
-        assert_eq!(
-            chunk_hash("m@1@0@-8000000000000000@bf16"),
-            Some(ChunkHash::from_i64(i64::MIN))
-        );
-        // A blake3 digest folds to its first 8 bytes.
-        let digest = format!("0102030405060708{}", "ab".repeat(24));
-        assert_eq!(
-            chunk_hash(&format!("m@1@0@{digest}@bf16")),
-            Some(ChunkHash::from_u64(0x0102_0304_0506_0708))
-        );
-        for bad in [
-            "plain",
-            "m@1@0@xyz@bf16",
-            "m@one@0@ff@bf16",
-            "m@1@0@-@bf16",
-            "m@1@0@-10000000000000000@bf16",
-        ] {
-            assert_eq!(chunk_hash(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
     fn counts_holders_per_rank_hash_and_tier() {
-        let r = Arc::new(Reporter::new(Arc::new(NodeMetrics::new()), true));
+        let r = Arc::new(ControllerReporter::new(Arc::new(NodeMetrics::new()), true));
         r.changed(TierId::L1, "m@2@0@aa@bf16", 1, true);
         r.changed(TierId::L1, "m@2@0@aa@fp8", 1, true);
         r.changed(TierId::L1, "m@2@1@aa@bf16", 1, true);

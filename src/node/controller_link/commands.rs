@@ -14,38 +14,18 @@
 //!   GET still returns the bytes that were PUT. Without tokens, every object of the tier.
 //! - `health`: 0.
 
-use super::compress::Codec;
-use super::metrics::NodeMetrics;
 use super::peer::{Outgoing, PeerConn};
-use super::report::{key_rank, location};
-use super::tiers::{decode, Resolved, TierId, TierSet, Tiers};
-use crate::protocol::token_hash::chunk_hashes;
+use super::{location, tier_of};
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::compress::Codec;
+use crate::node::model::keys::{key_rank, TokenChunks};
+use crate::node::tiers::{decode, Resolved, TierId, TierSet, TieredStore};
 use crate::protocol::{
-    ChunkHash, ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, MoveWorkerMsg, PinWorkerMsg,
+    ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, MoveWorkerMsg, PinWorkerMsg,
 };
 use crate::worker::{CommandError, CommandHandler, CommandResult};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How tokens become chunk hashes (an LMCache worker's builtin-hash chain).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct TokenChunks {
-    /// Tokens per chunk (LMCache's `chunk_size`).
-    pub(crate) chunk_size: usize,
-    /// The chain's starting hash (LMCache's `NONE_HASH`, the controller's
-    /// `--lookup-none-hash`).
-    pub(crate) none_hash: ChunkHash,
-}
-
-impl TokenChunks {
-    /// Each chunk's end and hash.
-    pub(crate) fn of(&self, tokens: &[i64]) -> Vec<(usize, ChunkHash)> {
-        chunk_hashes(tokens, self.chunk_size, self.none_hash)
-            .into_iter()
-            .map(|c| (c.end, c.hash))
-            .collect()
-    }
-}
 
 /// How the node maps tokens to keys, and where it is.
 #[derive(Debug, Clone)]
@@ -60,22 +40,11 @@ pub(crate) struct CommandConfig {
 
 /// The [`CommandHandler`] of one worker (one TP rank) of the node.
 pub(crate) struct NodeCommands {
-    pub(crate) tiers: Arc<Tiers>,
+    pub(crate) tiers: Arc<TieredStore>,
     pub(crate) metrics: Arc<NodeMetrics>,
     pub(crate) config: Arc<CommandConfig>,
     /// The TP rank this worker answers for; `None`: every rank (one worker for the node).
     pub(crate) rank: Option<u32>,
-}
-
-/// The tier a controller location names.
-pub(crate) fn tier_of(loc: &str) -> Option<TierId> {
-    if loc == location(TierId::L1) {
-        Some(TierId::L1)
-    } else if loc == location(TierId::L2) {
-        Some(TierId::L2)
-    } else {
-        None
-    }
 }
 
 fn tokens_i64(n: u64) -> i64 {
@@ -293,18 +262,5 @@ impl CommandHandler for NodeCommands {
         let result = self.move_inner(req).await;
         self.count("move", &result);
         result
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn locations_name_one_tier_each() {
-        assert_eq!(tier_of("LocalCPUBackend"), Some(TierId::L1));
-        assert_eq!(tier_of("LocalDiskBackend"), Some(TierId::L2));
-        assert_eq!(tier_of("GPU"), None);
-        assert_eq!(tier_of(""), None);
     }
 }

@@ -1,15 +1,17 @@
 //! One `lm://` connection: the loop that reads its requests in order, answers them in order
 //! (LMCache's client holds one lock per connection and expects replies in request order) and
 //! never lets bad input reach past its own connection, over an I/O trait so that a runtime
-//! task (`TcpStream`) and a thread of its own (`server_threads`) run the same loop.
+//! task (`TcpStream`) and a thread of its own (`threads`) run the same loop.
 //!
 //! Owns the per-request work and its metrics; must not accept connections or know which
 //! model runs it.
 
 use super::buffers::BodyPool;
-use super::codec::{self, CodecError, Command, Reply, Request, REQUEST_HEADER_LEN};
-use super::metrics::NodeMetrics;
-use super::tiers::{Object, Tiers};
+use crate::node::metrics::NodeMetrics;
+use crate::node::model::codec::{
+    self, CodecError, LmCommand, LmReply, LmRequest, REQUEST_HEADER_LEN,
+};
+use crate::node::tiers::{Object, TieredStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,7 +21,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 /// What every connection task shares.
 pub(crate) struct ConnContext {
-    pub(crate) tiers: Arc<Tiers>,
+    pub(crate) tiers: Arc<TieredStore>,
     pub(crate) metrics: Arc<NodeMetrics>,
     pub(crate) max_object_bytes: usize,
     pub(crate) read_timeout: Duration,
@@ -68,7 +70,7 @@ pub(crate) enum Stop {
 }
 
 /// How a connection's bytes travel: a runtime task on a tokio socket ([`TcpStream`]), or a
-/// thread of its own on a blocking socket (`server_threads`). The connection loop below is
+/// thread of its own on a blocking socket (`threads`). The connection loop below is
 /// the same for both.
 pub(crate) trait LmIo {
     /// Reads what the peer sends next, waiting as long as it takes (idle between requests
@@ -182,7 +184,7 @@ async fn refuse(
     tracing::debug!("bad request: {err}");
     let is_put = header[..4] == 1i32.to_le_bytes();
     if !is_put {
-        write_reply(io, &Reply::fail()).await?;
+        write_reply(io, &LmReply::fail()).await?;
     }
     if err.framing_intact() && !is_put {
         Ok(())
@@ -192,21 +194,21 @@ async fn refuse(
     }
 }
 
-async fn write_reply(io: &mut impl LmIo, reply: &Reply) -> Result<(), Stop> {
+async fn write_reply(io: &mut impl LmIo, reply: &LmReply) -> Result<(), Stop> {
     let raw = codec::encode_reply(reply).map_err(|_| Stop::Aborted("io"))?;
     io.write_all(&raw).await
 }
 
-fn count(ctx: &ConnContext, command: Command, outcome: &str) {
+fn count(ctx: &ConnContext, command: LmCommand, outcome: &str) {
     ctx.metrics
         .requests
         .with_label_values(&[command.label(), outcome])
         .inc();
 }
 
-async fn handle(io: &mut impl LmIo, ctx: &ConnContext, req: Request) -> Result<(), Stop> {
+async fn handle(io: &mut impl LmIo, ctx: &ConnContext, req: LmRequest) -> Result<(), Stop> {
     match req.command {
-        Command::Put => {
+        LmCommand::Put => {
             // Straight into the object's final buffer: no intermediate copies.
             let mut body = ctx.bodies.take(req.length);
             while !body.is_full() {
@@ -219,13 +221,13 @@ async fn handle(io: &mut impl LmIo, ctx: &ConnContext, req: Request) -> Result<(
             ctx.tiers
                 .put(req.key, Object::raw(req.meta, body.freeze()))
                 .await;
-            count(ctx, Command::Put, "ok");
+            count(ctx, LmCommand::Put, "ok");
             Ok(())
         }
-        Command::Get => match ctx.tiers.get(&req.key).await {
+        LmCommand::Get => match ctx.tiers.get(&req.key).await {
             Some((obj, pin)) => {
-                count(ctx, Command::Get, "hit");
-                let reply = Reply {
+                count(ctx, LmCommand::Get, "hit");
+                let reply = LmReply {
                     code: codec::CODE_SUCCESS,
                     length: obj.data.len(),
                     meta: obj.meta,
@@ -237,29 +239,33 @@ async fn handle(io: &mut impl LmIo, ctx: &ConnContext, req: Request) -> Result<(
                 Ok(())
             }
             None => {
-                count(ctx, Command::Get, "miss");
-                write_reply(io, &Reply::fail()).await
+                count(ctx, LmCommand::Get, "miss");
+                write_reply(io, &LmReply::fail()).await
             }
         },
-        Command::Exist => {
+        LmCommand::Exist => {
             let hit = ctx.tiers.exists(&req.key);
-            count(ctx, Command::Exist, if hit { "hit" } else { "miss" });
-            let reply = if hit { Reply::success() } else { Reply::fail() };
+            count(ctx, LmCommand::Exist, if hit { "hit" } else { "miss" });
+            let reply = if hit {
+                LmReply::success()
+            } else {
+                LmReply::fail()
+            };
             write_reply(io, &reply).await
         }
-        Command::List => {
+        LmCommand::List => {
             let body = ctx.tiers.list(ctx.max_list_bytes);
-            count(ctx, Command::List, "ok");
-            let reply = Reply {
+            count(ctx, LmCommand::List, "ok");
+            let reply = LmReply {
                 length: body.len(),
-                ..Reply::success()
+                ..LmReply::success()
             };
             write_reply(io, &reply).await?;
             io.write_all(&body).await
         }
-        Command::Health => {
-            count(ctx, Command::Health, "ok");
-            write_reply(io, &Reply::success()).await
+        LmCommand::Health => {
+            count(ctx, LmCommand::Health, "ok");
+            write_reply(io, &LmReply::success()).await
         }
     }
 }

@@ -10,8 +10,8 @@
 //! the node's own prometheus registry (never `with_label_values` on a read, which would
 //! create empty series in `/metrics`).
 
-use super::metrics::NodeMetrics;
-use super::tiers::Tiers;
+use crate::node::metrics::NodeMetrics;
+use crate::node::tiers::TieredStore;
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
@@ -29,14 +29,14 @@ const MAX_SERIES: usize = 16;
 
 #[derive(Clone)]
 struct Dash {
-    tiers: Arc<Tiers>,
+    tiers: Arc<TieredStore>,
     metrics: Arc<NodeMetrics>,
     history: Arc<History>,
 }
 
 /// The dashboard's routes, and its sampler (which ends when these routes are dropped).
 pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
-    tiers: &Arc<Tiers>,
+    tiers: &Arc<TieredStore>,
     metrics: &Arc<NodeMetrics>,
 ) -> Router<S> {
     let history = Arc::new(History::dashboard(MAX_SERIES));
@@ -83,7 +83,7 @@ fn read(metric: &impl Collector, want: &[(&str, &str)]) -> u64 {
 
 /// One tier's figures.
 #[derive(Serialize)]
-struct Tier {
+struct TierFigures {
     bytes: u64,
     objects: usize,
     /// The byte budget (`--l1-size-gb` / `--l2-size-gb`).
@@ -129,9 +129,9 @@ struct Feed {
     server_time: f64,
     version: &'static str,
     service: &'static str,
-    l1: Tier,
+    l1: TierFigures,
     /// `null` without `--l2-path`.
-    l2: Option<Tier>,
+    l2: Option<TierFigures>,
     counters: Counters,
     /// By command name; empty until the controller sends one.
     commands: Vec<CommandRuns>,
@@ -139,14 +139,14 @@ struct Feed {
     history: Option<HistoryPage>,
 }
 
-fn tier(tiers: &super::TierUsage, m: &NodeMetrics, name: &str, pinned: usize) -> Tier {
+fn tier(tiers: &crate::node::TierUsage, m: &NodeMetrics, name: &str, pinned: usize) -> TierFigures {
     let (bytes, objects) = if name == "l1" {
         (tiers.l1_bytes, tiers.l1_objects)
     } else {
         (tiers.l2_bytes, tiers.l2_objects)
     };
     let t = [("tier", name)];
-    Tier {
+    TierFigures {
         bytes,
         objects,
         capacity_bytes: read(&m.tier_capacity_bytes, &t),
@@ -219,7 +219,7 @@ fn has_l2(m: &NodeMetrics) -> bool {
 }
 
 /// One history sample: tier gauges, then cumulative counters.
-fn sample(tiers: &Tiers, m: &NodeMetrics, now: f64) -> Sample {
+fn sample(tiers: &TieredStore, m: &NodeMetrics, now: f64) -> Sample {
     let u = tiers.usage();
     let c = counters(m);
     let ev = |t: &str| read(&m.evictions, &[("tier", t)]) as f64;

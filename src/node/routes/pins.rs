@@ -3,16 +3,16 @@
 //! no unpin (an LMCache worker's pins end with the request that made them), so a node, whose
 //! pins last until released, takes the release here.
 
-use super::commands::{tier_of, TokenChunks};
-use super::report::location;
-use super::tiers::{TierId, Tiers};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use super::error::NodeError;
+use super::AppState;
+use crate::node::controller_link::location;
+use crate::node::controller_link::tier_of;
+use crate::node::tiers::TierId;
+use axum::extract::State;
 use axum::Json;
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::json;
-use std::sync::Arc;
+use serde_json::{json, Value};
 
 /// Keys named per tier in `GET /pins`.
 const LISTED_KEYS: usize = 1000;
@@ -28,12 +28,9 @@ struct UnpinBody {
     tokens: Option<Vec<i64>>,
 }
 
-fn detail(status: StatusCode, text: String) -> Response {
-    crate::web::error::ApiError::of_status(status, text).into_response()
-}
-
 /// `GET /pins` → `{"LocalCPUBackend": {"count": n, "keys": [...]}, "LocalDiskBackend": …}`.
-pub(crate) async fn list(tiers: Arc<Tiers>) -> Response {
+pub(super) async fn list(State(s): State<AppState>) -> Json<Value> {
+    let tiers = &s.tiers;
     let mut out = serde_json::Map::new();
     for tier in [TierId::L1, TierId::L2] {
         let keys = tiers.held_keys(tier);
@@ -45,35 +42,33 @@ pub(crate) async fn list(tiers: Arc<Tiers>) -> Response {
             }),
         );
     }
-    Json(serde_json::Value::Object(out)).into_response()
+    Json(Value::Object(out))
 }
 
 /// `POST /unpin {"location"?, "tokens"?}` → `{"released": objects, "num_tokens": prefix}`.
-pub(crate) async fn unpin(tiers: Arc<Tiers>, chunks: TokenChunks, body: Bytes) -> Response {
+pub(super) async fn unpin(
+    State(s): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, NodeError> {
+    let (tiers, chunks) = (&s.tiers, s.chunks);
     let parsed: UnpinBody = if body.is_empty() {
         UnpinBody {
             location: None,
             tokens: None,
         }
     } else {
-        match crate::web::body::read(&body) {
-            Ok(b) => b,
-            Err(e) => return detail(StatusCode::UNPROCESSABLE_ENTITY, format!("body: {e}")),
-        }
+        crate::web::body::read(&body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?
     };
     let which: Vec<TierId> = match parsed.location.as_deref() {
         None => vec![TierId::L1, TierId::L2],
         Some(loc) => match tier_of(loc) {
             Some(t) => vec![t],
             None => {
-                return detail(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "unknown location {loc:?}: {} or {}",
-                        location(TierId::L1),
-                        location(TierId::L2)
-                    ),
-                )
+                return Err(NodeError::Unsupported(format!(
+                    "unknown location {loc:?}: {} or {}",
+                    location(TierId::L1),
+                    location(TierId::L2)
+                )))
             }
         },
     };
@@ -88,15 +83,12 @@ pub(crate) async fn unpin(tiers: Arc<Tiers>, chunks: TokenChunks, body: Bytes) -
             }
             None => tiers.held_keys(tier),
         };
-        match tiers.hold(tier, &keys, false).await {
-            Ok(n) => released += n,
-            Err(e) => {
-                return detail(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("cannot record the release: {e}"),
-                )
-            }
-        }
+        released += tiers
+            .hold(tier, &keys, false)
+            .await
+            .map_err(|e| NodeError::Internal(format!("cannot record the release: {e}")))?;
     }
-    Json(json!({ "released": released, "num_tokens": num_tokens })).into_response()
+    Ok(Json(
+        json!({ "released": released, "num_tokens": num_tokens }),
+    ))
 }
