@@ -5,7 +5,7 @@
 //! log and applies each record to the [`CoordinatorState`] it keeps, binding no port. One
 //! process holds the `coordinator` lease: it serves HTTP, runs the health sweep, the eviction
 //! loop (the only dispatcher) and, when needed, the startup resync, and logs every change it
-//! applies (each in the owner job that applies it: `super::logged`). When the lease lapses, a
+//! applies (each in the owner job that applies it: `super::state::logged`). When the lease lapses, a
 //! standby takes it over: the core announces the new epoch and reads the log up to it; then
 //! the followed state is handed to the owners, which log the operator state as a whole first,
 //! and the startup resync runs only if that state is not known to be complete. The leader
@@ -14,8 +14,8 @@
 //! sync publish snapshots (the core), so one started after the stream dropped the log's start
 //! restores the latest and is in sync.
 
-use super::changes::CoordinatorState;
-use super::driver::{wall_now, Dispatcher};
+use super::state::changes::CoordinatorState;
+use super::state::driver::{wall_now, Dispatcher};
 use super::CoordinatorConfig;
 use crate::cluster::{ClusterConfig, Follower, LeaseGuard, Owned};
 use crate::service::StartError;

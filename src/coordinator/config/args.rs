@@ -7,15 +7,13 @@
 //!
 //! Parses nothing from the process itself: the binary's command line and `serve` call in.
 
-use super::resync::ResyncConfig;
+use super::args_056 as v056;
 use super::CoordinatorConfig;
 use crate::config::{self, defaults::coordinator as d, ConfigError};
+use crate::coordinator::state::resync::ResyncConfig;
 use crate::service::layers::{self, Alias, Convert, Embedded, LayerError, Layout};
 use clap::{Args, Command};
 use std::time::Duration;
-
-#[path = "args_056.rs"]
-mod v056;
 
 /// Flags of `kvplane coordinator` (the LMCache MP coordinator), as given.
 #[derive(Debug, Clone, Args)]
@@ -159,7 +157,7 @@ fn off_or_period(flag: &'static str, v: f64) -> Result<Option<Duration>, ConfigE
     }
 }
 
-fn refuse(flag: &'static str, detail: impl Into<String>) -> ConfigError {
+pub(super) fn refuse(flag: &'static str, detail: impl Into<String>) -> ConfigError {
     ConfigError::Value {
         flag,
         detail: detail.into(),

@@ -1,10 +1,10 @@
 //! The LMCache 0.5.6 coordinator flags beyond the seed's (spec §1.1), and the seed's
 //! `--blend-chunk-size` alias: each honoured, or refused at startup with a message naming
-//! what to do instead. Layered like the others (`super`).
+//! what to do instead. Layered like the others (`super::args`).
 
-use super::refuse;
+use super::args::refuse;
 use crate::config::{self, ConfigError};
-use crate::coordinator::checkpoint::{self, CheckpointConfig};
+use crate::coordinator::state::checkpoint::{self, CheckpointConfig};
 use crate::coordinator::CoordinatorConfig;
 use clap::Args;
 

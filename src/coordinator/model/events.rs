@@ -403,7 +403,7 @@ pub fn for_ops(tokens: &[ChunkTokens], ops: &[Op]) -> Vec<ChunkTokens> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::tokens::{WireTokens, UNKNOWN_OFFSET};
+    use crate::coordinator::model::tokens::{WireTokens, UNKNOWN_OFFSET};
 
     #[test]
     fn out_of_range_tokens_drop_only_the_tokens() {

@@ -97,10 +97,11 @@ impl Model {
             // the way. The walk looks at most at n, the pins, the keys in flight and n more.
             let budget = 2 * n + self.pins.len() + self.in_flight.len();
             let (pins, in_flight) = (&self.pins, &self.in_flight);
-            let skip = |keys: &KeyStore, i: u32, k: &crate::coordinator::keys::CompactKey| {
-                in_flight.contains_key(&i)
-                    || (!pins.is_empty() && pins.contains(&keys.encode(&salt, k)))
-            };
+            let skip =
+                |keys: &KeyStore, i: u32, k: &crate::coordinator::model::keys::CompactKey| {
+                    in_flight.contains_key(&i)
+                        || (!pins.is_empty() && pins.contains(&keys.encode(&salt, k)))
+                };
             let found = self.keys.oldest_live(&salt, n, budget, skip);
             for (i, k, placements) in found {
                 let key = self.keys.encode(&salt, &k);

@@ -2,8 +2,8 @@
 //!
 //! Pure: the caller passes `now` (a monotonic instant) and the wall-clock registration time.
 //! Owns nothing but the instance table and its two counters. It has its own small owner task
-//! ([`super::driver`]), apart from the key model's, so a heartbeat never waits behind event
-//! ingest; the driver tells the model ([`super::model`]) to drop the event cursors of the
+//! ([`crate::coordinator::state::driver`]), apart from the key model's, so a heartbeat never waits behind event
+//! ingest; the driver tells the model ([`crate::coordinator::model`]) to drop the event cursors of the
 //! instances [`Fleet::sweep`] and [`Fleet::remove`] take out.
 
 use indexmap::IndexMap;

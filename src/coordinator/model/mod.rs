@@ -1,6 +1,24 @@
-//! The coordinator's key state as one plain struct with plain methods: event gate, tracked
+//! The coordinator's pure state: no I/O, no clock (`now` is passed in), no task. What the
+//! owners in [`crate::coordinator::state`] hold and change.
+//!
+//! - [`objkey`] — object keys: the wire form and the compact one.
+//! - [`keys`] — tracked L2 keys and their copies per holder and backend: compact 56-byte
+//!   slots, per-salt usage and LRU lists.
+//! - [`holders`] — the servers (live or departed) and the fleet holding copies; backends.
+//! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
+//! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
+//!   `POST /events`) and the per-instance sequence gate.
+//! - [`usage`] — bytes per instance and compartment against declared capacities.
+//! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes, [`chunk_hash`]), and the
+//!   pin table.
+//! - [`metadata`] — the operator-set state (quotas, the default quota, pins) as one document.
+//! - [`directory`] — the key directory (0.5.6's `/directory/*`): placements per holder,
+//!   access counts, token ids once per chunk; [`blend`] its CacheBlend content index;
+//!   [`tokens`] the store events' token ids as batches carry them.
+//!
+//! [`Model`]: the coordinator's key state as one plain struct with plain methods: event gate, tracked
 //! keys, quotas, pins and the counters behind the metrics. Fleet membership is not here: it
-//! is the [`Fleet`](super::fleet::Fleet), owned by its own small task so that heartbeats
+//! is the [`Fleet`](fleet::Fleet), owned by its own small task so that heartbeats
 //! never wait behind this model's work.
 //!
 //! No I/O and no clock (the wall-clock time of a departure is passed in): the eviction
@@ -10,15 +28,28 @@
 //! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
 //! owner answers other requests between the slices of a large request.
 
-use super::directory::DirectoryConfig;
-use super::events::{Admit, Batch, Gate, Op, Tier};
-use super::fleet::Instance;
-use super::holders::FLEET;
-use super::keys::{EncodedKey, KeyError, KeyStore, Limits, Refused};
-use super::pins::Pins;
-use super::usage::{FleetStatus, InstanceStatus, Module, Usage};
+pub mod blend;
+pub mod chunk_hash;
+pub mod directory;
+pub mod events;
+pub mod fleet;
+pub mod holders;
+pub mod keys;
+pub mod metadata;
+pub mod objkey;
+pub mod pins;
+pub mod tokens;
+pub mod usage;
+
+use directory::DirectoryConfig;
+use events::{Admit, Batch, Gate, Op, Tier};
+use fleet::Instance;
+use holders::FLEET;
+use keys::{EncodedKey, KeyError, KeyStore, Limits, Refused};
+use pins::Pins;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use usage::{FleetStatus, InstanceStatus, Module, Usage};
 
 /// Bytes in one GiB (quota limits are given in GiB).
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -154,16 +185,16 @@ pub struct ModelDump {
     /// Event cursors `(instance, incarnation, last seq)`.
     pub cursors: Vec<(String, u64, u64)>,
     /// Tracked keys in LRU order.
-    pub keys: super::keys::KeysDump,
+    pub keys: keys::KeysDump,
     /// Quotas, default quota and pins (`saved_at` 0).
-    pub metadata: super::metadata::Metadata,
+    pub metadata: metadata::Metadata,
     /// Bytes per instance and compartment, declarations, L1 placements.
-    pub usage: super::usage::UsageDump,
+    pub usage: usage::UsageDump,
     /// The metrics' counters.
     pub counters: Counters,
     /// The key directory (placements, access counts, token ids).
     #[serde(default)]
-    pub directory: super::directory::DirectoryDump,
+    pub directory: directory::DirectoryDump,
 }
 
 /// The coordinator state.
@@ -188,7 +219,7 @@ pub struct Model {
     /// Eviction cycles planned.
     cycle: u64,
     /// The key directory (`/directory/*`), fed by the same admitted batches.
-    pub directory: super::directory::Directory,
+    pub directory: directory::Directory,
 }
 
 impl Model {
@@ -207,7 +238,7 @@ impl Model {
             counters: Counters::default(),
             in_flight: hashbrown::HashMap::new(),
             cycle: 0,
-            directory: super::directory::Directory::new(directory_config(&config)),
+            directory: directory::Directory::new(directory_config(&config)),
             config,
         }
     }
@@ -254,7 +285,7 @@ impl Model {
         );
         model.counters = dump.counters;
         model.directory =
-            super::directory::Directory::restore(directory_config(&model.config), dump.directory);
+            directory::Directory::restore(directory_config(&model.config), dump.directory);
         Ok(model)
     }
 
@@ -360,9 +391,9 @@ impl Model {
     }
 
     /// The operator-set state for `--metadata-path`: quotas, default quota, pins.
-    pub fn capture_metadata(&self, wall_now: f64) -> super::metadata::Metadata {
-        super::metadata::Metadata {
-            version: super::metadata::VERSION,
+    pub fn capture_metadata(&self, wall_now: f64) -> metadata::Metadata {
+        metadata::Metadata {
+            version: metadata::VERSION,
             saved_at: wall_now,
             quotas: self.quotas.clone(),
             default_limit_bytes: self.default_limit,
@@ -370,7 +401,7 @@ impl Model {
                 .pins
                 .rows()
                 .into_iter()
-                .map(|(key, pin_count)| super::metadata::PinRow { key, pin_count })
+                .map(|(key, pin_count)| metadata::PinRow { key, pin_count })
                 .collect(),
         }
     }
@@ -378,11 +409,7 @@ impl Model {
     /// Loads a saved document at startup: quotas (within the limits; a bad salt or one over
     /// the quota limit is skipped), the default quota and pins (at most `max_pins` keys).
     /// Returns how many quotas and pinned keys were restored.
-    pub fn restore_metadata(
-        &mut self,
-        doc: super::metadata::Metadata,
-        max_pins: usize,
-    ) -> (usize, usize) {
+    pub fn restore_metadata(&mut self, doc: metadata::Metadata, max_pins: usize) -> (usize, usize) {
         let mut quotas = 0;
         for (salt, bytes) in doc.quotas {
             let ok_salt = salt.len() <= 128 && !salt.contains(['@', '/', '\\', '\0']);
@@ -683,7 +710,7 @@ fn slice_in_apply_order(b: Batch, out: &mut Vec<Batch>) {
         ops.reverse();
     }
     let slice = |ops: Vec<Op>| Batch {
-        tokens: super::events::for_ops(&tokens, &ops),
+        tokens: events::for_ops(&tokens, &ops),
         instance_id: instance_id.clone(),
         incarnation,
         seq,
@@ -708,7 +735,6 @@ fn max_holders(config: &ModelConfig) -> usize {
     config.max_instances.saturating_mul(2).saturating_add(1)
 }
 
-#[path = "eviction.rs"]
 mod eviction;
 pub use eviction::{dispatches, Dispatch, Victims};
 
@@ -717,16 +743,14 @@ pub use eviction::{dispatches, Dispatch, Victims};
 fn directory_config(m: &ModelConfig) -> DirectoryConfig {
     DirectoryConfig {
         max_keys: m.max_tracked_keys,
-        max_token_ids: super::directory::MAX_TOKEN_IDS,
+        max_token_ids: directory::MAX_TOKEN_IDS,
         max_names: m.max_instances.saturating_mul(4).saturating_add(64),
         blend: None,
     }
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "placements_tests.rs"]
 mod placements_tests;

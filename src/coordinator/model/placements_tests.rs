@@ -7,8 +7,8 @@
 //! tracked keys are those with a copy.
 
 use super::*;
-use crate::coordinator::events::{Batch, Op as Ev, Tier};
-use crate::coordinator::keys::EncodedKey;
+use crate::coordinator::model::events::{Batch, Op as Ev, Tier};
+use crate::coordinator::model::keys::EncodedKey;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,8 +1,8 @@
 //! Unit tests of [`super::Model`]: no runtime, an injected clock.
 
 use super::*;
-use crate::coordinator::events::{Batch, Op, Tier};
-use crate::coordinator::keys::EncodedKey;
+use crate::coordinator::model::events::{Batch, Op, Tier};
+use crate::coordinator::model::keys::EncodedKey;
 
 fn config() -> ModelConfig {
     ModelConfig {

@@ -1,13 +1,13 @@
 //! The cache-control routes of LMCache 0.5.6's coordinator: `POST/DELETE/GET /cache/pins`
 //! (keys pinned against the fleet eviction plan) and `POST /cache/delete` (a token sequence
 //! deleted on one MP server, pinned L2 keys held back unless `force`). Token sequences become
-//! object keys with [`super::pins::resolve`]; the pin table lives in the model.
+//! object keys with [`crate::coordinator::model::pins::resolve`]; the pin table lives in the model.
 
-use super::api_state::{address_of, invalid, parse, Shared};
 use super::limits::JsonBody;
-use super::outbound;
-use super::pins::{self, Pinned};
+use super::{address_of, invalid, parse, Shared};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
+use crate::coordinator::model::pins::{self, Pinned};
+use crate::coordinator::state::outbound;
 use crate::web::error::ApiError;
 use axum::extract::{Query, State};
 use axum::Json;
@@ -57,7 +57,7 @@ fn resolve(
     world: i64,
     tokens: &[u32],
     salt: &str,
-) -> Result<(Vec<super::keys::EncodedKey>, usize), ApiError> {
+) -> Result<(Vec<crate::coordinator::model::keys::EncodedKey>, usize), ApiError> {
     resolve_keys(s, model, world_size(s, world)?, tokens, salt)
 }
 
@@ -69,7 +69,7 @@ pub(super) fn resolve_keys(
     world: u8,
     tokens: &[u32],
     salt: &str,
-) -> Result<(Vec<super::keys::EncodedKey>, usize), ApiError> {
+) -> Result<(Vec<crate::coordinator::model::keys::EncodedKey>, usize), ApiError> {
     pins::resolve(model, world, tokens, salt, s.chunk_size)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
 }

@@ -10,10 +10,10 @@
 //! servers) and one on the model's owner (everything else), like `GET /instances` and
 //! `GET /quota`.
 
-use super::api_state::ApiState;
-use super::driver::{Handle, LoopStats, Stopped};
-use super::fleet::Fleet;
-use super::model::Model;
+use crate::coordinator::model::fleet::Fleet;
+use crate::coordinator::model::Model;
+use crate::coordinator::state::api_state::ApiState;
+use crate::coordinator::state::driver::{Handle, LoopStats, Stopped};
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, History, HistoryPage, HistoryQuery, Sample,

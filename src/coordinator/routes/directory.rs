@@ -1,17 +1,17 @@
 //! The `/directory` routes of LMCache 0.5.6's coordinator, over the key directory
-//! ([`super::directory`]): `POST /directory/lookup` (keys, or a token sequence resolved as
+//! ([`crate::coordinator::model::directory`]): `POST /directory/lookup` (keys, or a token sequence resolved as
 //! the pin routes do), `GET /directory/keys` (paged, filtered), `GET /directory/stats`,
 //! `POST /directory/blend-lookup` (CacheBlend fragments; matches only with
 //! `--enable-blend-lookup`). Large lookups and listings run as several owner jobs, so event
 //! ingest and quota requests wait for one slice, not a whole listing.
 
-use super::api_state::{parse, Shared};
-use super::blend::BlendIndex;
-use super::directory::{KeyFilter, Scan};
-use super::events::Tier;
-use super::keys::EncodedKey;
 use super::limits::JsonBody;
-use super::pins::{self, MAX_TOKEN_IDS};
+use super::{parse, Shared};
+use crate::coordinator::model::blend::BlendIndex;
+use crate::coordinator::model::directory::{KeyFilter, Scan};
+use crate::coordinator::model::events::Tier;
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::pins::{self, MAX_TOKEN_IDS};
 use crate::web::error::ApiError;
 use crate::web::exposition::{Exposition, Kind};
 use axum::extract::{Query, State};
@@ -135,7 +135,7 @@ async fn lookup(
     }
     let (keys, chunks) = if b.keys.is_empty() {
         let (keys, chunks) =
-            super::cache_api::resolve_keys(&s, &b.model_name, world, &b.token_ids, &b.cache_salt)?;
+            super::cache::resolve_keys(&s, &b.model_name, world, &b.token_ids, &b.cache_salt)?;
         let keys = s
             .handle
             .with(move |m, _, _| m.directory.across_groups(keys, MAX_LOOKUP_KEYS))
@@ -328,7 +328,7 @@ pub struct DirectoryMetrics([(&'static str, Kind, &'static str, u64); 10]);
 
 impl DirectoryMetrics {
     /// Reads the directory.
-    pub fn of(m: &super::model::Model) -> Self {
+    pub fn of(m: &crate::coordinator::model::Model) -> Self {
         let d = &m.directory;
         let st = d.stats();
         let c = &d.counters;

@@ -4,16 +4,19 @@
 //! Owns request validation and the error envelope (`{"detail": ...}`, FastAPI's shape; a
 //! 422 lists `{"type","loc","msg"}` naming the field). Must not hold model state itself.
 
-pub use super::api_state::ApiState;
-use super::api_state::Shared;
-use super::api_state::{address_of, invalid, parse};
-use super::cache_api;
-use super::events::{Batch, CacheEvents, LegacyEvents};
-use super::fleet::{FleetError, Registration};
-use super::limits::JsonBody;
+pub mod cache;
+pub mod dashboard;
+pub mod directory;
+pub mod limits;
+pub mod openapi;
+
 use super::metrics;
+use super::model::events::{Batch, CacheEvents, LegacyEvents};
+use super::model::fleet::{FleetError, Registration};
 use super::model::{Ingested, QuotaError, SLICE_OPS};
-use super::outbound;
+use super::state::driver::Stopped;
+use super::state::outbound;
+use crate::coordinator::state::api_state::ApiState;
 use crate::web::access::{Access, Auth, Policy};
 use crate::web::error::ApiError;
 use crate::web::exposition::Exposition;
@@ -24,19 +27,91 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
+use limits::JsonBody;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+impl From<Stopped> for ApiError {
+    fn from(e: Stopped) -> Self {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+pub(crate) type Shared = Arc<ApiState>;
+
+/// Parses a JSON body; a failure's `loc` is the path to the offending field.
+pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
+    if !crate::web::body::is_object(bytes) {
+        state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+        return Err(ApiError::value_error(
+            vec![json!("body")],
+            String::from("Input should be a valid dictionary"),
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de)
+        .or_else(|e| {
+            // JSON has one number type: `2.0` is the integer 2 to LMCache's pydantic (and to the
+            // JSON schema). Tried only after a refusal, so well-formed bodies pay nothing.
+            if let Some(v) = crate::web::body::integral_floats_as_integers(bytes) {
+                if let Ok(t) = serde_json::from_value(v) {
+                    return Ok(t);
+                }
+            }
+            Err(e)
+        })
+        .map_err(|e| {
+            state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+            let mut loc = vec![json!("body")];
+            for seg in e.path().iter() {
+                match seg {
+                    serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
+                    serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
+                    serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
+                    serde_path_to_error::Segment::Unknown => {}
+                }
+            }
+            let msg = e.into_inner().to_string();
+            // serde names a missing field only in its message ("missing field `ip`"): FastAPI
+            // puts it in `loc`, and so do we.
+            // (The path already ends at an unknown field, for a body that refuses them.)
+            if let Some(field) = msg
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                loc.push(json!(field));
+            }
+            ApiError::value_error(loc, msg)
+        })
+}
+
+pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {
+    state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
+    ApiError::value_error(vec![json!("body"), json!(field)], msg.into())
+}
+
+/// The registered address of `id`, or 404.
+pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), ApiError> {
+    let key = id.to_owned();
+    s.handle
+        .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
+        .await?
+        .ok_or_else(|| {
+            ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
+        })
+}
+
 /// The router of every coordinator route.
 pub fn router(state: Shared) -> Router {
     let limits = state.http;
     let features = state.features;
     let mut routes = Router::new()
-        .merge(super::dashboard::routes(&state))
-        .merge(super::directory_api::routes())
+        .merge(dashboard::routes(&state))
+        .merge(directory::routes())
         .route("/instances", post(register).get(list_instances))
         .route("/instances/usage", get(fleet_usage))
         .route("/instances/{id}/usage", get(instance_usage))
@@ -54,12 +129,12 @@ pub fn router(state: Shared) -> Router {
             "/cache/prefetches/{instance}/{request}",
             get(prefetch_status),
         )
-        .route("/cache/delete", post(cache_api::delete))
+        .route("/cache/delete", post(cache::delete))
         .route("/coordinator/cluster", get(cluster_status))
         .route(
             "/openapi.json",
             get(|State(s): State<Shared>| async move {
-                let mut doc = super::openapi::document();
+                let mut doc = openapi::document();
                 crate::web::openapi::annotate(&mut doc, &policy(s.auth.clone()));
                 Json(doc)
             }),
@@ -75,9 +150,7 @@ pub fn router(state: Shared) -> Router {
             )
             .route(
                 "/cache/pins",
-                post(cache_api::pin)
-                    .delete(cache_api::unpin)
-                    .get(cache_api::list),
+                post(cache::pin).delete(cache::unpin).get(cache::list),
             );
     }
     if features.metrics {
@@ -588,7 +661,7 @@ async fn metrics_text(State(s): State<Shared>) -> Result<Response, ApiError> {
         .await?;
     let directory = s
         .handle
-        .with(|m, _, _| super::directory_api::DirectoryMetrics::of(m))
+        .with(|m, _, _| directory::DirectoryMetrics::of(m))
         .await?;
     let mut out = Exposition::new();
     metrics::write(

@@ -1,17 +1,13 @@
-//! What the coordinator's routes share: [`ApiState`] (the owner's handle, limits, token
-//! settings, metadata and checkpoint writers), and the helpers every route file uses to read
-//! a body ([`parse`], [`invalid`]) and find an MP server ([`address_of`]). A leaf of the route
-//! files: `api.rs` (the router), `cache_api.rs`, `directory_api.rs`, `dashboard.rs` and
-//! `limits.rs` all stand on it, and it on none of them.
+//! What the coordinator's routes, metrics and dashboard share: [`ApiState`] (the owner's
+//! handle, limits, token settings, metadata and checkpoint writers, the refusal counts and the
+//! HTTP metrics), built once by `serve` from the configuration.
 
-use super::driver::{Handle, Stopped};
+use super::driver::Handle;
+use crate::coordinator::CoordinatorConfig;
 use crate::web::access::Auth;
-use crate::web::error::ApiError;
 use crate::web::limits::WebLimit;
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::HttpLimits;
-use serde::de::DeserializeOwned;
-use serde_json::json;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,81 +36,44 @@ pub struct ApiState {
     /// `--enable-blend-lookup`: `(chunk_size, probe_stride)` (`None`: off).
     pub blend: Option<(usize, usize)>,
     /// Which optional routes are served (`--extra-config`, `--disable-metrics`).
-    pub features: super::Features,
+    pub features: crate::coordinator::Features,
     /// `--api-token` and its scope.
     pub auth: Auth,
     /// Requests by route, counted and timed by the HTTP stack.
     pub http_metrics: Arc<HttpMetrics>,
 }
 
-impl From<Stopped> for ApiError {
-    fn from(e: Stopped) -> Self {
-        ApiError::Unavailable(e.to_string())
+impl ApiState {
+    /// The shared state of `config`'s routes around an owner handle (`cluster`: this
+    /// coordinator's place in its cluster, `None` standalone).
+    pub fn new(
+        config: &CoordinatorConfig,
+        handle: Handle,
+        cluster: Option<Arc<crate::cluster::ClusterStatus>>,
+    ) -> Arc<ApiState> {
+        Arc::new_cyclic(|weak: &std::sync::Weak<ApiState>| ApiState {
+            cluster,
+            handle,
+            chunk_size: config.chunk_size,
+            outbound_timeout: config.outbound_timeout,
+            http: config.http,
+            max_events_per_request: config.max_events_per_request,
+            refused: Refused::default(),
+            metadata: super::metadata::Persister::new(config.metadata_path.clone()),
+            checkpoint: config
+                .checkpoint
+                .clone()
+                .map(|c| Arc::new(super::checkpoint::Checkpointer::new(c))),
+            blend: config.blend_probe_stride.map(|s| (config.chunk_size, s)),
+            features: config.features,
+            auth: config.auth.clone(),
+            http_metrics: Arc::new(crate::web::metrics_layer::HttpMetrics::standalone(
+                "kvplane_coordinator_",
+                config.http.max_body_bytes,
+                crate::coordinator::routes::limits::hook_of(weak.clone()),
+            )),
+        })
     }
-}
-
-pub(crate) type Shared = Arc<ApiState>;
-
-/// Parses a JSON body; a failure's `loc` is the path to the offending field.
-pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
-    if !crate::web::body::is_object(bytes) {
-        state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-        return Err(ApiError::value_error(
-            vec![json!("body")],
-            String::from("Input should be a valid dictionary"),
-        ));
-    }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de)
-        .or_else(|e| {
-            // JSON has one number type: `2.0` is the integer 2 to LMCache's pydantic (and to the
-            // JSON schema). Tried only after a refusal, so well-formed bodies pay nothing.
-            if let Some(v) = crate::web::body::integral_floats_as_integers(bytes) {
-                if let Ok(t) = serde_json::from_value(v) {
-                    return Ok(t);
-                }
-            }
-            Err(e)
-        })
-        .map_err(|e| {
-            state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-            let mut loc = vec![json!("body")];
-            for seg in e.path().iter() {
-                match seg {
-                    serde_path_to_error::Segment::Seq { index } => loc.push(json!(index)),
-                    serde_path_to_error::Segment::Map { key } => loc.push(json!(key)),
-                    serde_path_to_error::Segment::Enum { variant } => loc.push(json!(variant)),
-                    serde_path_to_error::Segment::Unknown => {}
-                }
-            }
-            let msg = e.into_inner().to_string();
-            // serde names a missing field only in its message ("missing field `ip`"): FastAPI
-            // puts it in `loc`, and so do we.
-            // (The path already ends at an unknown field, for a body that refuses them.)
-            if let Some(field) = msg
-                .strip_prefix("missing field `")
-                .and_then(|rest| rest.split('`').next())
-            {
-                loc.push(json!(field));
-            }
-            ApiError::value_error(loc, msg)
-        })
-}
-
-pub(crate) fn invalid(state: &ApiState, field: &'static str, msg: impl Into<String>) -> ApiError {
-    state.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
-    ApiError::value_error(vec![json!("body"), json!(field)], msg.into())
-}
-
-/// The registered address of `id`, or 404.
-pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), ApiError> {
-    let key = id.to_owned();
-    s.handle
-        .fleet(move |f, _, _| f.get(&key).map(|i| (i.ip.clone(), i.http_port)))
-        .await?
-        .ok_or_else(|| {
-            ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
-        })
 }
 
 /// Requests refused by each limit.

@@ -23,14 +23,14 @@
 //! as seen at that moment anyway ([`Change::Takeover`]). Pure and synchronous: no clocks (the
 //! core passes this process's), no I/O.
 
-use super::events::{Batch, Tier};
-use super::fleet::{Fleet, Registration};
-use super::keys::EncodedKey;
-use super::metadata::Metadata;
-use super::model::Model;
 use super::snapshot::StateDump;
 use crate::cluster::{Replicated, Stamp};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
+use crate::coordinator::model::events::{Batch, Tier};
+use crate::coordinator::model::fleet::{Fleet, Registration};
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::metadata::Metadata;
+use crate::coordinator::model::Model;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -204,7 +204,7 @@ impl Change {
                 let (a, b) = halves(&batch.ops)?;
                 let part = |ops: Vec<_>| Change::Apply {
                     batch: Batch {
-                        tokens: super::events::for_ops(&batch.tokens, &ops),
+                        tokens: crate::coordinator::model::events::for_ops(&batch.tokens, &ops),
                         instance_id: batch.instance_id.clone(),
                         incarnation: batch.incarnation,
                         seq: batch.seq,

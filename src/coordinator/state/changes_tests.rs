@@ -6,8 +6,8 @@ use super::*;
 use crate::cluster::{
     apply_record, decode_snapshot, encode_snapshot, Applied, Body, LogCursor, Position,
 };
-use crate::coordinator::events::Op;
-use crate::coordinator::fleet::Fleet;
+use crate::coordinator::model::events::Op;
+use crate::coordinator::model::fleet::Fleet;
 use crate::coordinator::model::ModelConfig;
 use serde_json::{json, Value};
 use std::sync::OnceLock;

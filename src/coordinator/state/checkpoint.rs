@@ -3,7 +3,7 @@
 //! compartment, capacity declarations, the key directory with its placements and token ids,
 //! quotas and pins, counters — written to one file every interval and at a clean stop, and
 //! read back at start, so a restarted coordinator knows what is on the servers' L2 before any
-//! of them stores again. It is the replication snapshot's dump ([`super::model::ModelDump`]),
+//! of them stores again. It is the replication snapshot's dump ([`crate::coordinator::model::ModelDump`]),
 //! so whatever the model holds is checkpointed.
 //!
 //! File: `KVPLCKPT` (8 bytes), format version (`u32` LE), payload length (`u64` LE), CRC-32
@@ -15,7 +15,7 @@
 //! cold rather than not at all.
 
 use super::files::write;
-use super::model::ModelDump;
+use crate::coordinator::model::ModelDump;
 use crate::web::exposition::{Exposition, Kind};
 use serde::{Deserialize, Serialize};
 use std::io::Read;

@@ -6,7 +6,7 @@
 //! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
 //! owner also yields to the runtime every `YIELD_EVERY` (16) jobs and after any job of
 //! `YIELD_AFTER` (200 µs) or more, and a large event request reaches it as several jobs
-//! ([`super::model::SLICE_OPS`] events each), so its other callers wait for a slice, not a
+//! ([`crate::coordinator::model::SLICE_OPS`] events each), so its other callers wait for a slice, not a
 //! whole request.
 //!
 //! The owners talk through jobs too: the sweep's departed instances are sent to the key
@@ -26,11 +26,11 @@
 
 use super::changes::CoordinatorState;
 use super::checkpoint::CheckpointDoc;
-use super::fleet::Fleet;
 use super::logged::{self, ChangeLog, Keys, Members};
-use super::metadata::Metadata;
-use super::model::{dispatches, Dispatch, Model, Victims};
 use super::outbound;
+use crate::coordinator::model::fleet::Fleet;
+use crate::coordinator::model::metadata::Metadata;
+use crate::coordinator::model::{dispatches, Dispatch, Model, Victims};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -457,9 +457,9 @@ pub fn http_dispatcher(timeout: Duration) -> Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coordinator::events::{Batch, Op, Tier};
-    use crate::coordinator::fleet::Registration;
-    use crate::coordinator::keys::EncodedKey;
+    use crate::coordinator::model::events::{Batch, Op, Tier};
+    use crate::coordinator::model::fleet::Registration;
+    use crate::coordinator::model::keys::EncodedKey;
     use crate::coordinator::model::ModelConfig;
 
     /// With the seed's allowlist: a salt without a quota may hold nothing.

@@ -21,11 +21,11 @@
 //! Must not: do I/O, read clocks (the owners pass `now`), await.
 
 use super::changes::{Admitted, Change, CoordinatorState};
-use super::events::Batch;
-use super::fleet::{Fleet, FleetError, Registration};
-use super::keys::EncodedKey;
-use super::model::{Ingested, Model, QuotaError, Victims};
-use super::pins::PinsFull;
+use crate::coordinator::model::events::Batch;
+use crate::coordinator::model::fleet::{Fleet, FleetError, Registration};
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::pins::PinsFull;
+use crate::coordinator::model::{Ingested, Model, QuotaError, Victims};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -10,40 +10,15 @@
 //! capturing after the previous one wrote, so the file never goes back to an older state.
 //! A failed write is logged and counted, never an error to the caller (0.5.6's rule).
 
-use super::keys::EncodedKey;
-use serde::{Deserialize, Serialize};
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::metadata::{Metadata, PinRow, VERSION};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The document's format version.
-pub const VERSION: u32 = 1;
 /// Largest metadata file read at startup (100,000 quotas and pins fit many times over).
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
-
-/// One pinned key and its count.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PinRow {
-    /// The key (object group 0).
-    pub key: EncodedKey,
-    /// Active pins (≥ 1).
-    pub pin_count: u64,
-}
-
-/// The file's content.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Metadata {
-    /// [`VERSION`].
-    pub version: u32,
-    /// Wall-clock time of the save, epoch seconds.
-    pub saved_at: f64,
-    /// Explicit quotas in bytes, by salt.
-    pub quotas: BTreeMap<String, u64>,
-    /// The limit of salts without a quota in bytes; `null`: exempt.
-    pub default_limit_bytes: Option<u64>,
-    /// Pinned keys in first-pinned order.
-    pub pins: Vec<PinRow>,
-}
 
 /// Why the file was not loaded.
 #[derive(Debug, thiserror::Error)]

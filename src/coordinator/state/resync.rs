@@ -8,8 +8,8 @@
 //! ends the resync as a (counted) failure.
 
 use super::driver::Handle;
-use super::keys::EncodedKey;
 use super::outbound;
+use crate::coordinator::model::keys::EncodedKey;
 use serde::Deserialize;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -13,8 +13,8 @@
 //! themselves (renumbered in the same order) and the configuration (the restoring process's).
 //! Pure data.
 
-use super::fleet::FleetDump;
-use super::model::ModelDump;
+use crate::coordinator::model::fleet::FleetDump;
+use crate::coordinator::model::ModelDump;
 use serde::{Deserialize, Serialize};
 
 /// A standby's state as a value (`CoordinatorState`'s `Replicated::dump`).

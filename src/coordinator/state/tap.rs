@@ -3,7 +3,7 @@
 //! feed another service (`kvplane serve` feeds its indexer the MP servers' L1/L2 chunks).
 //! Called on the key owner's task: it must not block (take a short lock, or queue).
 
-use super::events::Batch;
+use crate::coordinator::model::events::Batch;
 use std::sync::Arc;
 
 /// What the tap sees.

@@ -4,12 +4,12 @@
 //! [`Handle::with`] / [`Handle::fleet`] closures, which only get `&Model` / `&Fleet`.
 
 use super::driver::{Handle, Stopped};
-use super::events::Batch;
-use super::fleet::{FleetError, Registration};
-use super::keys::EncodedKey;
 use super::logged::Keys;
-use super::model::{Ingested, QuotaError};
-use super::pins::PinsFull;
+use crate::coordinator::model::events::Batch;
+use crate::coordinator::model::fleet::{FleetError, Registration};
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::pins::PinsFull;
+use crate::coordinator::model::{Ingested, QuotaError};
 
 impl Handle {
     /// `POST /instances`: registers (`gen` names an instance that gave no id).

@@ -4,9 +4,9 @@
 //! (tables) and referred to by index. The blend index is derived: a restore rebuilds it.
 
 use super::{DirCounters, Directory, DirectoryConfig, Hash32, Placement};
-use crate::coordinator::events::Tier;
-use crate::coordinator::keys::EncodedKey;
-use crate::coordinator::tokens::ChunkTokens;
+use crate::coordinator::model::events::Tier;
+use crate::coordinator::model::keys::EncodedKey;
+use crate::coordinator::model::tokens::ChunkTokens;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 

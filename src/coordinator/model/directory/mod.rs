@@ -23,7 +23,6 @@ use indexmap::{IndexMap, IndexSet};
 use serde::{Deserialize, Serialize};
 use std::hash::BuildHasher;
 
-#[path = "directory_names.rs"]
 mod names;
 use names::Names;
 
@@ -624,14 +623,11 @@ impl Directory {
     }
 }
 
-#[path = "directory_read.rs"]
 mod read;
 pub use read::{DirectoryStats, KeyFilter, KeyView, ListedKey, PlacementView, Scan};
 
-#[path = "directory_dump.rs"]
 mod dump;
 pub use dump::DirectoryDump;
 
 #[cfg(test)]
-#[path = "directory_tests.rs"]
 mod tests;

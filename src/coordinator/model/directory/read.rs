@@ -3,8 +3,8 @@
 
 use super::blend::{self, BlendIndex, BlendStats, Namespace};
 use super::{Binding, DirKey, Directory, Hash32, Placement, Record};
-use crate::coordinator::events::Tier;
-use crate::coordinator::keys::EncodedKey;
+use crate::coordinator::model::events::Tier;
+use crate::coordinator::model::keys::EncodedKey;
 use indexmap::IndexMap;
 use serde::Serialize;
 

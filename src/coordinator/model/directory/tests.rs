@@ -1,5 +1,5 @@
 use super::*;
-use crate::coordinator::tokens::ChunkTokens;
+use crate::coordinator::model::tokens::ChunkTokens;
 
 fn config(blend: Option<(usize, usize)>) -> DirectoryConfig {
     DirectoryConfig {

@@ -5,7 +5,7 @@
 
 use super::slots::NIL;
 use super::{CompactKey, KeyStore, Limits, MAX_HASH_BYTES};
-use crate::coordinator::holders::{HolderDump, Holders};
+use crate::coordinator::model::holders::{HolderDump, Holders};
 
 /// The key store's content in a snapshot: model names in interning order (keys refer to them
 /// by index), the holder and backend tables, and each salt in order with its object-group

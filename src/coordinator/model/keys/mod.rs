@@ -35,12 +35,10 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use indexmap::IndexSet;
 use std::hash::BuildHasher;
 
-#[path = "keys_slots.rs"]
 mod slots;
 use slots::{at, at_mut, push_newest, unlink, SaltKeys, Slot, NIL};
 pub(crate) use slots::{Placement, SEGMENT};
 
-#[path = "keys_dump.rs"]
 mod dump;
 pub use dump::KeysDump;
 
@@ -593,5 +591,4 @@ impl KeyStore {
 }
 
 #[cfg(test)]
-#[path = "keys_tests.rs"]
 mod tests;

@@ -4,7 +4,7 @@
 //! `push_newest`). Plain structure: no accounting, limits, holders or snapshot here; the
 //! `KeyStore` in `keys` decides what is stored and where.
 
-use crate::coordinator::objkey::CompactKey;
+use crate::coordinator::model::objkey::CompactKey;
 use hashbrown::HashTable;
 
 /// Slots per arena segment.
@@ -15,7 +15,7 @@ pub(super) const NIL: u32 = u32::MAX;
 /// One copy of a key: its holder, backend and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Placement {
-    /// Holder index ([`crate::coordinator::holders`]; [`FLEET`](crate::coordinator::holders::FLEET) for a shared backend).
+    /// Holder index ([`crate::coordinator::model::holders`]; [`FLEET`](crate::coordinator::model::holders::FLEET) for a shared backend).
     pub(crate) holder: u16,
     /// Backend index.
     pub(crate) backend: u8,
