@@ -4,9 +4,9 @@
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
 use super::model::{Counters, Model};
-use crate::coordinator::model::fleet::Fleet;
-use crate::coordinator::state::api_state::Refused;
-use crate::coordinator::state::driver::LoopStats;
+use crate::coordinator::model::fleet::Instances;
+use crate::coordinator::state::api_state::RefusalCounts;
+use crate::coordinator::state::driver::BackgroundStats;
 use crate::web::exposition::{Exposition, Kind, Kind::Counter, Kind::Gauge, SampleValue};
 use std::sync::atomic::Ordering;
 
@@ -20,7 +20,7 @@ pub(crate) struct FleetNumbers {
 
 impl FleetNumbers {
     /// Reads the fleet.
-    pub(crate) fn of(f: &Fleet) -> Self {
+    pub(crate) fn of(f: &Instances) -> Self {
         FleetNumbers {
             instances: f.len(),
             refused: f.refused,
@@ -77,8 +77,8 @@ fn series(out: &mut Exposition, kind: Kind, name: &str, help: &str, value: impl 
 pub(crate) fn write(
     out: &mut Exposition,
     s: &Snapshot,
-    loops: &LoopStats,
-    refused: &Refused,
+    loops: &BackgroundStats,
+    refused: &RefusalCounts,
     metadata: &crate::coordinator::state::metadata::Persister,
 ) {
     let c = &s.counters;

@@ -43,7 +43,7 @@ pub enum EventType {
 
 /// One entry of a 0.5.6 batch.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Entry {
+pub struct BatchEntry {
     /// The object key.
     pub key: EncodedKey,
     /// Stored size (store only).
@@ -85,7 +85,7 @@ pub struct WireBatch {
     pub capacity_revision: u64,
     /// The entries.
     #[serde(default)]
-    pub entries: Vec<Entry>,
+    pub entries: Vec<BatchEntry>,
 }
 
 /// The 0.5.6 `POST /events` body.
@@ -247,7 +247,7 @@ pub enum Admit {
 }
 
 #[derive(Clone, Copy, Debug)]
-struct Cursor {
+struct SeqCursor {
     incarnation: u64,
     last_seq: u64,
 }
@@ -255,7 +255,7 @@ struct Cursor {
 /// Per-instance sequence cursors.
 #[derive(Debug, Default)]
 pub struct Gate {
-    cursors: HashMap<String, Cursor>,
+    cursors: HashMap<String, SeqCursor>,
     max: usize,
 }
 
@@ -277,7 +277,7 @@ impl Gate {
             }
             self.cursors.insert(
                 instance.to_owned(),
-                Cursor {
+                SeqCursor {
                     incarnation,
                     last_seq: seq,
                 },
@@ -288,7 +288,7 @@ impl Gate {
             return Admit::Stale;
         }
         if incarnation > c.incarnation {
-            *c = Cursor {
+            *c = SeqCursor {
                 incarnation,
                 last_seq: seq,
             };
@@ -323,7 +323,7 @@ impl Gate {
         for (id, incarnation, last_seq) in rows.into_iter().take(max) {
             gate.cursors.insert(
                 id,
-                Cursor {
+                SeqCursor {
                     incarnation,
                     last_seq,
                 },
@@ -356,7 +356,7 @@ impl Gate {
 /// The part of a batch's token bindings: see [`of_entries`] and [`for_ops`].
 /// The tokens of a store batch's entries, one per chunk hash (the last entry of a hash wins,
 /// as 0.5.6 applies entries in order); entries without tokens carry none.
-pub fn of_entries(entries: &[Entry]) -> Vec<ChunkTokens> {
+pub fn of_entries(entries: &[BatchEntry]) -> Vec<ChunkTokens> {
     let mut out: Vec<ChunkTokens> = Vec::new();
     let mut at: HashMap<String, usize> = HashMap::new();
     for e in entries {
@@ -407,19 +407,19 @@ mod tests {
 
     #[test]
     fn out_of_range_tokens_drop_only_the_tokens() {
-        let e: Entry = serde_json::from_str(
+        let e: BatchEntry = serde_json::from_str(
             r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"size_bytes":3,"token_ids":[1,4294967296],"token_offset":0}"#,
         )
         .unwrap();
         assert_eq!(e.token_ids, WireTokens(None));
         assert_eq!(e.size_bytes, 3);
-        let e: Entry = serde_json::from_str(
+        let e: BatchEntry = serde_json::from_str(
             r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"token_ids":[1,-1]}"#,
         )
         .unwrap();
         assert_eq!(e.token_ids, WireTokens(None));
         assert_eq!(e.token_offset, UNKNOWN_OFFSET);
-        assert!(serde_json::from_str::<Entry>(
+        assert!(serde_json::from_str::<BatchEntry>(
             r#"{"key":{"chunk_hash_hex":"AA","model_name":"m","kv_rank":0},"token_ids":[1.5]}"#,
         )
         .is_err());
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn one_binding_per_chunk_and_slices_keep_theirs() {
-        let entry = |hex: &str, rank: i64, first: u32| -> Entry {
+        let entry = |hex: &str, rank: i64, first: u32| -> BatchEntry {
             serde_json::from_value(serde_json::json!({
                 "key": {"chunk_hash_hex": hex, "model_name": "m", "kv_rank": rank},
                 "size_bytes": 1, "token_ids": [first, first + 1], "token_offset": 0}))

@@ -4,7 +4,7 @@
 //! Owns nothing but the instance table and its two counters. It has its own small owner task
 //! ([`crate::coordinator::state::driver`]), apart from the key model's, so a heartbeat never waits behind event
 //! ingest; the driver tells the model ([`crate::coordinator::model`]) to drop the event cursors of the
-//! instances [`Fleet::sweep`] and [`Fleet::remove`] take out.
+//! instances [`Instances::sweep`] and [`Instances::remove`] take out.
 
 use indexmap::IndexMap;
 use serde::Serialize;
@@ -50,11 +50,11 @@ pub struct Instance {
     pub last_seen: Instant,
 }
 
-/// A [`Fleet`] in a snapshot: each instance's registration (id set) and registration time,
+/// An [`Instances`] in a snapshot: each instance's registration (id set) and registration time,
 /// in registration order, and the counters. Heartbeat instants are not kept: a restored
 /// instance counts as seen at the restore (as at a takeover).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct FleetDump {
+pub struct InstancesDump {
     instances: Vec<(Registration, f64)>,
     refused: u64,
     timed_out: u64,
@@ -70,7 +70,7 @@ pub enum FleetError {
 
 /// The registered instances, in registration order.
 #[derive(Debug, Default)]
-pub struct Fleet {
+pub struct Instances {
     instances: IndexMap<String, Instance>,
     max_instances: usize,
     /// Registrations refused at the instance limit (monotonic).
@@ -79,10 +79,10 @@ pub struct Fleet {
     pub timed_out: u64,
 }
 
-impl Fleet {
+impl Instances {
     /// An empty fleet holding at most `max_instances`.
     pub fn new(max_instances: usize) -> Self {
-        Fleet {
+        Instances {
             instances: IndexMap::new(),
             max_instances,
             refused: 0,
@@ -90,8 +90,8 @@ impl Fleet {
         }
     }
 
-    /// The content for a snapshot ([`FleetDump`]).
-    pub fn dump(&self) -> FleetDump {
+    /// The content for a snapshot ([`InstancesDump`]).
+    pub fn dump(&self) -> InstancesDump {
         let instances = self
             .instances
             .values()
@@ -107,7 +107,7 @@ impl Fleet {
                 (registration, i.registration_time)
             })
             .collect();
-        FleetDump {
+        InstancesDump {
             instances,
             refused: self.refused,
             timed_out: self.timed_out,
@@ -120,10 +120,10 @@ impl Fleet {
     /// [`FleetError::Full`] when it holds more instances than `max_instances`.
     pub fn restore(
         max_instances: usize,
-        dump: FleetDump,
+        dump: InstancesDump,
         now: Instant,
     ) -> Result<Self, FleetError> {
-        let mut fleet = Fleet::new(max_instances);
+        let mut fleet = Instances::new(max_instances);
         for (registration, at) in dump.instances {
             fleet.register(registration, String::new, now, at)?;
         }
@@ -181,7 +181,7 @@ impl Fleet {
     }
 
     /// Removes every instance silent for more than `timeout`; returns their ids
-    /// ([`Fleet::expired`], then [`Fleet::time_out`]).
+    /// ([`Instances::expired`], then [`Instances::time_out`]).
     pub fn sweep(&mut self, now: Instant, timeout: Duration) -> Vec<String> {
         let gone = self.expired(now, timeout);
         self.time_out(&gone);
@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn register_generates_ids_and_reports_re_registration() {
         let t0 = Instant::now();
-        let mut f = Fleet::new(2);
+        let mut f = Instances::new(2);
         let (id, again) = f
             .register(reg(None, 1), || "mp-gen".into(), t0, 1.0)
             .unwrap();
@@ -296,7 +296,7 @@ mod tests {
     fn heartbeat_remove_and_sweep() {
         let t0 = Instant::now();
         let timeout = Duration::from_secs(30);
-        let mut f = Fleet::new(10);
+        let mut f = Instances::new(10);
         f.register(reg(Some("a"), 1), String::new, t0, 0.0).unwrap();
         f.register(reg(Some("b"), 2), String::new, t0, 0.0).unwrap();
         assert!(!f.heartbeat("zz", t0));
@@ -315,7 +315,7 @@ mod tests {
     #[test]
     fn pick_is_modulo_the_fleet() {
         let t0 = Instant::now();
-        let mut f = Fleet::new(10);
+        let mut f = Instances::new(10);
         for (id, p) in [("a", 1), ("b", 2), ("c", 3)] {
             f.register(reg(Some(id), p), String::new, t0, 0.0).unwrap();
         }

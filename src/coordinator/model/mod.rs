@@ -18,7 +18,7 @@
 //!
 //! [`Model`]: the coordinator's key state as one plain struct with plain methods: event gate, tracked
 //! keys, quotas, pins and the counters behind the metrics. Fleet membership is not here: it
-//! is the [`Fleet`](fleet::Fleet), owned by its own small task so that heartbeats
+//! is the [`Instances`](fleet::Instances), owned by its own small task so that heartbeats
 //! never wait behind this model's work.
 //!
 //! No I/O and no clock (the wall-clock time of a departure is passed in): the eviction
@@ -45,7 +45,7 @@ use directory::DirectoryConfig;
 use events::{Admit, Batch, Gate, Op, Tier};
 use fleet::Instance;
 use holders::FLEET;
-use keys::{EncodedKey, KeyError, KeyStore, Limits, Refused};
+use keys::{EncodedKey, KeyError, KeyStore, Limits, Untracked};
 use pins::Pins;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -620,8 +620,8 @@ impl Model {
             Ok(delta) => {
                 self.usage.adjust(owner, Tier::L2, backend, delta);
             }
-            Err(Refused::Keys) => self.counters.keys_refused += 1,
-            Err(Refused::Placements) => self.counters.placements_refused += 1,
+            Err(Untracked::Keys) => self.counters.keys_refused += 1,
+            Err(Untracked::Placements) => self.counters.placements_refused += 1,
         }
         Ok(())
     }

@@ -4,15 +4,17 @@
 //! object keys with [`crate::coordinator::model::pins::resolve`]; the pin table lives in the model.
 
 use super::limits::JsonBody;
-use super::{address_of, invalid, parse, Shared};
+use super::{address_of, invalid, parse};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
 use crate::coordinator::model::pins::{self, Pinned};
+use crate::coordinator::state::api_state::ApiState;
 use crate::coordinator::state::outbound;
 use crate::web::error::ApiError;
 use axum::extract::{Query, State};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// Most keys one `POST /cache/delete` sends after adding the other object groups' copies (the
 /// resolved keys themselves always go).
@@ -29,7 +31,7 @@ struct PinBody {
 }
 
 #[derive(Deserialize)]
-struct DeleteBody {
+struct CacheDeleteBody {
     instance_id: String,
     model_name: String,
     world_size: i64,
@@ -44,7 +46,7 @@ struct DeleteBody {
 }
 
 /// `world_size` in 1..=255 (0.5.6 has no upper bound, Q11), else 422.
-fn world_size(s: &Shared, w: i64) -> Result<u8, ApiError> {
+fn world_size(s: &ApiState, w: i64) -> Result<u8, ApiError> {
     u8::try_from(w)
         .ok()
         .filter(|&w| w >= 1)
@@ -52,7 +54,7 @@ fn world_size(s: &Shared, w: i64) -> Result<u8, ApiError> {
 }
 
 fn resolve(
-    s: &Shared,
+    s: &ApiState,
     model: &str,
     world: i64,
     tokens: &[u32],
@@ -64,7 +66,7 @@ fn resolve(
 /// The keys of the complete chunks of `tokens` ([`pins::resolve`]) and how many chunks;
 /// a sequence that cannot be resolved is a 400.
 pub(super) fn resolve_keys(
-    s: &Shared,
+    s: &ApiState,
     model: &str,
     world: u8,
     tokens: &[u32],
@@ -76,7 +78,7 @@ pub(super) fn resolve_keys(
 
 /// `POST /cache/pins`: pins the keys of the complete chunks of `token_ids`.
 pub(crate) async fn pin(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     pin_or_unpin(&s, &body, true).await
@@ -84,7 +86,7 @@ pub(crate) async fn pin(
 
 /// `DELETE /cache/pins`: removes one pin from each of those keys.
 pub(crate) async fn unpin(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     pin_or_unpin(&s, &body, false).await
@@ -92,7 +94,7 @@ pub(crate) async fn unpin(
 
 /// `pin`s (or removes one pin from) the keys of the complete chunks of the body's
 /// `token_ids`, saves the metadata and says how many.
-async fn pin_or_unpin(s: &Shared, body: &[u8], pin: bool) -> Result<Json<Value>, ApiError> {
+async fn pin_or_unpin(s: &ApiState, body: &[u8], pin: bool) -> Result<Json<Value>, ApiError> {
     let b: PinBody = parse(s, body)?;
     let (keys, chunks) = resolve(s, &b.model_name, b.world_size, &b.token_ids, &b.cache_salt)?;
     let affected = keys.len();
@@ -127,7 +129,7 @@ pub(crate) struct PinQuery {
 
 /// `GET /cache/pins?cache_salt=&model_name=&offset=0&limit=1000`.
 pub(crate) async fn list(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Query(q): Query<PinQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let query_error = |field: &str, msg: &str| {
@@ -153,10 +155,10 @@ pub(crate) async fn list(
 /// L2 (unless `force`, which deletes them and drops their pins), and sends the rest to the
 /// named server as `DELETE /cache/objects {"keys", "tier", "force"}`.
 pub(crate) async fn delete(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let b: DeleteBody = parse(&s, &body)?;
+    let b: CacheDeleteBody = parse(&s, &body)?;
     let tier = match b.tier.as_deref() {
         None | Some("all") => "all",
         Some("l1") => "l1",

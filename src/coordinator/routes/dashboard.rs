@@ -10,10 +10,10 @@
 //! servers) and one on the model's owner (everything else), like `GET /instances` and
 //! `GET /quota`.
 
-use crate::coordinator::model::fleet::Fleet;
+use crate::coordinator::model::fleet::Instances;
 use crate::coordinator::model::Model;
 use crate::coordinator::state::api_state::ApiState;
-use crate::coordinator::state::driver::{Handle, LoopStats, Stopped};
+use crate::coordinator::state::driver::{BackgroundStats, Handle, Stopped};
 use crate::web::assets::{page, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, History, HistoryPage, HistoryQuery, Sample,
@@ -176,7 +176,7 @@ struct FleetPart {
 }
 
 impl FleetPart {
-    fn of(f: &Fleet, rows: usize, now: Instant) -> Self {
+    fn of(f: &Instances, rows: usize, now: Instant) -> Self {
         let servers = f
             .iter()
             .take(rows)
@@ -197,7 +197,7 @@ impl FleetPart {
     }
 }
 
-fn counters(m: &Model, f: &FleetPart, s: &LoopStats) -> Counters {
+fn counters(m: &Model, f: &FleetPart, s: &BackgroundStats) -> Counters {
     let c = &m.counters;
     Counters {
         events_applied: c.events_applied,
@@ -217,7 +217,7 @@ fn counters(m: &Model, f: &FleetPart, s: &LoopStats) -> Counters {
 }
 
 /// One history sample: counters, then usage and quota of the largest tenants.
-fn sample(m: &Model, stats: &LoopStats, fleet: &FleetPart, wall: f64) -> Sample {
+fn sample(m: &Model, stats: &BackgroundStats, fleet: &FleetPart, wall: f64) -> Sample {
     let c = counters(m, fleet, stats);
     let mut s = Sample::at(wall)
         .with("servers", fleet.len as f64)
@@ -235,7 +235,7 @@ fn sample(m: &Model, stats: &LoopStats, fleet: &FleetPart, wall: f64) -> Sample 
     s
 }
 
-fn feed_of(m: &Model, stats: &LoopStats, fleet: FleetPart, wall: f64) -> Feed {
+fn feed_of(m: &Model, stats: &BackgroundStats, fleet: FleetPart, wall: f64) -> Feed {
     let mut all = tenants(m);
     let totals = Totals {
         servers: fleet.len,

@@ -6,12 +6,13 @@
 //! ingest and quota requests wait for one slice, not a whole listing.
 
 use super::limits::JsonBody;
-use super::{parse, Shared};
+use super::parse;
 use crate::coordinator::model::blend::BlendIndex;
 use crate::coordinator::model::directory::{KeyFilter, Scan};
 use crate::coordinator::model::events::Tier;
 use crate::coordinator::model::keys::EncodedKey;
 use crate::coordinator::model::pins::{self, MAX_TOKEN_IDS};
+use crate::coordinator::state::api_state::ApiState;
 use crate::web::error::ApiError;
 use crate::web::exposition::{Exposition, Kind};
 use axum::extract::{Query, State};
@@ -21,6 +22,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Keys looked up, or slots scanned, in one job of the owner.
 const KEYS_PER_JOB: usize = 4_096;
@@ -29,7 +31,7 @@ const SLOTS_PER_JOB: usize = 65_536;
 const MAX_LOOKUP_KEYS: usize = 1_000_000;
 
 /// The `/directory` routes.
-pub fn routes() -> Router<Shared> {
+pub fn routes() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/directory/lookup", post(lookup))
         .route("/directory/blend-lookup", post(blend_lookup))
@@ -55,7 +57,7 @@ struct LookupBody {
     cache_salt: String,
 }
 
-fn invalid_at(s: &Shared, loc: &[&str], msg: impl Into<String>) -> ApiError {
+fn invalid_at(s: &ApiState, loc: &[&str], msg: impl Into<String>) -> ApiError {
     s.refused.invalid_bodies.fetch_add(1, Ordering::Relaxed);
     ApiError::value_error(loc.iter().map(|l| json!(l)).collect(), msg.into())
 }
@@ -90,7 +92,7 @@ fn key_error(k: &EncodedKey) -> Option<String> {
     None
 }
 
-fn world(s: &Shared, w: i64) -> Result<u8, ApiError> {
+fn world(s: &ApiState, w: i64) -> Result<u8, ApiError> {
     if w < 1 {
         return Err(invalid_at(
             s,
@@ -104,7 +106,7 @@ fn world(s: &Shared, w: i64) -> Result<u8, ApiError> {
 
 /// `POST /directory/lookup`.
 async fn lookup(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: LookupBody = parse(&s, &body)?;
@@ -179,7 +181,7 @@ struct KeysQuery {
 
 /// `GET /directory/keys?tier=all&instance_id=&backend=&offset=0&limit=1000`.
 async fn list_keys(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Query(q): Query<KeysQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tier = match q.tier.as_deref() {
@@ -238,7 +240,7 @@ async fn list_keys(
 }
 
 /// `GET /directory/stats`.
-async fn stats(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
+async fn stats(State(s): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
     let st = s.handle.with(|m, _, _| m.directory.stats()).await?;
     Ok(Json(json!(st)))
 }
@@ -282,7 +284,7 @@ fn decode_tokens(b64: &str) -> Result<Vec<u32>, String> {
 
 /// `POST /directory/blend-lookup`: `{"matches": [{"chunk_hash", "old_st", "cur_st"}]}`.
 async fn blend_lookup(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: BlendBody = parse(&s, &body)?;

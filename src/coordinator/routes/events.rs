@@ -1,7 +1,7 @@
 //! The usage events MP servers send: `POST /quota/events` (the documented body) and `POST
 //! /events` (0.5.6's batches), admitted whole and applied in slices.
 
-use super::{invalid, parse, JsonBody, Shared};
+use super::{invalid, parse, JsonBody};
 use crate::coordinator::model::events::{Batch, CacheEvents, LegacyEvents};
 use crate::coordinator::model::{Ingested, SLICE_OPS};
 use crate::coordinator::state::api_state::ApiState;
@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), ApiError> {
     if n > s.max_events_per_request {
@@ -27,7 +28,7 @@ fn check_events(s: &ApiState, n: usize, field: &'static str) -> Result<(), ApiEr
 }
 
 pub(super) async fn legacy_events(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: LegacyEvents = parse(&s, &body)?;
@@ -40,7 +41,7 @@ pub(super) async fn legacy_events(
 }
 
 pub(super) async fn events(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: CacheEvents = parse(&s, &body)?;

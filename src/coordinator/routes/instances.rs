@@ -1,8 +1,9 @@
 //! `/instances`: MP servers register, heartbeat and deregister (their own routes, open to
 //! peers); the fleet and its usage per instance are read.
 
-use super::{invalid, parse, JsonBody, Shared};
+use super::{invalid, parse, JsonBody};
 use crate::coordinator::model::fleet::{FleetError, Registration};
+use crate::coordinator::state::api_state::ApiState;
 use crate::web::error::ApiError;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -11,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 #[derive(Deserialize)]
 struct RegisterBody {
@@ -27,7 +29,7 @@ struct RegisterBody {
 }
 
 pub(super) async fn register(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: RegisterBody = parse(&s, &body)?;
@@ -82,7 +84,7 @@ pub(super) async fn register(
 }
 
 pub(super) async fn heartbeat(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let known = s.handle.heartbeat(id.clone()).await?;
@@ -96,14 +98,16 @@ pub(super) async fn heartbeat(
 }
 
 pub(super) async fn deregister(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     s.handle.deregister(id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn list_instances(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list_instances(
+    State(s): State<Arc<ApiState>>,
+) -> Result<Json<Value>, ApiError> {
     let list = s
         .handle
         .fleet(|f, _, _| f.iter().cloned().collect::<Vec<_>>())
@@ -112,7 +116,7 @@ pub(super) async fn list_instances(State(s): State<Shared>) -> Result<Json<Value
 }
 
 /// `GET /instances/usage`: the registered ids from the fleet owner, then the model's view.
-pub(super) async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn fleet_usage(State(s): State<Arc<ApiState>>) -> Result<Json<Value>, ApiError> {
     let ids = s
         .handle
         .fleet(|f, _, _| f.iter().map(|i| i.instance_id.clone()).collect::<Vec<_>>())
@@ -124,7 +128,7 @@ pub(super) async fn fleet_usage(State(s): State<Shared>) -> Result<Json<Value>, 
 /// `GET /instances/{id}/usage`: 404 when the id is not registered, holds no bytes and
 /// declared nothing.
 pub(super) async fn instance_usage(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let key = id.clone();

@@ -4,7 +4,7 @@
 //! `DefaultBodyLimit` (body bytes) — and by [`JsonBody`] here (JSON values per body, counted
 //! with `web::schema::too_many_values` before anything is parsed).
 //!
-//! Every refusal is counted exactly once, in [`crate::coordinator::state::api_state::Refused`], through [`refusals`]: a 413 by
+//! Every refusal is counted exactly once, in [`crate::coordinator::state::api_state::RefusalCounts`], through [`refusals`]: a 413 by
 //! the HTTP stack's metrics layer (by the limit the response names, else as a body-bytes
 //! refusal), a connection wait or a read timeout by `web::limits::counting_hook`, which
 //! `web::serve` calls.
@@ -18,7 +18,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use std::sync::Arc;
 
-/// Counts a refusal of the coordinator's HTTP server in [`crate::coordinator::state::api_state::Refused`] (through
+/// Counts a refusal of the coordinator's HTTP server in [`crate::coordinator::state::api_state::RefusalCounts`] (through
 /// `web::limits::counting_hook` for connection waits and read timeouts, and
 /// the HTTP stack for 413s).
 pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {

@@ -52,8 +52,6 @@ impl From<Stopped> for ApiError {
     }
 }
 
-pub(crate) type Shared = Arc<ApiState>;
-
 /// Parses a JSON body; a failure's `loc` is the path to the offending field.
 pub(crate) fn parse<T: DeserializeOwned>(state: &ApiState, bytes: &[u8]) -> Result<T, ApiError> {
     if !crate::web::body::is_object(bytes) {
@@ -117,7 +115,7 @@ pub(crate) async fn address_of(s: &ApiState, id: &str) -> Result<(String, u16), 
 }
 
 /// The router of every coordinator route.
-pub fn router(state: Shared) -> Router {
+pub fn router(state: Arc<ApiState>) -> Router {
     let limits = state.http;
     let features = state.features;
     let mut routes = Router::new()
@@ -147,7 +145,7 @@ pub fn router(state: Shared) -> Router {
         .route("/coordinator/cluster", get(status::cluster_status))
         .route(
             "/openapi.json",
-            get(|State(s): State<Shared>| async move {
+            get(|State(s): State<Arc<ApiState>>| async move {
                 let mut doc = openapi::document();
                 crate::web::openapi::annotate(&mut doc, &policy(s.auth.clone()));
                 Json(doc)
@@ -200,7 +198,7 @@ pub fn policy(auth: Auth) -> Policy {
 }
 
 /// The HTTP stack of the coordinator's routes.
-fn stack(state: &Shared, limits: HttpLimits) -> Stack {
+fn stack(state: &ApiState, limits: HttpLimits) -> Stack {
     Stack {
         policy: Arc::new(policy(state.auth.clone())),
         limits,

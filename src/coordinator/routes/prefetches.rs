@@ -1,6 +1,7 @@
 //! `/cache/prefetches`: warm prefetch, forwarded to the named MP server (submit, then poll).
 
-use super::{address_of, invalid, parse, JsonBody, Shared};
+use super::{address_of, invalid, parse, JsonBody};
+use crate::coordinator::state::api_state::ApiState;
 use crate::coordinator::state::outbound;
 use crate::web::error::ApiError;
 use axum::extract::{Path, State};
@@ -9,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 #[derive(Deserialize)]
 struct PrefetchBody {
@@ -22,7 +24,7 @@ struct PrefetchBody {
 }
 
 pub(super) async fn prefetch(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: PrefetchBody = parse(&s, &body)?;
@@ -66,7 +68,7 @@ pub(super) async fn prefetch(
 }
 
 pub(super) async fn prefetch_status(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path((instance, request)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let (ip, port) = address_of(&s, &instance).await?;

@@ -1,7 +1,7 @@
 //! `/quota`: per-salt L2 quotas, the default quota and their usage (0.5.6's
 //! FleetEvictionController's routes; each change saved to `--metadata-path` before the reply).
 
-use super::{invalid, parse, JsonBody, Shared};
+use super::{invalid, parse, JsonBody};
 use crate::coordinator::model::QuotaError;
 use crate::coordinator::state::api_state::ApiState;
 use crate::web::error::ApiError;
@@ -10,6 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 #[derive(Deserialize)]
 struct QuotaBody {
@@ -96,7 +97,7 @@ fn require_accounted_tier(tier: TierName) -> Result<(), ApiError> {
 }
 
 pub(super) async fn set_quota_config(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     let b: QuotaConfigBody = parse(&s, &body)?;
@@ -118,7 +119,7 @@ pub(super) async fn set_quota_config(
 }
 
 pub(super) async fn get_quota_config(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
     require_quota_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;
@@ -127,7 +128,7 @@ pub(super) async fn get_quota_config(
 }
 
 pub(super) async fn set_quota(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(salt): Path<String>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
@@ -152,7 +153,7 @@ pub(super) async fn set_quota(
 }
 
 pub(super) async fn get_quota(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
@@ -163,7 +164,7 @@ pub(super) async fn get_quota(
 }
 
 pub(super) async fn remove_quota(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
@@ -181,7 +182,7 @@ pub(super) async fn remove_quota(
 }
 
 pub(super) async fn list_quota(
-    State(s): State<Shared>,
+    State(s): State<Arc<ApiState>>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
     require_accounted_tier(tier_of(&s, q.tier.as_deref(), "query")?)?;

@@ -1,7 +1,7 @@
 //! The process's own status: `GET /metrics`, `GET /readyz` and `GET /coordinator/cluster`.
 
-use super::Shared;
 use crate::coordinator::metrics;
+use crate::coordinator::state::api_state::ApiState;
 use crate::web::error::ApiError;
 use crate::web::exposition::Exposition;
 use axum::extract::State;
@@ -9,8 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
-pub(super) async fn metrics_text(State(s): State<Shared>) -> Result<Response, ApiError> {
+pub(super) async fn metrics_text(State(s): State<Arc<ApiState>>) -> Result<Response, ApiError> {
     let fleet = s
         .handle
         .fleet(|f, _, _| metrics::FleetNumbers::of(f))
@@ -44,7 +45,7 @@ pub(super) async fn metrics_text(State(s): State<Shared>) -> Result<Response, Ap
 
 /// `GET /readyz`: 200 while the owner tasks answer (this process serves: a `--cluster`
 /// standby binds no port), 503 once they stopped.
-pub(super) async fn readyz(State(s): State<Shared>) -> Response {
+pub(super) async fn readyz(State(s): State<Arc<ApiState>>) -> Response {
     match s.handle.fleet(|_, _, _| ()).await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(e) => (
@@ -57,7 +58,7 @@ pub(super) async fn readyz(State(s): State<Shared>) -> Response {
 
 /// `GET /coordinator/cluster`: this coordinator's place in its cluster (`--cluster`), or
 /// `{"role": "standalone"}`.
-pub(super) async fn cluster_status(State(s): State<Shared>) -> Json<Value> {
+pub(super) async fn cluster_status(State(s): State<Arc<ApiState>>) -> Json<Value> {
     Json(
         s.cluster
             .as_ref()

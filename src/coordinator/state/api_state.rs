@@ -26,7 +26,7 @@ pub struct ApiState {
     /// Most events in one request (over all its batches).
     pub max_events_per_request: usize,
     /// Requests refused by a limit, by limit name.
-    pub refused: Refused,
+    pub refused: RefusalCounts,
     /// Saves quotas and pins after each change (`--metadata-path`).
     pub metadata: super::metadata::Persister,
     /// This coordinator's place in its cluster (`--cluster`; `None`: standalone).
@@ -58,7 +58,7 @@ impl ApiState {
             outbound_timeout: config.outbound_timeout,
             http: config.http,
             max_events_per_request: config.max_events_per_request,
-            refused: Refused::default(),
+            refused: RefusalCounts::default(),
             metadata: super::metadata::Persister::new(config.metadata_path.clone()),
             checkpoint: config
                 .checkpoint
@@ -78,7 +78,7 @@ impl ApiState {
 
 /// Requests refused by each limit.
 #[derive(Debug, Default)]
-pub struct Refused {
+pub struct RefusalCounts {
     /// Event requests over `max_events_per_request`.
     pub events_per_request: AtomicU64,
     /// Registrations over the instance limit.
@@ -97,7 +97,7 @@ pub struct Refused {
     pub read_timeout: AtomicU64,
 }
 
-impl Refused {
+impl RefusalCounts {
     /// Counts one refusal by `limit`.
     pub fn count(&self, limit: WebLimit) {
         let counter = match limit {

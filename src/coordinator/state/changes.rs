@@ -27,7 +27,7 @@ use super::snapshot::StateDump;
 use crate::cluster::{Replicated, Stamp};
 use crate::config::defaults::coordinator::MAX_PINNED_KEYS;
 use crate::coordinator::model::events::{Batch, Tier};
-use crate::coordinator::model::fleet::{Fleet, Registration};
+use crate::coordinator::model::fleet::{Instances, Registration};
 use crate::coordinator::model::keys::EncodedKey;
 use crate::coordinator::model::metadata::Metadata;
 use crate::coordinator::model::Model;
@@ -303,7 +303,7 @@ impl Change {
 /// The state a standby follows: what the two owner tasks hold once it leads.
 pub struct CoordinatorState {
     /// Fleet membership.
-    pub fleet: Fleet,
+    pub fleet: Instances,
     /// Event cursors, tracked keys, usage, quotas, pins.
     pub model: Model,
 }
@@ -312,7 +312,7 @@ impl CoordinatorState {
     /// An empty fleet beside `model`.
     pub fn new(model: Model) -> Self {
         CoordinatorState {
-            fleet: Fleet::new(model.config().max_instances),
+            fleet: Instances::new(model.config().max_instances),
             model,
         }
     }
@@ -352,7 +352,7 @@ impl Replicated for CoordinatorState {
     /// takeover.
     fn restore(&self, dump: StateDump) -> Result<Self, String> {
         let config = self.model.config().clone();
-        let fleet = Fleet::restore(config.max_instances, dump.fleet, Instant::now())
+        let fleet = Instances::restore(config.max_instances, dump.fleet, Instant::now())
             .map_err(|e| e.to_string())?;
         let model = Model::restore(config, dump.model)?;
         Ok(CoordinatorState { fleet, model })

@@ -7,7 +7,7 @@ use crate::cluster::{
     apply_record, decode_snapshot, encode_snapshot, Applied, Body, LogCursor, Position,
 };
 use crate::coordinator::model::events::Op;
-use crate::coordinator::model::fleet::Fleet;
+use crate::coordinator::model::fleet::Instances;
 use crate::coordinator::model::ModelConfig;
 use serde_json::{json, Value};
 use std::sync::OnceLock;
@@ -76,7 +76,7 @@ pub(crate) fn stores(salt: &str, range: std::ops::Range<u64>, size: u64) -> Vec<
 }
 
 /// What the fleet holds, as the routes show it (heartbeat instants aside).
-pub(crate) fn fleet_view(f: &Fleet) -> Value {
+pub(crate) fn fleet_view(f: &Instances) -> Value {
     json!({
         "instances": f.iter().collect::<Vec<_>>(),
         "timed_out": f.timed_out,

@@ -56,7 +56,7 @@ pub struct CheckpointDoc {
 
 /// Why a checkpoint was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum CheckpointError {
     /// Reading failed (other than "not found").
     #[error("cannot read: {0}")]
     Io(#[from] std::io::Error),
@@ -101,41 +101,41 @@ pub fn encode(doc: &CheckpointDoc, max_bytes: u64) -> Result<Vec<u8>, u64> {
 /// The document in `bytes`.
 ///
 /// # Errors
-/// [`LoadError`] for anything but a whole checkpoint of this version.
-pub fn decode(bytes: &[u8]) -> Result<CheckpointDoc, LoadError> {
+/// [`CheckpointError`] for anything but a whole checkpoint of this version.
+pub fn decode(bytes: &[u8]) -> Result<CheckpointDoc, CheckpointError> {
     if bytes.starts_with(LMCACHE_MAGIC) {
-        return Err(LoadError::Lmcache);
+        return Err(CheckpointError::Lmcache);
     }
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
-        return Err(LoadError::Magic);
+        return Err(CheckpointError::Magic);
     }
     let word =
         |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
     let version = word(8);
     if version != VERSION {
-        return Err(LoadError::Version(version));
+        return Err(CheckpointError::Version(version));
     }
     let mut len = [0u8; 8];
     len.copy_from_slice(&bytes[12..20]);
     let len = u64::from_le_bytes(len);
     let payload = &bytes[HEADER..];
     if payload.len() as u64 != len {
-        return Err(LoadError::Corrupt(format!(
+        return Err(CheckpointError::Corrupt(format!(
             "{} payload bytes, the header says {len}",
             payload.len()
         )));
     }
     if crc32fast::hash(payload) != word(20) {
-        return Err(LoadError::Corrupt("checksum mismatch".into()));
+        return Err(CheckpointError::Corrupt("checksum mismatch".into()));
     }
-    rmp_serde::from_slice(payload).map_err(|e| LoadError::Corrupt(e.to_string()))
+    rmp_serde::from_slice(payload).map_err(|e| CheckpointError::Corrupt(e.to_string()))
 }
 
 /// Reads the checkpoint at `path`; `Ok(None)` when there is none.
 ///
 /// # Errors
-/// [`LoadError`].
-pub fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, LoadError> {
+/// [`CheckpointError`].
+pub fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, CheckpointError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -143,7 +143,7 @@ pub fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, LoadEr
     };
     let size = file.metadata()?.len();
     if size > max_bytes {
-        return Err(LoadError::TooLarge(max_bytes));
+        return Err(CheckpointError::TooLarge(max_bytes));
     }
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     file.take(max_bytes).read_to_end(&mut bytes)?;
@@ -294,27 +294,27 @@ mod tests {
         assert!(encode(&doc(), 10).is_err());
         let mut v2 = bytes.clone();
         v2[8] = 2;
-        assert!(matches!(decode(&v2), Err(LoadError::Version(2))));
+        assert!(matches!(decode(&v2), Err(CheckpointError::Version(2))));
         let mut flipped = bytes.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
-        assert!(matches!(decode(&flipped), Err(LoadError::Corrupt(_))));
+        assert!(matches!(decode(&flipped), Err(CheckpointError::Corrupt(_))));
         assert!(matches!(
             decode(&bytes[..bytes.len() - 1]),
-            Err(LoadError::Corrupt(_))
+            Err(CheckpointError::Corrupt(_))
         ));
         assert!(matches!(
             decode(b"LMCKPT\0\0\x01\0\0\0"),
-            Err(LoadError::Lmcache)
+            Err(CheckpointError::Lmcache)
         ));
-        assert!(matches!(decode(b"{}"), Err(LoadError::Magic)));
+        assert!(matches!(decode(b"{}"), Err(CheckpointError::Magic)));
 
         let dir = std::env::temp_dir().join(format!("kvplane-ckpt-{}", rand::random::<u64>()));
         let path = dir.join("c.ckpt");
         assert!(load(&path, MAX_BYTES).unwrap().is_none());
         write(&path, &bytes).unwrap();
         assert_eq!(load(&path, MAX_BYTES).unwrap(), Some(doc()));
-        assert!(matches!(load(&path, 8), Err(LoadError::TooLarge(8))));
+        assert!(matches!(load(&path, 8), Err(CheckpointError::TooLarge(8))));
         assert!(!dir.join("c.ckpt.tmp").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }

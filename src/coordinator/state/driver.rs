@@ -1,7 +1,7 @@
 //! The two owner tasks. The **key owner** owns the [`Model`] (event gate, tracked keys,
 //! quotas, pins): it runs requests from the HTTP handlers (closures sent over a bounded
 //! channel) one at a time and the eviction cycle every `--eviction-check-interval`. The
-//! **fleet owner** owns the [`Fleet`] (registrations, heartbeats) and runs the health sweep
+//! **fleet owner** owns the [`Instances`] (registrations, heartbeats) and runs the health sweep
 //! every `--health-check-interval`. A heartbeat therefore never waits behind event ingest:
 //! its job takes microseconds on a task of its own, whatever the key owner is doing. The key
 //! owner also yields to the runtime every `YIELD_EVERY` (16) jobs and after any job of
@@ -18,7 +18,7 @@
 //! to one cycle.
 //!
 //! The owners hold their state as [`Keys`] and [`Members`] (`super::logged`): a read job gets
-//! `&Model` or `&Fleet`; a change is one of their logged methods, sent as a job by a
+//! `&Model` or `&Instances`; a change is one of their logged methods, sent as a job by a
 //! [`Handle`] write method (`super::writes`) or run by the owner's own loop (the sweep, the
 //! expiry of departed servers), so on a cluster's leader every change is logged in the job
 //! that applies it, and the dispatcher refuses while the lease may have lapsed.
@@ -28,7 +28,7 @@ use super::changes::CoordinatorState;
 use super::checkpoint::CheckpointDoc;
 use super::logged::{self, ChangeLog, Keys, Members};
 use super::outbound;
-use crate::coordinator::model::fleet::Fleet;
+use crate::coordinator::model::fleet::Instances;
 use crate::coordinator::model::metadata::Metadata;
 use crate::coordinator::model::{dispatches, Dispatch, Model, Victims};
 use std::future::Future;
@@ -48,7 +48,7 @@ const YIELD_EVERY: u32 = 16;
 /// …or after any job that ran this long.
 const YIELD_AFTER: Duration = Duration::from_micros(200);
 
-/// One job on an owner's state (a read gets `&Model` / `&Fleet` out of it).
+/// One job on an owner's state (a read gets `&Model` / `&Instances` out of it).
 type Job<S> = Box<dyn FnOnce(&mut S, std::time::Instant, f64) + Send>;
 
 /// Performs one eviction dispatch; `Err` carries why it failed.
@@ -57,7 +57,7 @@ pub type Dispatcher =
 
 /// Outcomes of the background work, read by the metrics.
 #[derive(Debug, Default)]
-pub struct LoopStats {
+pub struct BackgroundStats {
     /// Eviction cycles run.
     pub eviction_cycles: AtomicU64,
     /// Cycles skipped because the previous dispatches were still in flight.
@@ -110,7 +110,7 @@ pub struct Handle {
     keys: mpsc::Sender<Job<Keys>>,
     fleet: mpsc::Sender<Job<Members>>,
     /// Background outcomes.
-    pub stats: Arc<LoopStats>,
+    pub stats: Arc<BackgroundStats>,
 }
 
 async fn call<S: 'static, R: Send + 'static>(
@@ -146,7 +146,7 @@ impl Handle {
     /// [`Stopped`] after shutdown.
     pub async fn fleet<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Fleet, std::time::Instant, f64) -> R + Send + 'static,
+        f: impl FnOnce(&Instances, std::time::Instant, f64) -> R + Send + 'static,
     ) -> Result<R, Stopped> {
         self.change_fleet(move |m, now, wall| f(m.fleet(), now, wall))
             .await
@@ -233,7 +233,7 @@ pub fn spawn_replica(
     let handle = Handle {
         keys: keys_tx,
         fleet: fleet_tx,
-        stats: Arc::new(LoopStats::default()),
+        stats: Arc::new(BackgroundStats::default()),
     };
     tasks.spawn(key_owner(
         keys,

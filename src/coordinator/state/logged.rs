@@ -22,7 +22,7 @@
 
 use super::changes::{Admitted, Change, CoordinatorState};
 use crate::coordinator::model::events::Batch;
-use crate::coordinator::model::fleet::{Fleet, FleetError, Registration};
+use crate::coordinator::model::fleet::{FleetError, Instances, Registration};
 use crate::coordinator::model::keys::EncodedKey;
 use crate::coordinator::model::pins::PinsFull;
 use crate::coordinator::model::{Ingested, Model, QuotaError, Victims};
@@ -58,7 +58,7 @@ pub struct Keys {
 
 /// The fleet as the fleet owner holds it.
 pub struct Members {
-    fleet: Fleet,
+    fleet: Instances,
     log: Log,
 }
 
@@ -79,7 +79,7 @@ pub fn split(state: CoordinatorState, log: Option<Arc<ChangeLog>>, wall: f64) ->
 
 impl Members {
     /// The fleet, to read.
-    pub fn fleet(&self) -> &Fleet {
+    pub fn fleet(&self) -> &Instances {
         &self.fleet
     }
 

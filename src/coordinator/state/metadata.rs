@@ -22,7 +22,7 @@ pub const MAX_FILE_BYTES: u64 = 256 << 20;
 
 /// Why the file was not loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum MetadataError {
     /// Reading failed (other than "not found").
     #[error("cannot read: {0}")]
     Io(#[from] std::io::Error),
@@ -35,14 +35,14 @@ pub enum LoadError {
 }
 
 /// The file at `path` if it exists and is at most [`MAX_FILE_BYTES`].
-fn open_bounded(path: &Path) -> Result<Option<std::fs::File>, LoadError> {
+fn open_bounded(path: &Path) -> Result<Option<std::fs::File>, MetadataError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     if file.metadata()?.len() > MAX_FILE_BYTES {
-        return Err(LoadError::TooLarge);
+        return Err(MetadataError::TooLarge);
     }
     Ok(Some(file))
 }
@@ -50,15 +50,15 @@ fn open_bounded(path: &Path) -> Result<Option<std::fs::File>, LoadError> {
 /// Reads the document; `Ok(None)` when the file does not exist.
 ///
 /// # Errors
-/// [`LoadError`] for an unreadable, oversized or malformed file.
-pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
+/// [`MetadataError`] for an unreadable, oversized or malformed file.
+pub fn load(path: &Path) -> Result<Option<Metadata>, MetadataError> {
     let Some(file) = open_bounded(path)? else {
         return Ok(None);
     };
     let doc: Metadata = serde_json::from_reader(std::io::BufReader::new(file))
-        .map_err(|e| LoadError::Format(e.to_string()))?;
+        .map_err(|e| MetadataError::Format(e.to_string()))?;
     if doc.version != VERSION {
-        return Err(LoadError::Format(format!(
+        return Err(MetadataError::Format(format!(
             "version {} (this build reads {VERSION})",
             doc.version
         )));
@@ -72,13 +72,13 @@ pub fn load(path: &Path) -> Result<Option<Metadata>, LoadError> {
 /// from LMCache's coordinator keeps its quotas and pins. `Ok(None)` when there is no file.
 ///
 /// # Errors
-/// [`LoadError`] for an unreadable, oversized or malformed file (in both formats).
-pub fn load_any(path: &Path) -> Result<Option<Metadata>, LoadError> {
+/// [`MetadataError`] for an unreadable, oversized or malformed file (in both formats).
+pub fn load_any(path: &Path) -> Result<Option<Metadata>, MetadataError> {
     let Some(file) = open_bounded(path)? else {
         return Ok(None);
     };
     let v: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
-        .map_err(|e| LoadError::Format(e.to_string()))?;
+        .map_err(|e| MetadataError::Format(e.to_string()))?;
     if v.get("components").is_some() {
         return from_lmcache(v).map(Some);
     }
@@ -86,7 +86,7 @@ pub fn load_any(path: &Path) -> Result<Option<Metadata>, LoadError> {
 }
 
 /// LMCache 0.5.6's metadata document (sections it does not know are ignored, as 0.5.6 does).
-fn from_lmcache(v: serde_json::Value) -> Result<Metadata, LoadError> {
+fn from_lmcache(v: serde_json::Value) -> Result<Metadata, MetadataError> {
     #[derive(Deserialize)]
     struct Doc {
         version: u32,
@@ -107,17 +107,17 @@ fn from_lmcache(v: serde_json::Value) -> Result<Metadata, LoadError> {
     }
     #[derive(Deserialize)]
     struct PinSection {
-        entries: Vec<Entry>,
+        entries: Vec<PinEntry>,
     }
     #[derive(Deserialize)]
-    struct Entry {
+    struct PinEntry {
         key: EncodedKey,
         count: u64,
     }
     let d: Doc = serde_json::from_value(v)
-        .map_err(|e| LoadError::Format(format!("an LMCache 0.5.6 metadata document: {e}")))?;
+        .map_err(|e| MetadataError::Format(format!("an LMCache 0.5.6 metadata document: {e}")))?;
     if d.version != 1 {
-        return Err(LoadError::Format(format!(
+        return Err(MetadataError::Format(format!(
             "LMCache metadata version {} (this build reads 1)",
             d.version
         )));
@@ -235,11 +235,11 @@ mod tests {
         assert_eq!(load(&path).unwrap(), Some(doc()));
         assert!(!dir.join("sub").join("meta.json.tmp").exists());
         std::fs::write(&path, b"{\"version\": 9}").unwrap();
-        assert!(matches!(load(&path), Err(LoadError::Format(_))));
+        assert!(matches!(load(&path), Err(MetadataError::Format(_))));
         let mut v9 = serde_json::to_value(doc()).unwrap();
         v9["version"] = 9.into();
         std::fs::write(&path, v9.to_string()).unwrap();
-        assert!(matches!(load(&path), Err(LoadError::Format(m)) if m.contains("version 9")));
+        assert!(matches!(load(&path), Err(MetadataError::Format(m)) if m.contains("version 9")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -263,7 +263,9 @@ mod tests {
         want.saved_at = 1_795_378_696.8;
         assert_eq!(load_any(&path).unwrap(), Some(want));
         std::fs::write(&path, r#"{"version": 2, "saved_at": 1, "components": {}}"#).unwrap();
-        assert!(matches!(load_any(&path), Err(LoadError::Format(m)) if m.contains("version 2")));
+        assert!(
+            matches!(load_any(&path), Err(MetadataError::Format(m)) if m.contains("version 2"))
+        );
         // kvplane's own format still loads through the same call.
         write(&path, &doc()).unwrap();
         assert_eq!(load_any(&path).unwrap(), Some(doc()));

@@ -13,7 +13,7 @@
 //! themselves (renumbered in the same order) and the configuration (the restoring process's).
 //! Pure data.
 
-use crate::coordinator::model::fleet::FleetDump;
+use crate::coordinator::model::fleet::InstancesDump;
 use crate::coordinator::model::ModelDump;
 use serde::{Deserialize, Serialize};
 
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StateDump {
     /// Fleet membership.
-    pub fleet: FleetDump,
+    pub fleet: InstancesDump,
     /// The key model.
     pub model: ModelDump,
 }

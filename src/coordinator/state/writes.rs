@@ -1,7 +1,7 @@
 //! Every change to the coordinator's state as one [`Handle`] method: a job on the owner that
 //! holds the state, running the logged method of [`Keys`] or [`Members`] (`super::logged`), so
 //! a change is applied and, on a cluster's leader, logged in one step. Reads stay plain
-//! [`Handle::with`] / [`Handle::fleet`] closures, which only get `&Model` / `&Fleet`.
+//! [`Handle::with`] / [`Handle::fleet`] closures, which only get `&Model` / `&Instances`.
 
 use super::driver::{Handle, Stopped};
 use super::logged::Keys;

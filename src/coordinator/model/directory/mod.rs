@@ -84,7 +84,7 @@ struct Placement {
 }
 
 #[derive(Debug)]
-struct Record {
+struct KeyRecord {
     key: DirKey,
     access: u32,
     placements: Vec<Placement>,
@@ -102,7 +102,7 @@ struct Binding {
 #[derive(Debug)]
 pub struct Directory {
     config: DirectoryConfig,
-    segments: Vec<Vec<Record>>,
+    segments: Vec<Vec<KeyRecord>>,
     free: Vec<u32>,
     live: usize,
     tables: Vec<HashTable<u32>>,
@@ -171,11 +171,11 @@ impl Directory {
         self.token_ids
     }
 
-    fn rec(&self, slot: u32) -> &Record {
+    fn rec(&self, slot: u32) -> &KeyRecord {
         &self.segments[slot as usize / SEGMENT][slot as usize % SEGMENT]
     }
 
-    fn rec_mut(&mut self, slot: u32) -> &mut Record {
+    fn rec_mut(&mut self, slot: u32) -> &mut KeyRecord {
         &mut self.segments[slot as usize / SEGMENT][slot as usize % SEGMENT]
     }
 
@@ -441,7 +441,7 @@ impl Directory {
             salt,
             kv_rank,
         };
-        let rec = Record {
+        let rec = KeyRecord {
             key: k,
             access: 0,
             placements: Vec::with_capacity(1),

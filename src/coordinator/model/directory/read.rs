@@ -2,7 +2,7 @@
 //! `/directory/stats` and `/directory/blend-lookup` see, and the memory it holds.
 
 use super::blend::{self, BlendIndex, BlendStats, Namespace};
-use super::{Binding, DirKey, Directory, Hash32, Placement, Record};
+use super::{Binding, DirKey, Directory, Hash32, KeyRecord, Placement};
 use crate::coordinator::model::events::Tier;
 use crate::coordinator::model::keys::EncodedKey;
 use indexmap::IndexMap;
@@ -290,7 +290,7 @@ impl Directory {
 
     /// Bytes allocated (slab, tables, bindings, tokens, names), from capacities.
     pub fn memory_bytes(&self) -> usize {
-        let rec = std::mem::size_of::<Record>();
+        let rec = std::mem::size_of::<KeyRecord>();
         let place = std::mem::size_of::<Placement>();
         let slab: usize = self
             .segments

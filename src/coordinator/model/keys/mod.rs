@@ -50,7 +50,7 @@ pub(crate) use super::objkey::MAX_HASH_BYTES;
 
 /// Why a store was not tracked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Refused {
+pub(crate) enum Untracked {
     /// A new key at the tracked-key limit.
     Keys,
     /// Another placement at the placement limit, or the holder or backend table is full.
@@ -239,7 +239,7 @@ impl KeyStore {
         backend: u8,
         size: u32,
         limits: Limits,
-    ) -> Result<i64, Refused> {
+    ) -> Result<i64, Untracked> {
         let placement = Placement {
             holder,
             backend,
@@ -256,7 +256,7 @@ impl KeyStore {
             return Ok(delta);
         }
         if self.len >= limits.keys {
-            return Err(Refused::Keys);
+            return Err(Untracked::Keys);
         }
         let slot = Slot {
             key,
@@ -275,7 +275,7 @@ impl KeyStore {
                 }
                 let i =
                     (self.segments.len() - 1) * SEGMENT + self.segments.last().map_or(0, Vec::len);
-                let i = u32::try_from(i).map_err(|_| Refused::Keys)?;
+                let i = u32::try_from(i).map_err(|_| Untracked::Keys)?;
                 if let Some(seg) = self.segments.last_mut() {
                     seg.push(slot);
                 }
@@ -312,7 +312,7 @@ impl KeyStore {
 
     /// Sets slot `i`'s placement of `(p.holder, p.backend)` to `p.size`, adding it if new;
     /// returns the size's change.
-    fn upsert(&mut self, i: u32, p: Placement, limits: Limits) -> Result<i64, Refused> {
+    fn upsert(&mut self, i: u32, p: Placement, limits: Limits) -> Result<i64, Untracked> {
         let same = |q: &Placement| q.holder == p.holder && q.backend == p.backend;
         let first = at_mut(&mut self.segments, i);
         if same(&first.first) {
@@ -328,7 +328,7 @@ impl KeyStore {
             }
         }
         if self.extra >= limits.extra_placements {
-            return Err(Refused::Placements);
+            return Err(Untracked::Placements);
         }
         at_mut(&mut self.segments, i).first.more = 1;
         let hasher = &self.hasher;

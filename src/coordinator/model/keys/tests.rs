@@ -75,7 +75,7 @@ fn store_touch_delete_keep_usage_and_lru_order() {
     let a = full.compact(&key(1, "")).unwrap();
     let b = full.compact(&key(2, "")).unwrap();
     assert_eq!(full.store("", a, 1, 0, 1, lim(1)), Ok(1));
-    assert_eq!(full.store("", b, 1, 0, 1, lim(1)), Err(Refused::Keys));
+    assert_eq!(full.store("", b, 1, 0, 1, lim(1)), Err(Untracked::Keys));
     assert_eq!(full.store("", a, 1, 0, 2, lim(1)), Ok(1));
 }
 
@@ -126,7 +126,10 @@ fn placements_count_per_holder_and_a_delete_takes_one() {
         extra_placements: 0,
     };
     tight.store("s", k, 1, 0, 5, one).unwrap();
-    assert_eq!(tight.store("s", k, 2, 0, 5, one), Err(Refused::Placements));
+    assert_eq!(
+        tight.store("s", k, 2, 0, 5, one),
+        Err(Untracked::Placements)
+    );
     assert_eq!(tight.salt_bytes("s"), 5);
 }
 
