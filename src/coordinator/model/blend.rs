@@ -19,7 +19,7 @@ const MIN_TABLE: usize = 1 << 10;
 const TABLE_GROWTH: usize = 16;
 
 /// A namespace a chunk can be retrieved in: model index, salt index, world size.
-pub type Namespace = (u16, u32, u8);
+pub(crate) type Namespace = (u16, u32, u8);
 
 /// `GET /directory/stats`'s `blend` object.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -38,9 +38,8 @@ pub struct BlendStats {
 
 /// The fingerprint index.
 #[derive(Debug)]
-pub struct BlendIndex {
+pub(crate) struct BlendIndex {
     chunk_size: usize,
-    probe_stride: usize,
     /// Fingerprint → the chunks holding that content, in first-indexed order.
     by_fingerprint: HashMap<u64, Vec<Hash32>>,
     chunks: usize,
@@ -48,19 +47,18 @@ pub struct BlendIndex {
 }
 
 /// The fingerprint of `window` (its length is the chunk size).
-pub fn fingerprint(window: &[u32]) -> u64 {
+pub(crate) fn fingerprint(window: &[u32]) -> u64 {
     window.iter().fold(0u64, |h, &t| {
         h.wrapping_mul(BASE).wrapping_add(u64::from(t))
     })
 }
 
 impl BlendIndex {
-    /// An empty index matching windows of `chunk_size` tokens, probing every
-    /// `probe_stride`-th query position.
-    pub fn new(chunk_size: usize, probe_stride: usize) -> Self {
+    /// An empty index matching windows of `chunk_size` tokens (the probe stride is the
+    /// caller's: [`probes`](Self::probes)).
+    pub(crate) fn new(chunk_size: usize) -> Self {
         BlendIndex {
             chunk_size: chunk_size.max(1),
-            probe_stride: probe_stride.max(1),
             by_fingerprint: HashMap::new(),
             chunks: 0,
             claims: HashMap::new(),
@@ -68,17 +66,17 @@ impl BlendIndex {
     }
 
     /// The match window.
-    pub fn chunk_size(&self) -> usize {
+    pub(crate) fn chunk_size(&self) -> usize {
         self.chunk_size
     }
 
     /// Whether content of this length at this position can be indexed.
-    pub fn indexable(&self, tokens: &[u32], offset: i64) -> bool {
+    pub(crate) fn indexable(&self, tokens: &[u32], offset: i64) -> bool {
         tokens.len() == self.chunk_size && offset >= 0
     }
 
     /// Files `chunk` under its content.
-    pub fn add(&mut self, tokens: &[u32], chunk: Hash32) {
+    pub(crate) fn add(&mut self, tokens: &[u32], chunk: Hash32) {
         let holders = self.by_fingerprint.entry(fingerprint(tokens)).or_default();
         if !holders.contains(&chunk) {
             holders.push(chunk);
@@ -87,7 +85,7 @@ impl BlendIndex {
     }
 
     /// Takes `chunk` out (its content was replaced or its last key went).
-    pub fn remove(&mut self, tokens: &[u32], chunk: Hash32) {
+    pub(crate) fn remove(&mut self, tokens: &[u32], chunk: Hash32) {
         let fp = fingerprint(tokens);
         let Some(holders) = self.by_fingerprint.get_mut(&fp) else {
             return;
@@ -102,7 +100,7 @@ impl BlendIndex {
     }
 
     /// One more (`up`) or one fewer indexed chunk claimed by `ns`.
-    pub fn claim(&mut self, ns: Namespace, up: bool) {
+    pub(crate) fn claim(&mut self, ns: Namespace, up: bool) {
         if up {
             *self.claims.entry(ns).or_default() += 1;
         } else if let Some(n) = self.claims.get_mut(&ns) {
@@ -115,7 +113,11 @@ impl BlendIndex {
 
     /// The probes of `query`: `(position, fingerprint of the window there)` at every
     /// `probe_stride`-th position (rolling, O(query)). Computed off the owner task.
-    pub fn probes(chunk_size: usize, probe_stride: usize, query: &[u32]) -> Vec<(usize, u64)> {
+    pub(crate) fn probes(
+        chunk_size: usize,
+        probe_stride: usize,
+        query: &[u32],
+    ) -> Vec<(usize, u64)> {
         let w = chunk_size.max(1);
         if query.len() < w {
             return Vec::new();
@@ -139,17 +141,12 @@ impl BlendIndex {
     }
 
     /// The chunks filed under `fp`, in first-indexed order.
-    pub fn holders(&self, fp: u64) -> &[Hash32] {
+    pub(crate) fn holders(&self, fp: u64) -> &[Hash32] {
         self.by_fingerprint.get(&fp).map_or(&[], Vec::as_slice)
     }
 
-    /// The probe stride.
-    pub fn probe_stride(&self) -> usize {
-        self.probe_stride
-    }
-
     /// The `blend` object of `GET /directory/stats`.
-    pub fn stats(&self) -> BlendStats {
+    pub(crate) fn stats(&self) -> BlendStats {
         let contents = self.by_fingerprint.len();
         BlendStats {
             num_contents: contents,
@@ -161,7 +158,7 @@ impl BlendIndex {
     }
 
     /// Bytes allocated (approximate: the two maps' buckets and the holder lists).
-    pub fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         self.by_fingerprint.capacity() * (8 + 24 + 1)
             + self
                 .by_fingerprint
@@ -173,12 +170,12 @@ impl BlendIndex {
 }
 
 /// 0.5.6's filter size for `contents` (the smallest power of two ≥ 16 × contents, ≥ 1024).
-pub fn table_size(contents: usize) -> usize {
+pub(crate) fn table_size(contents: usize) -> usize {
     MIN_TABLE.max((TABLE_GROWTH * contents).next_power_of_two())
 }
 
 /// The stats of a coordinator without `--enable-blend-lookup`.
-pub fn disabled_stats() -> BlendStats {
+pub(crate) fn disabled_stats() -> BlendStats {
     BlendStats {
         table_size: MIN_TABLE,
         ..BlendStats::default()

@@ -3,14 +3,14 @@
 
 /// A chunk hash, inline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Hash32 {
+pub(crate) struct Hash32 {
     bytes: [u8; 32],
     len: u8,
 }
 
 impl Hash32 {
     /// From hex (any case); `None` if not even-length hex of at most 32 bytes.
-    pub fn parse(hex: &str) -> Option<Self> {
+    pub(crate) fn parse(hex: &str) -> Option<Self> {
         let raw = hex.as_bytes();
         if !raw.len().is_multiple_of(2) || raw.len() > 64 {
             return None;
@@ -37,12 +37,12 @@ impl Hash32 {
     }
 
     /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
     }
 
     /// Lowercase hex.
-    pub fn hex(&self) -> String {
+    pub(crate) fn hex(&self) -> String {
         self.as_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The document's format version.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// One pinned key and its count.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

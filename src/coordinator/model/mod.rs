@@ -28,18 +28,18 @@
 //! slices of at most [`SLICE_OPS`] events ([`Model::admit`], [`Model::apply_slice`]), so the
 //! owner answers other requests between the slices of a large request.
 
-pub mod blend;
-pub mod chunk_hash;
-pub mod directory;
+pub(crate) mod blend;
+pub(crate) mod chunk_hash;
+pub(crate) mod directory;
 pub mod events;
 pub mod fleet;
-pub mod holders;
-pub mod keys;
-pub mod metadata;
-pub mod objkey;
+pub(crate) mod holders;
+pub(crate) mod keys;
+pub(crate) mod metadata;
+pub(crate) mod objkey;
 pub mod pins;
 pub mod tokens;
-pub mod usage;
+pub(crate) mod usage;
 
 use directory::DirectoryConfig;
 use events::{Admit, Batch, Gate, Op, Tier};

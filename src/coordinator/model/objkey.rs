@@ -6,7 +6,7 @@ pub(crate) const MAX_HASH_BYTES: usize = 32;
 
 /// Why an event key cannot be tracked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// `chunk_hash_hex` is not an even-length hex string.
     #[error("chunk_hash_hex is not hex")]
     BadHex,

@@ -19,11 +19,11 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// Most compartments (tier, backend) one owner may use or declare.
-pub const MAX_COMPARTMENTS: usize = 16;
+pub(crate) const MAX_COMPARTMENTS: usize = 16;
 /// Most L1 placements tracked for one owner.
-pub const MAX_L1_PER_OWNER: usize = 1 << 20;
+pub(crate) const MAX_L1_PER_OWNER: usize = 1 << 20;
 /// Longest backend name counted.
-pub const MAX_BACKEND_LEN: usize = 64;
+pub(crate) const MAX_BACKEND_LEN: usize = 64;
 
 /// One declared compartment (a `config` batch).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

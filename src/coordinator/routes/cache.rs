@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 /// Most keys one `POST /cache/delete` sends after adding the other object groups' copies (the
 /// resolved keys themselves always go).
-pub const MAX_DELETE_KEYS: usize = 1_000_000;
+pub(crate) const MAX_DELETE_KEYS: usize = 1_000_000;
 
 #[derive(Deserialize)]
 struct PinBody {

@@ -29,10 +29,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Tenants whose usage (and quota) the history keeps: the largest by usage at each sample.
-pub const HISTORY_TENANTS: usize = 16;
+pub(crate) const HISTORY_TENANTS: usize = 16;
 
 /// Servers and tenants one feed lists at most (the totals count them all).
-pub const FEED_ROWS: usize = 1000;
+pub(crate) const FEED_ROWS: usize = 1000;
 
 const GIB: f64 = (1u64 << 30) as f64;
 

@@ -31,7 +31,7 @@ const SLOTS_PER_JOB: usize = 65_536;
 const MAX_LOOKUP_KEYS: usize = 1_000_000;
 
 /// The `/directory` routes.
-pub fn routes() -> Router<Arc<ApiState>> {
+pub(crate) fn routes() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/directory/lookup", post(lookup))
         .route("/directory/blend-lookup", post(blend_lookup))
@@ -326,11 +326,11 @@ async fn blend_lookup(
 
 /// The key directory's `/metrics` figures (its size and what its limits kept out), read on
 /// the key owner and written after.
-pub struct DirectoryMetrics([(&'static str, Kind, &'static str, u64); 10]);
+pub(crate) struct DirectoryMetrics([(&'static str, Kind, &'static str, u64); 10]);
 
 impl DirectoryMetrics {
     /// Reads the directory.
-    pub fn of(m: &crate::coordinator::model::Model) -> Self {
+    pub(crate) fn of(m: &crate::coordinator::model::Model) -> Self {
         let d = &m.directory;
         let st = d.stats();
         let c = &d.counters;
@@ -399,7 +399,7 @@ impl DirectoryMetrics {
     }
 
     /// Writes the directory's series.
-    pub fn write_to(&self, out: &mut Exposition) {
+    pub(crate) fn write_to(&self, out: &mut Exposition) {
         for (name, kind, help, v) in self.0 {
             out.one(format_args!("kvplane_coordinator_{name}"), kind, help, v);
         }

@@ -21,14 +21,14 @@ use std::sync::Arc;
 /// Counts a refusal of the coordinator's HTTP server in [`crate::coordinator::state::api_state::RefusalCounts`] (through
 /// `web::limits::counting_hook` for connection waits and read timeouts, and
 /// the HTTP stack for 413s).
-pub fn refusals(state: &Arc<ApiState>) -> RefusalCounter {
+pub(crate) fn refusals(state: &Arc<ApiState>) -> RefusalCounter {
     let state = Arc::clone(state);
     Arc::new(move |limit: WebLimit| state.refused.count(limit))
 }
 
 /// The same counting as [`refusals`], as the HTTP stack's limit hook, for a state still being
 /// built (a refusal after the state is gone counts nowhere).
-pub fn hook_of(state: std::sync::Weak<ApiState>) -> crate::web::limits::LimitHook {
+pub(crate) fn hook_of(state: std::sync::Weak<ApiState>) -> crate::web::limits::LimitHook {
     let count: RefusalCounter = Arc::new(move |limit: WebLimit| {
         if let Some(state) = state.upgrade() {
             state.refused.count(limit);
@@ -40,7 +40,7 @@ pub fn hook_of(state: std::sync::Weak<ApiState>) -> crate::web::limits::LimitHoo
 /// Extractor: the raw request body, refused with 413 past `--max-body-bytes` or when it holds
 /// more than `--max-body-items` JSON values, 408 when the peer is too slow sending it.
 #[derive(Debug)]
-pub struct JsonBody(pub Bytes);
+pub(crate) struct JsonBody(pub Bytes);
 
 impl FromRequest<Arc<ApiState>> for JsonBody {
     type Rejection = ApiError;

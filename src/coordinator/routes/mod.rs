@@ -20,12 +20,12 @@
 //! to read a body ([`parse`], [`invalid`]) and find an MP server ([`address_of`]). Must not
 //! hold model state itself.
 
-pub mod cache;
-pub mod dashboard;
-pub mod directory;
+mod cache;
+mod dashboard;
+mod directory;
 mod events;
 mod instances;
-pub mod limits;
+pub(crate) mod limits;
 pub mod openapi;
 mod prefetches;
 mod quota;

@@ -34,9 +34,6 @@ use crate::coordinator::model::Model;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
-/// A record of the coordinator's log.
-pub type Record = crate::cluster::Record<Change>;
-
 /// One event batch as the sequence gate saw it (its operations follow in [`Change::Apply`]
 /// records, slice by slice, as the leader applied them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -190,7 +187,7 @@ fn halves<T: Clone>(v: &[T]) -> Option<(Vec<T>, Vec<T>)> {
 }
 
 impl Change {
-    /// The change's bytes (msgpack): a [`Record`]'s last field.
+    /// The change's bytes (msgpack): a [`Record`](crate::cluster::Record)'s last field.
     pub fn encode(&self) -> Vec<u8> {
         // Every field is a plain value: the encoder cannot fail on it.
         rmp_serde::to_vec(self).unwrap_or_default()
@@ -321,7 +318,7 @@ impl CoordinatorState {
 /// `now` on the leader's wall clock (Unix seconds) as an instant of this process, given this
 /// process's clock `local` (an instant and the wall-clock time read with it): as long ago as
 /// the wall clocks say, never in the future.
-pub fn leader_instant(now: f64, local: (Instant, f64)) -> Instant {
+pub(crate) fn leader_instant(now: f64, local: (Instant, f64)) -> Instant {
     let ago = local.1 - now;
     if !ago.is_finite() || ago <= 0.0 {
         return local.0;

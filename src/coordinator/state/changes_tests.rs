@@ -12,6 +12,9 @@ use crate::coordinator::model::ModelConfig;
 use serde_json::{json, Value};
 use std::sync::OnceLock;
 
+/// A record of the coordinator's log.
+type Record = crate::cluster::Record<Change>;
+
 /// Unix seconds of the tests' first record.
 const T0: f64 = 1_700_000_000.0;
 

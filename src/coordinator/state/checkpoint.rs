@@ -24,15 +24,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The file's first bytes.
-pub const MAGIC: &[u8; 8] = b"KVPLCKPT";
+pub(crate) const MAGIC: &[u8; 8] = b"KVPLCKPT";
 /// LMCache 0.5.6's checkpoint magic (recognised to say so, not read).
 const LMCACHE_MAGIC: &[u8; 6] = b"LMCKPT";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// Header bytes before the payload.
 const HEADER: usize = 8 + 4 + 8 + 4;
 /// Largest checkpoint written or read (16 Mi keys with placements and 256-token chunks fit).
-pub const MAX_BYTES: u64 = 16 << 30;
+pub(crate) const MAX_BYTES: u64 = 16 << 30;
 
 /// The checkpoint settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,7 +56,7 @@ pub struct CheckpointDoc {
 
 /// Why a checkpoint was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
+pub(crate) enum CheckpointError {
     /// Reading failed (other than "not found").
     #[error("cannot read: {0}")]
     Io(#[from] std::io::Error),
@@ -83,7 +83,7 @@ pub enum CheckpointError {
 ///
 /// # Errors
 /// When the payload is over `max_bytes`.
-pub fn encode(doc: &CheckpointDoc, max_bytes: u64) -> Result<Vec<u8>, u64> {
+pub(crate) fn encode(doc: &CheckpointDoc, max_bytes: u64) -> Result<Vec<u8>, u64> {
     let payload = rmp_serde::to_vec(doc).unwrap_or_default();
     let n = payload.len() as u64;
     if n + HEADER as u64 > max_bytes {
@@ -102,7 +102,7 @@ pub fn encode(doc: &CheckpointDoc, max_bytes: u64) -> Result<Vec<u8>, u64> {
 ///
 /// # Errors
 /// [`CheckpointError`] for anything but a whole checkpoint of this version.
-pub fn decode(bytes: &[u8]) -> Result<CheckpointDoc, CheckpointError> {
+pub(crate) fn decode(bytes: &[u8]) -> Result<CheckpointDoc, CheckpointError> {
     if bytes.starts_with(LMCACHE_MAGIC) {
         return Err(CheckpointError::Lmcache);
     }
@@ -135,7 +135,7 @@ pub fn decode(bytes: &[u8]) -> Result<CheckpointDoc, CheckpointError> {
 ///
 /// # Errors
 /// [`CheckpointError`].
-pub fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, CheckpointError> {
+pub(crate) fn load(path: &Path, max_bytes: u64) -> Result<Option<CheckpointDoc>, CheckpointError> {
     let file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

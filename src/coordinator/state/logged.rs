@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The coordinator's change log as its leader writes it.
-pub type ChangeLog = crate::cluster::ChangeLog<CoordinatorState>;
+pub(crate) type ChangeLog = crate::cluster::ChangeLog<CoordinatorState>;
 
 /// The leader's log, if any: logs the change `f` builds (no copy without a log).
 #[derive(Clone, Default)]
@@ -49,7 +49,7 @@ impl Log {
 }
 
 /// The key model as the key owner holds it.
-pub struct Keys {
+pub(crate) struct Keys {
     model: Model,
     log: Log,
     /// Sees every applied batch and every server that leaves (`kvplane serve`'s indexer).
@@ -57,7 +57,7 @@ pub struct Keys {
 }
 
 /// The fleet as the fleet owner holds it.
-pub struct Members {
+pub(crate) struct Members {
     fleet: Instances,
     log: Log,
 }
@@ -65,7 +65,11 @@ pub struct Members {
 /// The owners' halves of `state`; with `log` (a cluster's leader) every change is logged in
 /// it, starting with the whole operator state (a standby that joined after the stream
 /// dropped the records that set it gets it from here).
-pub fn split(state: CoordinatorState, log: Option<Arc<ChangeLog>>, wall: f64) -> (Keys, Members) {
+pub(crate) fn split(
+    state: CoordinatorState,
+    log: Option<Arc<ChangeLog>>,
+    wall: f64,
+) -> (Keys, Members) {
     let CoordinatorState { fleet, model } = state;
     let log = Log(log);
     let keys = Keys {
@@ -79,7 +83,7 @@ pub fn split(state: CoordinatorState, log: Option<Arc<ChangeLog>>, wall: f64) ->
 
 impl Members {
     /// The fleet, to read.
-    pub fn fleet(&self) -> &Instances {
+    pub(crate) fn fleet(&self) -> &Instances {
         &self.fleet
     }
 
@@ -87,7 +91,7 @@ impl Members {
     ///
     /// # Errors
     /// The fleet is full.
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         req: Registration,
         gen: impl FnOnce() -> String,
@@ -104,7 +108,7 @@ impl Members {
     }
 
     /// A heartbeat; false for an unknown instance.
-    pub fn heartbeat(&mut self, id: String, now: Instant, wall: f64) -> bool {
+    pub(crate) fn heartbeat(&mut self, id: String, now: Instant, wall: f64) -> bool {
         let known = self.fleet.heartbeat(&id, now);
         if known {
             self.log
@@ -114,7 +118,7 @@ impl Members {
     }
 
     /// `DELETE /instances/{id}`: leaves the fleet; whether it was registered.
-    pub fn deregister(&mut self, id: String, wall: f64) -> bool {
+    pub(crate) fn deregister(&mut self, id: String, wall: f64) -> bool {
         let gone = self.fleet.remove(&id);
         if gone {
             self.log
@@ -124,7 +128,7 @@ impl Members {
     }
 
     /// The health sweep: removes the instances silent for `timeout`; returns them.
-    pub fn sweep(&mut self, now: Instant, timeout: Duration, wall: f64) -> Vec<String> {
+    pub(crate) fn sweep(&mut self, now: Instant, timeout: Duration, wall: f64) -> Vec<String> {
         let gone = self.fleet.sweep(now, timeout);
         if !gone.is_empty() {
             self.log.record(wall, || Change::TimedOut {
@@ -137,18 +141,18 @@ impl Members {
 
 impl Keys {
     /// With `tap` called after every applied batch and for every server that leaves.
-    pub fn with_tap(mut self, tap: Option<super::tap::Tap>) -> Self {
+    pub(crate) fn with_tap(mut self, tap: Option<super::tap::Tap>) -> Self {
         self.tap = tap;
         self
     }
 
     /// The key model, to read.
-    pub fn model(&self) -> &Model {
+    pub(crate) fn model(&self) -> &Model {
         &self.model
     }
 
     /// Instances left: their event cursors are forgotten.
-    pub fn forget_instances(&mut self, ids: Vec<String>, wall: f64) {
+    pub(crate) fn forget_instances(&mut self, ids: Vec<String>, wall: f64) {
         for id in &ids {
             self.model.forget_instance(id, wall);
             if let Some(tap) = &self.tap {
@@ -161,7 +165,7 @@ impl Keys {
 
     /// Admits `batches` and applies their first slices, up to `budget` events; returns what
     /// was admitted and the slices still to apply ([`Keys::apply_slice`]), in order.
-    pub fn admit(
+    pub(crate) fn admit(
         &mut self,
         batches: Vec<Batch>,
         budget: usize,
@@ -188,7 +192,7 @@ impl Keys {
 
     /// Applies one slice [`Keys::admit`] left (logged first, moved into the record and back:
     /// never copied).
-    pub fn apply_slice(&mut self, batch: Batch, wall: f64) {
+    pub(crate) fn apply_slice(&mut self, batch: Batch, wall: f64) {
         if let Some(tap) = &self.tap {
             (tap.0)(super::tap::TapEvent::Applied(&batch));
         }
@@ -206,7 +210,7 @@ impl Keys {
     ///
     /// # Errors
     /// An invalid limit.
-    pub fn set_default_limit(
+    pub(crate) fn set_default_limit(
         &mut self,
         limit_gb: Option<f64>,
         wall: f64,
@@ -222,7 +226,7 @@ impl Keys {
     ///
     /// # Errors
     /// An invalid limit, or too many quotas.
-    pub fn set_quota(
+    pub(crate) fn set_quota(
         &mut self,
         cache_salt: String,
         limit_gb: f64,
@@ -239,7 +243,7 @@ impl Keys {
     }
 
     /// `DELETE /quota/{salt}`: true if a quota existed.
-    pub fn remove_quota(&mut self, cache_salt: String, wall: f64) -> bool {
+    pub(crate) fn remove_quota(&mut self, cache_salt: String, wall: f64) -> bool {
         let existed = self.model.remove_quota(&cache_salt);
         if existed {
             self.log.record(wall, || Change::RemoveQuota { cache_salt });
@@ -251,7 +255,12 @@ impl Keys {
     ///
     /// # Errors
     /// Too many pinned keys.
-    pub fn pin(&mut self, keys: Vec<EncodedKey>, max: usize, wall: f64) -> Result<(), PinsFull> {
+    pub(crate) fn pin(
+        &mut self,
+        keys: Vec<EncodedKey>,
+        max: usize,
+        wall: f64,
+    ) -> Result<(), PinsFull> {
         let r = self.model.pins.pin(&keys, max);
         if r.is_ok() {
             self.log.record(wall, || Change::Pin { keys });
@@ -260,20 +269,20 @@ impl Keys {
     }
 
     /// `DELETE /cache/pins`: one pin less on each key.
-    pub fn unpin(&mut self, keys: Vec<EncodedKey>, wall: f64) {
+    pub(crate) fn unpin(&mut self, keys: Vec<EncodedKey>, wall: f64) {
         self.model.pins.unpin(&keys);
         self.log.record(wall, || Change::Unpin { keys });
     }
 
     /// A forced delete drops these keys' pins.
-    pub fn drop_pins(&mut self, keys: Vec<EncodedKey>, wall: f64) {
+    pub(crate) fn drop_pins(&mut self, keys: Vec<EncodedKey>, wall: f64) {
         self.model.pins.drop_pins(&keys);
         self.log.record(wall, || Change::DropPins { keys });
     }
 
     /// The startup resync seeds one page of `instance_id`'s listing of `backend`; returns how
     /// many copies were added.
-    pub fn seed(
+    pub(crate) fn seed(
         &mut self,
         instance_id: String,
         backend: String,
@@ -296,7 +305,7 @@ impl Keys {
 
     /// The eviction cycle drops the L2 copies of the servers that left at or before `cutoff`;
     /// returns those servers.
-    pub fn expire_departed(&mut self, cutoff: f64, wall: f64) -> Vec<String> {
+    pub(crate) fn expire_departed(&mut self, cutoff: f64, wall: f64) -> Vec<String> {
         if !self.model.has_departed_before(cutoff) {
             return Vec::new();
         }
@@ -306,18 +315,18 @@ impl Keys {
 
     /// The eviction plan: victims per holder, marked in flight (not logged, see the module
     /// docs).
-    pub fn plan_evictions(&mut self) -> Vec<Victims> {
+    pub(crate) fn plan_evictions(&mut self) -> Vec<Victims> {
         self.model.plan_evictions()
     }
 
     /// A failed eviction dispatch: its keys may be planned again (not logged).
-    pub fn release(&mut self, keys: &[EncodedKey]) {
+    pub(crate) fn release(&mut self, keys: &[EncodedKey]) {
         self.model.release(keys);
     }
 
     /// Logs the whole operator state (quotas, default quota, pins), replacing a follower's.
     /// Nothing without a log.
-    pub fn log_metadata(&self, wall: f64) {
+    pub(crate) fn log_metadata(&self, wall: f64) {
         self.log.record(wall, || Change::Metadata {
             replace: true,
             doc: self.model.capture_metadata(wall),

@@ -24,17 +24,17 @@
 //! - [`api_state`] — what the routes, the metrics and the dashboard share.
 
 pub mod api_state;
-pub mod changes;
-pub mod checkpoint;
+pub(crate) mod changes;
+pub(crate) mod checkpoint;
 pub mod driver;
-pub mod files;
-pub mod logged;
+pub(crate) mod files;
+pub(crate) mod logged;
 pub mod metadata;
 pub mod outbound;
 pub mod resync;
-pub mod snapshot;
+pub(crate) mod snapshot;
 pub mod tap;
-pub mod writes;
+pub(crate) mod writes;
 
 use crate::coordinator::{
     cluster, model, routes, Coordinator, CoordinatorConfig, CoordinatorServer,

@@ -14,7 +14,7 @@
 //! ([`DirCounters`]). Pure: no I/O, no clock.
 
 use super::blend::{self, BlendIndex, Namespace};
-pub use super::chunk_hash::Hash32;
+pub(crate) use super::chunk_hash::Hash32;
 use super::events::{Batch, Op, Tier};
 use super::keys::EncodedKey;
 use super::tokens::UNKNOWN_OFFSET;
@@ -30,7 +30,7 @@ const SEGMENT: usize = 4096;
 const SHARDS: usize = 256;
 /// Most token ids the directory keeps over all chunks (1 GiB as `u32`: 1 Mi chunks of 256
 /// tokens); a chunk beyond is kept without its tokens (`tokens_refused`).
-pub const MAX_TOKEN_IDS: usize = 256 << 20;
+pub(crate) const MAX_TOKEN_IDS: usize = 256 << 20;
 
 /// Limits of the directory.
 #[derive(Clone, Debug, PartialEq)]
@@ -145,7 +145,7 @@ impl Directory {
             backends: Names::new(usize::from(u16::MAX).min(config.max_names)),
             l1: IndexMap::new(),
             totals: [(0, 0); 2],
-            blend: config.blend.map(|(c, s)| BlendIndex::new(c, s)),
+            blend: config.blend.map(|(c, _)| BlendIndex::new(c)),
             counters: DirCounters::default(),
             config,
         }
@@ -624,10 +624,10 @@ impl Directory {
 }
 
 mod read;
-pub use read::{DirectoryStats, KeyFilter, KeyView, ListedKey, PlacementView, Scan};
+pub(crate) use read::{KeyFilter, PlacementView, Scan};
 
 mod dump;
-pub use dump::DirectoryDump;
+pub(crate) use dump::DirectoryDump;
 
 #[cfg(test)]
 mod tests;

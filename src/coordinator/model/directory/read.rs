@@ -273,7 +273,7 @@ impl Directory {
     /// Turns on the blend index (`--enable-blend-lookup`) and indexes the chunks already held
     /// (after a restore).
     pub fn enable_blend(&mut self, chunk_size: usize, probe_stride: usize) {
-        let mut x = BlendIndex::new(chunk_size, probe_stride);
+        let mut x = BlendIndex::new(chunk_size);
         for shard in &self.bindings {
             for (h, b) in shard {
                 if x.indexable(&b.tokens, b.offset) {

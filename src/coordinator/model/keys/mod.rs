@@ -30,7 +30,7 @@
 
 use super::holders::{Holders, FLEET};
 pub(crate) use super::objkey::{lookup_compact, CompactKey, HEX};
-pub use super::objkey::{EncodedKey, KeyError};
+pub(crate) use super::objkey::{EncodedKey, KeyError};
 use hashbrown::{DefaultHashBuilder, HashTable};
 use indexmap::IndexSet;
 use std::hash::BuildHasher;
@@ -40,7 +40,7 @@ use slots::{at, at_mut, push_newest, unlink, SaltKeys, Slot, NIL};
 pub(crate) use slots::{Placement, SEGMENT};
 
 mod dump;
-pub use dump::KeysDump;
+pub(crate) use dump::KeysDump;
 
 /// Keys of one salt at which its table is split into [`SHARDS`] tables.
 pub(crate) const SPLIT_AT: usize = 64 * 1024;
