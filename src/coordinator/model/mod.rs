@@ -1,19 +1,19 @@
 //! The coordinator's pure state: no I/O, no clock (`now` is passed in), no task. What the
 //! owners in [`crate::coordinator::state`] hold and change.
 //!
-//! - [`objkey`] — object keys: the wire form and the compact one.
-//! - [`keys`] — tracked L2 keys and their copies per holder and backend: compact 56-byte
+//! - `objkey` — object keys: the wire form and the compact one.
+//! - `keys` — tracked L2 keys and their copies per holder and backend: compact 56-byte
 //!   slots, per-salt usage and LRU lists.
-//! - [`holders`] — the servers (live or departed) and the fleet holding copies; backends.
+//! - `holders` — the servers (live or departed) and the fleet holding copies; backends.
 //! - [`fleet`] — registered MP servers, heartbeats, the timeout sweep.
 //! - [`events`] — the two usage-event bodies (documented `POST /quota/events`, 0.5.6
 //!   `POST /events`) and the per-instance sequence gate.
-//! - [`usage`] — bytes per instance and compartment against declared capacities.
-//! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes, [`chunk_hash`]), and the
+//! - `usage` — bytes per instance and compartment against declared capacities.
+//! - [`pins`] — token sequences to object keys (BLAKE3 chunk hashes, `chunk_hash`), and the
 //!   pin table.
-//! - [`metadata`] — the operator-set state (quotas, the default quota, pins) as one document.
-//! - [`directory`] — the key directory (0.5.6's `/directory/*`): placements per holder,
-//!   access counts, token ids once per chunk; [`blend`] its CacheBlend content index;
+//! - `metadata` — the operator-set state (quotas, the default quota, pins) as one document.
+//! - `directory` — the key directory (0.5.6's `/directory/*`): placements per holder,
+//!   access counts, token ids once per chunk; `blend` its CacheBlend content index;
 //!   [`tokens`] the store events' token ids as batches carry them.
 //!
 //! [`Model`]: the coordinator's key state as one plain struct with plain methods: event gate, tracked

@@ -2,7 +2,7 @@
 //! the wire without failing a batch (a value outside `u32` drops that entry's tokens, as
 //! 0.5.6 skips the binding with a warning), kept once per chunk hash in a [`Batch`]'s
 //! `tokens` (the ranks and object groups of one chunk share its tokens), and cut along with
-//! a batch's slices. The key directory ([`super::directory`]) keeps them. Pure.
+//! a batch's slices. The key directory (`super::directory`) keeps them. Pure.
 //!
 //! [`Batch`]: super::events::Batch
 

@@ -7,17 +7,17 @@
 //! - `quota.rs` — `/quota`: quotas, the default quota and their usage.
 //! - `events.rs` — the usage events (`POST /quota/events`, `POST /events`).
 //! - `prefetches.rs` — `/cache/prefetches`, forwarded to an MP server.
-//! - [`cache`] — `/cache/pins` and `/cache/delete` (token sequences → keys → pins / a
+//! - `cache` — `/cache/pins` and `/cache/delete` (token sequences → keys → pins / a
 //!   server's `DELETE /cache/objects`).
-//! - [`directory`] — the `/directory` routes.
-//! - [`dashboard`] — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
+//! - `directory` — the `/directory` routes.
+//! - `dashboard` — the Fleet page (`/`) and its read-only JSON feed (`/api/dashboard`).
 //! - `status.rs` — `/metrics`, `/readyz`, `/coordinator/cluster`.
 //! - [`openapi`] — `GET /openapi.json`, from the route table.
-//! - [`limits`] — the HTTP limits' refusals (413/408) and their counts.
+//! - `limits` — the HTTP limits' refusals (413/408) and their counts.
 //!
 //! Owns request validation and the error envelope (`{"detail": ...}`, FastAPI's shape; a
 //! 422 lists `{"type","loc","msg"}` naming the field), with the helpers every route file uses
-//! to read a body ([`parse`], [`invalid`]) and find an MP server ([`address_of`]). Must not
+//! to read a body (`parse`, `invalid`) and find an MP server (`address_of`). Must not
 //! hold model state itself.
 
 mod cache;

@@ -17,7 +17,7 @@
 //! dispatches are in flight the next cycle is skipped (counted), which bounds outbound work
 //! to one cycle.
 //!
-//! The owners hold their state as [`Keys`] and [`Members`] (`super::logged`): a read job gets
+//! The owners hold their state as `Keys` and `Members` (`super::logged`): a read job gets
 //! `&Model` or `&Instances`; a change is one of their logged methods, sent as a job by a
 //! [`Handle`] write method (`super::writes`) or run by the owner's own loop (the sweep, the
 //! expiry of departed servers), so on a cluster's leader every change is logged in the job
@@ -127,7 +127,7 @@ async fn call<S: 'static, R: Send + 'static>(
 
 impl Handle {
     /// Runs `f` on the key model (with monotonic and wall-clock now) and returns its result.
-    /// A read: changes are [`Keys`]' logged methods (`super::writes`).
+    /// A read: changes are `Keys`' logged methods (`super::writes`).
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.
@@ -140,7 +140,7 @@ impl Handle {
     }
 
     /// Runs `f` on the fleet (with monotonic and wall-clock now) and returns its result. A
-    /// read: changes are [`Members`]' logged methods (`super::writes`).
+    /// read: changes are `Members`' logged methods (`super::writes`).
     ///
     /// # Errors
     /// [`Stopped`] after shutdown.

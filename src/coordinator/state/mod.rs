@@ -1,22 +1,19 @@
 //! The coordinator's state and who owns it: the pure model ([`crate::coordinator::model`])
-//! held by two owner tasks ([`driver`]), changed only through logged methods ([`logged`],
-//! [`writes`]), persisted ([`metadata`], [`checkpoint`], [`files`]), replicated
-//! ([`changes`], [`snapshot`]) and seeded ([`resync`]); the routes' shared state
-//! ([`api_state`]); [`outbound`] the calls to MP servers; [`tap`] the hook an embedding
-//! process feeds on. [`serve`] starts it all around a state and an HTTP listener.
+//! held by its owners, persisted, replicated and seeded. `serve` (this file) starts the
+//! owners, the startup resync and the HTTP server around a state.
 //!
 //! - [`driver`] — the two owner tasks (the key model, the fleet): read jobs, the sweep and
 //!   eviction loops; dispatches spawned with timeouts.
-//! - [`logged`] — the state as the owners hold it ([`logged::Keys`], [`logged::Members`]):
+//! - `logged` — the state as the owners hold it (`logged::Keys`, `logged::Members`):
 //!   read freely, changed only through methods that log the change on a cluster's leader.
-//! - [`writes`] — every state change as one [`driver::Handle`] method, a job running the
+//! - `writes` — every state change as one [`driver::Handle`] method, a job running the
 //!   owner's logged method.
-//! - [`changes`] — `--cluster`: the change log's records (the inputs the leader applied, with
-//!   its `now`) and the [`changes::CoordinatorState`] a standby applies them to (the
-//!   replication core's `Replicated` state); [`snapshot`] its dump.
+//! - `changes` — `--cluster`: the change log's records (the inputs the leader applied, with
+//!   its `now`) and the `changes::CoordinatorState` a standby applies them to (the
+//!   replication core's `Replicated` state); `snapshot` its dump.
 //! - [`metadata`] — `--metadata-path`: quotas and pins saved after each change, loaded at
-//!   start (kvplane's file or LMCache 0.5.6's); [`files`] the atomic file writer.
-//! - [`checkpoint`] — `--checkpoint-path`: the model's dump written periodically and at a
+//!   start (kvplane's file or LMCache 0.5.6's); `files` the atomic file writer.
+//! - `checkpoint` — `--checkpoint-path`: the model's dump written periodically and at a
 //!   clean stop, restored at start.
 //! - [`resync`] — the startup resync over a server's `GET /cache/objects`.
 //! - [`outbound`] — HTTP calls to MP servers, bounded in time and size.
