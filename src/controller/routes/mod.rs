@@ -218,6 +218,7 @@ pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
             on_limit: limit_hook(&shared),
         }),
         guard: Guard::JsonWrites,
+        style: crate::web::json::ErrorStyle::FastApi,
     };
     stack
         .finish(app.merge(dashboard::routes()))

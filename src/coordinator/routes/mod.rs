@@ -204,5 +204,6 @@ fn stack(state: &ApiState, limits: HttpLimits) -> Stack {
         limits,
         metrics: Arc::clone(&state.http_metrics),
         guard: Guard::OriginOnly,
+        style: crate::web::json::ErrorStyle::FastApi,
     }
 }
