@@ -6,7 +6,7 @@
 //! log and applies each record to the [`CoordinatorState`] it keeps, binding no port. One
 //! process holds the `coordinator` lease: it serves HTTP, runs the health sweep, the eviction
 //! loop (the only dispatcher) and, when needed, the startup resync, and logs every change it
-//! applies (each in the owner job that applies it: `super::logged`). When the lease lapses, a
+//! applies (each in the owner job that applies it: `super::state::logged`). When the lease lapses, a
 //! standby takes it over: the core announces the new epoch and reads the log up to it; then
 //! the followed state is handed to the owners ([`Serves`]), which log the operator state as a
 //! whole first, and the startup resync runs only if that state is not known to be complete.
@@ -15,8 +15,8 @@
 //! `Fence`). Standbys in sync publish snapshots (the core), so one started after the stream
 //! dropped the log's start restores the latest and is in sync.
 
-use super::changes::CoordinatorState;
-use super::driver::Dispatcher;
+use super::state::changes::CoordinatorState;
+use super::state::driver::Dispatcher;
 use super::{Coordinator, CoordinatorConfig, Leading};
 use crate::cluster::{Candidate, ClusterConfig, Fence, LeaderService, LeaseGuard, Owned};
 use crate::service::{Running, StartError};

@@ -6,15 +6,15 @@
 use super::*;
 use crate::cluster::core_tests::drain;
 use crate::cluster::{Lease, LogStats, Record};
-use crate::coordinator::changes::tests::{
+use crate::coordinator::state::changes::tests::{
     batch, config, fleet_view, key, model_view, reg, stores, Follower,
 };
-use crate::coordinator::changes::Change;
-use crate::coordinator::driver::{self, wall_now, Timing};
-use crate::coordinator::events::Op;
-use crate::coordinator::events::Tier;
-use crate::coordinator::logged::ChangeLog;
+use crate::coordinator::model::events::Op;
+use crate::coordinator::model::events::Tier;
 use crate::coordinator::model::Model;
+use crate::coordinator::state::changes::Change;
+use crate::coordinator::state::driver::{self, wall_now, Timing};
+use crate::coordinator::state::logged::ChangeLog;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::time::Instant;

@@ -29,7 +29,7 @@ pub(crate) enum Command {
     /// (docs/ROUTER.md).
     Router(kvplane::router::RouterArgs),
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
-    Coordinator(kvplane::coordinator::args::CoordinatorArgs),
+    Coordinator(kvplane::coordinator::config::args::CoordinatorArgs),
     /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
     Node(kvplane::node::config::NodeArgs),
 }
@@ -91,7 +91,7 @@ fn layout(plain: &clap::Command, sub: &str) -> Option<Layout> {
         }
         // LMCache's MP coordinator variables, after the old shared cluster names.
         "coordinator" => {
-            let mut layout = kvplane::coordinator::args::layout();
+            let mut layout = kvplane::coordinator::config::args::layout();
             layout
                 .aliases
                 .splice(0..0, deprecated("COORDINATOR", &old, &[]));

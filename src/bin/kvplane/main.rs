@@ -83,12 +83,14 @@ fn main() -> anyhow::Result<()> {
                 None => None,
             };
             let coordinator = match args.coordinator_port {
-                Some(port) => Some(kvplane::coordinator::args::embedded(&Embedded::new(
-                    &config.host,
-                    port,
-                    &env,
-                    section("coordinator")?.flatten().as_ref(),
-                ))?),
+                Some(port) => Some(kvplane::coordinator::config::args::embedded(
+                    &Embedded::new(
+                        &config.host,
+                        port,
+                        &env,
+                        section("coordinator")?.flatten().as_ref(),
+                    ),
+                )?),
                 None => None,
             };
             run(&runtime, |mut runner| {
