@@ -6,7 +6,7 @@
 #![allow(missing_docs)]
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvplane::index::Index;
+use kvplane::controller::model::index::Index;
 use kvplane::protocol::{ChunkHash, KVOpEvent, OpType};
 
 const LOC: &str = "LocalCPUBackend";

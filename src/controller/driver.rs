@@ -11,9 +11,9 @@
 //! Must not: decode frames (the socket loops do), decide what a message means (the model
 //! does), read the system clock (time comes from the [`Clock`] it was given).
 
-use super::changes::Change;
+use super::model::changes::Change;
 use super::clock::Clock;
-use super::command_log::{CommandLog, CommandRecord};
+use super::model::command_log::{CommandLog, CommandRecord};
 use super::downlink::Downlink;
 use super::limits::{LimitLog, LogThrottle};
 use super::model::{
@@ -24,8 +24,8 @@ use super::report::Reporter;
 use super::socket_stats::{LoopStats, SocketStats};
 use crate::cluster::{ChangeLog, ClusterStatus, Host};
 use crate::config::ServeConfig;
-use crate::index::{BatchOutcome, Index, IndexConfig};
-use crate::metrics::Metrics;
+use crate::controller::model::index::{BatchOutcome, Index, IndexConfig};
+use super::metrics::Metrics;
 use crate::net::{host_port, route_source};
 use crate::protocol::{encode, ChunkHash, KVOpEvent, Msg};
 use parking_lot::{

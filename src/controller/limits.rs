@@ -10,7 +10,7 @@
 //! [`LogThrottle`] is the throttle itself; the socket loops also use one for frames they drop,
 //! so that a peer sending garbage cannot flood the log either.
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 use crate::web::limits::WebLimit;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};

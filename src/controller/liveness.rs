@@ -6,7 +6,7 @@
 //! that stays silent and does not answer within the downlink timeout is removed.
 //!
 //! At most `--max-concurrent-probes` probes are in flight (`kvplane_probes_in_flight`); each
-//! result takes the state lock once, for an O(1) check ([`crate::index::Index::is_stale`]),
+//! result takes the state lock once, for an O(1) check ([`crate::controller::model::index::Index::is_stale`]),
 //! and the lock is never held across an `.await`. Owns no state of its own.
 
 use super::driver::Shared;

@@ -18,17 +18,15 @@
 //! Decides nothing about the wire format (that is `protocol`) or the bookkeeping (that is
 //! `index`), and touches sockets only through `transport`.
 
-pub mod changes;
 pub mod clock;
 pub mod cluster;
-pub mod command_log;
 pub mod config;
 pub mod downlink;
 pub mod driver;
-pub mod effects;
 pub mod limits;
 pub mod liveness;
 pub mod loops;
+pub mod metrics;
 pub mod model;
 pub mod peer_drops;
 mod report;

@@ -7,8 +7,8 @@
 use super::limits::{Limit, LimitLog, LogThrottle};
 use super::model::Event;
 use crate::config::ServeConfig;
-use crate::index::{BatchOutcome, IndexError};
-use crate::metrics::Metrics;
+use crate::controller::model::index::{BatchOutcome, IndexError};
+use super::metrics::Metrics;
 
 /// What reporting reads and counts: the driver's metrics, throttles and limits.
 pub(crate) struct Reporter<'a> {

@@ -13,8 +13,8 @@
 //! - `report` — admits and evicts per tier to a controller, through `crate::worker`.
 //! - `coordinator_link` — registration, heartbeats and L2 usage events to a coordinator.
 //!
-//! This module owns nothing of the controller's (`crate::controller`, `crate::http`,
-//! `crate::metrics`) and must not touch it.
+//! This module owns nothing of the controller's (`crate::controller`, its metrics included)
+//! and must not touch it.
 
 mod arena;
 pub mod args;

@@ -15,10 +15,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("transport", &[]),
     ("net", &[]),
-    ("metrics", &[]),
     ("memory", &[]),
     ("config", &["protocol"]),
-    ("index", &["protocol"]),
     ("web", &["config"]),
     // The cluster's metrics are written with the one `/metrics` writer (web::exposition).
     ("cluster", &["config", "web"]),
@@ -35,8 +33,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "cluster",
             "config",
-            "index",
-            "metrics",
             "net",
             "protocol",
             "service",

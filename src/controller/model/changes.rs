@@ -15,7 +15,7 @@
 //! leader's first record is [`Change::Takeover`] and the state carries over from the previous
 //! epoch. Pure and synchronous: no clocks, no I/O.
 
-use super::model::{Fleet, FleetDump, ProbeTarget, RequestContext, RouterKind, WorkerKey};
+use super::{Fleet, FleetDump, ProbeTarget, RequestContext, RouterKind, WorkerKey};
 use crate::cluster::{Replicated, Stamp};
 use crate::protocol::{decode, decode_batch, KVOpEvent};
 use serde::{Deserialize, Serialize};

@@ -5,8 +5,8 @@ use super::*;
 use crate::cluster::{
     apply_record, decode_snapshot, encode_snapshot, Applied, LogCursor, Position,
 };
-use crate::controller::command_log::CommandLog;
-use crate::index::{Index, IndexConfig};
+use crate::controller::model::command_log::CommandLog;
+use crate::controller::model::index::{Index, IndexConfig};
 use crate::protocol::{
     encode, BatchedKVOperationMsg, DeRegisterMsg, FullSyncEndMsg, HeartbeatMsg, Msg, OpType,
     RegisterMsg,

@@ -5,7 +5,7 @@
 //! Plain data: no I/O, no tokio. Produced by `model.rs`, consumed by `driver.rs` and
 //! `report.rs`.
 
-use crate::index::{BatchOutcome, IndexError};
+use super::index::{BatchOutcome, IndexError};
 
 /// `(instance_id, worker_id)`: how LMCache names a worker.
 pub type WorkerKey = (String, i64);

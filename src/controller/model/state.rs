@@ -9,8 +9,8 @@
 //! whatever order its messages arrive in.
 
 use super::command_log::CommandLog;
-pub use super::effects::{DropReason, Effect, Event, RemovalReason, WorkerKey};
-use crate::index::{
+use super::effects::{DropReason, Effect, Event, RemovalReason, WorkerKey};
+use super::index::{
     BatchOutcome, HeartbeatOutcome, Index, IndexError, RegisterOutcome, SyncBatchOutcome,
     SyncEndOutcome, REASON_WORKER_RE_REGISTERED,
 };
@@ -76,7 +76,7 @@ pub struct RequestContext {
 /// keeps). The command log is soft state and not in it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FleetDump {
-    index: crate::index::IndexDump,
+    index: super::index::IndexDump,
     downlinks: Vec<(WorkerKey, u64, String)>,
     next_generation: u64,
 }
@@ -187,9 +187,9 @@ impl Fleet {
     /// # Errors
     /// When `config`'s limits cannot hold the dump.
     pub fn restore(
-        config: crate::index::IndexConfig,
+        config: super::index::IndexConfig,
         dump: &FleetDump,
-    ) -> Result<Self, crate::index::IndexError> {
+    ) -> Result<Self, super::index::IndexError> {
         let mut fleet = Fleet::new(Index::restore(config, &dump.index)?, CommandLog::default());
         fleet.next_generation = dump.next_generation;
         for (key, generation, endpoint) in &dump.downlinks {
@@ -409,10 +409,10 @@ impl Fleet {
     }
 
     /// Asks every worker for a full sync at its next heartbeat
-    /// ([`REASON_TAKEOVER_INCOMPLETE`](crate::index::REASON_TAKEOVER_INCOMPLETE)).
+    /// ([`REASON_TAKEOVER_INCOMPLETE`](super::index::REASON_TAKEOVER_INCOMPLETE)).
     pub fn request_resync_all(&mut self) {
         self.index
-            .request_resync_all(crate::index::REASON_TAKEOVER_INCOMPLETE);
+            .request_resync_all(super::index::REASON_TAKEOVER_INCOMPLETE);
     }
 
     /// Every downlink as an effect to open: a standby taking over starts the tasks of the
@@ -773,5 +773,5 @@ impl Fleet {
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
+#[path = "state_tests.rs"]
 mod tests;

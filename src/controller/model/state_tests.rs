@@ -1,7 +1,7 @@
 //! Unit tests of the [`Fleet`] model: no runtime, no sockets, no clock — `now` is a number.
 
 use super::*;
-use crate::index::IndexConfig;
+use crate::controller::model::index::IndexConfig;
 use crate::protocol::ChunkHash;
 use crate::protocol::{
     DeRegisterMsg, FullSyncStartMsg, HeartbeatMsg, KVAdmitMsg, KVEvictMsg, RegisterMsg,

@@ -10,7 +10,7 @@
 use super::counters::{counters, Counters};
 use super::history::{History, HistoryPage};
 use crate::controller::Shared;
-use crate::index::{LocationView, WorkerView};
+use crate::controller::model::index::{LocationView, WorkerView};
 use crate::web::error::{ApiError, FieldError};
 use crate::web::history::feed_response;
 use axum::extract::rejection::QueryRejection;

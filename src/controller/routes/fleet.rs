@@ -6,7 +6,7 @@
 use super::lookup::worker_info;
 use crate::controller::socket_stats::LoopStats;
 use crate::controller::Shared;
-use crate::index::WorkerView;
+use crate::controller::model::index::WorkerView;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::exposition::Exposition;
 use axum::extract::rejection::QueryRejection;

@@ -4,7 +4,7 @@
 use super::lookup_hash::chunk_hashes;
 use super::new_event_id;
 use crate::controller::Shared;
-use crate::index::WorkerView;
+use crate::controller::model::index::WorkerView;
 use crate::protocol::ChunkHash;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};

@@ -722,7 +722,7 @@ pub(crate) async fn check_finish(
         return Err(ApiError::NotFound(format!(
             "Unknown event_id {} (the controller remembers the last {} commands)",
             req.event_id,
-            crate::controller::command_log::COMMAND_LOG_CAPACITY
+            crate::controller::model::command_log::COMMAND_LOG_CAPACITY
         )));
     };
     let mut body = json!({

@@ -53,13 +53,10 @@ fn put(ix: &mut Index, inst: &str, wid: i64, loc: &str, keys: &[i64]) {
     ));
 }
 
-#[path = "tests_sync.rs"]
 mod sync;
 
-#[path = "tests_lookup.rs"]
 mod lookup;
 
-#[path = "tests_limits.rs"]
 mod limits;
 
 #[test]
