@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use kvplane::config::{ApiToken, ServeConfig};
-use kvplane::controller::Shared;
+use kvplane::controller::Driver;
 use kvplane::controller::routes::{api_routes, router, Access};
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, OnceLock};
@@ -40,7 +40,7 @@ fn world() -> &'static World {
         config.api_token = Some(ApiToken::new(TOKEN));
         let app = {
             let _guard = rt.enter();
-            router(Arc::new(Shared::new(config, Some(1))))
+            router(Arc::new(Driver::new(config, Some(1))))
         };
         World { rt, app }
     })

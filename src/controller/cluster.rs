@@ -3,7 +3,7 @@
 //!
 //! Every `kvplane serve --cluster` process starts as a standby: the core's [`Follower`] reads
 //! the cluster's `controller` log and applies each record to the controller's own fleet, under
-//! its state lock ([`Shared`] is the fleet's `Host`), binding no port. One of them holds the
+//! its state lock ([`Driver`] is the fleet's `Host`), binding no port. One of them holds the
 //! `controller` lease; it logs every change it applies (under the same lock, so in apply
 //! order) through the core's `ChangeLog`. When the lease lapses, a standby takes it over
 //! ([`Standby::take_over`]): the core announces the new epoch and reads the log up to it; then
@@ -11,14 +11,14 @@
 //! what it followed had a gap), and the caller binds the controller's sockets. The leader
 //! renews the lease ([`Standby::hold`]) and stops the moment it is lost.
 
-use super::driver::Shared;
+use super::driver::Driver;
 use crate::cluster::{ClusterConfig, ClusterError, Follower, Lease};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// A controller following the cluster's log, ready to take over (unless a read replica).
 pub struct Standby {
-    follower: Follower<Shared>,
+    follower: Follower<Driver>,
 }
 
 impl Standby {
@@ -29,7 +29,7 @@ impl Standby {
     /// When NATS cannot be reached or JetStream set up.
     pub async fn join(
         config: ClusterConfig,
-        shared: &Arc<Shared>,
+        shared: &Arc<Driver>,
         replica: bool,
     ) -> Result<Self, ClusterError> {
         let follower = Follower::join(
@@ -49,7 +49,7 @@ impl Standby {
     /// `None` once `cancel`.
     pub async fn take_over(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<Driver>,
         cancel: &CancellationToken,
     ) -> Option<Lease> {
         let lead = self.follower.take_over(cancel).await?;

@@ -31,7 +31,7 @@ pub enum Limit {
     FrameBytes,
     /// `--max-body-bytes`: an HTTP request got 413.
     HttpBodyBytes,
-    /// The full-sync range budget (built in, `IndexConfig::max_sync_ranges` and
+    /// The full-sync range budget (built in, `ChunkIndexConfig::max_sync_ranges` and
     /// `max_sync_ranges_per_worker`): an out-of-order full-sync batch was refused.
     SyncRanges,
     /// `--max-body-items`: an HTTP request got 413 before its body was parsed.
@@ -119,7 +119,7 @@ impl Limit {
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-struct Slot {
+struct ThrottleState {
     last_log: Option<Instant>,
     suppressed: u64,
 }
@@ -127,7 +127,7 @@ struct Slot {
 /// Lets one log line through every [`LOG_EVERY`] and counts the ones it holds back.
 #[derive(Debug, Default)]
 pub struct LogThrottle {
-    slot: Mutex<Slot>,
+    slot: Mutex<ThrottleState>,
 }
 
 impl LogThrottle {

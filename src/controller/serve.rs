@@ -3,10 +3,10 @@
 //! the lease is held ([`standby`], [`run_leader`]) or serve reads as a replica
 //! ([`run_replica`]). Every path returns or runs a [`crate::service::Running`].
 //!
-//! Owns no state of its own: the state is [`Shared`]; the loops are in `loops`, `liveness`,
+//! Owns no state of its own: the state is [`Driver`]; the loops are in `loops`, `liveness`,
 //! `routes`.
 
-use super::{loops, BoundAddrs, Clock, RouterKind, Shared};
+use super::{loops, BoundAddrs, Clock, Driver, RouterKind};
 use crate::config::{MonitorPorts, ServeConfig};
 use crate::net::host_port;
 use crate::service::{bind_tcp, Running, StartError, DRAIN_DEADLINE};
@@ -20,7 +20,7 @@ pub struct Controller {
     /// The addresses actually bound.
     pub addrs: BoundAddrs,
     /// The controller's state and its driver, for tests and embedding.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<Driver>,
 }
 
 /// A running controller (`server.addrs`, `server.shared` through `Deref`).
@@ -39,7 +39,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
 pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
-    serve_shared(Arc::new(Shared::with_clock(config, None, clock))).await
+    serve_shared(Arc::new(Driver::with_clock(config, None, clock))).await
 }
 
 /// Binds every socket of `shared`'s configuration and starts serving its state (a standby
@@ -47,7 +47,7 @@ pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Serve
 ///
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
-pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
+pub async fn serve_shared(shared: Arc<Driver>) -> Result<Server, StartError> {
     let config = &shared.config;
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
@@ -184,7 +184,7 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
 /// A controller that took the cluster's lease (`--cluster`), not yet serving: see
 /// [`standby`] and [`run_leader`].
 pub struct Leadership {
-    shared: Arc<Shared>,
+    shared: Arc<Driver>,
     standby: super::cluster::Standby,
     lease: crate::cluster::Lease,
 }
@@ -200,7 +200,7 @@ pub async fn standby(
     cluster: crate::cluster::ClusterConfig,
     shutdown: &CancellationToken,
 ) -> Result<Option<Leadership>, StartError> {
-    let shared = Arc::new(Shared::new(config, None));
+    let shared = Arc::new(Driver::new(config, None));
     let stop = shared.shutdown_token().clone();
     // Any error below stops the tasks started so far.
     let stop_on_error = stop.clone().drop_guard();
@@ -286,7 +286,7 @@ pub async fn run_replica(
         heartbeat: None,
     };
     config.health_check_interval = None;
-    let shared = Arc::new(Shared::new(config, None));
+    let shared = Arc::new(Driver::new(config, None));
     let stop_on_error = shared.shutdown_token().clone().drop_guard();
     let _standby = super::cluster::Standby::join(cluster, &shared, true)
         .await

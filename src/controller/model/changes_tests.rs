@@ -6,15 +6,15 @@ use crate::cluster::{
     apply_record, decode_snapshot, encode_snapshot, Applied, LogCursor, Position,
 };
 use crate::controller::model::command_log::CommandLog;
-use crate::controller::model::index::{Index, IndexConfig};
+use crate::controller::model::index::{ChunkIndex, ChunkIndexConfig};
 use crate::protocol::{
     encode, BatchedKVOperationMsg, DeRegisterMsg, FullSyncEndMsg, HeartbeatMsg, Msg, OpType,
     RegisterMsg,
 };
 
-fn fleet() -> Fleet {
-    Fleet::new(
-        Index::with_config(IndexConfig::default()),
+fn fleet() -> ControllerState {
+    ControllerState::new(
+        ChunkIndex::with_config(ChunkIndexConfig::default()),
         CommandLog::default(),
     )
 }
@@ -86,7 +86,7 @@ impl Follower {
         &self.cursor
     }
 
-    fn apply(&mut self, fleet: &mut Fleet, r: &Record) -> Applied {
+    fn apply(&mut self, fleet: &mut ControllerState, r: &Record) -> Applied {
         let local = (std::time::Instant::now(), 0.0);
         apply_record(&mut self.cursor, fleet, r.clone(), local)
     }
@@ -94,14 +94,14 @@ impl Follower {
 
 /// A leader: applies each input to its fleet and logs it as the driver does.
 struct Leader {
-    fleet: Fleet,
+    fleet: ControllerState,
     epoch: u64,
     seq: u64,
     log: Vec<Record>,
 }
 
 impl Leader {
-    fn new(fleet: Fleet, epoch: u64, fresh: bool) -> Self {
+    fn new(fleet: ControllerState, epoch: u64, fresh: bool) -> Self {
         let mut l = Leader {
             fleet,
             epoch,
@@ -156,7 +156,7 @@ impl Leader {
 }
 
 /// What a router or an operator can see of a fleet.
-fn view(f: &Fleet) -> String {
+fn view(f: &ControllerState) -> String {
     let ix = f.index();
     let mut downlinks: Vec<_> = f.downlinks().map(|(k, d)| (k.clone(), d.clone())).collect();
     downlinks.sort_by(|a, b| a.0.cmp(&b.0));
@@ -175,7 +175,7 @@ fn view(f: &Fleet) -> String {
     )
 }
 
-fn follow(follower: &mut Follower, fleet: &mut Fleet, log: &[Record]) -> Vec<Applied> {
+fn follow(follower: &mut Follower, fleet: &mut ControllerState, log: &[Record]) -> Vec<Applied> {
     log.iter()
         .map(|r| {
             let bytes = r.encode();
@@ -410,7 +410,7 @@ fn a_snapshot_restores_the_fleet_and_the_log_goes_on_from_it() {
     follow(&mut f1, &mut first, &leader.log[..cut]);
     f1.cursor.note_stream_seq(cut as u64);
     let bytes = encode_snapshot(&f1.cursor().position(), &Replicated::dump(&first));
-    let (position, dump): (Position, FleetDump) = decode_snapshot(&bytes).expect("decodes");
+    let (position, dump): (Position, ControllerDump) = decode_snapshot(&bytes).expect("decodes");
     assert_eq!(dump, first.dump(), "dump, encode, decode");
     let mut restored = Replicated::restore(&fleet(), dump).expect("fits");
     assert_eq!(view(&restored), view(&first));

@@ -9,8 +9,8 @@
 
 use super::counters::{counters, Counters};
 use super::history::{History, HistoryPage};
-use crate::controller::Shared;
 use crate::controller::model::index::{LocationView, WorkerView};
+use crate::controller::Driver;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::history::feed_response;
 use axum::extract::rejection::QueryRejection;
@@ -26,8 +26,8 @@ use crate::web::assets::Frontend as Assets;
 
 /// The dashboard routes, merged into the API router before its state is attached. The feed
 /// reads the [`History`] from an `Extension` layered on by the caller.
-pub(crate) fn routes() -> Router<Arc<Shared>> {
-    crate::web::assets::routes::<Assets, Arc<Shared>>().route("/api/dashboard", get(feed))
+pub(crate) fn routes() -> Router<Arc<Driver>> {
+    crate::web::assets::routes::<Assets, Arc<Driver>>().route("/api/dashboard", get(feed))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ impl From<WorkerView> for Row {
 
 /// Everything the feed reads from the controller's state, in one read lock: the totals and
 /// `limit` workers from `offset` (only those are built), with the total worker count.
-fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
+fn snapshot(shared: &Driver, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
     let index = shared.index();
     let (syncing, sync_completed, sync_missing_batches) = index.sync_counts();
     let totals = Totals {
@@ -232,7 +232,7 @@ fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<Worker
 /// `GET /api/dashboard[?offset=N&limit=N][&history=1]`: totals, counters and a page of
 /// workers (all of them by default) in registration order, as compact rows.
 async fn feed(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Driver>>,
     history: Option<Extension<Arc<History>>>,
     query: Result<Query<FeedQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -303,12 +303,12 @@ mod tests {
     use axum::http::{header, StatusCode};
     use serde_json::Value;
 
-    fn app(shared: &Arc<Shared>) -> Router {
+    fn app(shared: &Arc<Driver>) -> Router {
         routes().with_state(Arc::clone(shared))
     }
 
-    fn shared() -> Arc<Shared> {
-        Arc::new(Shared::new(ServeConfig::ephemeral(), None))
+    fn shared() -> Arc<Driver> {
+        Arc::new(Driver::new(ServeConfig::ephemeral(), None))
     }
 
     fn ops(keys: std::ops::Range<i64>, first_seq: i64) -> Vec<KVOpEvent> {

@@ -6,7 +6,7 @@
 //! else of the controller's state. Memory is fixed: [`CAPACITY`] samples of six numbers.
 
 use super::counters::counters;
-use crate::controller::Shared;
+use crate::controller::Driver;
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -47,7 +47,7 @@ pub struct HistoryPage {
 impl History {
     /// Takes one sample of `shared`'s counters at Unix time `now`, dropping the oldest once
     /// [`CAPACITY`] are kept.
-    pub fn sample(&self, shared: &Shared, now: f64) {
+    pub fn sample(&self, shared: &Driver, now: f64) {
         let c = counters(shared);
         let sample = (
             (now * 1000.0).round() / 1000.0,
@@ -85,7 +85,7 @@ impl History {
 }
 
 /// Samples `shared` into `history` every [`SAMPLE_EVERY`] until `shutdown`.
-pub async fn sample_loop(shared: Arc<Shared>, history: Arc<History>, shutdown: CancellationToken) {
+pub async fn sample_loop(shared: Arc<Driver>, history: Arc<History>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn the_ring_keeps_the_last_fifteen_minutes() {
         assert_eq!(CAPACITY, 450);
-        let shared = Shared::new(ServeConfig::ephemeral(), None);
+        let shared = Driver::new(ServeConfig::ephemeral(), None);
         let history = History::default();
         for i in 0..CAPACITY + 10 {
             shared
@@ -126,7 +126,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_sampler_samples_every_interval_and_stops() {
-        let shared = Arc::new(Shared::new(ServeConfig::ephemeral(), None));
+        let shared = Arc::new(Driver::new(ServeConfig::ephemeral(), None));
         let history = Arc::new(History::default());
         let stop = CancellationToken::new();
         let task = tokio::spawn(sample_loop(

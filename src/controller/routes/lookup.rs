@@ -3,8 +3,8 @@
 
 use super::lookup_hash::chunk_hashes;
 use super::new_event_id;
-use crate::controller::Shared;
 use crate::controller::model::index::WorkerView;
+use crate::controller::Driver;
 use crate::protocol::ChunkHash;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
@@ -108,7 +108,7 @@ impl Body for QueryWorkerInfoRequest {
 /// #4471) lists *every* holder of the first chunk with how many consecutive chunks of the
 /// query it holds.
 pub(crate) async fn lookup(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Driver>>,
     ValidJson(req): ValidJson<LookupRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
@@ -193,7 +193,7 @@ pub(crate) async fn lookup(
 /// `POST /query_instance`: the first instance (registration order) with a worker at `ip`;
 /// 404 if none (LMCache: 500).
 pub(crate) async fn query_instance(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Driver>>,
     ValidJson(req): ValidJson<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let instance = shared.index().instance_by_ip(&req.ip).map(str::to_owned);
@@ -226,7 +226,7 @@ pub(crate) fn worker_info(w: &WorkerView) -> Value {
 /// `instance_id = "all"` of every worker (registration order, filtered by `worker_ids`).
 /// An unknown instance is a 404 (LMCache: 200 with an empty list).
 pub(crate) async fn query_worker_info(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Driver>>,
     ValidJson(req): ValidJson<QueryWorkerInfoRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let wanted = req.worker_ids.filter(|ids| !ids.is_empty());

@@ -19,7 +19,7 @@
 //! The router is built by [`router`], a plain function of the shared state: tests call it and
 //! drive it with `oneshot`, no socket needed. Every route is declared once, in [`api_routes`],
 //! with its method and access class; the router and the OpenAPI document are both built from
-//! that table. Routes read the controller's state through [`Shared`] and never hold its lock
+//! that table. Routes read the controller's state through [`Driver`] and never hold its lock
 //! across an `.await`.
 
 mod counters;
@@ -38,7 +38,7 @@ pub use orchestration::{
 };
 
 use crate::controller::limits::Limit;
-use crate::controller::Shared;
+use crate::controller::Driver;
 use crate::web::access::{Auth, Policy};
 use crate::web::limits::{HttpLimits, LimitHook};
 use crate::web::metrics_layer::HttpMetrics;
@@ -59,14 +59,14 @@ pub struct ApiRoute {
     pub path: &'static str,
     /// Access class.
     pub access: Access,
-    handler: MethodRouter<Arc<Shared>>,
+    handler: MethodRouter<Arc<Driver>>,
 }
 
 fn route(
     method: Method,
     path: &'static str,
     access: Access,
-    handler: MethodRouter<Arc<Shared>>,
+    handler: MethodRouter<Arc<Driver>>,
 ) -> ApiRoute {
     ApiRoute {
         method,
@@ -139,13 +139,13 @@ async fn replica_refuses() -> crate::web::error::ApiError {
 }
 
 /// Builds the router with an empty history (no socket: tests call it with `oneshot`).
-pub fn router(shared: Arc<Shared>) -> Router {
+pub fn router(shared: Arc<Driver>) -> Router {
     router_with(shared, Arc::new(History::default()))
 }
 
 /// What a refusal by an HTTP limit does in the controller: one `kvplane_limit_hits_total`
 /// increment and a throttled warning naming the flag.
-pub fn limit_hook(shared: &Arc<Shared>) -> LimitHook {
+pub fn limit_hook(shared: &Arc<Driver>) -> LimitHook {
     let shared = Arc::clone(shared);
     Arc::new(move |hit, detail| {
         shared
@@ -157,7 +157,7 @@ pub fn limit_hook(shared: &Arc<Shared>) -> LimitHook {
 }
 
 /// The HTTP limits of the controller's configuration.
-pub fn http_limits(shared: &Shared) -> HttpLimits {
+pub fn http_limits(shared: &Driver) -> HttpLimits {
     let c = &shared.config;
     HttpLimits {
         max_body_bytes: c.max_body_bytes,
@@ -168,7 +168,7 @@ pub fn http_limits(shared: &Shared) -> HttpLimits {
 }
 
 /// The controller's token settings.
-pub fn auth(shared: &Shared) -> Auth {
+pub fn auth(shared: &Driver) -> Auth {
     Auth {
         token: shared.config.api_token.clone(),
         reads: shared.config.api_token_reads,
@@ -177,7 +177,7 @@ pub fn auth(shared: &Shared) -> Auth {
 }
 
 /// Every route's access class, the dashboard's included.
-pub fn policy(shared: &Shared) -> Policy {
+pub fn policy(shared: &Driver) -> Policy {
     let mut routes: Vec<_> = api_routes()
         .into_iter()
         .map(|r| (r.method, r.path, r.access))
@@ -191,7 +191,7 @@ pub fn policy(shared: &Shared) -> Policy {
 }
 
 /// Builds the router, its dashboard feed serving `history`.
-pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
+pub fn router_with(shared: Arc<Driver>, history: Arc<History>) -> Router {
     let mut app = Router::new();
     let replica = shared.cluster().is_some_and(|c| c.is_replica());
     for r in api_routes() {
@@ -227,7 +227,7 @@ pub fn router_with(shared: Arc<Shared>, history: Arc<History>) -> Router {
 }
 
 /// Logs, once at start, whether the mutating routes are protected.
-pub fn log_policy(shared: &Shared) {
+pub fn log_policy(shared: &Driver) {
     policy(shared).log();
 }
 

@@ -10,7 +10,7 @@ use super::orchestration::{
     MoveRequest, PinRequest,
 };
 use super::{api_routes, Access};
-use crate::controller::Shared;
+use crate::controller::Driver;
 use crate::web::access::Auth;
 use crate::web::schema::{body_schema, Body, BodySpec};
 use axum::extract::State;
@@ -638,7 +638,7 @@ pub(crate) fn document(auth: &Auth) -> Value {
 }
 
 /// `GET /openapi.json`.
-pub(crate) async fn serve(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn serve(State(shared): State<Arc<Driver>>) -> Json<Value> {
     Json(document(&super::auth(&shared)))
 }
 
