@@ -129,13 +129,7 @@ pub async fn serve_shared(shared: Arc<Driver>) -> Result<Server, StartError> {
             shutdown.clone(),
         ));
     }
-    let history = Arc::new(super::routes::history::History::default());
-    tasks.spawn(super::routes::history::sample_loop(
-        Arc::clone(&shared),
-        Arc::clone(&history),
-        shutdown.clone(),
-    ));
-    let app = super::routes::router_with(Arc::clone(&shared), history);
+    let app = super::routes::serving_router(Arc::clone(&shared));
     let served = crate::web::serve(
         listener,
         app,

@@ -1,6 +1,6 @@
 //! The cumulative counters the dashboard shows and its history samples, read from the
-//! controller's metrics (atomic reads, no lock). A leaf: the feed (`dashboard.rs`) and the
-//! sampler (`history.rs`) both read through [`counters`].
+//! controller's metrics (atomic reads, no lock). A leaf: the feed and the history's sampler
+//! (both in `dashboard.rs`) read through [`counters`].
 
 use crate::controller::Driver;
 use prometheus::core::Collector;

@@ -10,8 +10,9 @@
 //! * `lookup_hash` (`crate::protocol::token_hash`, shared with the node) — CPython's builtin hash of token chunks, as LMCache workers compute it;
 //! * `failure` — how a downlink error becomes a [`crate::web::error::WorkerFailure`];
 //! * `openapi` — the OpenAPI 3.0 document of every route;
-//! * `dashboard` — the embedded web UI and its JSON feed;
-//! * `history` — the feed's server-side history of counters, and its sampler task.
+//! * `dashboard` — the embedded web UI, its JSON feed and the feed's server-side history of
+//!   counters (`crate::web::history`, as every service's page);
+//! * `counters` — the cumulative counters the feed and the history read.
 //!
 //! The generic plumbing (errors, body schemas, auth, the CSRF guard, request metrics, static
 //! assets, the server loop and its limits) is in [`crate::web`], which knows no service.
@@ -26,7 +27,6 @@ mod counters;
 mod dashboard;
 mod failure;
 mod fleet;
-pub mod history;
 mod lookup;
 pub use crate::protocol::token_hash as lookup_hash;
 mod openapi;
@@ -40,13 +40,13 @@ pub use orchestration::{
 use crate::controller::limits::Limit;
 use crate::controller::Driver;
 use crate::web::access::{Auth, Policy};
+use crate::web::history::History;
 use crate::web::limits::{HttpLimits, LimitHook};
 use crate::web::metrics_layer::HttpMetrics;
 use crate::web::stack::{Guard, Stack};
 use axum::http::Method;
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
-use history::History;
 use std::sync::Arc;
 
 pub use crate::web::access::Access;
@@ -140,7 +140,14 @@ async fn replica_refuses() -> crate::web::error::ApiError {
 
 /// Builds the router with an empty history (no socket: tests call it with `oneshot`).
 pub fn router(shared: Arc<Driver>) -> Router {
-    router_with(shared, Arc::new(History::default()))
+    router_with(shared, dashboard::history())
+}
+
+/// Builds the router of a serving controller: its dashboard's history sampled every 2 s until
+/// the controller stops.
+pub(crate) fn serving_router(shared: Arc<Driver>) -> Router {
+    let history = dashboard::sampled_history(&shared);
+    router_with(shared, history)
 }
 
 /// What a refusal by an HTTP limit does in the controller: one `kvplane_limit_hits_total`
@@ -191,7 +198,7 @@ pub fn policy(shared: &Driver) -> Policy {
 }
 
 /// Builds the router, its dashboard feed serving `history`.
-pub fn router_with(shared: Arc<Driver>, history: Arc<History>) -> Router {
+fn router_with(shared: Arc<Driver>, history: Arc<History>) -> Router {
     let mut app = Router::new();
     let replica = shared.cluster().is_some_and(|c| c.is_replica());
     for r in api_routes() {
