@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// Shortest interval between two log lines for the same limit.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A resource limit of `kvplane serve`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

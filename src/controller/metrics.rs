@@ -10,10 +10,10 @@ use prometheus::{
 };
 
 /// kvplane's own metric prefix.
-pub const PREFIX: &str = "kvplane";
+pub(crate) const PREFIX: &str = "kvplane";
 
 /// Prefix of the gauges LMCache 0.5.6's controller exports (all labelled `role="controller"`).
-pub const LMCACHE_PREFIX: &str = "lmcache:cache_controller_";
+pub(crate) const LMCACHE_PREFIX: &str = "lmcache:cache_controller_";
 
 /// The 13 gauges of LMCache 0.5.6's controller (`cache_controller/observability.py`), same
 /// names, help texts and `role="controller"` label, so existing dashboards and alerts keep

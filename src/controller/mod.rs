@@ -24,26 +24,26 @@
 //! Decides nothing about the wire format (that is `protocol`) and touches sockets only
 //! through `transport`.
 
-pub mod clock;
+mod clock;
 pub mod cluster;
 pub mod config;
-pub mod downlink;
-pub mod driver;
-pub mod limits;
+mod downlink;
+mod driver;
+mod limits;
 pub mod liveness;
 pub mod loops;
-pub mod metrics;
+mod metrics;
 pub mod model;
-pub mod peer_drops;
+mod peer_drops;
 mod report;
-pub mod socket_stats;
+pub mod routes;
+mod serve;
+mod socket_stats;
 
 pub use clock::Clock;
 pub use downlink::{Downlink, DownlinkError};
 pub use driver::{BoundAddrs, DownlinkEntry, Driver};
 pub use model::{ControllerState, Effect, FrameDropReason, ModelEvent, RouterKind, WorkerKey};
-pub mod routes;
-pub mod serve;
 
 pub use serve::{
     run_leader, run_replica, serve_shared, standby, start, start_with_clock, Controller,

@@ -21,9 +21,6 @@ use crate::protocol::{decode, decode_batch, KVOpEvent};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-/// A record of the controller's log.
-pub type Record = crate::cluster::Record<Change>;
-
 /// One change to the fleet, as the leader applied it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Change {

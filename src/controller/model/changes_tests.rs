@@ -12,6 +12,9 @@ use crate::protocol::{
     RegisterMsg,
 };
 
+/// A record of the controller's log.
+type Record = crate::cluster::Record<Change>;
+
 fn fleet() -> ControllerState {
     ControllerState::new(
         ChunkIndex::with_config(ChunkIndexConfig::default()),

@@ -8,10 +8,10 @@
 use std::collections::{HashMap, VecDeque};
 
 /// How many orchestration commands (all but `health`) the log remembers.
-pub const COMMAND_LOG_CAPACITY: usize = 10_000;
+pub(crate) const COMMAND_LOG_CAPACITY: usize = 10_000;
 
 /// How many `health` calls the log remembers, apart from the other commands.
-pub const HEALTH_LOG_CAPACITY: usize = 1_000;
+pub(crate) const HEALTH_LOG_CAPACITY: usize = 1_000;
 
 /// The command whose records live in their own ring.
 const HEALTH: &str = "health";

@@ -13,8 +13,8 @@
 //! The driver (`super::driver`) owns one [`ControllerState`] under its lock and performs the
 //! effects.
 
-pub mod changes;
-pub mod command_log;
+pub(crate) mod changes;
+pub(crate) mod command_log;
 mod effects;
 pub mod index;
 mod state;
