@@ -11,9 +11,9 @@
 //!   decoding, [`protocol::ChunkHash`] (the whole `i64 ∪ u64` range). Pure.
 //! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
 //!   wrappers with timeouts, fresh sockets after failures.
-//! - [`controller`] — the controller's state as a plain model (`Fleet`: index, downlink
+//! - [`controller`] — the controller's state as a plain model (`ControllerState`: index, downlink
 //!   registry, command log; one function per message returning the effects to perform), its
-//!   driver (`Shared`: one lock over the model and the live downlink tasks), its HTTP routes,
+//!   driver (`Driver`: one lock over the model and the live downlink tasks), its HTTP routes,
 //!   the async tasks (the PULL loop, the two ROUTER loops, one downlink per worker, the
 //!   liveness sweep) and `controller::serve`, which starts it (`kvplane serve`, with
 //!   `--cluster` as standby, leader or read replica).
