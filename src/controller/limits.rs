@@ -42,9 +42,11 @@ pub enum Limit {
     HttpIdleClosed,
     /// `--http-read-timeout`: a client too slow sending a request was cut off.
     HttpReadTimeout,
+    /// `--tls-cert`: a TLS handshake failed and the connection was closed.
+    HttpTlsHandshake,
 }
 
-const ALL: [Limit; 10] = [
+const ALL: [Limit; 11] = [
     Limit::Workers,
     Limit::KeysPerWorker,
     Limit::BatchOps,
@@ -55,6 +57,7 @@ const ALL: [Limit; 10] = [
     Limit::HttpConnections,
     Limit::HttpIdleClosed,
     Limit::HttpReadTimeout,
+    Limit::HttpTlsHandshake,
 ];
 
 impl From<WebLimit> for Limit {
@@ -65,6 +68,7 @@ impl From<WebLimit> for Limit {
             WebLimit::Connections => Limit::HttpConnections,
             WebLimit::IdleClosed => Limit::HttpIdleClosed,
             WebLimit::ReadTimeout => Limit::HttpReadTimeout,
+            WebLimit::TlsHandshake => Limit::HttpTlsHandshake,
         }
     }
 }
@@ -82,7 +86,8 @@ impl Limit {
             | Limit::HttpBodyItems
             | Limit::HttpConnections
             | Limit::HttpIdleClosed
-            | Limit::HttpReadTimeout => self.web().label(),
+            | Limit::HttpReadTimeout
+            | Limit::HttpTlsHandshake => self.web().label(),
         }
     }
 
@@ -98,7 +103,8 @@ impl Limit {
             | Limit::HttpBodyItems
             | Limit::HttpConnections
             | Limit::HttpIdleClosed
-            | Limit::HttpReadTimeout => self.web().flag(),
+            | Limit::HttpReadTimeout
+            | Limit::HttpTlsHandshake => self.web().flag(),
         }
     }
 
@@ -109,6 +115,7 @@ impl Limit {
             Limit::HttpConnections => WebLimit::Connections,
             Limit::HttpIdleClosed => WebLimit::IdleClosed,
             Limit::HttpReadTimeout => WebLimit::ReadTimeout,
+            Limit::HttpTlsHandshake => WebLimit::TlsHandshake,
             _ => WebLimit::BodyBytes,
         }
     }

@@ -114,6 +114,7 @@ fn stack(state: &Shared, limits: HttpLimits) -> Stack {
         limits,
         metrics: Arc::clone(&state.http_metrics),
         guard: Guard::OriginOnly,
+        style: crate::web::json::ErrorStyle::FastApi,
     }
 }
 

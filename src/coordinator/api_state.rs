@@ -136,6 +136,8 @@ pub struct Refused {
     pub idle_closed: AtomicU64,
     /// Peers cut off by `--http-read-timeout`.
     pub read_timeout: AtomicU64,
+    /// Failed TLS handshakes (`--tls-cert`).
+    pub tls_handshake: AtomicU64,
 }
 
 impl Refused {
@@ -147,6 +149,7 @@ impl Refused {
             WebLimit::Connections => &self.connections,
             WebLimit::IdleClosed => &self.idle_closed,
             WebLimit::ReadTimeout => &self.read_timeout,
+            WebLimit::TlsHandshake => &self.tls_handshake,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }

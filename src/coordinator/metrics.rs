@@ -304,6 +304,13 @@ pub fn write(
     );
     series(
         out,
+        Counter,
+        "refused_tls_handshake_total",
+        "Failed TLS handshakes on the HTTP port (--tls-cert): plaintext clients, refused or missing client certificates.",
+        ld(&refused.tls_handshake),
+    );
+    series(
+        out,
         Gauge,
         "instances",
         "Registered MP servers.",

@@ -62,6 +62,7 @@ pub(crate) fn router(
         // The coordinator's DELETE carries JSON; the prefetch and unpin bodies may come
         // from scripts without a content type.
         guard: Guard::OriginOnly,
+        style: crate::web::json::ErrorStyle::FastApi,
     };
     let http = Arc::clone(&stack.metrics);
     let routes = Router::new()

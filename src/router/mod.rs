@@ -195,6 +195,7 @@ async fn launch(
         )),
         // OpenAI clients always send JSON; only the doctor is a write.
         guard: crate::web::stack::Guard::JsonWrites,
+        style: crate::web::json::ErrorStyle::FastApi,
     };
     stack.policy.log();
     let app = routes::router(Arc::clone(&state), &stack);

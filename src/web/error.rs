@@ -262,7 +262,7 @@ pub struct Refusal {
     /// What went wrong.
     pub message: String,
     /// The field at fault.
-    pub field: Option<&'static str>,
+    pub field: Option<std::borrow::Cow<'static, str>>,
     /// The index inside a list field.
     pub index: Option<usize>,
 }
@@ -306,7 +306,7 @@ impl Refusal {
     /// A 400 about `field`.
     pub fn field(reason: &'static str, field: &'static str, message: impl Into<String>) -> Self {
         Self {
-            field: Some(field),
+            field: Some(field.into()),
             ..Self::new(StatusCode::BAD_REQUEST, reason, message)
         }
     }
@@ -324,7 +324,7 @@ impl Refusal {
     /// A 409 about `field`.
     pub fn conflict(field: &'static str, message: impl Into<String>) -> Self {
         Self {
-            field: Some(field),
+            field: Some(field.into()),
             ..Self::new(StatusCode::CONFLICT, "conflict", message)
         }
     }
@@ -523,7 +523,7 @@ impl ApiError {
     /// The field at fault (the first error's `loc` after `body`/`query`), if any.
     pub fn field_name(&self) -> Option<String> {
         if let ApiError::Refused(r) = self {
-            return r.field.map(str::to_owned);
+            return r.field.as_deref().map(str::to_owned);
         }
         let ApiError::Validation(errors) = self else {
             return None;

@@ -21,6 +21,9 @@ pub enum WebLimit {
     IdleClosed,
     /// `--http-read-timeout`: a peer too slow sending its headers or body was cut off.
     ReadTimeout,
+    /// `--tls-cert`: a TLS handshake failed (a plaintext client, a refused or missing client
+    /// certificate, or none within `--http-read-timeout`); the connection was closed.
+    TlsHandshake,
 }
 
 impl WebLimit {
@@ -32,6 +35,7 @@ impl WebLimit {
             WebLimit::Connections => "http_connections",
             WebLimit::IdleClosed => "http_idle_closed",
             WebLimit::ReadTimeout => "http_read_timeout",
+            WebLimit::TlsHandshake => "http_tls_handshake",
         }
     }
 
@@ -42,6 +46,7 @@ impl WebLimit {
             WebLimit::BodyItems => "--max-body-items",
             WebLimit::Connections | WebLimit::IdleClosed => "--max-http-connections",
             WebLimit::ReadTimeout => "--http-read-timeout",
+            WebLimit::TlsHandshake => "--tls-cert",
         }
     }
 }

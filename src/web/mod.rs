@@ -1,5 +1,4 @@
-//! Shared HTTP plumbing for kvplane's services (today the controller; next the indexer, the
-//! coordinator and the cache node): the one error type and its FastAPI-shaped bodies,
+//! Shared HTTP plumbing for kvplane's five services: the route table, the one error type and its FastAPI-shaped bodies,
 //! declarative request schemas, bearer-token auth, the cross-origin guard, request metrics,
 //! embedded static assets, and the server loop with its connection and read-time limits.
 //!
@@ -21,9 +20,17 @@
 //! * `assets` — a `rust-embed` folder served with ETags and a strict CSP (the dashboards'
 //!   `frontend/`, one page per service);
 //! * `history` — a dashboard's server-side history: a bounded ring of samples and its sampler;
+//! * `json` — the one way a route reads its body ([`json::Json`], [`json::Serde`],
+//!   [`json::RawBody`]: limits, object check, the field at fault) and handlers' own failures
+//!   ([`json::ServiceError`]), refused in the service's [`json::ErrorStyle`];
+//! * `route` — one route table per service ([`route::Routes`]), from which its axum router, its
+//!   access policy and its `/openapi.json` are all derived;
 //! * `limits` — the HTTP limits, their defaults and their reporting;
 //! * `stack` — [`stack::Stack`]: the layers every service's router is finished with;
-//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts;
+//! * `serve` — [`serve::serve`], the accept loop with the connection cap and read timeouts,
+//!   over TLS with [`serve::serve_tls`];
+//! * `tls` — `--tls-cert`/`--tls-key`/`--tls-client-ca` on every HTTP listener, reloaded when
+//!   the files change;
 //! * `testing` — (tests only) one GET through a router and its body, JSON and content type.
 
 pub mod access;
@@ -35,14 +42,17 @@ pub mod error;
 pub mod exposition;
 pub mod guard;
 pub mod history;
+pub mod json;
 pub mod limits;
 pub mod metrics_layer;
 pub mod openapi;
+pub mod route;
 pub mod schema;
 pub mod serve;
 pub mod stack;
 #[cfg(test)]
 pub mod testing;
+pub mod tls;
 
 pub use limits::HttpLimits;
-pub use serve::serve;
+pub use serve::{serve, serve_tls};

@@ -17,10 +17,12 @@
 //!   closed by the same timer is not a hit);
 //! * on shutdown every connection finishes its request in flight and closes.
 //!
-//! HTTP/1.1 only (the services' clients: LMCache, curl, browsers, Prometheus).
+//! HTTP/1.1 only (the services' clients: LMCache, curl, browsers, Prometheus); over TLS with
+//! [`serve_tls`] (see [`super::tls`]).
 
 pub use super::limits::is_read_timeout;
 use super::limits::{HttpLimits, LimitHit, LimitHook, ReadTimedOut, WebLimit};
+use super::tls::ServerTls;
 use axum::body::{Body, Bytes};
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
@@ -35,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +59,27 @@ pub async fn serve(
     on_limit: LimitHook,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
+    serve_tls(listener, router, limits, on_limit, shutdown, None).await
+}
+
+/// [`serve`], speaking HTTPS only when `tls` is given ([`super::tls`]): each connection's
+/// handshake must finish within `read_timeout`; a failed one (a plaintext client, a wrong or
+/// missing client certificate) is one `http_tls_handshake` hit and the connection is closed.
+/// The certificate files are watched for a change until `shutdown`.
+///
+/// # Errors
+/// Never in practice: a failed `accept` is logged and retried after a pause.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: HttpLimits,
+    on_limit: LimitHook,
+    shutdown: CancellationToken,
+    tls: Option<ServerTls>,
+) -> io::Result<()> {
+    if let Some(tls) = &tls {
+        tls.watch("HTTP listener", shutdown.clone());
+    }
     raise_fd_limit(limits.max_connections);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let idle = Arc::new(IdleSet::default());
@@ -79,8 +102,34 @@ pub async fn serve(
         };
         let tracked = Tracked::new(Arc::clone(&idle), shutdown.child_token());
         let (router, on_limit) = (router.clone(), Arc::clone(&on_limit));
+        let tls = tls.as_ref().map(ServerTls::config);
         connections.spawn(async move {
-            connection(stream, peer, router, limits, on_limit, tracked).await;
+            match tls {
+                None => connection(stream, peer, router, limits, on_limit, tracked).await,
+                Some(config) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                    let handshake =
+                        tokio::time::timeout(limits.read_timeout, acceptor.accept(stream)).await;
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            connection(stream, peer, router, limits, on_limit, tracked).await;
+                        }
+                        failed => {
+                            let why = match failed {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => "no handshake within --http-read-timeout".into(),
+                            };
+                            on_limit(
+                                LimitHit {
+                                    limit: WebLimit::TlsHandshake,
+                                    value: limits.read_timeout.as_secs(),
+                                },
+                                &format!("TLS handshake with {peer} failed: {why}"),
+                            );
+                        }
+                    }
+                }
+            }
             drop(permit);
         });
     }
@@ -267,8 +316,8 @@ pub fn raise_fd_limit(max_connections: usize) {
 const FD_RESERVE: u64 = 64;
 
 /// Serves one connection.
-async fn connection(
-    stream: TcpStream,
+async fn connection<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: T,
     peer: SocketAddr,
     router: Router,
     limits: HttpLimits,
@@ -381,13 +430,13 @@ impl hyper::body::Body for TimedBody {
 }
 
 /// The connection's socket, noting whether a request is being read.
-struct Watched {
-    inner: TcpStream,
+struct Watched<T> {
+    inner: T,
     mid_request: Arc<AtomicBool>,
     tracked: Arc<Tracked>,
 }
 
-impl Watched {
+impl<T> Watched<T> {
     fn started_request(&self) {
         if !self.mid_request.swap(true, Ordering::Relaxed) {
             self.tracked.busy();
@@ -401,7 +450,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -416,7 +465,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -11,20 +11,23 @@
 //! * the body limit (`--max-body-bytes`: an announced oversize body is refused before it is
 //!   read, a longer one when it passes the limit), each refusal counted;
 //! * one 404 and one 405 for routes and methods that do not exist, in the one error shape
-//!   ([`super::error`]).
+//!   ([`super::error`]);
+//! * the limits and the service's [`ErrorStyle`] in every request's extensions, where the body
+//!   extractors of [`super::json`] read them.
 //!
 //! Knows no service: the policy, the limits and the metric handles come in as a [`Stack`].
 
 use super::access::{enforce, Access, Policy};
 use super::error::ApiError;
 use super::guard;
+use super::json::ErrorStyle;
 use super::limits::{HttpLimits, LimitHit, WebLimit};
 use super::metrics_layer::{track, HttpMetrics};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::header;
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
+use axum::{Extension, Router};
 use std::sync::Arc;
 
 /// What a service's state-changing requests must show to pass the CSRF guard.
@@ -50,6 +53,8 @@ pub struct Stack {
     pub metrics: Arc<HttpMetrics>,
     /// The CSRF guard's strictness.
     pub guard: Guard,
+    /// How the service words a refused request (`web::json`); a route may override it.
+    pub style: ErrorStyle,
 }
 
 impl Stack {
@@ -71,6 +76,9 @@ impl Stack {
             .layer(from_fn_with_state((Arc::clone(&policy), self.guard), csrf))
             .layer(from_fn_with_state(Arc::clone(&policy), enforce))
             .layer(from_fn_with_state(Arc::clone(&self.metrics), track))
+            // Outermost: what the body extractors of `web::json` read (the limits, the style).
+            .layer(Extension(self.limits))
+            .layer(Extension(self.style))
     }
 
     /// The limit hit a 413 without its own [`LimitHit`] stands for.

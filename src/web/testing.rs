@@ -42,3 +42,16 @@ pub fn ctype(resp: &Response) -> &str {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
 }
+
+/// Polls `check` until it holds, panicking after 10 s (a bound, not a timing: what is awaited
+/// happens on another task).
+pub async fn until(check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the condition never held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}

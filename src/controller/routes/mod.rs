@@ -225,6 +225,7 @@ fn router_with(shared: Arc<Driver>, history: Arc<History>) -> Router {
             on_limit: limit_hook(&shared),
         }),
         guard: Guard::JsonWrites,
+        style: crate::web::json::ErrorStyle::FastApi,
     };
     stack
         .finish(app.merge(dashboard::routes()))

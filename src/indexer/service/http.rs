@@ -68,6 +68,7 @@ pub(crate) fn router(state: Arc<IndexerState>) -> Router {
         metrics: Arc::clone(&http),
         // The Conductor's clients post without a content type.
         guard: Guard::OriginOnly,
+        style: crate::web::json::ErrorStyle::Conductor,
     };
     let routes = Router::new()
         .merge(super::dashboard::routes(&state))

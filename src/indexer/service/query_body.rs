@@ -635,7 +635,7 @@ mod tests {
                 .and_then(QueryBody::token_ids)
                 .expect_err(b);
             assert_eq!(
-                (e.reason, e.field, e.index),
+                (e.reason, e.field.as_deref(), e.index),
                 (reason, Some("token_ids"), index),
                 "{b}"
             );
