@@ -3,7 +3,7 @@
 //!
 //! Every `kvplane serve --cluster` process starts as a standby: the core's follower reads the
 //! cluster's `controller` log and applies each record to the controller's own fleet, under
-//! its state lock ([`Shared`] is the fleet's `Host`), binding no port. One of them holds the
+//! its state lock ([`Driver`] is the fleet's `Host`), binding no port. One of them holds the
 //! `controller` lease; it logs every change it applies (under the same lock, so in apply
 //! order) through the core's `ChangeLog`. When the lease lapses, a standby takes it over
 //! ([`take_over`]): the core announces the new epoch and reads the log up to it; then this
@@ -12,8 +12,8 @@
 //! renews the lease and stops the moment it is lost. Every command to a worker passes the
 //! lease's fence first (`Downlink::request`): a leader paused past its TTL sends none.
 
-use super::driver::Shared;
-use super::model::Fleet;
+use super::driver::Driver;
+use super::model::ControllerState;
 use super::serve::{serve_shared, Controller};
 use crate::cluster::{Candidate, ClusterConfig, ClusterError, Elected, Follower, LeaderService};
 use crate::service::Running;
@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 /// When NATS cannot be reached or JetStream set up.
 pub async fn replica(
     config: ClusterConfig,
-    shared: &Arc<Shared>,
-) -> Result<Follower<Shared>, ClusterError> {
+    shared: &Arc<Driver>,
+) -> Result<Follower<Driver>, ClusterError> {
     let follower = Follower::join(
         config,
         Arc::clone(shared),
@@ -48,8 +48,8 @@ pub async fn replica(
 /// When NATS cannot be reached or JetStream set up.
 pub async fn standby(
     config: ClusterConfig,
-    shared: &Arc<Shared>,
-) -> Result<Candidate<Shared>, ClusterError> {
+    shared: &Arc<Driver>,
+) -> Result<Candidate<Driver>, ClusterError> {
     let candidate = Candidate::join(
         config,
         Arc::clone(shared),
@@ -65,10 +65,10 @@ pub async fn standby(
 /// leader published, logs its own changes and has opened its downlinks (behind the fence),
 /// ready to bind. `None` once `cancel` (the controller's tasks stopped).
 pub async fn take_over(
-    candidate: Candidate<Shared>,
-    shared: &Arc<Shared>,
+    candidate: Candidate<Driver>,
+    shared: &Arc<Driver>,
     cancel: &CancellationToken,
-) -> Option<Elected<Fleet>> {
+) -> Option<Elected<ControllerState>> {
     let elected = candidate.elect(cancel).await?;
     let lead = &elected.leadership;
     shared.lead(Arc::clone(&lead.log), lead.in_sync);
@@ -84,7 +84,7 @@ pub async fn take_over(
 
 /// The controller's part in the leader loop: bind every socket and serve the state it
 /// followed ([`serve_shared`], which binds before it starts anything).
-pub struct Binds(pub Arc<Shared>);
+pub struct Binds(pub Arc<Driver>);
 
 impl LeaderService for Binds {
     type Bound = Running<Controller>;

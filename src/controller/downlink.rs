@@ -6,8 +6,8 @@
 //! to the worker's task, carries a deadline, and fails with [`DownlinkError::Timeout`] when
 //! the worker does not answer in time; the transport then rebuilds the socket.
 
+use super::metrics::Metrics;
 use crate::cluster::Fence;
-use crate::metrics::Metrics;
 use crate::protocol::{decode, encode, DecodeError, Msg};
 use crate::transport::{ReqClient, TransportError};
 use bytes::Bytes;

@@ -3,10 +3,10 @@
 //! the lease is held ([`standby`], [`run_leader`]) or serve reads as a replica
 //! ([`run_replica`]). Every path returns or runs a [`crate::service::Running`].
 //!
-//! Owns no state of its own: the state is [`Shared`]; the loops are in `loops`, `liveness`,
+//! Owns no state of its own: the state is [`Driver`]; the loops are in `loops`, `liveness`,
 //! `routes`.
 
-use super::{loops, BoundAddrs, Clock, RouterKind, Shared};
+use super::{loops, BoundAddrs, Clock, Driver, RouterKind};
 use crate::config::{MonitorPorts, ServeConfig};
 use crate::net::host_port;
 use crate::service::{bind_tcp, Running, StartError};
@@ -19,7 +19,7 @@ pub struct Controller {
     /// The addresses actually bound.
     pub addrs: BoundAddrs,
     /// The controller's state and its driver, for tests and embedding.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<Driver>,
 }
 
 /// A running controller (`server.addrs`, `server.shared` through `Deref`).
@@ -38,7 +38,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
 pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
-    serve_shared(Arc::new(Shared::with_clock(config, None, clock))).await
+    serve_shared(Arc::new(Driver::with_clock(config, None, clock))).await
 }
 
 /// Binds every socket of `shared`'s configuration and starts serving its state (a standby
@@ -46,7 +46,7 @@ pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Serve
 ///
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
-pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
+pub async fn serve_shared(shared: Arc<Driver>) -> Result<Server, StartError> {
     let config = &shared.config;
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
@@ -128,13 +128,7 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
             shutdown.clone(),
         ));
     }
-    let history = Arc::new(super::routes::history::History::default());
-    tasks.spawn(super::routes::history::sample_loop(
-        Arc::clone(&shared),
-        Arc::clone(&history),
-        shutdown.clone(),
-    ));
-    let app = super::routes::router_with(Arc::clone(&shared), history);
+    let app = super::routes::serving_router(Arc::clone(&shared));
     let served = crate::web::serve(
         listener,
         app,
@@ -183,8 +177,8 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
 /// A controller that took the cluster's lease (`--cluster`), not yet serving: see
 /// [`standby`] and [`run_leader`].
 pub struct Leadership {
-    shared: Arc<Shared>,
-    elected: crate::cluster::Elected<super::model::Fleet>,
+    shared: Arc<Driver>,
+    elected: crate::cluster::Elected<super::model::ControllerState>,
 }
 
 /// Runs a controller as a hot standby of its cluster (docs/CLUSTER.md): follows the leader's
@@ -198,7 +192,7 @@ pub async fn standby(
     cluster: crate::cluster::ClusterConfig,
     shutdown: &CancellationToken,
 ) -> Result<Option<Leadership>, StartError> {
-    let shared = Arc::new(Shared::new(config, None));
+    let shared = Arc::new(Driver::new(config, None));
     let candidate = super::cluster::standby(cluster, &shared)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
@@ -243,7 +237,7 @@ pub async fn run_replica(
         heartbeat: None,
     };
     config.health_check_interval = None;
-    let shared = Arc::new(Shared::new(config, None));
+    let shared = Arc::new(Driver::new(config, None));
     let stop_on_error = shared.shutdown_token().clone().drop_guard();
     let _replica = super::cluster::replica(cluster, &shared)
         .await

@@ -15,10 +15,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("transport", &[]),
     ("net", &[]),
-    ("metrics", &[]),
     ("memory", &[]),
     ("config", &["protocol"]),
-    ("index", &["protocol"]),
     ("web", &["config"]),
     // The cluster's metrics are written with the one `/metrics` writer (web::exposition).
     ("cluster", &["config", "web"]),
@@ -36,8 +34,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "cluster",
             "config",
-            "index",
-            "metrics",
             "net",
             "protocol",
             "service",

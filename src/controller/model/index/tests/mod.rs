@@ -34,14 +34,14 @@ fn evict(v: i64, seq: i64) -> KVOpEvent {
 }
 
 /// Registers `(inst, wid)` with a peer url derived from both.
-fn reg(ix: &mut Index, inst: &str, wid: i64) {
+fn reg(ix: &mut ChunkIndex, inst: &str, wid: i64) {
     let url = format!("{inst}:{wid}");
     let out = ix.register(inst, wid, "10.0.0.1", 9000, Some(&url), 1.0);
     assert_eq!(out, Ok(RegisterOutcome::New));
 }
 
 /// Admits `keys` to `(inst, wid, loc)` in one batch with fresh sequence numbers.
-fn put(ix: &mut Index, inst: &str, wid: i64, loc: &str, keys: &[i64]) {
+fn put(ix: &mut ChunkIndex, inst: &str, wid: i64, loc: &str, keys: &[i64]) {
     let start = ix
         .worker(inst, wid)
         .and_then(|w| w.locations.iter().find(|l| l.name == loc)?.last_seq)
@@ -53,18 +53,15 @@ fn put(ix: &mut Index, inst: &str, wid: i64, loc: &str, keys: &[i64]) {
     ));
 }
 
-#[path = "tests_sync.rs"]
 mod sync;
 
-#[path = "tests_lookup.rs"]
 mod lookup;
 
-#[path = "tests_limits.rs"]
 mod limits;
 
 #[test]
 fn reregistration_clears_keys_trackers_and_sync_state() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     put(&mut ix, "a", 0, CPU, &[1, 2, 3]);
     put(&mut ix, "a", 0, DISK, &[4]);
@@ -107,7 +104,7 @@ fn reregistration_clears_keys_trackers_and_sync_state() {
 
 #[test]
 fn deregistration_removes_keys_from_lookups_and_drops_empty_instance() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     reg(&mut ix, "a", 1);
     reg(&mut ix, "b", 0);
@@ -132,7 +129,7 @@ fn deregistration_removes_keys_from_lookups_and_drops_empty_instance() {
 
 #[test]
 fn batch_ops_apply_in_order() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     let out = ix.apply_batch(
         "a",
@@ -164,7 +161,7 @@ fn batch_ops_apply_in_order() {
 
 #[test]
 fn sequence_gaps_are_counted_but_ops_applied() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     ix.apply_batch("a", 0, CPU, &[admit(1, 0), admit(2, 1)], 2.0);
     // Gap of 4 (1 → 6), then a regression (7 → 3): two gaps in one batch.
@@ -186,7 +183,7 @@ fn sequence_gaps_are_counted_but_ops_applied() {
 
 #[test]
 fn unknown_workers_and_syncing_workers_drop_batches() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     assert_eq!(
         ix.apply_batch("x", 0, CPU, &[admit(1, 0)], 1.0),
         BatchOutcome::UnknownWorker
@@ -208,7 +205,7 @@ fn unknown_workers_and_syncing_workers_drop_batches() {
 
 #[test]
 fn heartbeats() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     let out = ix.heartbeat("a", 3, "10.0.0.1", 9000, None, 5.0).unwrap();
     assert_eq!(out, HeartbeatOutcome::ReRegistered);
     assert_eq!(out.full_sync_reason(), Some(REASON_WORKER_RE_REGISTERED));
@@ -244,7 +241,7 @@ fn heartbeats() {
 
 #[test]
 fn liveness() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     reg(&mut ix, "b", 0);
     ix.apply_batch("b", 0, CPU, &[], 50.0);
@@ -268,7 +265,7 @@ fn liveness() {
 
 #[test]
 fn is_stale_answers_for_one_worker_without_a_scan() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     reg(&mut ix, "a", 1);
     assert!(!ix.is_stale("a", 0, 50.0, 60.0), "seen at 1.0, 49 s ago");

@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     reg(&mut ix, "b", 0);
     put(&mut ix, "a", 0, CPU, &[100, 101]);
@@ -94,7 +94,7 @@ fn full_sync_with_a_missing_batch_completes_only_when_it_arrives() {
 
 #[test]
 fn sync_start_rejections() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     let lmcache_text =
         "Failed to start sync: worker already syncing with different sync_id or worker not found";
     let err = ix.sync_start("a", 0, CPU, "s", 0, 1, 1.0).unwrap_err();
@@ -123,7 +123,7 @@ fn sync_start_rejections() {
 
 #[test]
 fn expired_sync_fails_and_heartbeat_asks_for_retry() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     reg(&mut ix, "a", 1);
     ix.sync_start("a", 0, CPU, "s", 2, 2, 10.0).unwrap();
@@ -159,7 +159,7 @@ fn expired_sync_fails_and_heartbeat_asks_for_retry() {
 
 #[test]
 fn global_progress_gates_freeze_exit() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     for wid in 0..5 {
         reg(&mut ix, "a", wid);
     }
@@ -175,9 +175,9 @@ fn global_progress_gates_freeze_exit() {
     let st = ix.sync_status("a", 0, "s0");
     assert!(st.is_complete && !st.can_exit_freeze);
 
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         sync_completion_threshold: 0.0,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     assert_eq!(ix.global_sync_progress(), 1.0);
     reg(&mut ix, "a", 0);
@@ -189,7 +189,7 @@ fn global_progress_gates_freeze_exit() {
 
 #[test]
 fn status_lists_at_most_the_first_missing_batches() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     ix.sync_start("a", 0, CPU, "s", 0, MAX_SYNC_BATCH_COUNT, 1.0)
         .unwrap();
@@ -200,7 +200,7 @@ fn status_lists_at_most_the_first_missing_batches() {
     assert_eq!(missing.len(), MAX_REPORTED_MISSING);
     assert_eq!(&missing[..4], &[2, 3, 4, 6]);
     // Near the end of a nearly complete sync, the last ones are found past full words.
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "a", 0);
     ix.sync_start("a", 0, CPU, "s", 0, 200, 1.0).unwrap();
     for b in (0..200).filter(|b| *b != 130 && *b != 199) {
@@ -213,10 +213,10 @@ fn status_lists_at_most_the_first_missing_batches() {
 /// out-of-order ranges share one budget (review §2.1.5).
 #[test]
 fn full_sync_bookkeeping_is_bounded_by_what_arrived() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         max_sync_ranges: 2,
         max_sync_ranges_per_worker: 100,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     let max = MAX_SYNC_BATCH_COUNT;
     for w in ["a", "b"] {
@@ -310,9 +310,9 @@ fn full_sync_bookkeeping_is_bounded_by_what_arrived() {
 /// honest workers are never refused, however many there are.
 #[test]
 fn many_in_order_syncs_take_no_budget() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         max_sync_ranges: 0,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     for w in 0..1_000 {
         reg(&mut ix, "i", w);

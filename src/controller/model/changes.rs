@@ -1,6 +1,6 @@
 //! The controller's change log, for hot standbys (`--cluster`, docs/CLUSTER.md): every input
-//! that changed the leader's [`Fleet`], as one [`Change`], in apply order, and the [`Fleet`]
-//! as a [`Replicated`] state: a standby applies the same changes to its own fleet through the
+//! that changed the leader's [`ControllerState`], as one [`Change`], in apply order, and the
+//! [`ControllerState`] as a [`Replicated`] state: a standby applies the same changes to its own fleet through the
 //! replication core (`crate::cluster`), which numbers, publishes, follows and snapshots them.
 //!
 //! The fleet is deterministic: each change is a function of the message and the time the
@@ -15,14 +15,11 @@
 //! leader's first record is [`Change::Takeover`] and the state carries over from the previous
 //! epoch. Pure and synchronous: no clocks, no I/O.
 
-use super::model::{Fleet, FleetDump, ProbeTarget, RequestContext, RouterKind, WorkerKey};
+use super::{ControllerDump, ControllerState, ProbeTarget, RequestContext, RouterKind, WorkerKey};
 use crate::cluster::{Replicated, Stamp};
 use crate::protocol::{decode, decode_batch, KVOpEvent};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
-
-/// A record of the controller's log.
-pub type Record = crate::cluster::Record<Change>;
 
 /// One change to the fleet, as the leader applied it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,10 +72,10 @@ pub enum Change {
     },
 }
 
-impl Replicated for Fleet {
+impl Replicated for ControllerState {
     const SERVICE: &'static str = "controller";
     type Change = Change;
-    type Dump = FleetDump;
+    type Dump = ControllerDump;
 
     /// Applies one change at the leader's `now`, through the model functions the leader used
     /// (a frame that does not decode, never expected since the leader applied it, changes
@@ -131,12 +128,12 @@ impl Replicated for Fleet {
         }
     }
 
-    fn dump(&self) -> FleetDump {
-        Fleet::dump(self)
+    fn dump(&self) -> ControllerDump {
+        ControllerState::dump(self)
     }
 
-    fn restore(&self, dump: FleetDump) -> Result<Self, String> {
-        Fleet::restore(self.index().config().clone(), &dump).map_err(|e| e.to_string())
+    fn restore(&self, dump: ControllerDump) -> Result<Self, String> {
+        ControllerState::restore(self.index().config().clone(), &dump).map_err(|e| e.to_string())
     }
 
     fn takeover(holder: String, fresh: bool) -> Change {
@@ -163,7 +160,7 @@ impl Replicated for Fleet {
     }
 }
 
-fn target(fleet: &Fleet, key: &WorkerKey, generation: u64) -> ProbeTarget {
+fn target(fleet: &ControllerState, key: &WorkerKey, generation: u64) -> ProbeTarget {
     ProbeTarget {
         key: key.clone(),
         generation,

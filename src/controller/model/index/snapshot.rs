@@ -1,4 +1,4 @@
-//! The whole index as a plain value ([`IndexDump`]), for `--cluster` snapshots: a follower
+//! The whole index as a plain value ([`ChunkIndexDump`]), for `--cluster` snapshots: a follower
 //! dumps its index; a follower starting later restores it and reads the change log from the
 //! snapshot's position instead of from the log's start.
 //!
@@ -10,14 +10,16 @@
 
 use super::chunks::HolderId;
 use super::registry::Location;
-use super::{ensure_location, Index, IndexConfig, IndexError, REASON_TAKEOVER_INCOMPLETE};
+use super::{
+    ensure_location, ChunkIndex, ChunkIndexConfig, IndexError, REASON_TAKEOVER_INCOMPLETE,
+};
 use crate::protocol::{ChunkHash, Wire};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// A whole index (see the module docs).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct IndexDump {
+pub struct ChunkIndexDump {
     next_seq: u64,
     instances: Vec<InstanceDump>,
     seq_discontinuities: u64,
@@ -56,7 +58,7 @@ struct LocationDump {
     keys: Vec<ChunkHash>,
 }
 
-impl IndexDump {
+impl ChunkIndexDump {
     /// Memberships in the dump.
     pub fn memberships(&self) -> u64 {
         self.instances
@@ -68,9 +70,9 @@ impl IndexDump {
     }
 }
 
-impl Index {
+impl ChunkIndex {
     /// The whole index as a value: one pass over the reverse index.
-    pub fn dump(&self) -> IndexDump {
+    pub fn dump(&self) -> ChunkIndexDump {
         let mut keys: HashMap<HolderId, Vec<ChunkHash>> = HashMap::new();
         for (h, key) in self.chunks.memberships() {
             keys.entry(h).or_default().push(key);
@@ -113,7 +115,7 @@ impl Index {
                 });
             }
         }
-        IndexDump {
+        ChunkIndexDump {
             next_seq: self.reg.next_seq(),
             instances,
             seq_discontinuities: self.seq_discontinuities,
@@ -126,8 +128,11 @@ impl Index {
     ///
     /// # Errors
     /// When `config`'s limits (workers, locations per worker) cannot hold the dump.
-    pub fn restore(config: IndexConfig, dump: &IndexDump) -> Result<Index, IndexError> {
-        let mut ix = Index::with_config(config);
+    pub fn restore(
+        config: ChunkIndexConfig,
+        dump: &ChunkIndexDump,
+    ) -> Result<ChunkIndex, IndexError> {
+        let mut ix = ChunkIndex::with_config(config);
         for inst in &dump.instances {
             for w in &inst.workers {
                 let limit = ix.config.max_workers;

@@ -65,7 +65,7 @@ pub(crate) struct Location {
 
 /// One registered worker.
 #[derive(Debug)]
-pub(crate) struct Worker {
+pub(crate) struct WorkerEntry {
     pub(crate) instance: u32,
     pub(crate) worker_id: i64,
     /// Global registration sequence number (tie-breaks, listing order).
@@ -86,7 +86,7 @@ pub(crate) struct Worker {
     pub(crate) wire: Wire,
 }
 
-impl Worker {
+impl WorkerEntry {
     /// Raises `last_seen` to `now` (never lowers it).
     pub(crate) fn touch(&mut self, now: f64) {
         self.last_seen = self.last_seen.max(now);
@@ -132,17 +132,17 @@ pub(crate) struct Instance {
 
 /// Instances and workers, each kept in registration order.
 #[derive(Debug, Default)]
-pub(crate) struct Registry {
+pub(crate) struct WorkerRegistry {
     by_name: HashMap<Box<str>, u32>,
     instances: Slab<Instance>,
     /// Instance slots in registration order.
     order: Vec<u32>,
-    workers: Slab<Worker>,
+    workers: Slab<WorkerEntry>,
     worker_count: usize,
     next_seq: u64,
 }
 
-impl Registry {
+impl WorkerRegistry {
     /// Slot of instance `name`.
     pub(crate) fn instance_slot(&self, name: &str) -> Option<u32> {
         self.by_name.get(name).copied()
@@ -157,11 +157,11 @@ impl Registry {
             .map(|&(_, ws)| ws)
     }
 
-    pub(crate) fn worker(&self, ws: u32) -> Option<&Worker> {
+    pub(crate) fn worker(&self, ws: u32) -> Option<&WorkerEntry> {
         self.workers.get(ws)
     }
 
-    pub(crate) fn worker_mut(&mut self, ws: u32) -> Option<&mut Worker> {
+    pub(crate) fn worker_mut(&mut self, ws: u32) -> Option<&mut WorkerEntry> {
         self.workers.get_mut(ws)
     }
 
@@ -203,7 +203,7 @@ impl Registry {
             }
         };
         let seq = self.bump_seq();
-        let inserted = self.workers.insert(Worker {
+        let inserted = self.workers.insert(WorkerEntry {
             instance: is,
             worker_id,
             seq,
@@ -233,7 +233,7 @@ impl Registry {
     }
 
     /// Removes worker slot `ws` (dropping its instance when empty) and returns the record.
-    pub(crate) fn remove(&mut self, ws: u32) -> Option<Worker> {
+    pub(crate) fn remove(&mut self, ws: u32) -> Option<WorkerEntry> {
         let w = self.workers.remove(ws)?;
         self.worker_count = self.worker_count.saturating_sub(1);
         if let Some(inst) = self.instances.get_mut(w.instance) {
@@ -283,7 +283,7 @@ impl Registry {
     }
 
     /// Workers in registration order (instances first, then workers within each), with slots.
-    pub(crate) fn workers(&self) -> impl Iterator<Item = (u32, &Instance, &Worker)> + '_ {
+    pub(crate) fn workers(&self) -> impl Iterator<Item = (u32, &Instance, &WorkerEntry)> + '_ {
         self.instances().flat_map(move |inst| {
             inst.workers
                 .iter()
@@ -292,7 +292,7 @@ impl Registry {
     }
 
     /// The registration-order key of worker `w`: (instance seq, worker seq).
-    pub(crate) fn order_key(&self, w: &Worker) -> (u64, u64) {
+    pub(crate) fn order_key(&self, w: &WorkerEntry) -> (u64, u64) {
         (
             self.instances.get(w.instance).map_or(u64::MAX, |i| i.seq),
             w.seq,

@@ -2,16 +2,16 @@
 //! log, changed only through methods that take `now` and return the reply together with the
 //! [`Effect`]s to perform.
 //!
-//! No I/O, no clock, no tokio here: the driver ([`super::driver`]) owns a [`Fleet`] and the
-//! live downlink tasks under one lock and performs the effects; tests drive a [`Fleet`]
-//! directly, without a runtime. Because the registry of downlinks changes in the same call as
+//! No I/O, no clock, no tokio here: the driver (`controller::driver`) owns a
+//! [`ControllerState`] and the live downlink tasks under one lock and performs the effects;
+//! tests drive a [`ControllerState`] directly, without a runtime. Because the registry of downlinks changes in the same call as
 //! the index, a registered worker always has exactly one downlink of its current generation,
 //! whatever order its messages arrive in.
 
 use super::command_log::CommandLog;
-pub use super::effects::{DropReason, Effect, Event, RemovalReason, WorkerKey};
-use crate::index::{
-    BatchOutcome, HeartbeatOutcome, Index, IndexError, RegisterOutcome, SyncBatchOutcome,
+use super::effects::{Effect, FrameDropReason, ModelEvent, RemovalReason, WorkerKey};
+use super::index::{
+    BatchOutcome, ChunkIndex, HeartbeatOutcome, IndexError, RegisterOutcome, SyncBatchOutcome,
     SyncEndOutcome, REASON_WORKER_RE_REGISTERED,
 };
 use crate::net::host_port;
@@ -72,16 +72,16 @@ pub struct RequestContext {
     pub heartbeat_url: Option<String>,
 }
 
-/// The fleet as a value, for `--cluster` snapshots (see [`Index::dump`] for what the index
+/// The fleet as a value, for `--cluster` snapshots (see [`ChunkIndex::dump`] for what the index
 /// keeps). The command log is soft state and not in it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct FleetDump {
-    index: crate::index::IndexDump,
+pub struct ControllerDump {
+    index: super::index::ChunkIndexDump,
     downlinks: Vec<(WorkerKey, u64, String)>,
     next_generation: u64,
 }
 
-impl FleetDump {
+impl ControllerDump {
     /// Memberships in the dumped index.
     pub fn memberships(&self) -> u64 {
         self.index.memberships()
@@ -90,8 +90,8 @@ impl FleetDump {
 
 /// The controller's state: index, downlink registry, command log. See the module docs.
 #[derive(Debug)]
-pub struct Fleet {
-    index: Index,
+pub struct ControllerState {
+    index: ChunkIndex,
     downlinks: HashMap<WorkerKey, DownlinkRecord>,
     next_generation: u64,
     commands: CommandLog,
@@ -143,7 +143,7 @@ fn as_batch(msg: Msg) -> Msg {
 /// The `ErrorMsg` answering a registration or heartbeat (`what`) the index refused, reported.
 fn refused(key: WorkerKey, what: &'static str, e: IndexError, fx: &mut Vec<Effect>) -> Msg {
     let reply = error(format!("{what} refused: {e}"));
-    fx.push(Effect::Report(Event::WorkerRefused {
+    fx.push(Effect::Report(ModelEvent::WorkerRefused {
         key,
         what,
         error: e,
@@ -155,10 +155,10 @@ fn key(instance_id: &str, worker_id: i64) -> WorkerKey {
     (instance_id.to_owned(), worker_id)
 }
 
-impl Fleet {
+impl ControllerState {
     /// A fleet with no worker, over `index`, logging commands in `commands`.
-    pub fn new(index: Index, commands: CommandLog) -> Self {
-        Fleet {
+    pub fn new(index: ChunkIndex, commands: CommandLog) -> Self {
+        ControllerState {
             index,
             downlinks: HashMap::new(),
             next_generation: 0,
@@ -167,14 +167,14 @@ impl Fleet {
     }
 
     /// The whole fleet as a value (a snapshot).
-    pub fn dump(&self) -> FleetDump {
+    pub fn dump(&self) -> ControllerDump {
         let mut downlinks: Vec<_> = self
             .downlinks
             .iter()
             .map(|(k, d)| (k.clone(), d.generation, d.endpoint.clone()))
             .collect();
         downlinks.sort();
-        FleetDump {
+        ControllerDump {
             index: self.index.dump(),
             downlinks,
             next_generation: self.next_generation,
@@ -187,10 +187,13 @@ impl Fleet {
     /// # Errors
     /// When `config`'s limits cannot hold the dump.
     pub fn restore(
-        config: crate::index::IndexConfig,
-        dump: &FleetDump,
-    ) -> Result<Self, crate::index::IndexError> {
-        let mut fleet = Fleet::new(Index::restore(config, &dump.index)?, CommandLog::default());
+        config: super::index::ChunkIndexConfig,
+        dump: &ControllerDump,
+    ) -> Result<Self, super::index::IndexError> {
+        let mut fleet = ControllerState::new(
+            ChunkIndex::restore(config, &dump.index)?,
+            CommandLog::default(),
+        );
         fleet.next_generation = dump.next_generation;
         for (key, generation, endpoint) in &dump.downlinks {
             fleet.downlinks.insert(
@@ -205,13 +208,13 @@ impl Fleet {
     }
 
     /// The registry and chunk index (read-only: it changes through messages).
-    pub fn index(&self) -> &Index {
+    pub fn index(&self) -> &ChunkIndex {
         &self.index
     }
 
-    /// The index itself, bypassing the messages (see `Shared::with_index_mut`).
+    /// The index itself, bypassing the messages (see `Driver::with_index_mut`).
     #[doc(hidden)]
-    pub fn index_mut(&mut self) -> &mut Index {
+    pub fn index_mut(&mut self) -> &mut ChunkIndex {
         &mut self.index
     }
 
@@ -263,14 +266,14 @@ impl Fleet {
     }
 
     /// Whether `msg` on `kind` only reads the fleet (P2P lookup, full-sync status), so the
-    /// driver may answer it with [`Fleet::on_read_request`] under a read lock.
+    /// driver may answer it with [`ControllerState::on_read_request`] under a read lock.
     pub fn is_read_request(kind: RouterKind, msg: &Msg) -> bool {
         kind == RouterKind::Reply
             && matches!(msg, Msg::BatchedP2PLookupMsg(_) | Msg::FullSyncStatusMsg(_))
     }
 
-    /// Answers a request for which [`Fleet::is_read_request`] holds; any other gets an
-    /// `ErrorMsg` (use [`Fleet::on_request`]).
+    /// Answers a request for which [`ControllerState::is_read_request`] holds; any other gets an
+    /// `ErrorMsg` (use [`ControllerState::on_request`]).
     pub fn on_read_request(&self, kind: RouterKind, msg: Msg) -> (Msg, Vec<Effect>) {
         let mut fx = Vec::new();
         let reply = match msg {
@@ -288,7 +291,7 @@ impl Fleet {
 
     /// Applies one message from the PULL socket. The result is the drop reason if it had no
     /// effect.
-    pub fn on_push(&mut self, msg: Msg, now: f64) -> (Result<(), DropReason>, Vec<Effect>) {
+    pub fn on_push(&mut self, msg: Msg, now: f64) -> (Result<(), FrameDropReason>, Vec<Effect>) {
         let mut fx = Vec::new();
         let result = match as_batch(msg) {
             Msg::BatchedKVOperationMsg(m) => {
@@ -317,15 +320,15 @@ impl Fleet {
                     heartbeat_url: None,
                 };
                 match self.on_register(&m, &ctx, m.pushed_wire(), &mut fx) {
-                    Msg::ErrorMsg(_) => Err(DropReason::Refused),
+                    Msg::ErrorMsg(_) => Err(FrameDropReason::Refused),
                     _ => Ok(()),
                 }
             }
             Msg::HeartbeatMsg(m) => match self.on_heartbeat(&m, now, m.pushed_wire(), &mut fx) {
-                Msg::ErrorMsg(_) => Err(DropReason::Refused),
+                Msg::ErrorMsg(_) => Err(FrameDropReason::Refused),
                 _ => Ok(()),
             },
-            _ => Err(DropReason::WrongSocket),
+            _ => Err(FrameDropReason::WrongSocket),
         };
         (result, fx)
     }
@@ -350,7 +353,7 @@ impl Fleet {
         self.index
             .expire_syncs(now, timeout_s)
             .into_iter()
-            .map(|key| Effect::Report(Event::SyncExpired { key }))
+            .map(|key| Effect::Report(ModelEvent::SyncExpired { key }))
             .collect()
     }
 
@@ -377,7 +380,7 @@ impl Fleet {
     }
 
     /// A probe got no answer: removes the worker if it is still the registration probed and
-    /// still silent (O(1): [`Index::is_stale`]). Returns whether it was removed, and the
+    /// still silent (O(1): [`ChunkIndex::is_stale`]). Returns whether it was removed, and the
     /// effects.
     pub fn probe_failed(
         &mut self,
@@ -396,23 +399,23 @@ impl Fleet {
         let mut fx = Vec::new();
         self.index.deregister(instance_id, worker_id);
         self.close_downlink(&target.key, &mut fx);
-        fx.push(Effect::Report(Event::WorkerRemoved {
+        fx.push(Effect::Report(ModelEvent::WorkerRemoved {
             key: target.key.clone(),
             reason: RemovalReason::ProbeFailed,
         }));
         (true, fx)
     }
 
-    /// Marks every worker seen at `now` (see [`Index::touch_all`]).
+    /// Marks every worker seen at `now` (see [`ChunkIndex::touch_all`]).
     pub fn touch_all(&mut self, now: f64) {
         self.index.touch_all(now);
     }
 
     /// Asks every worker for a full sync at its next heartbeat
-    /// ([`REASON_TAKEOVER_INCOMPLETE`](crate::index::REASON_TAKEOVER_INCOMPLETE)).
+    /// ([`REASON_TAKEOVER_INCOMPLETE`](super::index::REASON_TAKEOVER_INCOMPLETE)).
     pub fn request_resync_all(&mut self) {
         self.index
-            .request_resync_all(crate::index::REASON_TAKEOVER_INCOMPLETE);
+            .request_resync_all(super::index::REASON_TAKEOVER_INCOMPLETE);
     }
 
     /// Every downlink as an effect to open: a standby taking over starts the tasks of the
@@ -489,7 +492,7 @@ impl Fleet {
         if reopen {
             self.open_downlink(k.clone(), &m.ip, port, fx);
         }
-        fx.push(Effect::Report(Event::WorkerRegistered {
+        fx.push(Effect::Report(ModelEvent::WorkerRegistered {
             key: k,
             endpoint: host_port(&m.ip, port),
             again,
@@ -524,7 +527,7 @@ impl Fleet {
         let commands = match outcome {
             HeartbeatOutcome::ReRegistered => {
                 self.open_downlink(k.clone(), &m.ip, port, fx);
-                fx.push(Effect::Report(Event::RegisteredByHeartbeat { key: k }));
+                fx.push(Effect::Report(ModelEvent::RegisteredByHeartbeat { key: k }));
                 vec![HeartbeatCommand::full_sync(REASON_WORKER_RE_REGISTERED)]
             }
             HeartbeatOutcome::Known {
@@ -550,16 +553,16 @@ impl Fleet {
     }
 
     /// Answers a P2P lookup of `hashes` from a requester (a read: nothing changes); the event
-    /// says whether it was a hit. [`Fleet::on_read_request`] of a `BatchedP2PLookupMsg`, for
-    /// a request decoded in place (`protocol::decode_lookup`).
+    /// says whether it was a hit. [`ControllerState::on_read_request`] of a
+    /// `BatchedP2PLookupMsg`, for a request decoded in place (`protocol::decode_lookup`).
     pub fn p2p_lookup(
         &self,
         hashes: &[ChunkHash],
         instance_id: &str,
         worker_id: i64,
-    ) -> (Msg, Event) {
+    ) -> (Msg, ModelEvent) {
         let hit = self.index.p2p_lookup(hashes, instance_id, worker_id);
-        let event = Event::P2pLookup { hit: hit.is_some() };
+        let event = ModelEvent::P2pLookup { hit: hit.is_some() };
         let entry = match hit {
             Some(hit) => (
                 hit.instance_id.to_owned(),
@@ -591,7 +594,7 @@ impl Fleet {
             now,
         );
         let error_msg = result.err().map(|e| e.to_string());
-        fx.push(Effect::Report(Event::SyncStarted {
+        fx.push(Effect::Report(ModelEvent::SyncStarted {
             key: key(&m.instance_id, m.worker_id),
             sync_id: m.sync_id.clone(),
             error: error_msg.clone(),
@@ -626,7 +629,7 @@ impl Fleet {
         fx: &mut Vec<Effect>,
     ) {
         let outcome = self.apply_batch(instance_id, worker_id, location, ops, now);
-        fx.push(Effect::Report(Event::Batch {
+        fx.push(Effect::Report(ModelEvent::Batch {
             key: key(instance_id, worker_id),
             location: location.to_owned(),
             outcome,
@@ -638,7 +641,7 @@ impl Fleet {
         m: &crate::protocol::FullSyncBatchMsg,
         now: f64,
         fx: &mut Vec<Effect>,
-    ) -> Result<(), DropReason> {
+    ) -> Result<(), FrameDropReason> {
         let before = self.index.keys_refused();
         let outcome = self.index.sync_batch(
             &m.instance_id,
@@ -652,7 +655,7 @@ impl Fleet {
         let refused = self.index.keys_refused().saturating_sub(before);
         let k = key(&m.instance_id, m.worker_id);
         if refused > 0 {
-            fx.push(Effect::Report(Event::KeysRefused {
+            fx.push(Effect::Report(ModelEvent::KeysRefused {
                 key: k.clone(),
                 location: m.location.clone(),
                 count: refused,
@@ -661,7 +664,7 @@ impl Fleet {
         match outcome {
             SyncBatchOutcome::Accepted => Ok(()),
             SyncBatchOutcome::Completed => {
-                fx.push(Effect::Report(Event::SyncCompleted {
+                fx.push(Effect::Report(ModelEvent::SyncCompleted {
                     key: k,
                     sync_id: m.sync_id.clone(),
                     by_batch: true,
@@ -669,27 +672,27 @@ impl Fleet {
                 Ok(())
             }
             SyncBatchOutcome::Rejected => {
-                fx.push(Effect::Report(Event::StaleSyncBatch {
+                fx.push(Effect::Report(ModelEvent::StaleSyncBatch {
                     key: k,
                     sync_id: m.sync_id.clone(),
                     batch: m.batch_id,
                 }));
-                Err(DropReason::StaleSync)
+                Err(FrameDropReason::StaleSync)
             }
             SyncBatchOutcome::TooLarge => {
-                fx.push(Effect::Report(Event::SyncBatchTooLarge {
+                fx.push(Effect::Report(ModelEvent::SyncBatchTooLarge {
                     key: k,
                     keys: m.keys.len(),
                 }));
-                Err(DropReason::TooManyOps)
+                Err(FrameDropReason::TooManyOps)
             }
             SyncBatchOutcome::OverBudget => {
-                fx.push(Effect::Report(Event::SyncRangesRefused {
+                fx.push(Effect::Report(ModelEvent::SyncRangesRefused {
                     key: k,
                     batch: m.batch_id,
                     limit: self.index.config().max_sync_ranges,
                 }));
-                Err(DropReason::SyncRanges)
+                Err(FrameDropReason::SyncRanges)
             }
         }
     }
@@ -699,7 +702,7 @@ impl Fleet {
         m: &crate::protocol::FullSyncEndMsg,
         now: f64,
         fx: &mut Vec<Effect>,
-    ) -> Result<(), DropReason> {
+    ) -> Result<(), FrameDropReason> {
         let outcome = self.index.sync_end(
             &m.instance_id,
             m.worker_id,
@@ -711,7 +714,7 @@ impl Fleet {
         let sync_id = m.sync_id.clone();
         match outcome {
             SyncEndOutcome::Completed => {
-                fx.push(Effect::Report(Event::SyncCompleted {
+                fx.push(Effect::Report(ModelEvent::SyncCompleted {
                     key: k,
                     sync_id,
                     by_batch: false,
@@ -719,14 +722,14 @@ impl Fleet {
                 Ok(())
             }
             SyncEndOutcome::Incomplete { missing } => {
-                fx.push(Effect::Report(Event::SyncIncomplete {
+                fx.push(Effect::Report(ModelEvent::SyncIncomplete {
                     key: k,
                     sync_id,
                     missing,
                 }));
                 Ok(())
             }
-            SyncEndOutcome::Rejected => Err(DropReason::StaleSync),
+            SyncEndOutcome::Rejected => Err(FrameDropReason::StaleSync),
         }
     }
 
@@ -734,12 +737,12 @@ impl Fleet {
         let k = key(instance_id, worker_id);
         if self.index.deregister(instance_id, worker_id) {
             self.close_downlink(&k, fx);
-            fx.push(Effect::Report(Event::WorkerRemoved {
+            fx.push(Effect::Report(ModelEvent::WorkerRemoved {
                 key: k,
                 reason: RemovalReason::Deregistered,
             }));
         } else {
-            fx.push(Effect::Report(Event::UnknownDeregistration { key: k }));
+            fx.push(Effect::Report(ModelEvent::UnknownDeregistration { key: k }));
         }
     }
 
@@ -773,5 +776,5 @@ impl Fleet {
 }
 
 #[cfg(test)]
-#[path = "model_tests.rs"]
+#[path = "state_tests.rs"]
 mod tests;

@@ -6,16 +6,19 @@
 
 use super::*;
 use crate::cluster::{apply_record, Applied, LogCursor};
-use crate::controller::command_log::CommandLog;
-use crate::index::{Index, IndexConfig};
+use crate::controller::model::command_log::CommandLog;
+use crate::controller::model::index::{ChunkIndex, ChunkIndexConfig};
 use crate::protocol::{
     encode, BatchedKVOperationMsg, DeRegisterMsg, FullSyncEndMsg, HeartbeatMsg, Msg, OpType,
     RegisterMsg,
 };
 
-fn fleet() -> Fleet {
-    Fleet::new(
-        Index::with_config(IndexConfig::default()),
+/// A record of the controller's log.
+type Record = crate::cluster::Record<Change>;
+
+fn fleet() -> ControllerState {
+    ControllerState::new(
+        ChunkIndex::with_config(ChunkIndexConfig::default()),
         CommandLog::default(),
     )
 }
@@ -81,7 +84,7 @@ impl Follower {
         &self.cursor
     }
 
-    fn apply(&mut self, fleet: &mut Fleet, r: &Record) -> Applied {
+    fn apply(&mut self, fleet: &mut ControllerState, r: &Record) -> Applied {
         let local = (std::time::Instant::now(), 0.0);
         apply_record(&mut self.cursor, fleet, r.clone(), local)
     }
@@ -89,14 +92,14 @@ impl Follower {
 
 /// A leader: applies each input to its fleet and logs it as the driver does.
 struct Leader {
-    fleet: Fleet,
+    fleet: ControllerState,
     epoch: u64,
     seq: u64,
     log: Vec<Record>,
 }
 
 impl Leader {
-    fn new(fleet: Fleet, epoch: u64, fresh: bool) -> Self {
+    fn new(fleet: ControllerState, epoch: u64, fresh: bool) -> Self {
         let mut l = Leader {
             fleet,
             epoch,
@@ -151,7 +154,7 @@ impl Leader {
 }
 
 /// What a router or an operator can see of a fleet.
-fn view(f: &Fleet) -> String {
+fn view(f: &ControllerState) -> String {
     let ix = f.index();
     let mut downlinks: Vec<_> = f.downlinks().map(|(k, d)| (k.clone(), d.clone())).collect();
     downlinks.sort_by(|a, b| a.0.cmp(&b.0));
@@ -170,7 +173,7 @@ fn view(f: &Fleet) -> String {
     )
 }
 
-fn follow(follower: &mut Follower, fleet: &mut Fleet, log: &[Record]) -> Vec<Applied> {
+fn follow(follower: &mut Follower, fleet: &mut ControllerState, log: &[Record]) -> Vec<Applied> {
     log.iter()
         .map(|r| {
             let bytes = r.encode();
@@ -481,7 +484,7 @@ mod laws {
         ]
     }
 
-    impl Subject for Fleet {
+    impl Subject for ControllerState {
         fn empty() -> Self {
             fleet()
         }
@@ -501,6 +504,6 @@ mod laws {
 
     #[test]
     fn the_fleet_obeys_the_replication_laws() {
-        check::<Fleet>(64);
+        check::<ControllerState>(64);
     }
 }

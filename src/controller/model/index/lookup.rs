@@ -5,8 +5,8 @@
 //! time with a single map probe per hash, stopping as soon as no candidate remains. Read-only.
 
 use super::chunks::{has, HolderId};
-use super::registry::Worker;
-use super::Index;
+use super::registry::WorkerEntry;
+use super::ChunkIndex;
 use crate::protocol::ChunkHash;
 
 /// The holder a P2P lookup chose, borrowed from the index.
@@ -89,7 +89,7 @@ fn partition(items: &mut [HolderId], mut keep: impl FnMut(HolderId) -> bool) -> 
     kept
 }
 
-impl Index {
+impl ChunkIndex {
     /// Handles `BatchedP2PLookupMsg`: the holder with the longest consecutive prefix of
     /// `hashes`, among live holders of `hashes[0]` that are outside `requester_instance` and
     /// have a `peer_init_url`. Ties go to a worker with `worker_id == requester_worker_id`
@@ -192,7 +192,7 @@ impl Index {
     }
 
     /// The worker owning live holder `h`.
-    fn holder_worker(&self, h: HolderId) -> Option<&Worker> {
+    fn holder_worker(&self, h: HolderId) -> Option<&WorkerEntry> {
         self.reg.worker(self.chunks.owner(h))
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn p2p_excludes_own_instance_and_prefers_longest_prefix() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "x", 0);
     reg(&mut ix, "y", 0);
     reg(&mut ix, "z", 0);
@@ -37,7 +37,7 @@ fn p2p_excludes_own_instance_and_prefers_longest_prefix() {
 
 #[test]
 fn p2p_tie_prefers_same_rank_then_registration_order() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     for inst in ["x", "y"] {
         for wid in 0..4 {
             reg(&mut ix, inst, wid);
@@ -70,7 +70,7 @@ fn p2p_tie_prefers_same_rank_then_registration_order() {
 
 #[test]
 fn p2p_skips_holders_without_peer_url() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     ix.register("x", 0, "10.0.0.1", 9000, None, 1.0).unwrap();
     reg(&mut ix, "y", 0);
     put(&mut ix, "x", 0, CPU, &[1, 2, 3]);
@@ -87,7 +87,7 @@ fn p2p_skips_holders_without_peer_url() {
 
 #[test]
 fn negative_and_u64_hashes_with_the_same_bits_are_distinct() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "x", 0);
     let neg = ChunkHash::from_i64(-16);
     let big = ChunkHash::from_u64(u64::MAX - 15);
@@ -114,7 +114,7 @@ fn negative_and_u64_hashes_with_the_same_bits_are_distinct() {
 
 #[test]
 fn prefix_holders_reports_every_holder_in_registration_order() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "x", 0);
     reg(&mut ix, "x", 1);
     reg(&mut ix, "y", 0);
@@ -136,7 +136,7 @@ fn prefix_holders_reports_every_holder_in_registration_order() {
 
 #[test]
 fn views_and_counts() {
-    let mut ix = Index::new();
+    let mut ix = ChunkIndex::new();
     reg(&mut ix, "b", 0);
     reg(&mut ix, "a", 0);
     reg(&mut ix, "a", 1);

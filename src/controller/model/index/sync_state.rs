@@ -1,5 +1,5 @@
 //! The full-sync state of one worker (protocol spec §3.5): `Idle → Syncing → Completed |
-//! Failed`, its batches received, its status and errors. Pure; the [`super::Index`] methods
+//! Failed`, its batches received, its status and errors. Pure; the [`super::ChunkIndex`] methods
 //! that drive it are in `sync.rs`, the worker record that holds it in `registry.rs`.
 
 use super::received::{Insert, RangeBudget, Received};
@@ -15,7 +15,7 @@ pub const MAX_SYNC_BATCH_COUNT: i64 = 10_000_000;
 /// would make every status request build and send a reply of tens of megabytes.
 pub const MAX_REPORTED_MISSING: usize = 10_000;
 
-/// Failure reason recorded by [`Index::expire_syncs`].
+/// Failure reason recorded by [`ChunkIndex::expire_syncs`].
 pub const FAILURE_TIMEOUT: &str = "timeout";
 
 /// Why a full sync could not start. The first two display LMCache's exact error text, which the
@@ -50,13 +50,13 @@ pub enum SyncBatchOutcome {
     /// Dropped: unknown worker, not syncing, other sync id, `batch_id` out of range, or the
     /// location could not be created.
     Rejected,
-    /// Dropped: more keys than [`IndexConfig::max_batch_ops`](super::IndexConfig); the batch
-    /// is not recorded, so it stays missing and the sync cannot complete with it.
+    /// Dropped: more keys than [`ChunkIndexConfig::max_batch_ops`](super::ChunkIndexConfig); the
+    /// batch is not recorded, so it stays missing and the sync cannot complete with it.
     TooLarge,
     /// Dropped: the batch arrived out of order and recording it needs a new range of received
-    /// ids over [`IndexConfig::max_sync_ranges_per_worker`](super::IndexConfig) or the shared
-    /// [`IndexConfig::max_sync_ranges`](super::IndexConfig). Not recorded (its keys are not
-    /// admitted), so it stays missing and is reported until the worker resends it.
+    /// ids over [`ChunkIndexConfig::max_sync_ranges_per_worker`](super::ChunkIndexConfig) or the
+    /// shared [`ChunkIndexConfig::max_sync_ranges`](super::ChunkIndexConfig). Not recorded (its
+    /// keys are not admitted), so it stays missing and is reported until the worker resends it.
     OverBudget,
 }
 

@@ -10,14 +10,14 @@ use prometheus::{
 };
 
 /// kvplane's own metric prefix.
-pub const PREFIX: &str = "kvplane";
+pub(crate) const PREFIX: &str = "kvplane";
 
 /// Prefix of the gauges LMCache 0.5.6's controller exports (all labelled `role="controller"`).
-pub const LMCACHE_PREFIX: &str = "lmcache:cache_controller_";
+pub(crate) const LMCACHE_PREFIX: &str = "lmcache:cache_controller_";
 
 /// The 13 gauges of LMCache 0.5.6's controller (`cache_controller/observability.py`), same
 /// names, help texts and `role="controller"` label, so existing dashboards and alerts keep
-/// working. Set at scrape time (`Shared::refresh_lmcache_gauges`).
+/// working. Set at scrape time (`Driver::refresh_lmcache_gauges`).
 #[derive(Clone)]
 pub struct LmcacheGauges {
     /// Keys over every worker and location (a chunk held twice counts twice, as in LMCache).

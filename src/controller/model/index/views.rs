@@ -3,9 +3,9 @@
 //! Everything here returns owned snapshots (or `&str` borrowed from the index) and never
 //! mutates; listing order is registration order throughout.
 
-use super::registry::{Instance, Worker};
+use super::registry::{Instance, WorkerEntry};
 use super::sync::SyncView;
-use super::Index;
+use super::ChunkIndex;
 use crate::protocol::{ChunkHash, Wire};
 
 /// Per-instance totals, as in `/controller/key-stats`.
@@ -72,7 +72,7 @@ pub struct WorkerAddr {
     pub port: u16,
 }
 
-impl Index {
+impl ChunkIndex {
     /// Registered workers.
     pub fn worker_count(&self) -> usize {
         self.reg.worker_count()
@@ -157,7 +157,7 @@ impl Index {
 
     /// Whether the worker is registered and silent: `now - last_seen > timeout_s`. O(1): the
     /// liveness sweep asks it once per failed probe instead of rebuilding
-    /// [`Index::stale_workers`].
+    /// [`ChunkIndex::stale_workers`].
     pub fn is_stale(&self, instance_id: &str, worker_id: i64, now: f64, timeout_s: f64) -> bool {
         self.worker_ref(instance_id, worker_id)
             .is_some_and(|w| now - w.last_seen > timeout_s)
@@ -180,20 +180,20 @@ impl Index {
     fn instance_workers_iter<'a>(
         &'a self,
         inst: &'a Instance,
-    ) -> impl Iterator<Item = &'a Worker> + 'a {
+    ) -> impl Iterator<Item = &'a WorkerEntry> + 'a {
         inst.workers
             .iter()
             .filter_map(move |&(_, ws)| self.reg.worker(ws))
     }
 
-    fn worker_keys(&self, w: &Worker) -> u64 {
+    fn worker_keys(&self, w: &WorkerEntry) -> u64 {
         w.locations
             .iter()
             .map(|l| self.chunks.key_count(l.holder))
             .sum()
     }
 
-    fn view(&self, inst: &Instance, w: &Worker) -> WorkerView {
+    fn view(&self, inst: &Instance, w: &WorkerEntry) -> WorkerView {
         WorkerView {
             instance_id: inst.name.to_string(),
             worker_id: w.worker_id,

@@ -5,10 +5,10 @@ use super::*;
 
 #[test]
 fn limits() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         max_workers: 2,
         max_locations_per_worker: 2,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     reg(&mut ix, "a", 0);
     reg(&mut ix, "b", 0);
@@ -40,9 +40,9 @@ fn limits() {
 
 #[test]
 fn keys_per_worker_limit_refuses_new_admits_only() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         max_keys_per_worker: 3,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     reg(&mut ix, "a", 0);
     reg(&mut ix, "b", 0);
@@ -98,9 +98,9 @@ fn keys_per_worker_limit_refuses_new_admits_only() {
 
 #[test]
 fn batches_over_the_ops_limit_are_refused_whole() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         max_batch_ops: 2,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     reg(&mut ix, "a", 0);
     let three = [admit(1, 0), admit(2, 1), admit(3, 2)];
@@ -134,9 +134,9 @@ fn batches_over_the_ops_limit_are_refused_whole() {
 
 #[test]
 fn tombstones_are_reclaimed_by_automatic_compaction() {
-    let mut ix = Index::with_config(IndexConfig {
+    let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
         compact_min_dead: 100,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     });
     reg(&mut ix, "a", 0);
     reg(&mut ix, "b", 0);

@@ -1,18 +1,18 @@
 //! What the controller's model asks its driver to do: the [`Effect`]s of a message (open or
-//! close a downlink of a given generation, report an [`Event`]), and the reasons a message was
+//! close a downlink of a given generation, report an [`ModelEvent`]), and the reasons a message was
 //! dropped or a worker removed, each with its metric label.
 //!
 //! Plain data: no I/O, no tokio. Produced by `model.rs`, consumed by `driver.rs` and
 //! `report.rs`.
 
-use crate::index::{BatchOutcome, IndexError};
+use super::index::{BatchOutcome, IndexError};
 
 /// `(instance_id, worker_id)`: how LMCache names a worker.
 pub type WorkerKey = (String, i64);
 
 /// Why a PULL message had no effect (the `reason` label of `kvplane_frames_dropped_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropReason {
+pub enum FrameDropReason {
     /// A message that does not belong on the PULL socket.
     WrongSocket,
     /// A full-sync batch or end for no active sync.
@@ -25,15 +25,15 @@ pub enum DropReason {
     Refused,
 }
 
-impl DropReason {
+impl FrameDropReason {
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
-            DropReason::WrongSocket => "wrong_socket",
-            DropReason::StaleSync => "stale_sync",
-            DropReason::TooManyOps => "too_many_ops",
-            DropReason::SyncRanges => "sync_ranges",
-            DropReason::Refused => "refused",
+            FrameDropReason::WrongSocket => "wrong_socket",
+            FrameDropReason::StaleSync => "stale_sync",
+            FrameDropReason::TooManyOps => "too_many_ops",
+            FrameDropReason::SyncRanges => "sync_ranges",
+            FrameDropReason::Refused => "refused",
         }
     }
 }
@@ -77,13 +77,13 @@ pub enum Effect {
         generation: u64,
     },
     /// Count and log something (no state change).
-    Report(Event),
+    Report(ModelEvent),
 }
 
 /// What the driver counts in metrics and logs. Carries the facts; the policy (which metric,
 /// which level, throttling) is the driver's.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Event {
+pub enum ModelEvent {
     /// A registration or a heartbeat from an unknown worker was refused by a limit.
     WorkerRefused {
         /// The worker.

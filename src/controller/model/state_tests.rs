@@ -1,15 +1,16 @@
-//! Unit tests of the [`Fleet`] model: no runtime, no sockets, no clock — `now` is a number.
+//! Unit tests of the [`ControllerState`] model: no runtime, no sockets, no clock — `now` is a
+//! number.
 
 use super::*;
-use crate::index::IndexConfig;
+use crate::controller::model::index::ChunkIndexConfig;
 use crate::protocol::ChunkHash;
 use crate::protocol::{
     DeRegisterMsg, FullSyncStartMsg, HeartbeatMsg, KVAdmitMsg, KVEvictMsg, RegisterMsg,
 };
 
-fn fleet() -> Fleet {
-    Fleet::new(
-        Index::with_config(IndexConfig::default()),
+fn fleet() -> ControllerState {
+    ControllerState::new(
+        ChunkIndex::with_config(ChunkIndexConfig::default()),
         CommandLog::default(),
     )
 }
@@ -89,7 +90,7 @@ impl Live {
 
     /// Every registered worker has exactly one live downlink, of the model's generation, and
     /// nothing else lives.
-    fn agrees_with(&self, fleet: &Fleet) {
+    fn agrees_with(&self, fleet: &ControllerState) {
         fleet.check_invariants().expect("model invariant");
         let model: HashMap<WorkerKey, u64> = fleet
             .downlinks()
@@ -287,7 +288,7 @@ fn full_sync_expires_on_the_model_clock() {
     let fx = f.expire_syncs(302.0, 300.0);
     assert_eq!(
         fx,
-        vec![Effect::Report(Event::SyncExpired { key: k("a", 0) })]
+        vec![Effect::Report(ModelEvent::SyncExpired { key: k("a", 0) })]
     );
     // The next heartbeat asks the worker to retry.
     let (reply, _) = f.on_request(RouterKind::Heartbeat, heartbeat("a", 0, 9000), &ctx(303.0));
@@ -303,7 +304,7 @@ fn push_messages_report_their_drop_reason() {
     let (res, _) = f.on_push(heartbeat("a", 0, 70_000), 0.0);
     assert_eq!(
         res,
-        Err(DropReason::Refused),
+        Err(FrameDropReason::Refused),
         "a port out of range is refused"
     );
     let lookup = Msg::BatchedP2PLookupMsg(crate::protocol::BatchedP2PLookupMsg {
@@ -312,16 +313,16 @@ fn push_messages_report_their_drop_reason() {
         worker_id: 0,
     });
     let (res, _) = f.on_push(lookup, 0.0);
-    assert_eq!(res, Err(DropReason::WrongSocket));
-    assert_eq!(DropReason::WrongSocket.label(), "wrong_socket");
-    assert_eq!(DropReason::Refused.label(), "refused");
-    assert_eq!(DropReason::StaleSync.label(), "stale_sync");
-    assert_eq!(DropReason::TooManyOps.label(), "too_many_ops");
+    assert_eq!(res, Err(FrameDropReason::WrongSocket));
+    assert_eq!(FrameDropReason::WrongSocket.label(), "wrong_socket");
+    assert_eq!(FrameDropReason::Refused.label(), "refused");
+    assert_eq!(FrameDropReason::StaleSync.label(), "stale_sync");
+    assert_eq!(FrameDropReason::TooManyOps.label(), "too_many_ops");
     let (res, fx) = f.on_push(deregister("ghost", 0), 0.0);
     assert_eq!(res, Ok(()));
     assert_eq!(
         fx,
-        vec![Effect::Report(Event::UnknownDeregistration {
+        vec![Effect::Report(ModelEvent::UnknownDeregistration {
             key: k("ghost", 0)
         })]
     );

@@ -1,17 +1,17 @@
 //! The KV index: worker registry, chunk reverse index and full-sync tracker.
 //!
 //! Pure and synchronous: no I/O, no clock reads (callers pass `now` as Unix seconds, `f64`, like
-//! LMCache's `WorkerInfo`), no tokio, no locks. The controller wraps one [`Index`] in whatever
+//! LMCache's `WorkerInfo`), no tokio, no locks. The controller wraps one [`ChunkIndex`] in whatever
 //! lock it likes and maps wire messages onto its methods (protocol spec §3.1–§3.6, §3.8).
 //!
 //! Submodules, one job each:
 //! * `registry` — instances → workers → locations, in registration order;
 //! * `chunks` — the hot reverse map chunk hash → holders, tombstones and compaction;
-//! * `sync` — the full-sync state machine and its [`Index`] methods;
+//! * `sync` — the full-sync state machine and its [`ChunkIndex`] methods;
 //! * `lookup` — P2P lookup and prefix queries over the reverse map;
 //! * `views` — read-only summaries for the HTTP API, metrics and liveness.
 //!
-//! A *holder* is one (worker, location) pair. Counts such as [`Index::key_count`] are
+//! A *holder* is one (worker, location) pair. Counts such as [`ChunkIndex::key_count`] are
 //! memberships: a chunk held by two TP workers counts twice, as LMCache's key count does.
 //!
 //! Deliberate differences from LMCache 0.5.6: re-registration also resets the sync state
@@ -36,7 +36,7 @@ mod tests;
 pub use chunks::MemoryStats;
 pub use lookup::{P2PHit, PrefixHolder};
 pub use received::{DEFAULT_MAX_SYNC_RANGES, DEFAULT_MAX_SYNC_RANGES_PER_WORKER};
-pub use snapshot::IndexDump;
+pub use snapshot::ChunkIndexDump;
 pub use sync::{
     SyncBatchOutcome, SyncEndOutcome, SyncError, SyncStatus, SyncView, FAILURE_TIMEOUT,
     MAX_REPORTED_MISSING, MAX_SYNC_BATCH_COUNT,
@@ -45,7 +45,7 @@ pub use views::{InstanceSummary, LocationView, WorkerAddr, WorkerView};
 
 use crate::protocol::{KVOpEvent, OpType, Wire};
 use chunks::Chunks;
-use registry::{Location, Registry, Worker};
+use registry::{Location, WorkerEntry, WorkerRegistry};
 use thiserror::Error;
 
 /// Heartbeat command reason for a worker that was unknown and has just been registered.
@@ -58,7 +58,7 @@ pub const REASON_TAKEOVER_INCOMPLETE: &str = "controller_takeover_incomplete";
 /// Errors of index operations that can run out of room.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum IndexError {
-    /// [`IndexConfig::max_workers`] workers are already registered.
+    /// [`ChunkIndexConfig::max_workers`] workers are already registered.
     #[error("too many workers registered (limit {limit})")]
     TooManyWorkers {
         /// The configured limit.
@@ -69,9 +69,9 @@ pub enum IndexError {
     CapacityExceeded,
 }
 
-/// Tunables of an [`Index`].
+/// Tunables of a [`ChunkIndex`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct IndexConfig {
+pub struct ChunkIndexConfig {
     /// Global progress a completed worker needs before `can_exit_freeze` (LMCache's
     /// `full_sync_completion_threshold`, default 0.8).
     pub sync_completion_threshold: f64,
@@ -86,7 +86,7 @@ pub struct IndexConfig {
     pub compact_min_dead: u64,
     /// Most keys one worker may hold, over all its locations. An admit of a key the worker does
     /// not hold yet is refused while it holds this many (counted in
-    /// [`BatchOutcome::Applied::refused`] and [`Index::keys_refused`]); evicts always apply.
+    /// [`BatchOutcome::Applied::refused`] and [`ChunkIndex::keys_refused`]); evicts always apply.
     /// Full-sync keys obey the same limit. Default 16,777,216 (~0.5 GB of index at ~30 B per
     /// membership).
     pub max_keys_per_worker: u64,
@@ -106,9 +106,9 @@ pub struct IndexConfig {
     pub max_sync_ranges_per_worker: usize,
 }
 
-impl Default for IndexConfig {
+impl Default for ChunkIndexConfig {
     fn default() -> Self {
-        IndexConfig {
+        ChunkIndexConfig {
             sync_completion_threshold: 0.8,
             max_workers: 1 << 16,
             max_locations_per_worker: 64,
@@ -121,7 +121,7 @@ impl Default for IndexConfig {
     }
 }
 
-/// Result of [`Index::register`].
+/// Result of [`ChunkIndex::register`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RegisterOutcome {
     /// A new worker.
@@ -134,7 +134,7 @@ pub enum RegisterOutcome {
     },
 }
 
-/// Result of [`Index::heartbeat`].
+/// Result of [`ChunkIndex::heartbeat`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HeartbeatOutcome {
     /// The worker was unknown and has been registered from the heartbeat: reply with a
@@ -160,7 +160,7 @@ impl HeartbeatOutcome {
     }
 }
 
-/// Result of [`Index::apply_batch`].
+/// Result of [`ChunkIndex::apply_batch`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchOutcome {
     /// Every op was applied in order.
@@ -176,7 +176,7 @@ pub enum BatchOutcome {
         /// Ops whose `seq_num` was not the previous one + 1 (applied anyway).
         gaps: usize,
         /// Admits of new keys refused because the worker already held
-        /// [`IndexConfig::max_keys_per_worker`] keys (counted in `admits`, not in
+        /// [`ChunkIndexConfig::max_keys_per_worker`] keys (counted in `admits`, not in
         /// `keys_added`; their sequence numbers still count as received).
         refused: usize,
     },
@@ -185,19 +185,19 @@ pub enum BatchOutcome {
     /// The worker is full-syncing; the whole batch was discarded (as LMCache does).
     DiscardedSyncing,
     /// The location is new and the worker already has
-    /// [`IndexConfig::max_locations_per_worker`] locations; the batch was dropped.
+    /// [`ChunkIndexConfig::max_locations_per_worker`] locations; the batch was dropped.
     TooManyLocations,
-    /// The batch has more than [`IndexConfig::max_batch_ops`] operations; it was dropped
+    /// The batch has more than [`ChunkIndexConfig::max_batch_ops`] operations; it was dropped
     /// whole, before anything else was looked at.
     TooLarge,
 }
 
 /// The KV index. See the module docs.
 #[derive(Debug, Default)]
-pub struct Index {
-    reg: Registry,
+pub struct ChunkIndex {
+    reg: WorkerRegistry,
     chunks: Chunks,
-    config: IndexConfig,
+    config: ChunkIndexConfig,
     seq_discontinuities: u64,
     seq_gap_ops: u64,
     keys_refused: u64,
@@ -206,14 +206,14 @@ pub struct Index {
 }
 
 /// Keys `w` holds over all its locations.
-fn worker_keys(w: &Worker, chunks: &Chunks) -> u64 {
+fn worker_keys(w: &WorkerEntry, chunks: &Chunks) -> u64 {
     w.locations.iter().map(|l| chunks.key_count(l.holder)).sum()
 }
 
 /// Index of location `name` on worker `w` (slot `ws`), creating it with a fresh holder if
 /// needed; `None` if the location limit or the holder id space is exhausted.
 fn ensure_location(
-    w: &mut Worker,
+    w: &mut WorkerEntry,
     ws: u32,
     name: &str,
     chunks: &mut Chunks,
@@ -234,15 +234,15 @@ fn ensure_location(
     Some(w.locations.len() - 1)
 }
 
-impl Index {
-    /// An empty index with the default [`IndexConfig`].
+impl ChunkIndex {
+    /// An empty index with the default [`ChunkIndexConfig`].
     pub fn new() -> Self {
         Self::default()
     }
 
     /// An empty index with `config`.
-    pub fn with_config(config: IndexConfig) -> Self {
-        Index {
+    pub fn with_config(config: ChunkIndexConfig) -> Self {
+        ChunkIndex {
             sync_ranges: received::RangeBudget::new(
                 config.max_sync_ranges,
                 config.max_sync_ranges_per_worker,
@@ -253,7 +253,7 @@ impl Index {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &IndexConfig {
+    pub fn config(&self) -> &ChunkIndexConfig {
         &self.config
     }
 
@@ -410,7 +410,7 @@ impl Index {
     /// no-op), then checked against the location's sequence tracker: if a previous `seq_num`
     /// exists and the op's is not its successor, it counts as a gap; either way the tracker
     /// takes the op's `seq_num`. A batch with any gap increments
-    /// [`Index::seq_discontinuities`] once (LMCache's metric). The ops of a worker whose wire
+    /// [`ChunkIndex::seq_discontinuities`] once (LMCache's metric). The ops of a worker whose wire
     /// numbers none ([`Wire::Pushed`]) are not checked. Batches of a syncing worker are
     /// discarded whole.
     pub fn apply_batch(
@@ -487,7 +487,7 @@ impl Index {
     }
 
     /// Admits refused so far (batches and full syncs) because a worker held
-    /// [`IndexConfig::max_keys_per_worker`] keys.
+    /// [`ChunkIndexConfig::max_keys_per_worker`] keys.
     pub fn keys_refused(&self) -> u64 {
         self.keys_refused
     }
@@ -505,7 +505,7 @@ impl Index {
 
     /// Reclaims all tombstoned memberships now (one pass over the reverse map) and returns how
     /// many were reclaimed. Runs automatically when they reach
-    /// [`IndexConfig::compact_min_dead`] and a quarter of all memberships.
+    /// [`ChunkIndexConfig::compact_min_dead`] and a quarter of all memberships.
     pub fn compact(&mut self) -> u64 {
         self.chunks.compact()
     }
@@ -549,7 +549,7 @@ impl Index {
         }
     }
 
-    fn worker_ref(&self, instance_id: &str, worker_id: i64) -> Option<&Worker> {
+    fn worker_ref(&self, instance_id: &str, worker_id: i64) -> Option<&WorkerEntry> {
         self.reg.worker(self.reg.find(instance_id, worker_id)?)
     }
 }

@@ -8,10 +8,10 @@
 use std::collections::{HashMap, VecDeque};
 
 /// How many orchestration commands (all but `health`) the log remembers.
-pub const COMMAND_LOG_CAPACITY: usize = 10_000;
+pub(crate) const COMMAND_LOG_CAPACITY: usize = 10_000;
 
 /// How many `health` calls the log remembers, apart from the other commands.
-pub const HEALTH_LOG_CAPACITY: usize = 1_000;
+pub(crate) const HEALTH_LOG_CAPACITY: usize = 1_000;
 
 /// The command whose records live in their own ring.
 const HEALTH: &str = "health";
@@ -58,15 +58,15 @@ pub struct CommandRecord {
 }
 
 #[derive(Debug)]
-struct Ring {
+struct CommandRing {
     capacity: usize,
     records: HashMap<String, CommandRecord>,
     order: VecDeque<String>,
 }
 
-impl Ring {
+impl CommandRing {
     fn new(capacity: usize) -> Self {
-        Ring {
+        CommandRing {
             capacity: capacity.max(1),
             records: HashMap::new(),
             order: VecDeque::new(),
@@ -89,8 +89,8 @@ impl Ring {
 /// event id; the oldest of each is forgotten first, so memory stays bounded.
 #[derive(Debug)]
 pub struct CommandLog {
-    commands: Ring,
-    health: Ring,
+    commands: CommandRing,
+    health: CommandRing,
 }
 
 impl Default for CommandLog {
@@ -104,8 +104,8 @@ impl CommandLog {
     /// least one).
     pub fn new(commands: usize, health: usize) -> Self {
         CommandLog {
-            commands: Ring::new(commands),
-            health: Ring::new(health),
+            commands: CommandRing::new(commands),
+            health: CommandRing::new(health),
         }
     }
 

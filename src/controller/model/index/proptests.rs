@@ -91,7 +91,7 @@ fn sync_id(id: u8) -> String {
 }
 
 /// Applies `op` to both the index and the model.
-fn step(ix: &mut Index, model: &mut BTreeMap<WorkerKey, MWorker>, op: &Op, now: f64) {
+fn step(ix: &mut ChunkIndex, model: &mut BTreeMap<WorkerKey, MWorker>, op: &Op, now: f64) {
     let u = universe();
     match op {
         Op::Register(w @ (i, wid)) => {
@@ -244,7 +244,7 @@ fn step(ix: &mut Index, model: &mut BTreeMap<WorkerKey, MWorker>, op: &Op, now: 
     }
 }
 
-fn check(ix: &Index, model: &BTreeMap<WorkerKey, MWorker>) {
+fn check(ix: &ChunkIndex, model: &BTreeMap<WorkerKey, MWorker>) {
     let u = universe();
     let total: usize = model
         .values()
@@ -338,9 +338,9 @@ proptest! {
         ops in prop::collection::vec(op(), 1..120),
         compact_min_dead in 0u64..40,
     ) {
-        let mut ix = Index::with_config(IndexConfig {
+        let mut ix = ChunkIndex::with_config(ChunkIndexConfig {
             compact_min_dead,
-            ..IndexConfig::default()
+            ..ChunkIndexConfig::default()
         });
         let mut model = BTreeMap::new();
         for (t, op) in ops.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! Full-sync tracking (protocol spec §3.5): the per-worker state machine and the [`Index`]
+//! Full-sync tracking (protocol spec §3.5): the per-worker state machine and the [`ChunkIndex`]
 //! methods that drive it.
 //!
 //! States: `Idle → Syncing → Completed | Failed`, and back to `Syncing` on a new start.
@@ -7,19 +7,19 @@
 //!   stays `Syncing` with the end recorded, status reports the missing ids, and the sync
 //!   completes when the last missing batch arrives.
 //! * re-registration resets the sync state (bug §7.3; done by the facade).
-//! * [`Index::expire_syncs`] is meant to be called, turning stale syncs into `Failed` so the
+//! * [`ChunkIndex::expire_syncs`] is meant to be called, turning stale syncs into `Failed` so the
 //!   next heartbeat asks for `sync_failed_retry`.
 //!
 //! This module owns no keys: admitting batch keys and clearing a location on start go through
 //! the facade's reverse index.
 
 use super::chunks::has;
-use super::registry::Worker;
+use super::registry::WorkerEntry;
 pub use super::sync_state::*;
-use super::{ensure_location, Index};
+use super::{ensure_location, ChunkIndex};
 use crate::protocol::ChunkHash;
 
-impl Index {
+impl ChunkIndex {
     /// Handles `FullSyncStartMsg`: the worker enters `Syncing` (a start with the current sync id
     /// restarts it) and the keys and sequence tracker of `location` are cleared. Incremental
     /// batches of the worker are discarded until the sync ends.
@@ -78,8 +78,8 @@ impl Index {
     /// `0..batch_count`, marks the batch received (duplicates are not double counted) and admits
     /// `keys` to `location` without sequence checks. Completes the sync if the end already
     /// arrived and this was the last missing batch. Keys beyond
-    /// [`IndexConfig::max_keys_per_worker`](super::IndexConfig) are refused (counted in
-    /// [`Index::keys_refused`]); a batch over `max_batch_ops` keys is not recorded at all.
+    /// [`ChunkIndexConfig::max_keys_per_worker`](super::ChunkIndexConfig) are refused (counted in
+    /// [`ChunkIndex::keys_refused`]); a batch over `max_batch_ops` keys is not recorded at all.
     #[allow(clippy::too_many_arguments)]
     pub fn sync_batch(
         &mut self,
@@ -148,7 +148,8 @@ impl Index {
 
     /// Handles `FullSyncStatusMsg`. `missing_batches` is reported only while the worker is
     /// syncing under `sync_id`; `can_exit_freeze` needs the sync complete *and* the global
-    /// progress at or above [`IndexConfig::sync_completion_threshold`](super::IndexConfig).
+    /// progress at or above
+    /// [`ChunkIndexConfig::sync_completion_threshold`](super::ChunkIndexConfig).
     pub fn sync_status(&self, instance_id: &str, worker_id: i64, sync_id: &str) -> SyncStatus {
         let global_progress = self.global_sync_progress();
         let (is_complete, missing_batches) = match self.worker_ref(instance_id, worker_id) {
@@ -203,7 +204,7 @@ impl Index {
     }
 
     /// Extra ranges of received batch ids held by all syncs together (each sync's first range
-    /// is free), against [`IndexConfig::max_sync_ranges`](super::IndexConfig).
+    /// is free), against [`ChunkIndexConfig::max_sync_ranges`](super::ChunkIndexConfig).
     pub fn sync_ranges_used(&self) -> usize {
         self.sync_ranges.used()
     }
@@ -225,7 +226,7 @@ impl Index {
         (syncing, completed, missing)
     }
 
-    fn worker_mut(&mut self, instance_id: &str, worker_id: i64) -> Option<&mut Worker> {
+    fn worker_mut(&mut self, instance_id: &str, worker_id: i64) -> Option<&mut WorkerEntry> {
         let ws = self.reg.find(instance_id, worker_id)?;
         self.reg.worker_mut(ws)
     }
