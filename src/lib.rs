@@ -5,40 +5,39 @@
 //!
 //! ## Layout
 //!
-//! Read the modules in this order; dependencies point one way, down this list:
+//! In floor order, from the ground up: each module uses only modules above it in this list
+//! (`tests/system/architecture.rs` checks the edges), and no service uses another except the
+//! router, which embeds the indexer's index.
 //!
-//! - [`protocol`] — the 51 LMCache message types, msgspec-identical encoding, tolerant
-//!   decoding, [`protocol::ChunkHash`] (the whole `i64 ∪ u64` range). Pure.
-//! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
-//!   wrappers with timeouts, fresh sockets after failures.
-//! - [`controller`] — the controller's state as a plain model (`ControllerState`: index, downlink
-//!   registry, command log; one function per message returning the effects to perform), its
-//!   driver (`Driver`: one lock over the model and the live downlink tasks), its HTTP routes,
-//!   the async tasks (the PULL loop, the two ROUTER loops, one downlink per worker, the
-//!   liveness sweep) and `controller::serve`, which starts it (`kvplane serve`, with
-//!   `--cluster` as standby, leader or read replica).
-//! - [`service`] — the skeleton every service stands on: the `Running` handle `start()`
-//!   returns, the one `StartError`, the runner `main` runs every subcommand with, and the
-//!   configuration layers (flag, `KVPLANE_<SERVICE>_<FLAG>`, the replaced system's
-//!   variables, `--config` file, default). Knows no service.
-//! - [`web`] — HTTP plumbing shared by every service (errors, body schemas, auth, the CSRF
-//!   guard, request metrics, static assets, the server loop and its limits). Knows no service.
-//! - [`coordinator`] — `kvplane coordinator`, the LMCache MP coordinator (fleet membership,
-//!   quotas, usage events, eviction, warm prefetch): a pure model driven by one task, its
-//!   axum routes and its calls to MP servers (see docs/COORDINATOR.md).
-//! - [`config`] — every default, the validated `ServeConfig` and the value parsers the
-//!   services' flags share (each service's clap flags live in its own module).
-//! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
-//!   (protocol + transport only).
-//! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
-//!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
-//!   replay state machine) in `indexer::model`, its owner, tasks and routes around it.
-//! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
-//!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
-//! - [`router`] — `kvplane router`, the cache-aware OpenAI-compatible router in front of
-//!   vLLM/SGLang engines (see docs/ROUTER.md); it runs the indexer's index in process.
-//! - [`worker`] — the library workers link to join a kvplane or LMCache controller
-//!   (protocol + transport only; see docs/WORKER.md).
+//! The ground — wire types, sockets, configuration (the worker library needs only these):
+//! - [`protocol`] — LMCache's 51 controller messages, msgspec-identical encoding, tolerant decoding.
+//! - [`transport`] — every use of the `zeromq` crate: the sockets with their timeouts and limits.
+//! - `net` — `host_port` and the local address of the route to a peer.
+//! - [`config`] — every default, and the value parsers the services' flags share.
+//!
+//! The skeleton every service stands on (knows no service):
+//! - [`memory`] — handing freed heap memory back after a burst.
+//! - [`service`] — the `Running` handle `start()` returns, the one `StartError`, the runner,
+//!   the flag / `KVPLANE_<SERVICE>_*` / replaced system's variables / `--config` layers, the binds.
+//! - [`web`] — the HTTP stack: one route table per service (`web::route`), one body
+//!   extractor (`web::json`), errors, access and tokens, TLS, limits, metrics, assets, client.
+//! - [`cluster`] — `--cluster` on NATS JetStream: the replication core, the one leader loop,
+//!   leases and fencing, the replication laws every replicated state is tested against.
+//!
+//! The clients of the services:
+//! - [`worker`] — the library LMCache-compatible workers link (protocol and transport only).
+//!
+//! The five services, each with one anatomy (docs/ARCHITECTURE.md: `mod.rs`, `config`,
+//! `model/`, the driver, `routes/`, `metrics.rs`, `cluster.rs` where replicated):
+//! - [`controller`] — `kvplane serve`, the LMCache 0.5.6 cache controller (its chunk index in
+//!   `controller::model::index`).
+//! - [`coordinator`] — `kvplane coordinator`, the LMCache MP coordinator.
+//! - [`indexer`] — `kvplane indexer`, KV events in, prefix-hit queries out.
+//! - [`node`] — `kvplane node`, LMCache's `lm://` cache server with memory and disk tiers.
+//! - [`router`] — `kvplane router`, the cache-aware OpenAI-compatible router.
+//!
+//! On top:
+//! - [`bench`] — `kvplane bench`, the load generators and the router's fleet simulator.
 //!
 //! Every service's `start(config)` binds its sockets and returns a [`service::Running`]
 //! handle (bound addresses by name, the service's state, `stop()`; dropped, it cancels);
