@@ -15,7 +15,8 @@
 //!   hash-parity probe), `discovery.rs`, `scrape.rs` and `health.rs` (the loops reading the
 //!   registrations, the engines' metrics and their health);
 //! - `cluster.rs`: `--cluster`, the reservations the replicas share;
-//! - `routes/`: one file per resource (the OpenAI routes, the probes, `/router/*`);
+//! - `routes/`: the one route table, one file per resource (the OpenAI routes, the probes,
+//!   `/router/*`);
 //! - `metrics.rs`: its metric families.
 //!
 //! The index is the indexer's own ([`crate::indexer::service`]), run in process and fed by
