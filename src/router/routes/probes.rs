@@ -1,7 +1,7 @@
 //! The probes and `/metrics`: `/health` (vLLM's probe path, which engines' clients and load
 //! balancers ask) and `/readyz` (200 while an engine is up), `/healthz` (liveness), `/metrics`.
 
-use super::St;
+use super::{engines_json, St};
 use crate::router::metrics::EngineGauges;
 use crate::web::exposition::Exposition;
 use crate::web::metrics_layer::HttpMetrics;
@@ -33,9 +33,7 @@ pub(super) async fn health(State(st): St) -> Response {
     };
     (
         status,
-        Json(
-            json!({"status": if up {"ok"} else {"no engine up"}, "engines": super::engines_json(&st)}),
-        ),
+        Json(json!({"status": if up {"ok"} else {"no engine up"}, "engines": engines_json(&st)})),
     )
         .into_response()
 }
