@@ -7,9 +7,9 @@
 //! indexer, each one is registered in the router's own in-process index too (and removed with
 //! it), so the router scores from its own index as for `--engine`'s.
 //!
-//! Pure: [`plan`] (`model/discovery.rs`). Driver: [`pass`] and [`discovery_loop`]. Must not: drop the engines it
-//! has when a read fails (the indexer may restart), or route to an instance it cannot name an
-//! HTTP address for (counted by reason instead).
+//! Pure: [`plan`] (`model/discovery.rs`). Driver: [`pass`] and [`discovery_loop`]. Must not:
+//! drop the engines it has when a read fails (the indexer may restart), or route to an
+//! instance it cannot name an HTTP address for (counted by reason instead).
 
 use super::config::Discover;
 use super::model::discovery::plan;

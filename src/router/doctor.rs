@@ -11,6 +11,7 @@ use super::upstream;
 use crate::indexer::index::{Counters, LoraNs, QueryScope};
 use axum::body::Body;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Whole blocks in a probe prompt.
@@ -222,4 +223,26 @@ pub async fn run(st: &RouterState, wait: Duration) -> Vec<Verdict> {
         out.push(probe(st, engine, wait).await);
     }
     out
+}
+
+/// `--doctor`'s run on a router just started (`server`): waits for the engines' publishers to
+/// connect (at most `wait`), probes every engine, stops the router.
+pub(super) async fn at_start(server: super::RouterServer, wait: Duration) -> Vec<Verdict> {
+    let st = Arc::clone(&server.state);
+    let begin = tokio::time::Instant::now();
+    let connected = |st: &RouterState| {
+        st.engines().iter().all(|e| {
+            e.spec
+                .events
+                .as_deref()
+                .is_none_or(|ep| st.indexer.publisher_connected(ep) == Some(true))
+        })
+    };
+    while !connected(&st) && begin.elapsed() < wait {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let verdicts = run(&st, wait).await;
+    drop(st);
+    server.stop().await;
+    verdicts
 }

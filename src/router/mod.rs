@@ -9,13 +9,15 @@
 //!   tokens (`accounting`), one engine's shared reservations (`slots`), the sessions'
 //!   engines (`sessions`), which registrations become engines (`discovery`), an engine's
 //!   Prometheus text read (`scrape`); no I/O, no clock;
-//! - the driver: `state.rs` (`RouterState`: the engines and their load, the in-process
-//!   index, the tokenizer, the decision and its reservation), [`tokenize`] (tokenizer.json and
-//!   the chat template), [`upstream`] (engine calls with timeouts), [`doctor`] (the
-//!   hash-parity probe), `discovery.rs`, `scrape.rs` and `health.rs` (the loops reading the
-//!   registrations, the engines' metrics and their health);
+//! - the driver: `serve.rs` (starting the parts: the tokenizer, the engines' publishers in the
+//!   index, the HTTP stack, the loops), `state.rs` (`RouterState`: the engines and their load,
+//!   the in-process index, the tokenizer, the decision and its reservation), [`tokenize`]
+//!   (tokenizer.json and the chat template), [`upstream`] (engine calls with timeouts),
+//!   [`doctor`] (the hash-parity probe), `discovery.rs`, `scrape.rs` and `health.rs` (the
+//!   loops reading the registrations, the engines' metrics and their health);
 //! - `cluster.rs`: `--cluster`, the reservations the replicas share;
-//! - `routes/`: one file per resource (the OpenAI routes, the probes, `/router/*`);
+//! - `routes/`: the one route table, one file per resource (the OpenAI routes, the probes,
+//!   `/router/*`);
 //! - `metrics.rs`: its metric families.
 //!
 //! The index is the indexer's own ([`crate::indexer`]), run in process and fed by
@@ -30,19 +32,17 @@ mod metrics;
 pub(crate) mod model;
 mod routes;
 mod scrape;
+mod serve;
 pub(crate) mod state;
 pub mod tokenize;
 pub mod upstream;
 
-use crate::indexer::api::Registration;
 use crate::indexer::IndexerConfig;
-use crate::service::{bind_host, Running, StartError};
+use crate::service::{Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 pub use config::{EngineSpec, RouterArgs, RouterConfig};
 pub use model::score::Weights;
@@ -80,7 +80,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         ..IndexerConfig::default()
     })
     .await?;
-    match launch(config, Arc::clone(&indexer.state), indexer.addr).await {
+    match serve::launch(config, Arc::clone(&indexer.state), indexer.addr).await {
         Ok(router) => Ok(router.after_drain(move || indexer.stop())),
         Err(e) => {
             indexer.stop().await;
@@ -102,141 +102,7 @@ pub async fn start_beside(
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     config.hash_seed = index.hash_seed();
-    launch(config, index, index_addr).await
-}
-
-/// Loads the tokenizer, registers every engine's publisher in `index`, binds the HTTP port
-/// and starts the health probes, the scrapes and the discovery.
-async fn launch(
-    config: RouterConfig,
-    index: Arc<crate::indexer::IndexerState>,
-    index_addr: SocketAddr,
-) -> Result<RouterServer, StartError> {
-    let tokenizer = match &config.model_dir {
-        Some(dir) => Some(
-            tokenize::ModelTokenizer::load(dir)
-                .map_err(|e| StartError::resource("load the model directory", e))?,
-        ),
-        None => None,
-    };
-    for e in &config.engines {
-        let Some(events) = &e.events else { continue };
-        let reg = Registration {
-            endpoint: events.clone(),
-            replay_endpoint: e.replay.clone(),
-            kind: e.kind,
-            model: config.model.clone(),
-            lora: String::new(),
-            tenant: config.tenant.clone(),
-            instance: e.instance.clone(),
-            block_size: config.block_size,
-            dp_rank: e.dp_rank,
-            salt: String::new(),
-            lmcache: Vec::new(),
-            http: Some(e.url.clone()),
-            backends: Vec::new(),
-        };
-        index.register(reg).map_err(|err| {
-            StartError::Config(format!("--engine {}: {}", e.instance, err.message))
-        })?;
-    }
-    let (listener, bound) = bind_host("http", &config.host, config.port).await?;
-    let shutdown = CancellationToken::new();
-    let tasks = TaskTracker::new();
-    let metrics = metrics::RouterMetrics::default();
-    let shared = match &config.cluster {
-        Some(cluster) => {
-            let instances: Vec<String> =
-                config.engines.iter().map(|e| e.instance.clone()).collect();
-            let joined = cluster::SharedSlots::start(
-                cluster.clone(),
-                &instances,
-                config.reservation_ttl,
-                metrics.shared.clone(),
-                &shutdown,
-                &tasks,
-            )
-            .await;
-            match joined {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    shutdown.cancel();
-                    tasks.close();
-                    tasks.wait().await;
-                    return Err(StartError::resource("join --cluster", e));
-                }
-            }
-        }
-        None => None,
-    };
-    let state = Arc::new(RouterState::new(config, index, tokenizer, shared, metrics));
-    // The engines registered by then are routed to from the first request.
-    let mut mirrored = std::collections::BTreeMap::new();
-    discovery::pass(&state, &mut mirrored).await;
-    tasks.spawn(discovery::discovery_loop(
-        Arc::clone(&state),
-        mirrored,
-        shutdown.clone(),
-    ));
-    tasks.spawn(health::health_loop(Arc::clone(&state), shutdown.clone()));
-    tasks.spawn(scrape::scrape_loop(Arc::clone(&state), shutdown.clone()));
-    let count = {
-        let st = Arc::clone(&state);
-        Arc::new(move |limit: crate::web::limits::WebLimit| {
-            st.metrics
-                .limits_hit
-                .with_label_values(&[limit.label()])
-                .inc();
-        }) as crate::web::limits::RefusalCounter
-    };
-    let limits = crate::web::HttpLimits {
-        max_body_bytes: state.config.max_body_bytes,
-        max_body_items: usize::MAX,
-        max_connections: state.config.max_http_connections,
-        // Clients of a router wait on long generations between requests; the read timeout
-        // covers sending a request, not waiting for the answer.
-        read_timeout: Duration::from_secs(30),
-    };
-    let stack = crate::web::stack::Stack {
-        policy: Arc::new(routes::policy(state.config.auth.clone())),
-        limits,
-        metrics: Arc::new(crate::web::metrics_layer::HttpMetrics::standalone(
-            "kvplane_router_",
-            limits.max_body_bytes,
-            crate::web::limits::counting_hook("router", Arc::clone(&count)),
-        )),
-        // OpenAI clients always send JSON; only the doctor is a write.
-        guard: crate::web::stack::Guard::JsonWrites,
-        style: crate::web::json::ErrorStyle::FastApi,
-    };
-    stack.policy.log();
-    let app = routes::router(Arc::clone(&state), &stack);
-    let served = crate::web::serve(
-        listener,
-        app,
-        limits,
-        crate::web::limits::counting_hook("router", count),
-        shutdown.clone(),
-    );
-    tasks.spawn(async move {
-        if let Err(e) = served.await {
-            tracing::error!("router HTTP server failed: {e}");
-        }
-    });
-    tracing::info!(http = %bound, indexer = %index_addr, engines = state.engines().len(), "kvplane router listening");
-    let indexer_addr = index_addr;
-    Ok(Running::new(
-        "router",
-        Router {
-            addr: bound,
-            indexer_addr,
-            state,
-        },
-        shutdown,
-        tasks,
-    )
-    .with_addr("http", bound)
-    .with_addr("indexer", indexer_addr))
+    serve::launch(config, index, index_addr).await
 }
 
 /// `--doctor`: starts the router's parts (bound as configured), waits for the engines'
@@ -248,22 +114,5 @@ pub async fn doctor(
     config: RouterConfig,
     wait: Duration,
 ) -> Result<Vec<doctor::Verdict>, StartError> {
-    let server = start(config).await?;
-    let st = Arc::clone(&server.state);
-    let begin = tokio::time::Instant::now();
-    let connected = |st: &RouterState| {
-        st.engines().iter().all(|e| {
-            e.spec
-                .events
-                .as_deref()
-                .is_none_or(|ep| st.indexer.publisher_connected(ep) == Some(true))
-        })
-    };
-    while !connected(&st) && begin.elapsed() < wait {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let verdicts = doctor::run(&st, wait).await;
-    drop(st);
-    server.stop().await;
-    Ok(verdicts)
+    Ok(doctor::at_start(start(config).await?, wait).await)
 }

@@ -1,8 +1,8 @@
 //! The router's driver: the engines with the load it tracks, the in-process index, the
-//! tokenizer, and the decision (tokens → index rows → [`super::model::score`]) with its reservation:
-//! local, or shared with the other replicas through the cluster ([`super::cluster`]), where a
-//! decision and its reservation are one step (decide, write if nobody wrote since, else decide
-//! again).
+//! tokenizer, and the decision (tokens → index rows → [`super::model::score`]) with its
+//! reservation: local, or shared with the other replicas through the cluster
+//! ([`super::cluster`]), where a decision and its reservation are one step (decide, write if
+//! nobody wrote since, else decide again).
 
 use super::cluster::{Miss, SharedSlots};
 use super::metrics::RouterMetrics;

@@ -126,7 +126,8 @@ pub async fn read<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiE
             let max = limits.map_or(0, |l| l.max_body_bytes);
             restyle(unreadable(&e, max), style)
         })?;
-    if super::schema::too_many_values(&bytes, max_items) {
+    // No item limit (the router's prompts): no scan.
+    if max_items < usize::MAX && super::schema::too_many_values(&bytes, max_items) {
         return Err(ApiError::TooManyItems { max: max_items });
     }
     Ok(bytes)

@@ -173,11 +173,20 @@ fn openai_error_schema() -> Value {
             "param": {"type": "string", "nullable": true}, "code": {"type": "integer"}}}}})
 }
 
-/// An error answer in the one shape rewritten in OpenAI's (a success, or an answer already in
-/// OpenAI's shape, as it is).
+/// Marks an answer a route passes on from a peer as it came (the router's engines' answers):
+/// put in the response's extensions (`axum::Extension(Passed)`), its route's style leaves it
+/// as it is.
+#[derive(Clone, Copy, Debug)]
+pub struct Passed;
+
+/// An error answer in the one shape rewritten in OpenAI's (a success, an answer already in
+/// OpenAI's shape, or one [`Passed`] on, as it is).
 async fn openai_shape(response: Response) -> Response {
     let status = response.status();
     if !status.is_client_error() && !status.is_server_error() {
+        return response;
+    }
+    if response.extensions().get::<Passed>().is_some() {
         return response;
     }
     let (parts, body) = response.into_parts();

@@ -113,6 +113,40 @@ async fn binds_an_ipv6_literal() {
     r.stop().await;
 }
 
+/// The router's own refusals on an OpenAI route are in OpenAI's shape (the route's style); an
+/// engine's error answer passes on as it came, whatever its shape (SGLang's here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_openai_shaped_and_engine_errors_pass_as_they_came() {
+    const SGLANG: &str =
+        r#"{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}"#;
+    let engine = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "" }))
+        .route(
+            "/v1/completions",
+            axum::routing::post(|| async {
+                let json = [("content-type", "application/json")];
+                (axum::http::StatusCode::BAD_REQUEST, json, SGLANG)
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, engine).await });
+    let spec: EngineSpec = format!("http://{addr},instance=sg").parse().unwrap();
+    let r = router(vec![spec], |_| {}).await;
+    let (status, body) = http(r.addr, "POST", "/v1/completions", Some("[1]"), &[]).await;
+    let refused = json!({"error": {"message": "the body must be a JSON object",
+        "type": "invalid_request_error", "param": null, "code": 400}});
+    assert_eq!((status, body), (400, refused));
+    let (status, body) = http(r.addr, "POST", "/v1/chat/completions", Some("{"), &[]).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let (status, body) = post(r.addr, "/v1/completions", json!({"prompt": [1, 2, 3]})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body, serde_json::from_str::<Value>(SGLANG).unwrap());
+    r.stop().await;
+    server.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_to_the_engine_holding_the_prefix_and_accounts_it() {
     let (_engines, specs) = engines(&model_dir(), 3, BS).await;

@@ -4,49 +4,16 @@
 use super::St;
 use crate::router::doctor::{self, Verdict};
 use crate::router::model::accounting::Tally;
-use crate::router::state::RouterState;
-use crate::web::access::Access;
-use crate::web::openapi::Operation;
 use axum::extract::State;
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 
-/// `/router/stats` and `/router/doctor`.
-pub(super) fn routes() -> Router<Arc<RouterState>> {
-    Router::new()
-        .route("/router/stats", get(stats))
-        .route("/router/doctor", post(run_doctor))
-}
-
-/// `/router/stats` a read; `POST /router/doctor` (it sends probe prompts to every engine) a
-/// write.
-pub(super) fn operations() -> Vec<Operation> {
-    // The doctor's verdicts, agreeing or not.
-    let verdicts = json!({"type": "object", "required": ["ok", "engines"], "properties": {
-        "ok": {"type": "boolean"}, "engines": {"type": "array", "items": {"type": "object"}}}});
-    vec![
-        Operation::new(
-            Method::GET,
-            "/router/stats",
-            Access::Read,
-            "Predicted against delivered cached tokens",
-        ),
-        // The body is read by nothing, but the CSRF guard wants a JSON one: `{}`.
-        Operation::new(
-            Method::POST,
-            "/router/doctor",
-            Access::Write,
-            "Hash-parity probe of every engine",
-        )
-        .body(json!({"type": "object"}))
-        .answers(&[(200, "Every engine agrees"), (409, "A mismatch, named")])
-        .answer_body(200, verdicts.clone())
-        .answer_body(409, verdicts),
-    ]
+/// The doctor's verdicts, agreeing or not.
+pub(super) fn verdicts_body() -> Value {
+    json!({"type": "object", "required": ["ok", "engines"], "properties": {
+        "ok": {"type": "boolean"}, "engines": {"type": "array", "items": {"type": "object"}}}})
 }
 
 fn totals_json(t: &Tally) -> Value {
@@ -60,7 +27,7 @@ fn totals_json(t: &Tally) -> Value {
 
 /// Runs the hash-parity doctor now (docs/ROUTER.md): 200 when every engine agrees, 409
 /// with the verdicts otherwise. Sends each engine two small probe completions.
-async fn run_doctor(State(st): St) -> Response {
+pub(super) async fn run_doctor(State(st): St) -> Response {
     let verdicts = doctor::run(&st, st.config.connect_timeout * 5).await;
     let ok = verdicts.iter().all(Verdict::ok);
     let status = if ok {
@@ -72,7 +39,7 @@ async fn run_doctor(State(st): St) -> Response {
 }
 
 /// Predicted against delivered cached tokens, per engine and overall, and the engines.
-async fn stats(State(st): St) -> Json<Value> {
+pub(super) async fn stats(State(st): St) -> Json<Value> {
     let a = st.accounting.lock();
     let per: Map<String, Value> = a
         .per_engine()

@@ -1,100 +1,186 @@
 //! The OpenAI-compatible front: `POST /v1/completions` and `POST /v1/chat/completions`
 //! (tokenize, decide, send to the chosen engine, pass its answer on and account its
-//! `usage`) and `GET /v1/models`. Errors in OpenAI's shape (OpenAI clients read it).
+//! `usage`) and `GET /v1/models`. Their refusals are in OpenAI's shape (OpenAI clients read
+//! nothing else): the table gives these routes OpenAI's style
+//! ([`crate::web::json::ErrorStyle::OpenAi`]); the handlers return [`ProxyError`]s in the one
+//! error type, and pass the engines' own answers on as they came ([`Passed`]).
 
 use super::St;
 use crate::router::model::sessions::MAX_SESSION_ID;
 use crate::router::state::{Decision, NoRoute, RequestKind, Reservation, RouterState};
 use crate::router::upstream::{self, Failure, StreamObserver};
-use crate::web::access::Access;
-use crate::web::error::{ApiError, Refusal};
-use crate::web::openapi::Operation;
+use crate::web::error::ApiError;
+use crate::web::json::{RawBody, ServiceError};
+use crate::web::route::{Documented, Passed};
 use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
+use axum::Extension;
 use serde_json::{json, Map, Value};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// The OpenAI routes.
-pub(super) fn routes() -> Router<Arc<RouterState>> {
-    Router::new()
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/models", get(models))
+/// `GET /v1/models`, asked of the engines as it is of the router.
+pub(super) const MODELS: &str = "/v1/models";
+
+/// What the routes that send a prompt to an engine may answer.
+pub(super) const PROXIED: &[(u16, &str)] = &[
+    (200, "The engine's answer (SSE when streaming)"),
+    (
+        429,
+        "Every engine up has all its slots held (Retry-After: 1)",
+    ),
+    (
+        502,
+        "No engine took it, or its answer was unreadable or too large",
+    ),
+    (503, "No engine is up"),
+    (504, "No answer within --response-timeout"),
+];
+
+/// An OpenAI route that sends a prompt to an engine: its path (the router's and the
+/// engine's), what it asks, and the body it documents.
+pub(super) trait Endpoint: Send + Sync + 'static {
+    /// The path, the same at the router and at the engine.
+    const PATH: &'static str;
+    /// Where its prompt is.
+    const KIND: RequestKind;
+    /// The fields the router reads of its body (the rest is passed on unread).
+    fn schema() -> Value;
 }
 
-/// The OpenAI routes: reads (`--api-token-reads`), answering errors in OpenAI's shape.
-pub(super) fn operations() -> Vec<Operation> {
-    let completion = json!({"type": "object", "required": ["prompt"],
-        "properties": {"model": {"type": "string"}, "prompt": {}, "stream": {"type": "boolean"},
-                       "max_tokens": {"type": "integer"}}});
-    let chat = json!({"type": "object", "required": ["messages"],
-        "properties": {"model": {"type": "string"}, "stream": {"type": "boolean"},
-            "messages": {"type": "array", "items": {"type": "object",
-                "required": ["role", "content"],
-                "properties": {"role": {"type": "string"}, "content": {}}}}}});
-    // OpenAI's error body, which the OpenAI routes answer in (OpenAI clients read it).
-    let openai_error = json!({"type": "object", "required": ["error"], "properties": {
-        "error": {"type": "object", "required": ["message", "type"], "properties": {
-            "message": {"type": "string"}, "type": {"type": "string"},
-            "param": {"nullable": true}, "code": {"nullable": true}}}}});
-    let proxied: &[(u16, &'static str)] = &[
-        (200, "The engine's answer (SSE when streaming)"),
-        (
-            429,
-            "Every engine up has all its slots held (Retry-After: 1)",
-        ),
-        (
-            502,
-            "No engine took it, or its answer was unreadable or too large",
-        ),
-        (503, "No engine is up"),
-        (504, "No answer within --response-timeout"),
-    ];
-    vec![
-        Operation::new(
-            Method::POST,
-            "/v1/completions",
-            Access::Read,
-            "OpenAI completions, routed by KV prefix",
-        )
-        .body(completion)
-        .answers(proxied)
-        .error_body(openai_error.clone()),
-        Operation::new(
-            Method::POST,
-            "/v1/chat/completions",
-            Access::Read,
-            "OpenAI chat completions, routed by KV prefix",
-        )
-        .body(chat)
-        .answers(proxied)
-        .error_body(openai_error.clone()),
-        Operation::new(
-            Method::GET,
-            "/v1/models",
-            Access::Read,
-            "The engines' models",
-        )
-        .answers(&[(200, "The models"), (503, "No engine is up")])
-        .error_body(openai_error),
-    ]
+/// `POST /v1/completions`.
+pub(super) struct Completions;
+
+impl Endpoint for Completions {
+    const PATH: &'static str = "/v1/completions";
+    const KIND: RequestKind = RequestKind::Completion;
+    fn schema() -> Value {
+        json!({"type": "object", "required": ["prompt"],
+            "properties": {"model": {"type": "string"}, "prompt": {}, "stream": {"type": "boolean"},
+                           "max_tokens": {"type": "integer"}}})
+    }
 }
 
-/// An error of the OpenAI routes: the one error type, in OpenAI's shape (`kind` its type).
-fn error(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Response {
-    ApiError::from(Refusal::new(status, kind, message)).openai_response()
+/// `POST /v1/chat/completions`.
+pub(super) struct ChatCompletions;
+
+impl Endpoint for ChatCompletions {
+    const PATH: &'static str = "/v1/chat/completions";
+    const KIND: RequestKind = RequestKind::Chat;
+    fn schema() -> Value {
+        json!({"type": "object", "required": ["messages"],
+            "properties": {"model": {"type": "string"}, "stream": {"type": "boolean"},
+                "messages": {"type": "array", "items": {"type": "object",
+                    "required": ["role", "content"],
+                    "properties": {"role": {"type": "string"}, "content": {}}}}}})
+    }
 }
 
-async fn completions(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, RequestKind::Completion, headers, body).await
+/// An OpenAI request body as the router reads it: the bytes as they came (passed on to the
+/// engine), the JSON object they hold (its fields read where the route needs them). The body
+/// limits are [`RawBody`]'s.
+pub(super) struct OpenAiBody<E> {
+    bytes: Bytes,
+    fields: Map<String, Value>,
+    endpoint: PhantomData<E>,
 }
 
-async fn chat(State(st): St, headers: HeaderMap, body: Bytes) -> Response {
-    proxy(st, RequestKind::Chat, headers, body).await
+impl<E: Endpoint> Documented for OpenAiBody<E> {
+    fn schema() -> Value {
+        E::schema()
+    }
+}
+
+impl<E: Endpoint, S: Send + Sync> FromRequest<S> for OpenAiBody<E> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let RawBody(bytes) = RawBody::from_request(req, state).await?;
+        let fields = match serde_json::from_slice(&bytes) {
+            Ok(Value::Object(m)) => m,
+            Ok(_) => return Err(ProxyError::NotAnObject.into()),
+            Err(e) => return Err(ProxyError::InvalidJson(e.to_string()).into()),
+        };
+        Ok(Self {
+            bytes,
+            fields,
+            endpoint: PhantomData,
+        })
+    }
+}
+
+/// Why the router answers a prompt itself instead of passing an engine's answer on.
+#[derive(Debug)]
+pub(super) enum ProxyError {
+    /// The body is JSON, not an object.
+    NotAnObject,
+    /// The body is not JSON.
+    InvalidJson(String),
+    /// Every engine up has all its slots held.
+    Full,
+    /// Other replicas took every engine chosen, each try.
+    Contended,
+    /// An engine's URL makes no request.
+    BadEngineUrl,
+    /// The engine failed before its answer began.
+    Engine(String, Failure),
+    /// The engine's answer failed while it was read.
+    EngineBody(String, Failure),
+    /// No engine is up.
+    NoEngine,
+}
+
+impl std::fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAnObject => f.write_str("the body must be a JSON object"),
+            Self::InvalidJson(e) => write!(f, "invalid JSON: {e}"),
+            Self::Full => f.write_str("every engine's slots are held; retry"),
+            Self::Contended => f.write_str("other router replicas took every engine chosen; retry"),
+            Self::BadEngineUrl => f.write_str("bad engine URL"),
+            Self::Engine(name, failure) => write!(f, "engine {name}: {}", failure.label()),
+            Self::EngineBody(name, failure) => write!(f, "engine {name}: body {}", failure.label()),
+            Self::NoEngine => f.write_str("no engine is up"),
+        }
+    }
+}
+
+impl ServiceError for ProxyError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::NotAnObject | Self::InvalidJson(_) => StatusCode::BAD_REQUEST,
+            Self::Full | Self::Contended => StatusCode::TOO_MANY_REQUESTS,
+            Self::Engine(_, Failure::Timeout) => StatusCode::GATEWAY_TIMEOUT,
+            Self::BadEngineUrl | Self::Engine(..) | Self::EngineBody(..) => StatusCode::BAD_GATEWAY,
+            Self::NoEngine => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::NotAnObject | Self::InvalidJson(_) => "invalid_request_error",
+            Self::Full => "engine_slots",
+            Self::Contended => "route_attempts",
+            Self::BadEngineUrl => "router_error",
+            Self::Engine(..) | Self::EngineBody(..) => "engine_error",
+            Self::NoEngine => "no_engine",
+        }
+    }
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        let retry = matches!(self, Self::Full | Self::Contended);
+        let mut response = ApiError::from(self).into_response();
+        if retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
 }
 
 fn status_class(s: StatusCode) -> &'static str {
@@ -107,35 +193,18 @@ fn status_class(s: StatusCode) -> &'static str {
 
 /// Tokenize, decide, then send to the engines in the decided order until one takes the
 /// request (only a refused connection moves on: anything later could have started work).
-async fn proxy(
-    st: Arc<RouterState>,
-    kind: RequestKind,
+pub(super) async fn proxy<E: Endpoint>(
+    State(st): St,
     headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = match kind {
-        RequestKind::Completion => "/v1/completions",
-        RequestKind::Chat => "/v1/chat/completions",
-    };
-    let parsed: Map<String, Value> = match serde_json::from_slice(&body) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "the body must be a JSON object",
-            )
-        }
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                format!("invalid JSON: {e}"),
-            )
-        }
-    };
+    body: OpenAiBody<E>,
+) -> Result<Response, ProxyError> {
+    let OpenAiBody {
+        bytes: body,
+        fields: parsed,
+        ..
+    } = body;
     let started = std::time::Instant::now();
-    let tokens = st.tokens(kind, &parsed).await;
+    let tokens = st.tokens(E::KIND, &parsed).await;
     // A request naming a model other than the served one names a LoRA adapter (vLLM serves
     // adapters under their own names): its blocks live in that adapter's namespace.
     let lora = parsed
@@ -199,28 +268,25 @@ async fn proxy(
             Ok(r) => r,
             Err(NoRoute::NoneUp) => break,
             Err(refusal) => {
-                let (limit, message) = if refusal == NoRoute::Full {
-                    ("engine_slots", "every engine's slots are held; retry")
+                let refused = if refusal == NoRoute::Full {
+                    ProxyError::Full
                 } else {
-                    (
-                        "route_attempts",
-                        "other router replicas took every engine chosen; retry",
-                    )
+                    ProxyError::Contended
                 };
-                st.metrics.limits_hit.with_label_values(&[limit]).inc();
+                st.metrics
+                    .limits_hit
+                    .with_label_values(&[refused.reason()])
+                    .inc();
                 st.metrics
                     .requests
                     .with_label_values(&["none", "4xx"])
                     .inc();
-                let mut resp = error(StatusCode::TOO_MANY_REQUESTS, limit, message);
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-                return resp;
+                return Err(refused);
             }
         };
         let engine = Arc::clone(reservation.engine());
         let name = engine.spec.instance.clone();
-        let mut req = hyper::Request::post(format!("{}{path}", engine.spec.url));
+        let mut req = hyper::Request::post(format!("{}{}", engine.spec.url, E::PATH));
         for h in [header::CONTENT_TYPE, header::AUTHORIZATION, header::ACCEPT] {
             if let Some(v) = headers.get(&h) {
                 req = req.header(h, v);
@@ -230,7 +296,7 @@ async fn proxy(
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         let Ok(req) = req.body(Body::from(body.clone())) else {
-            return error(StatusCode::BAD_GATEWAY, "router_error", "bad engine URL");
+            return Err(ProxyError::BadEngineUrl);
         };
         match upstream::send(&st.client, req, st.config.response_timeout).await {
             Ok(resp) => {
@@ -248,16 +314,7 @@ async fn proxy(
                 skip.push(i);
                 if f != Failure::Connect {
                     st.metrics.requests.with_label_values(&[&name, "5xx"]).inc();
-                    let status = if f == Failure::Timeout {
-                        StatusCode::GATEWAY_TIMEOUT
-                    } else {
-                        StatusCode::BAD_GATEWAY
-                    };
-                    return error(
-                        status,
-                        "engine_error",
-                        format!("engine {name}: {}", f.label()),
-                    );
+                    return Err(ProxyError::Engine(name, f));
                 }
             }
         }
@@ -266,11 +323,7 @@ async fn proxy(
         .requests
         .with_label_values(&["none", "5xx"])
         .inc();
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "no_engine",
-        "no engine is up",
-    )
+    Err(ProxyError::NoEngine)
 }
 
 /// The header naming a request's session (before the body's `user`).
@@ -305,8 +358,8 @@ fn ask_for_usage(body: &mut Map<String, Value>) -> bool {
     true
 }
 
-/// Passes the engine's answer on: an event stream chunk by chunk, anything else read whole
-/// (bounded) so its `usage` can be accounted.
+/// Passes the engine's answer on as it came ([`Passed`]): an event stream chunk by chunk,
+/// anything else read whole (bounded) so its `usage` can be accounted.
 async fn answer(
     st: &Arc<RouterState>,
     engine: usize,
@@ -315,7 +368,7 @@ async fn answer(
     resp: hyper::Response<hyper::body::Incoming>,
     stream: bool,
     strip_usage: bool,
-) -> Response {
+) -> Result<Response, ProxyError> {
     let name = reservation.engine().spec.instance.clone();
     let status = resp.status();
     st.metrics
@@ -343,7 +396,13 @@ async fn answer(
             reservation,
         };
         let body = upstream::pass_through(body, observer, st.config.stream_idle_timeout);
-        return (status, [(header::CONTENT_TYPE, content_type)], body).into_response();
+        return Ok((
+            status,
+            [(header::CONTENT_TYPE, content_type)],
+            Extension(Passed),
+            body,
+        )
+            .into_response());
     }
     match upstream::read_body(
         body,
@@ -362,7 +421,13 @@ async fn answer(
                     st.account(engine, &decision, &usage);
                 }
             }
-            (status, [(header::CONTENT_TYPE, content_type)], bytes).into_response()
+            Ok((
+                status,
+                [(header::CONTENT_TYPE, content_type)],
+                Extension(Passed),
+                bytes,
+            )
+                .into_response())
         }
         Err(f) => {
             st.metrics
@@ -375,11 +440,7 @@ async fn answer(
                     .with_label_values(&["max_response_bytes"])
                     .inc();
             }
-            error(
-                StatusCode::BAD_GATEWAY,
-                "engine_error",
-                format!("engine {name}: body {}", f.label()),
-            )
+            Err(ProxyError::EngineBody(name, f))
         }
     }
 }
@@ -495,11 +556,11 @@ impl StreamObserver for Observer {
     }
 }
 
-/// The first engine up that answers `/v1/models`.
-async fn models(State(st): St) -> Response {
+/// The first engine up that answers `/v1/models`, its answer passed on as it came.
+pub(super) async fn models(State(st): St) -> Result<Response, ProxyError> {
     for engine in st.engines().iter().filter(|e| e.is_up()) {
         let Ok(req) =
-            hyper::Request::get(format!("{}/v1/models", engine.spec.url)).body(Body::empty())
+            hyper::Request::get(format!("{}{MODELS}", engine.spec.url)).body(Body::empty())
         else {
             continue;
         };
@@ -514,12 +575,14 @@ async fn models(State(st): St) -> Response {
         )
         .await
         {
-            return (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response();
+            return Ok((
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                Extension(Passed),
+                bytes,
+            )
+                .into_response());
         }
     }
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "no_engine",
-        "no engine is up",
-    )
+    Err(ProxyError::NoEngine)
 }

@@ -1,66 +1,30 @@
-//! The probes and the service's own documents: `/health` (vLLM's probe path) and `/readyz`
-//! (200 while an engine is up), `/healthz` (liveness), `/openapi.json`, `/metrics`.
+//! The probes and `/metrics`: `/health` (vLLM's probe path, which engines' clients and load
+//! balancers ask) and `/readyz` (200 while an engine is up), `/healthz` (liveness), `/metrics`.
 
-use super::St;
+use super::{engines_json, St};
 use crate::router::metrics::EngineGauges;
-use crate::router::state::RouterState;
-use crate::web::access::Access;
 use crate::web::exposition::Exposition;
 use crate::web::metrics_layer::HttpMetrics;
-use crate::web::openapi::Operation;
 use axum::extract::State;
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// The probes, `/openapi.json` answering `doc`, and `/metrics`.
-pub(super) fn routes(doc: Arc<Value>) -> Router<Arc<RouterState>> {
-    Router::new()
-        .route("/health", get(health))
-        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(health))
-        .route(
-            "/openapi.json",
-            get(move || async move { Json(Value::clone(&doc)) }),
-        )
-        .route("/metrics", get(metrics))
+/// What `/health` and `/readyz` answer, up or not.
+pub(super) fn health_body() -> Value {
+    json!({"type": "object", "required": ["status", "engines"], "properties": {
+        "status": {"type": "string"}, "engines": {"type": "array", "items": {"type": "object"}}}})
 }
 
-/// Open, but for `/metrics` (a read).
-pub(super) fn operations() -> Vec<Operation> {
-    // What /health and /readyz answer, up or not.
-    let health = json!({"type": "object", "required": ["status", "engines"], "properties": {
-        "status": {"type": "string"}, "engines": {"type": "array", "items": {"type": "object"}}}});
-    vec![
-        Operation::new(
-            Method::GET,
-            "/health",
-            Access::Open,
-            "Whether an engine is up (vLLM's probe path)",
-        )
-        .answers(&[(200, "An engine is up"), (503, "No engine is up")])
-        .answer_body(200, health.clone())
-        .answer_body(503, health.clone()),
-        Operation::new(Method::GET, "/healthz", Access::Open, "Liveness"),
-        Operation::new(
-            Method::GET,
-            "/readyz",
-            Access::Open,
-            "Ready: an engine is up",
-        )
-        .answers(&[(200, "An engine is up"), (503, "No engine is up")])
-        .answer_body(200, health.clone())
-        .answer_body(503, health),
-        Operation::new(Method::GET, "/openapi.json", Access::Open, "This document"),
-        Operation::new(Method::GET, "/metrics", Access::Read, "Prometheus metrics"),
-    ]
+/// Liveness: the process answers.
+pub(super) async fn alive() -> Json<Value> {
+    Json(json!({"status": "ok"}))
 }
 
 /// 200 while at least one engine is up, 503 otherwise; the engines either way.
-async fn health(State(st): St) -> Response {
+pub(super) async fn health(State(st): St) -> Response {
     let up = st.engines().iter().any(|e| e.is_up());
     let status = if up {
         StatusCode::OK
@@ -69,14 +33,12 @@ async fn health(State(st): St) -> Response {
     };
     (
         status,
-        Json(
-            json!({"status": if up {"ok"} else {"no engine up"}, "engines": super::engines_json(&st)}),
-        ),
+        Json(json!({"status": if up {"ok"} else {"no engine up"}, "engines": engines_json(&st)})),
     )
         .into_response()
 }
 
-async fn metrics(
+pub(super) async fn metrics(
     State(st): St,
     axum::Extension(http): axum::Extension<Arc<HttpMetrics>>,
 ) -> Response {
