@@ -496,7 +496,7 @@ async fn every_route_answers_its_method_and_is_in_the_openapi_document() {
     let doc = get(&shared, "/openapi.json").await;
     assert_eq!(doc.status, 200);
     assert_eq!(doc.body["openapi"], "3.0.3");
-    for r in kvplane::controller::routes::api_routes() {
+    for r in kvplane::controller::routes::operations() {
         let method = r.method.as_str();
         let body = (method == "POST").then_some("{}");
         let a = call(router(Arc::clone(&shared)), method, r.path, body, &[]).await;

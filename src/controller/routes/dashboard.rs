@@ -1,5 +1,6 @@
 //! The live dashboard of the controller: the `frontend/` folder (served by
-//! [`crate::web::assets`]) at `/` and `/static/*`, and the one JSON feed it polls,
+//! [`crate::web::assets`]) at `/` ([`page`]) and `/static/*` ([`static_file`]), and the one
+//! JSON feed it polls ([`feed`]),
 //! `GET /api/dashboard`, with on request the server-side history ([`crate::web::history`], as
 //! every service's page: the cumulative counters the charts draw, sampled every 2 s for 15
 //! minutes, so the charts are full on open).
@@ -15,20 +16,24 @@ use crate::controller::Driver;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::history::{feed_response, spawn_sampler, History, HistoryPage, Sample};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::get;
-use axum::{Extension, Router};
+use axum::Extension;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// The dashboards' files, compiled into the binary once for every service.
-use crate::web::assets::Frontend as Assets;
+use crate::web::assets::{asset, Frontend};
 
-/// The dashboard routes, merged into the API router before its state is attached. The feed
-/// reads the [`History`] from an `Extension` layered on by the caller.
-pub(crate) fn routes() -> Router<Arc<Driver>> {
-    crate::web::assets::routes::<Assets, Arc<Driver>>().route("/api/dashboard", get(feed))
+/// `GET /`: the page (`frontend/index.html`).
+pub(super) async fn page(headers: HeaderMap) -> Response {
+    asset::<Frontend>("index.html", &headers)
+}
+
+/// `GET /static/{*path}`: its scripts, styles and images (`frontend/static/`).
+pub(super) async fn static_file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    asset::<Frontend>(&format!("static/{path}"), &headers)
 }
 
 /// The values a history sample holds (the charts' five counters).
@@ -74,7 +79,7 @@ fn sample(shared: &Driver, now: f64) -> Sample {
 /// server-side history (the page asks for it on its first poll).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FeedQuery {
+pub(super) struct FeedQuery {
     offset: Option<usize>,
     limit: Option<usize>,
     history: Option<u8>,
@@ -266,8 +271,9 @@ fn snapshot(shared: &Driver, offset: usize, limit: usize) -> (Totals, Vec<Worker
 }
 
 /// `GET /api/dashboard[?offset=N&limit=N][&history=1]`: totals, counters and a page of
-/// workers (all of them by default) in registration order, as compact rows.
-async fn feed(
+/// workers (all of them by default) in registration order, as compact rows. The history is
+/// the [`History`] the router was built with (an `Extension`).
+pub(super) async fn feed(
     State(shared): State<Arc<Driver>>,
     history: Option<Extension<Arc<History>>>,
     query: Result<Query<FeedQuery>, QueryRejection>,
@@ -337,11 +343,12 @@ mod tests {
     use crate::protocol::{ChunkHash, KVOpEvent, OpType};
     use crate::web::testing::{body_bytes, ctype, get_req, json};
     use axum::http::{header, StatusCode};
+    use axum::Router;
     use serde_json::Value;
     use std::time::Duration;
 
     fn app(shared: &Arc<Driver>) -> Router {
-        routes().with_state(Arc::clone(shared))
+        crate::controller::routes::router(Arc::clone(shared))
     }
 
     fn shared() -> Arc<Driver> {
@@ -459,11 +466,7 @@ mod tests {
                 .inc_by(5);
             history.push(&sample(&s, 1000.0 + 2.0 * f64::from(t)));
         }
-        let app = || {
-            routes()
-                .layer(Extension(Arc::clone(&history)))
-                .with_state(Arc::clone(&s))
-        };
+        let app = || super::super::router_with(Arc::clone(&s), Arc::clone(&history));
         let v = json(get_req(app(), "/api/dashboard", &[]).await).await;
         assert!(v.get("history").is_none(), "only on request");
         let rule = &v["config"]["status"];

@@ -7,7 +7,8 @@ use crate::controller::model::index::WorkerView;
 use crate::controller::Driver;
 use crate::protocol::ChunkHash;
 use crate::web::error::{ApiError, FieldError};
-use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
+use crate::web::json::Json as Valid;
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -109,7 +110,7 @@ impl Body for QueryWorkerInfoRequest {
 /// query it holds.
 pub(crate) async fn lookup(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<LookupRequest>,
+    Valid(req): Valid<LookupRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
     let chunk_size = shared.config.lookup_chunk_size;
@@ -194,7 +195,7 @@ pub(crate) async fn lookup(
 /// 404 if none (LMCache: 500).
 pub(crate) async fn query_instance(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<QueryInstRequest>,
+    Valid(req): Valid<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let instance = shared.index().instance_by_ip(&req.ip).map(str::to_owned);
     match instance {
@@ -227,7 +228,7 @@ pub(crate) fn worker_info(w: &WorkerView) -> Value {
 /// An unknown instance is a 404 (LMCache: 200 with an empty list).
 pub(crate) async fn query_worker_info(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<QueryWorkerInfoRequest>,
+    Valid(req): Valid<QueryWorkerInfoRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let wanted = req.worker_ids.filter(|ids| !ids.is_empty());
     let workers: Vec<WorkerView> = if req.instance_id == "all" {

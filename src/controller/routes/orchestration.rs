@@ -25,7 +25,8 @@ use crate::protocol::{
     PinWorkerMsg,
 };
 use crate::web::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
-use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
+use crate::web::json::Json as Valid;
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -457,7 +458,7 @@ async fn num_tokens_command(
 /// `POST /clear`: `ClearWorkerMsg` to every worker of the instance.
 pub(crate) async fn clear(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<ClearRequest>,
+    Valid(req): Valid<ClearRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let ClearRequest {
         instance_id,
@@ -485,7 +486,7 @@ pub(crate) async fn clear(
 /// `POST /pin`: `PinWorkerMsg` to every worker of the instance.
 pub(crate) async fn pin(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<PinRequest>,
+    Valid(req): Valid<PinRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let PinRequest {
         instance_id,
@@ -515,7 +516,7 @@ pub(crate) async fn pin(
 /// `POST /compress`: `CompressWorkerMsg` to every worker of the instance.
 pub(crate) async fn compress(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<CompressRequest>,
+    Valid(req): Valid<CompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let CompressRequest {
         instance_id,
@@ -547,7 +548,7 @@ pub(crate) async fn compress(
 /// `POST /decompress`: `DecompressWorkerMsg` to every worker of the instance.
 pub(crate) async fn decompress(
     State(shared): State<Arc<Driver>>,
-    ValidJson(DecompressRequest(req)): ValidJson<DecompressRequest>,
+    Valid(DecompressRequest(req)): Valid<DecompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let CompressRequest {
         instance_id,
@@ -581,7 +582,7 @@ pub(crate) async fn decompress(
 /// with `new_position = (destination peer_init_url, destination location)`.
 pub(crate) async fn move_kv(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<MoveRequest>,
+    Valid(req): Valid<MoveRequest>,
 ) -> Result<Json<Value>, ApiError> {
     const COMMAND: &str = "move";
     let (src_instance, src_location) = req.old_position;
@@ -641,7 +642,7 @@ pub(crate) async fn move_kv(
 /// instance answers 200 with no codes, as LMCache does.
 pub(crate) async fn health(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<HealthRequest>,
+    Valid(req): Valid<HealthRequest>,
 ) -> Result<Json<Value>, ApiError> {
     const COMMAND: &str = "health";
     let event_id = new_event_id("health");
@@ -716,7 +717,7 @@ pub(crate) async fn health(
 /// know (never issued, or older than the last 10,000 commands).
 pub(crate) async fn check_finish(
     State(shared): State<Arc<Driver>>,
-    ValidJson(req): ValidJson<CheckFinishRequest>,
+    Valid(req): Valid<CheckFinishRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let Some(r) = shared.command(&req.event_id) else {
         return Err(ApiError::NotFound(format!(
