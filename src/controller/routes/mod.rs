@@ -86,11 +86,6 @@ const COMMAND: [(u16, &str); 5] = [
 /// commands that reach workers answer 409: it has no downlinks, the commands go to the leader.
 pub fn table(replica: bool) -> Routes<Arc<Driver>> {
     use Access::{Read, Write};
-    let command = |spec: Spec| {
-        spec.answer_body(502, schemas::workers_error())
-            .answer_body(503, schemas::workers_error())
-            .answer_body(504, schemas::workers_error())
-    };
     Routes::new("controller", "kvplane controller")
         .health(fleet::healthz)
         .ready(fleet::readyz)
@@ -127,100 +122,88 @@ pub fn table(replica: bool) -> Routes<Arc<Driver>> {
                 .to(lookup::query_worker_info),
         )
         .route(worker_command(
-            command(
-                post(
-                    "/clear",
-                    Write,
-                    "Clear a location on every worker of an instance",
-                )
-                .describe("Sends ClearWorkerMsg to every worker of the instance concurrently.")
-                .body::<orchestration::ClearRequest>()
-                .answers(&COMMAND)
-                .answer_body(200, schemas::num_tokens()),
-            ),
+            post(
+                "/clear",
+                Write,
+                "Clear a location on every worker of an instance",
+            )
+            .describe("Sends ClearWorkerMsg to every worker of the instance concurrently.")
+            .body::<orchestration::ClearRequest>()
+            .answers(&COMMAND)
+            .answer_body(200, schemas::num_tokens()),
             orchestration::clear,
             replica,
         ))
         .route(worker_command(
-            command(
-                post("/pin", Write, "Pin tokens on every worker of an instance")
-                    .describe("Sends PinWorkerMsg to every worker of the instance concurrently.")
-                    .body::<orchestration::PinRequest>()
-                    .answers(&COMMAND)
-                    .answer_body(200, schemas::num_tokens()),
-            ),
+            post("/pin", Write, "Pin tokens on every worker of an instance")
+                .describe("Sends PinWorkerMsg to every worker of the instance concurrently.")
+                .body::<orchestration::PinRequest>()
+                .answers(&COMMAND)
+                .answer_body(200, schemas::num_tokens()),
             orchestration::pin,
             replica,
         ))
         .route(worker_command(
-            command(
-                post(
-                    "/compress",
-                    Write,
-                    "Compress KV on every worker of an instance",
-                )
-                .describe("Sends CompressWorkerMsg to every worker of the instance.")
-                .body::<orchestration::CompressRequest>()
-                .answers(&COMMAND)
-                .answer_body(200, schemas::num_tokens()),
-            ),
+            post(
+                "/compress",
+                Write,
+                "Compress KV on every worker of an instance",
+            )
+            .describe("Sends CompressWorkerMsg to every worker of the instance.")
+            .body::<orchestration::CompressRequest>()
+            .answers(&COMMAND)
+            .answer_body(200, schemas::num_tokens()),
             orchestration::compress,
             replica,
         ))
         .route(worker_command(
-            command(
-                post(
-                    "/decompress",
-                    Write,
-                    "Decompress KV on every worker of an instance",
-                )
-                .describe("Sends DecompressWorkerMsg to every worker of the instance.")
-                .body::<orchestration::DecompressRequest>()
-                .answers(&COMMAND)
-                .answer_body(200, schemas::num_tokens()),
-            ),
+            post(
+                "/decompress",
+                Write,
+                "Decompress KV on every worker of an instance",
+            )
+            .describe("Sends DecompressWorkerMsg to every worker of the instance.")
+            .body::<orchestration::DecompressRequest>()
+            .answers(&COMMAND)
+            .answer_body(200, schemas::num_tokens()),
             orchestration::decompress,
             replica,
         ))
         .route(worker_command(
-            command(
-                post("/move", Write, "Move KV between instances")
-                    .describe(
-                        "Pairs source and destination workers by rank (worker-id order, the \
-                         shorter list decides) and sends each source a MoveWorkerMsg whose \
-                         new_position is (destination peer_init_url, destination location).",
-                    )
-                    .body::<orchestration::MoveRequest>()
-                    .answers(&[
-                        OK,
-                        UNKNOWN_INSTANCE,
-                        (
-                            409,
-                            "A destination worker has no peer_init_url (P2P not enabled).",
-                        ),
-                        WORKERS_FAILED[0],
-                        WORKERS_FAILED[1],
-                        WORKERS_FAILED[2],
-                    ])
-                    .answer_body(200, schemas::num_tokens()),
-            ),
+            post("/move", Write, "Move KV between instances")
+                .describe(
+                    "Pairs source and destination workers by rank (worker-id order, the \
+                     shorter list decides) and sends each source a MoveWorkerMsg whose \
+                     new_position is (destination peer_init_url, destination location).",
+                )
+                .body::<orchestration::MoveRequest>()
+                .answers(&[
+                    OK,
+                    UNKNOWN_INSTANCE,
+                    (
+                        409,
+                        "A destination worker has no peer_init_url (P2P not enabled).",
+                    ),
+                    WORKERS_FAILED[0],
+                    WORKERS_FAILED[1],
+                    WORKERS_FAILED[2],
+                ])
+                .answer_body(200, schemas::num_tokens()),
             orchestration::move_kv,
             replica,
         ))
         .route(worker_command(
-            command(
-                post("/health", Read, "Probe the workers of an instance")
-                    .describe(
-                        "error_codes: worker id -> 0 healthy, -1 memory check failed, -1001 \
-                         ErrorMsg, -1002 unexpected reply, -1003 undecodable; in a 504/502 \
-                         body also -1004 timeout, -1005 unreachable. An unknown instance \
-                         answers 200 with no codes (LMCache's behaviour; its dashboard relies \
-                         on it).",
-                    )
-                    .body::<orchestration::HealthRequest>()
-                    .answers(&[OK, WORKERS_FAILED[0], WORKERS_FAILED[1], WORKERS_FAILED[2]])
-                    .answer_body(200, schemas::health()),
-            ),
+            post("/health", Read, "Probe the workers of an instance")
+                .describe(
+                    "error_codes: worker id -> 0 healthy, -1 memory check failed, -1001 \
+                     ErrorMsg, -1002 unexpected reply, -1003 undecodable; in a 504/502 \
+                     body also -1004 timeout, -1005 unreachable. An unknown instance \
+                     answers 200 with no codes (LMCache's behaviour; its dashboard relies \
+                     on it).",
+                )
+                .body::<orchestration::HealthRequest>()
+                .answers(&[OK, WORKERS_FAILED[0], WORKERS_FAILED[1], WORKERS_FAILED[2]])
+                .answer_body(200, schemas::health()),
             orchestration::health,
             replica,
         ))
@@ -305,13 +288,18 @@ pub fn table(replica: bool) -> Routes<Arc<Driver>> {
         )
 }
 
-/// A route that sends commands to workers: served by `handler`, or on a read replica, which
-/// has no downlinks, refused with 409 (the commands go to the leader).
+/// A route that sends commands to workers, answering how they failed (502, 503, 504, bodies
+/// [`schemas::workers_error`]): served by `handler`, or on a read replica, which has no
+/// downlinks, refused with 409 (the commands go to the leader).
 fn worker_command<H, T>(spec: Spec, handler: H, replica: bool) -> Route<Arc<Driver>>
 where
     H: Handler<T, Arc<Driver>>,
     T: 'static,
 {
+    let spec = spec
+        .answer_body(502, schemas::workers_error())
+        .answer_body(503, schemas::workers_error())
+        .answer_body(504, schemas::workers_error());
     if replica {
         spec.to(replica_refuses)
     } else {
