@@ -48,6 +48,9 @@ fn i64_schema() -> Value {
     json!({"type": "integer", "minimum": i64::MIN, "maximum": i64::MAX})
 }
 
+/// The coordinator's objects: `GET` lists a page, `DELETE` evicts (one path, two routes).
+const OBJECTS: &str = "/cache/objects";
+
 /// Every HTTP route of the node. The coordinator's calls, which LMCache's coordinator makes
 /// without a token, are `Peer` (`--api-token-peers` covers them); `POST /unpin`, an
 /// operator's, writes.
@@ -58,7 +61,7 @@ fn table() -> Routes<AppState> {
         .ready(|| async { "ok\n" })
         .metrics(metrics_route)
         .route(
-            get("/cache/objects", Read, "Keys held, by tier, one page")
+            get(OBJECTS, Read, "Keys held, by tier, one page")
                 .query(
                     "tier",
                     json!({"type": "string", "enum": ["l1", "l2"]}),
@@ -80,17 +83,13 @@ fn table() -> Routes<AppState> {
                 .to(objects::list),
         )
         .route(
-            delete(
-                "/cache/objects",
-                Peer,
-                "Delete objects (a coordinator's eviction)",
-            )
-            .body::<objects::DeleteKeysBody>()
-            .answers(&[
-                (200, "Deleted"),
-                (503, "The tier includes l2 and the node has no L2"),
-            ])
-            .to(objects::delete),
+            delete(OBJECTS, Peer, "Delete objects (a coordinator's eviction)")
+                .body::<objects::DeleteKeysBody>()
+                .answers(&[
+                    (200, "Deleted"),
+                    (503, "The tier includes l2 and the node has no L2"),
+                ])
+                .to(objects::delete),
         )
         .route(get("/pins", Read, "Pinned objects").to(pins::list))
         .route(
