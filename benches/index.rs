@@ -1,4 +1,4 @@
-//! Index costs in process, one thread: applying 50-op batches, and P2P lookups of 100-hash
+//! Chunk index costs in process, one thread: applying 50-op batches, and P2P lookups of 100-hash
 //! prefixes with 1M and 10M keys indexed. Bytes per membership are printed from the index's own
 //! accounting (`memory_stats`); RSS is measured by `kvplane bench --pid` (docs/BENCHMARKS.md).
 
@@ -6,7 +6,7 @@
 #![allow(missing_docs)]
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use kvplane::index::Index;
+use kvplane::controller::model::index::ChunkIndex;
 use kvplane::protocol::{ChunkHash, KVOpEvent, OpType};
 
 const LOC: &str = "LocalCPUBackend";
@@ -31,8 +31,8 @@ fn admits(holder: i64, from: u64, n: u64, seq: &mut i64) -> Vec<KVOpEvent> {
 }
 
 /// An index with `keys` keys spread over ten holders as 100-hash prefix chains.
-fn filled(keys: u64) -> Index {
-    let mut index = Index::new();
+fn filled(keys: u64) -> ChunkIndex {
+    let mut index = ChunkIndex::new();
     for h in 0..HOLDERS {
         let peer = format!("127.0.0.1:{}", 7000 + h);
         index
@@ -130,7 +130,7 @@ fn lookup(c: &mut Criterion) {
 
 /// Times 200,000 lookups one by one and prints p50/p99/p999 (criterion reports means only; the
 /// target is a p99). `Instant::now()` costs ~25 ns, included in each sample.
-fn print_percentiles(index: &Index, chains: &[Vec<ChunkHash>], keys: u64) {
+fn print_percentiles(index: &ChunkIndex, chains: &[Vec<ChunkHash>], keys: u64) {
     let mut samples = Vec::with_capacity(200_000);
     for i in 0..200_000 {
         let chain = &chains[i % chains.len()];

@@ -9,14 +9,11 @@
 //!
 //! - [`protocol`] — the 51 LMCache message types, msgspec-identical encoding, tolerant
 //!   decoding, [`protocol::ChunkHash`] (the whole `i64 ∪ u64` range). Pure.
-//! - [`index`] — the registry (instance → worker → location) and the one reverse index
-//!   chunk hash → holders, with the sequence check and the full-sync tracker. Pure and
-//!   synchronous: tested without a runtime.
 //! - [`transport`] — the only code that touches the `zeromq` crate: PULL, ROUTER and REQ
 //!   wrappers with timeouts, fresh sockets after failures.
-//! - [`controller`] — the controller's state as a plain model (`Fleet`: index, downlink
+//! - [`controller`] — the controller's state as a plain model (`ControllerState`: index, downlink
 //!   registry, command log; one function per message returning the effects to perform), its
-//!   driver (`Shared`: one lock over the model and the live downlink tasks), its HTTP routes,
+//!   driver (`Driver`: one lock over the model and the live downlink tasks), its HTTP routes,
 //!   the async tasks (the PULL loop, the two ROUTER loops, one downlink per worker, the
 //!   liveness sweep) and `controller::serve`, which starts it (`kvplane serve`, with
 //!   `--cluster` as standby, leader or read replica).
@@ -31,12 +28,11 @@
 //!   axum routes and its calls to MP servers (see docs/COORDINATOR.md).
 //! - [`config`] — every default, the validated `ServeConfig` and the value parsers the
 //!   services' flags share (each service's clap flags live in its own module).
-//! - [`metrics`] — every metric name and help text, in one place.
 //! - [`bench`] — `kvplane bench`, a load generator for any LMCache-compatible controller
 //!   (protocol + transport only).
 //! - [`indexer`] — `kvplane indexer`, the router-facing KV indexer (docs/INDEXER.md): a pure
 //!   model (standard XXH3 hashing, vLLM/SGLang/Mooncake event decoding, the prefix index,
-//!   replay state machine) and `indexer::service` (publisher tasks, HTTP API).
+//!   replay state machine) in `indexer::model`, its owner, tasks and routes around it.
 //! - [`node`] — `kvplane node`, a cache node speaking LMCache 0.5.6's `lm://` server
 //!   protocol with L1 memory and L2 disk tiers (see docs/NODE.md).
 //! - [`router`] — `kvplane router`, the cache-aware OpenAI-compatible router in front of
@@ -67,13 +63,9 @@ pub mod controller;
 #[cfg(feature = "server")]
 pub mod coordinator;
 #[cfg(feature = "server")]
-pub mod index;
-#[cfg(feature = "server")]
 pub mod indexer;
 #[cfg(feature = "server")]
 pub mod memory;
-#[cfg(feature = "server")]
-pub mod metrics;
 #[cfg(feature = "server")]
 pub mod node;
 #[cfg(feature = "server")]

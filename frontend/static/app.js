@@ -1,45 +1,29 @@
-// kvplane dashboard: polls GET /api/dashboard (every 2 s; ?interval=ms to change it), starts
-// its charts from the server's 15-minute history (asked for on the first poll and after a
-// reconnect), keeps them going from its own polls, and renders the totals, charts, workers grid, full-sync
-// progress and worker details. Actions (health/clear/pin/move) live in actions.js.
+// kvplane dashboard: polls GET /api/dashboard through live.js (every 2 s; ?interval=ms to change
+// it), as every service's page does; starts its charts from the server's 15-minute history
+// (asked for on the first poll and after a reconnect), keeps them going from its own polls, and
+// renders the totals, charts, workers grid, full-sync progress and worker details. Actions
+// (health/clear/pin/move) live in actions.js.
 
 import { Actions } from "./actions.js";
 import { TimeChart } from "./chart.js";
 import { bar, fmtAge, fmtClock, fmtCompact, fmtDateTime, fmtInt, fmtPct, fmtRate, h } from "./format.js";
+import { GAP_S, Live, Series, setText, windowPicker } from "./live.js";
 import { FALLBACK_RULE, FULL_SYNC_WIRE, WIRE_NOTES, WorkerGrid, shortLoc, statusOf } from "./table.js";
-
-const params = new URLSearchParams(location.search);
-const INTERVAL_MS = Math.max(250, Number(params.get("interval")) || 2000);
-const HIDDEN_INTERVAL_MS = Math.max(INTERVAL_MS, 10000);
-const MAX_BACKOFF_MS = 30000;
-const FETCH_TIMEOUT_MS = 8000;
-const HISTORY_S = 900;
 
 const $ = (id) => document.getElementById(id);
 const kpi = (k) => document.querySelector(`[data-k="${k}"]`);
 
+/** Rates of the cumulative counters the charts draw (ops/s admitted and evicted, lookups/s, drops/s). */
+const rates = new Series("rate", ["admit", "evict", "hit", "miss", "dropped"]);
+
 const state = {
   feed: null,
-  receivedAt: 0, // performance.now() when the feed arrived
   workers: [],
   byKey: new Map(),
-  prev: null, // previous counters sample
-  history: [], // {t, admit, evict, hit, miss, dropped}
-  needHistory: true, // ask the server for its history on the next poll
-  polls: 0, // feeds received
-  failures: 0,
-  lastError: "",
-  lastOk: 0,
   window: 300,
-  timer: 0,
-  nextAt: 0,
+  /** Feeds received (the poller's count). */
+  get polls() { return live.polls; },
 };
-
-/** Server clock now, extrapolated from the last feed. */
-function serverNow() {
-  if (!state.feed) return Date.now() / 1000;
-  return state.feed.server_time + (performance.now() - state.receivedAt) / 1000;
-}
 
 /** The server's status rule (`config.status`), or LMCache's when the server sends none. */
 const statusRule = () => (state.feed && state.feed.config.status) || FALLBACK_RULE;
@@ -74,75 +58,13 @@ const actions = new Actions({
 });
 
 // ---- polling ------------------------------------------------------------------------------
-async function poll() {
-  clearTimeout(state.timer);
-  const ctl = new AbortController();
-  const t = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
-  try {
-    const url = state.needHistory ? "/api/dashboard?history=1" : "/api/dashboard";
-    const resp = await fetch(url, { cache: "no-store", signal: ctl.signal, headers: { Accept: "application/json" } });
-    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-    const feed = await resp.json();
-    state.receivedAt = performance.now();
-    ingest(feed);
-    state.failures = 0;
-    state.polls++;
-    state.lastOk = performance.now();
-    setConn("live");
-    schedule(document.hidden ? HIDDEN_INTERVAL_MS : INTERVAL_MS);
-  } catch (e) {
-    state.failures++;
-    state.needHistory = true; // our own samples have a hole: start again from the server's
-    state.lastError = e.name === "AbortError" ? "no answer" : e.message || "network error";
-    const delay = Math.min(MAX_BACKOFF_MS, INTERVAL_MS * 2 ** Math.min(state.failures, 6));
-    setConn(state.failures >= 3 ? "down" : "retrying");
-    schedule(delay);
-  } finally {
-    clearTimeout(t);
-  }
-}
+const live = new Live({ url: "/api/dashboard", what: "the controller", onFeed: ingest, onTick: tick });
 
-function schedule(ms) {
-  clearTimeout(state.timer);
-  state.nextAt = performance.now() + ms;
-  state.timer = setTimeout(poll, ms);
-}
-
-function setConn(kind) {
-  const conn = $("conn");
-  conn.dataset.state = kind;
-  document.body.classList.toggle("stale", kind === "down");
-  const banner = $("banner");
-  if (kind === "live") {
-    banner.hidden = true;
-  } else if (kind === "down") {
-    banner.hidden = false;
-  }
-  renderConnText();
-}
-
-function renderConnText() {
-  const kind = $("conn").dataset.state;
-  const inS = Math.max(0, Math.ceil((state.nextAt - performance.now()) / 1000));
-  let text;
-  if (kind === "live") {
-    const ago = Math.floor((performance.now() - state.lastOk) / 1000);
-    text = ago < 2 ? "Live" : `Live · updated ${fmtAge(ago)} ago`;
-  } else if (kind === "retrying") text = `Reconnecting… (${state.lastError})`;
-  else if (kind === "down") text = "Disconnected";
-  else text = "Connecting…";
-  $("conn-text").textContent = text;
-  if (kind === "down") {
-    const seen = state.lastOk ? `; last update ${fmtAge((performance.now() - state.lastOk) / 1000)} ago` : "";
-    $("banner-text").textContent = `Cannot reach the controller (${state.lastError})${seen}. Retrying in ${inS} s.`;
-  }
-}
-
-$("retry-now").addEventListener("click", () => poll());
-document.addEventListener("visibilitychange", () => { if (!document.hidden && state.failures === 0) poll(); });
+/** Server clock now, extrapolated from the last feed. */
+const serverNow = () => live.serverNow();
 
 // ---- feed → state -------------------------------------------------------------------------
-function ingest(feed) {
+function ingest(feed, withHistory) {
   state.feed = feed;
   const cols = feed.workers.columns;
   const at = Object.fromEntries(cols.map((c, i) => [c, i]));
@@ -181,8 +103,9 @@ function ingest(feed) {
   });
   state.workers = workers;
   state.byKey = byKey;
-  if (feed.history) loadHistory(feed.history);
-  sample(feed);
+  if (withHistory) rates.load(feed.history);
+  const c = feed.counters;
+  rates.add(feed.server_time, { admit: c.ops_admit, evict: c.ops_evict, hit: c.p2p_lookup_hit, miss: c.p2p_lookup_miss, dropped: c.frames_dropped });
   renderStatusRule();
   grid.setWorkers(workers, now);
   renderAll();
@@ -190,39 +113,6 @@ function ingest(feed) {
 
 function hostPort(ip, port) {
   return ip.includes(":") ? `[${ip}]:${port}` : `${ip}:${port}`;
-}
-
-const RATE_KEYS = ["admit", "evict", "hit", "miss", "dropped"];
-
-/** Rebuilds the rate history from the server's samples of cumulative counters. */
-function loadHistory(hist) {
-  const at = Object.fromEntries(hist.columns.map((c, i) => [c, i]));
-  const samples = hist.rows.map((r) => Object.fromEntries(["t", ...RATE_KEYS].map((k) => [k, r[at[k]]])));
-  state.history = [];
-  state.prev = null;
-  for (const s of samples) pushRate(s);
-  state.needHistory = false;
-}
-
-/** Turns cumulative counters into one rate point per poll. */
-function sample(feed) {
-  const c = feed.counters;
-  pushRate({ t: feed.server_time, admit: c.ops_admit, evict: c.ops_evict, hit: c.p2p_lookup_hit, miss: c.p2p_lookup_miss, dropped: c.frames_dropped });
-}
-
-/** Adds the rate between the previous sample and `cur` (skipped when they are too close). */
-function pushRate(cur) {
-  const p = state.prev;
-  if (p && cur.t - p.t < 0.2) return; // a poll right after a server sample: wait for the next
-  state.prev = cur;
-  if (!p || cur.t <= p.t) return;
-  const dt = cur.t - p.t;
-  if (RATE_KEYS.some((k) => cur[k] < p[k])) { state.history = []; return; } // the server restarted
-  const point = { t: cur.t };
-  for (const k of RATE_KEYS) point[k] = (cur[k] - p[k]) / dt;
-  state.history.push(point);
-  const cutoff = cur.t - HISTORY_S;
-  while (state.history.length && state.history[0].t < cutoff) state.history.shift();
 }
 
 // ---- rendering ----------------------------------------------------------------------------
@@ -233,9 +123,7 @@ function renderStatusRule() {
 }
 
 function renderAll() {
-  const f = state.feed;
-  $("version").textContent = `v${f.version}`;
-  renderCluster(f.cluster);
+  renderCluster(state.feed.cluster);
   renderKpis();
   renderCharts();
   renderSync();
@@ -260,10 +148,6 @@ function renderCluster(c) {
   el.dataset.role = c.role;
   el.title = `lease holder ${c.lease_holder || "—"}; this process ${c.me}`;
   setText(el, text);
-}
-
-function setText(el, text) {
-  if (el.textContent !== text) el.textContent = text;
 }
 
 function renderKpis() {
@@ -302,7 +186,7 @@ function renderKpis() {
     : "no location yet");
   keysSub.title = `${fmtInt(t.keys)} (chunk, holder) memberships: ${top.map(([n, k]) => `${n} ${fmtInt(k)}`).join(", ")}`;
 
-  const last = state.history[state.history.length - 1];
+  const last = rates.points[rates.points.length - 1];
   setText(kpi("ingest"), last ? fmtRate(last.admit + last.evict) : "–");
   setText(kpi("ingest-sub"), `${fmtCompact(c.ops_admit + c.ops_evict)} applied · ${fmtCompact(c.batches_discarded)} discarded`);
   setText(kpi("lookups"), last ? fmtRate(last.hit + last.miss) : "–");
@@ -327,19 +211,12 @@ function statusCounts() {
 }
 
 function renderCharts() {
-  const now = state.feed ? serverNow() : Date.now() / 1000;
-  const gap = (Math.max(INTERVAL_MS, 2000) * 3.5) / 1000;
-  charts.ingest.setData(state.history, state.window, now, gap);
-  charts.lookups.setData(state.history, state.window, now, gap);
+  const now = serverNow();
+  charts.ingest.setData(rates.points, state.window, now, GAP_S);
+  charts.lookups.setData(rates.points, state.window, now, GAP_S);
 }
 
-for (const b of document.querySelectorAll("[data-window]")) {
-  b.addEventListener("click", () => {
-    state.window = Number(b.dataset.window);
-    for (const o of document.querySelectorAll("[data-window]")) o.setAttribute("aria-pressed", String(o === b));
-    renderCharts();
-  });
-}
+state.window = windowPicker((w) => { state.window = w; renderCharts(); });
 
 function renderSync() {
   const t = state.feed.totals;
@@ -484,19 +361,15 @@ document.addEventListener("keydown", (e) => {
   if (e.key === "/" && !e.target.closest("input, textarea, dialog")) { e.preventDefault(); filter.focus(); }
 });
 
-// ---- one-second tick: clocks, ages, statuses ----------------------------------------------
-setInterval(() => {
-  renderConnText();
-  if (!state.feed) return;
-  const now = serverNow();
-  setText($("server-time"), fmtClock(now));
+// ---- one-second tick (live.js): ages, statuses, charts -------------------------------------
+function tick(now) {
   grid.tick(now, refreshAges);
   renderKpis();
   renderGridMeta();
   if (grid.selected) renderDetails(grid.selected);
   renderCharts();
-}, 1000);
+}
 
-poll();
+live.poll();
 // For the browser test and debugging: read-only access to the page state.
-window.kvplane = { state, grid, charts, shortLoc };
+window.kvplane = { state, live, rates, grid, charts, shortLoc };

@@ -1,8 +1,9 @@
-// Shared by the service pages (indexer, fleet, node): polls the page's JSON feed
-// (GET /api/dashboard every 2 s; ?interval=ms to change it), asks for the server's 15-minute
-// history on the first poll and after a reconnect, drives the connection indicator, the
-// banner and the server clock, and turns history samples and polls into chart points.
-// Only GETs here: the one POST of these pages (the indexer's query box) is in indexer.js.
+// Shared by every service's page (the controller's, indexer, fleet, node): polls the page's
+// JSON feed (GET /api/dashboard every 2 s; ?interval=ms to change it), asks for the server's
+// 15-minute history on the first poll and after a reconnect, drives the connection indicator,
+// the banner and the server clock, and turns history samples and polls into chart points.
+// Only GETs here: the pages' POSTs (the controller's actions, the indexer's query box) are in
+// actions.js and indexer.js.
 
 import { fmtAge, fmtClock } from "./format.js";
 

@@ -2,8 +2,8 @@
 //! driven with `oneshot` — the same extractors, validation and handlers as the server.
 //!
 //! Input: `[route: u8][flags: u8][rest]`. `route` picks one entry of
-//! [`kvplane::controller::routes::api_routes`]; for a POST, `rest` is the body; for a GET, `rest` is the
-//! query string. `flags & 1` sends the right bearer token, `flags & 2` a wrong one. The server
+//! [`kvplane::controller::routes::operations`] (the route table's); for a POST, `rest` is the
+//! body; for a GET, `rest` is the query string. `flags & 1` sends the right bearer token, `flags & 2` a wrong one. The server
 //! has `--api-token` set and no workers registered.
 //!
 //! Properties: no panic; never a 5xx (504 needs a worker, and none is registered; /readyz is
@@ -16,8 +16,8 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use kvplane::config::{ApiToken, ServeConfig};
-use kvplane::controller::Shared;
-use kvplane::controller::routes::{api_routes, router, Access};
+use kvplane::controller::Driver;
+use kvplane::controller::routes::{operations, router, Access};
 use libfuzzer_sys::fuzz_target;
 use std::sync::{Arc, OnceLock};
 use tower::ServiceExt;
@@ -40,7 +40,7 @@ fn world() -> &'static World {
         config.api_token = Some(ApiToken::new(TOKEN));
         let app = {
             let _guard = rt.enter();
-            router(Arc::new(Shared::new(config, Some(1))))
+            router(Arc::new(Driver::new(config, Some(1))))
         };
         World { rt, app }
     })
@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
     let [route, flags, rest @ ..] = data else {
         return;
     };
-    let routes = api_routes();
+    let routes = operations();
     let r = &routes[usize::from(*route) % routes.len()];
     let mut req = Request::builder().method(r.method.clone());
     if r.method == Method::GET {

@@ -19,7 +19,7 @@
 use bytes::Bytes;
 use kvplane::config::ServeConfig;
 use kvplane::controller::loops::apply_frames;
-use kvplane::controller::{RouterKind, Shared};
+use kvplane::controller::{RouterKind, Driver};
 use kvplane::protocol::decode;
 use libfuzzer_sys::fuzz_target;
 
@@ -42,7 +42,7 @@ fuzz_target!(|data: &[u8]| {
         .build()
         .expect("runtime");
     let _guard = rt.enter();
-    let shared = Shared::new(config(), Some(1));
+    let shared = Driver::new(config(), Some(1));
     let mut ops = Vec::new();
     let mut multipart: Vec<Bytes> = Vec::new();
     let mut rest = data;
@@ -82,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-fn maintenance(shared: &Shared, what: u8) {
+fn maintenance(shared: &Driver, what: u8) {
     // Past every timeout (worker and full sync): everything is stale.
     let skip = || shared.clock().skip(std::time::Duration::from_secs(100_000));
     match what % 3 {
@@ -103,7 +103,7 @@ fn maintenance(shared: &Shared, what: u8) {
 }
 
 /// Index invariants: every count agrees with every other view of the same data.
-fn check(shared: &Shared) {
+fn check(shared: &Driver) {
     shared
         .check_consistency()
         .expect("one live downlink of the model's generation per registered worker");

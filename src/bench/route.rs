@@ -11,7 +11,7 @@ use super::route_policy::{Local, Shared};
 use super::route_trace::{self, TraceRequest};
 use super::sim_engine::{words, EngineModel, SimAddrs};
 use super::sim_pool::block_hashes;
-use crate::router::score::Weights;
+use crate::router::model::score::Weights;
 use axum::body::Body;
 use http_body_util::BodyExt;
 use serde::Serialize;

@@ -9,7 +9,7 @@ use super::route_trace;
 use super::sim_engine::{start_publisher, EngineModel, SimEngineArgs};
 use super::sim_pool::{admission_batch, block_hashes, Pool};
 use super::stats::Latency;
-use crate::router::state::Kind;
+use crate::router::state::RequestKind;
 use crate::router::{EngineSpec, RouterConfig};
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -128,7 +128,7 @@ pub async fn run(args: &RouteBenchArgs, prompt_tokens: usize) -> Result<Overhead
             let body = &bodies[i % bodies.len()];
             let map: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_slice(body).unwrap_or_default();
-            let tokens = handle.block_on(st.tokens(Kind::Completion, &map));
+            let tokens = handle.block_on(st.tokens(RequestKind::Completion, &map));
             let (matched, d) = st.query(tokens.as_deref(), "", "");
             let prompt = tokens.as_ref().map_or(0, |t| t.len() as u64);
             let routed = handle.block_on(st.route(&d, &matched, prompt, 0.0, &[], None));

@@ -2,10 +2,10 @@
 //! round-robin, least-loaded, an approximate router that remembers where it sent each block
 //! for a TTL (as Dynamo's approximate mode), and an oracle that asks every simulated engine
 //! for its true cached prefix. The cache-aware ones score with kvplane's own formula
-//! ([`crate::router::score`]) and weights, so only the knowledge differs. Owns no sockets
+//! ([`crate::router::model::score`]) and weights, so only the knowledge differs. Owns no sockets
 //! but the oracle's HTTP calls.
 
-use crate::router::score::{self, Candidate, Load, Matched, Weights};
+use crate::router::model::score::{self, Candidate, Load, Matched, Weights};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

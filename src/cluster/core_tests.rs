@@ -261,3 +261,89 @@ fn a_lapsed_lease_guard_refuses_until_renewed() {
     guard.revoke();
     assert!(!guard.held());
 }
+
+/// The toy state obeys the replication laws, in both kinds of epoch.
+mod laws {
+    use super::{Change, Words};
+    use crate::cluster::laws::{check, Subject};
+    use crate::cluster::Replicated;
+    use proptest::prelude::*;
+
+    /// Words whose every epoch starts from nothing.
+    #[derive(Debug)]
+    struct Fresh(Words);
+
+    fn pushes() -> BoxedStrategy<Vec<Change>> {
+        prop::collection::vec(
+            prop::collection::vec("[a-c]{1,3}", 0..4).prop_map(Change::Push),
+            0..12,
+        )
+        .boxed()
+    }
+
+    impl Subject for Words {
+        fn empty() -> Self {
+            Words {
+                max: 1_000,
+                ..Words::default()
+            }
+        }
+
+        fn changes() -> BoxedStrategy<Vec<Change>> {
+            pushes()
+        }
+    }
+
+    impl Replicated for Fresh {
+        const SERVICE: &'static str = "fresh-words";
+        type Change = Change;
+        type Dump = Vec<String>;
+
+        fn apply(&mut self, change: Change, at: &crate::cluster::Stamp) {
+            self.0.apply(change, at);
+        }
+
+        fn dump(&self) -> Vec<String> {
+            self.0.dump()
+        }
+
+        fn restore(&self, dump: Vec<String>) -> Result<Self, String> {
+            self.0.restore(dump).map(Fresh)
+        }
+
+        fn takeover(holder: String, fresh: bool) -> Change {
+            Words::takeover(holder, fresh)
+        }
+
+        fn fresh(change: &Change) -> bool {
+            Words::fresh(change)
+        }
+
+        fn split(change: &Change) -> Option<(Change, Change)> {
+            Words::split(change)
+        }
+
+        fn new_epoch(&mut self) {
+            self.0.new_epoch();
+        }
+    }
+
+    impl Subject for Fresh {
+        fn empty() -> Self {
+            Fresh(Words {
+                empty_epochs: true,
+                ..Words::empty()
+            })
+        }
+
+        fn changes() -> BoxedStrategy<Vec<Change>> {
+            pushes()
+        }
+    }
+
+    #[test]
+    fn the_toy_state_obeys_the_laws_carrying_its_state_on_or_starting_over() {
+        check::<Words>(64);
+        check::<Fresh>(64);
+    }
+}

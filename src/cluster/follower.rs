@@ -3,7 +3,8 @@
 //! under the service's own lock ([`Host`]) through its place in the log ([`LogCursor`]:
 //! epochs, gaps, fencing), publish a snapshot every `snapshot_records` records while in sync,
 //! and — a standby — take the lease over: announce the new epoch, read the log back to it, stop
-//! following and start the leader's [`ChangeLog`].
+//! following and start the leader's [`ChangeLog`] (the leader loop around the takeover is
+//! `leadership.rs`).
 //!
 //! Must not: hold the service's lock across an `.await` (records are applied in one
 //! synchronous step each; dumps run off the async workers); know what a record means.
@@ -145,7 +146,10 @@ impl<H: Host> Follower<H> {
     /// published), stops following and starts the leader's log. A takeover that fails (NATS
     /// gone, the lease lost meanwhile) releases the lease and waits again. `None` once
     /// `cancel`.
-    pub async fn take_over(&self, cancel: &CancellationToken) -> Option<Leadership<H::State>> {
+    pub(super) async fn take_over(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Option<Leadership<H::State>> {
         let st = &self.status;
         let (lease, fresh, taken) = loop {
             let mut lease = self
@@ -220,20 +224,6 @@ impl<H: Host> Follower<H> {
         self.cluster
             .announce_takeover(H::State::SERVICE, &self.bucket, lease, record, read_back)
             .await
-    }
-
-    /// Renews `lease` until `shutdown` (then releases it) or until it is lost; `renewed` is
-    /// told of each renewal.
-    ///
-    /// # Errors
-    /// The lease was lost: the caller must stop leading at once.
-    pub async fn hold(
-        &self,
-        lease: Lease,
-        shutdown: &CancellationToken,
-        renewed: impl FnMut(&Lease),
-    ) -> Result<(), String> {
-        self.bucket.hold(lease, shutdown, renewed).await
     }
 }
 

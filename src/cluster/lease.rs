@@ -248,7 +248,8 @@ impl LeaseBucket {
 
 /// Whether this process certainly still holds its lease, by its own clock: until a TTL after
 /// the last renewal that succeeded was sent (NATS expires the key no earlier). A leader checks
-/// it before an action another leader must not also take (the coordinator's evictions).
+/// it, through its [`super::Fence`], before an action another leader must not also take (the
+/// coordinator's evictions, the controller's commands to workers).
 #[derive(Debug)]
 pub struct LeaseGuard {
     origin: Instant,

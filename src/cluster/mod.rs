@@ -6,7 +6,10 @@
 //! (the lock its state lives under) and nothing else. The core does the rest, the same way for
 //! all three: the leader's [`ChangeLog`] (records numbered in apply order, one publisher with
 //! its window, losses counted, `leader.rs`), the [`Follower`] (snapshot restore, the log's
-//! reader, epochs, gaps, fencing, periodic snapshots, takeover, `follower.rs`), one record
+//! reader, epochs, gaps, fencing, periodic snapshots, takeover, `follower.rs`), the one leader
+//! loop of the services with standbys ([`Candidate`] → [`Elected`]: lease wait, takeover,
+//! bind with a throttled log, the [`Fence`] in front of every outbound action, stop on the
+//! loss of the lease, `leadership.rs`), one record
 //! envelope ([`Record`], `record.rs`), leases with revision fencing (`lease.rs`), snapshots in
 //! parts (`snapshot.rs`), the cursor in a log (`log.rs`, pure), and one status document and
 //! metric set ([`ClusterStatus`], `status.rs`); besides, compare-and-set entries shared by
@@ -22,6 +25,7 @@ pub mod args;
 mod cas;
 mod follower;
 mod leader;
+mod leadership;
 mod lease;
 mod log;
 mod record;
@@ -33,6 +37,9 @@ mod takeover;
 pub use cas::{CasBucket, CasEntry, CasError};
 pub use follower::{lead_without_lease, Follower, Leadership};
 pub use leader::{ChangeLog, MAX_QUEUED_BYTES, RECORD_QUEUE};
+pub use leadership::{
+    Candidate, Elected, Fence, Fenced, LeaderService, BIND_RETRY, BIND_WARN_EVERY,
+};
 pub use lease::{Lease, LeaseBucket, LeaseGuard, RenewError};
 pub use log::{Applied, LogCursor, Position};
 pub use record::{apply_record, apply_record_with, decode_snapshot, encode_snapshot, Body, Record};
@@ -441,3 +448,6 @@ async fn read(
 #[cfg(test)]
 #[path = "core_tests.rs"]
 pub(crate) mod core_tests;
+
+#[cfg(test)]
+pub(crate) mod laws;

@@ -5,6 +5,7 @@
 //!
 //! Must not: know a service's state; take any lock but its own small ones.
 
+use super::leadership::Fence;
 use super::log::LogCursor;
 use super::{Cluster, PublishStats, ReaderStatus};
 use crate::web::exposition::{
@@ -72,6 +73,8 @@ pub struct ClusterStatus {
     /// The stream sequence of the snapshot restored at start (0: none).
     pub(super) restored_at: AtomicU64,
     dispatches_fenced: Arc<AtomicU64>,
+    /// The leader's fence, from its takeover on.
+    fence: std::sync::OnceLock<Fence>,
     resynced: AtomicBool,
     /// Unix seconds of the last takeover, and how long it took until serving (ms).
     failover: Mutex<Option<(f64, u64)>>,
@@ -111,6 +114,7 @@ impl ClusterStatus {
             snapshots_failed: AtomicU64::new(0),
             restored_at: AtomicU64::new(0),
             dispatches_fenced: Arc::default(),
+            fence: std::sync::OnceLock::new(),
             resynced: AtomicBool::new(false),
             failover: Mutex::new(None),
         }
@@ -152,10 +156,21 @@ impl ClusterStatus {
         *self.lease_holder.lock() = holder;
     }
 
-    /// The counter of actions refused because the lease may have lapsed (a
-    /// [`super::LeaseGuard`]'s refusals).
+    /// The counter of actions refused because the lease may have lapsed (the [`Fence`]'s
+    /// refusals).
     pub fn dispatches_fenced(&self) -> &Arc<AtomicU64> {
         &self.dispatches_fenced
+    }
+
+    /// The fence in front of this leader's outbound actions (`None` until it takes over, and
+    /// on a replica): check it before anything another leader must not also send.
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.get()
+    }
+
+    /// This process took over behind `fence` (the first one set stays).
+    pub(super) fn set_fence(&self, fence: Fence) {
+        let _ = self.fence.set(fence);
     }
 
     /// The takeover asked for the state to be relearned (it was not known to be complete).

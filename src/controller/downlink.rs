@@ -6,7 +6,8 @@
 //! to the worker's task, carries a deadline, and fails with [`DownlinkError::Timeout`] when
 //! the worker does not answer in time; the transport then rebuilds the socket.
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
+use crate::cluster::Fence;
 use crate::protocol::{decode, encode, DecodeError, Msg};
 use crate::transport::{ReqClient, TransportError};
 use bytes::Bytes;
@@ -53,6 +54,8 @@ pub struct Downlink {
     tx: mpsc::Sender<Job>,
     timeout: Duration,
     endpoint: String,
+    /// A cluster leader's fence: no command goes out once the lease may have lapsed.
+    fence: Option<Fence>,
 }
 
 impl std::fmt::Debug for Job {
@@ -84,7 +87,15 @@ impl Downlink {
             tx,
             timeout,
             endpoint,
+            fence: None,
         }
+    }
+
+    /// Sends nothing unless `fence` is open (a cluster's leader: see `crate::cluster::Fence`).
+    #[must_use]
+    pub fn with_fence(mut self, fence: Option<Fence>) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// The `host:port` this downlink dials.
@@ -96,9 +107,14 @@ impl Downlink {
     /// (plus a small margin for queueing).
     ///
     /// # Errors
-    /// [`DownlinkError`]; an `ErrorMsg` from the worker is an `Ok` answer for the caller to
-    /// interpret.
+    /// [`DownlinkError`] (a closed fence is a transport error that names it); an `ErrorMsg`
+    /// from the worker is an `Ok` answer for the caller to interpret.
     pub async fn request(&self, msg: Msg) -> Result<Msg, DownlinkError> {
+        if let Some(fence) = &self.fence {
+            fence
+                .check()
+                .map_err(|e| DownlinkError::Transport(e.to_string()))?;
+        }
         let (reply, rx) = oneshot::channel();
         let deadline = Instant::now() + self.timeout;
         self.tx

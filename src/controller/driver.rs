@@ -1,31 +1,33 @@
-//! The driver of the controller's state: one lock over the [`Fleet`] model and the live
-//! downlink tasks, so that applying a message and performing its effects is one atomic step.
+//! The driver of the controller's state: one lock over the [`ControllerState`] model and the
+//! live downlink tasks, so that applying a message and performing its effects is one atomic
+//! step.
 //!
-//! Owns: the [`Fleet`] (index, downlink registry, command log) and the downlink task handles,
-//! both inside one `RwLock` — nothing else holds controller state. Effects are performed while
+//! Owns: the [`ControllerState`] (index, downlink registry, command log) and the downlink task
+//! handles, both inside one `RwLock` — nothing else holds controller state. Effects are performed while
 //! the write lock is held: opening a downlink only spawns a task on the server's
 //! [`TaskTracker`] and closing one drops a channel sender, neither blocks. The lock is never
-//! held across an `.await`. Metrics and log lines ([`Event`]s) are emitted after the lock is
+//! held across an `.await`. Metrics and log lines ([`ModelEvent`]s) are emitted after the lock is
 //! released (`report.rs`).
 //!
 //! Must not: decode frames (the socket loops do), decide what a message means (the model
 //! does), read the system clock (time comes from the [`Clock`] it was given).
 
-use super::changes::Change;
 use super::clock::Clock;
-use super::command_log::{CommandLog, CommandRecord};
 use super::downlink::Downlink;
 use super::limits::{LimitLog, LogThrottle};
+use super::metrics::Metrics;
+use super::model::changes::Change;
+use super::model::command_log::{CommandLog, CommandRecord};
 use super::model::{
-    DropReason, Effect, Event, Fleet, ProbeTarget, RequestContext, RouterKind, WorkerKey,
+    ControllerState, Effect, FrameDropReason, ModelEvent, ProbeTarget, RequestContext, RouterKind,
+    WorkerKey,
 };
 use super::peer_drops::PeerDrops;
-use super::report::Reporter;
-use super::socket_stats::{LoopStats, SocketStats};
+use super::report::ReportSinks;
+use super::socket_stats::{SocketLoopStats, SocketStats};
 use crate::cluster::{ChangeLog, ClusterStatus, Host};
 use crate::config::ServeConfig;
-use crate::index::{BatchOutcome, Index, IndexConfig};
-use crate::metrics::Metrics;
+use crate::controller::model::index::{BatchOutcome, ChunkIndex, ChunkIndexConfig};
 use crate::net::{host_port, route_source};
 use crate::protocol::{encode, ChunkHash, KVOpEvent, Msg};
 use parking_lot::{
@@ -64,14 +66,14 @@ pub struct BoundAddrs {
 /// The model and the tasks that embody its downlinks, always changed together.
 #[derive(Debug)]
 struct World {
-    fleet: Fleet,
+    fleet: ControllerState,
     live: HashMap<WorkerKey, DownlinkEntry>,
 }
 
 /// The controller's state and its driver: what the socket loops, the liveness sweep and the
-/// HTTP routes share. Reads go through [`Shared::index`] / [`Shared::read`]; every change goes
+/// HTTP routes share. Reads go through [`Driver::index`] / [`Driver::read`]; every change goes
 /// through a method here that applies it to the model and performs its effects atomically.
-pub struct Shared {
+pub struct Driver {
     world: RwLock<World>,
     /// Metrics registry.
     pub metrics: Metrics,
@@ -81,7 +83,7 @@ pub struct Shared {
     heartbeat_port: std::sync::OnceLock<u16>,
     /// The change log this controller publishes as the cluster's leader (`--cluster`; set
     /// at takeover).
-    changes: std::sync::OnceLock<Arc<ChangeLog<Fleet>>>,
+    changes: std::sync::OnceLock<Arc<ChangeLog<ControllerState>>>,
     /// Its place in the cluster (`--cluster`).
     cluster: std::sync::OnceLock<Arc<ClusterStatus>>,
     /// Live state of each socket loop (serving, messages in hand, backlog).
@@ -99,35 +101,35 @@ pub struct Shared {
     shutdown: CancellationToken,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("Driver")
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
 
-impl Shared {
+impl Driver {
     /// The state of a server with this configuration, on the system clock, with its own task
     /// tracker and shutdown token.
     pub fn new(config: ServeConfig, heartbeat_port: Option<u16>) -> Self {
         Self::with_clock(config, heartbeat_port, Clock::system())
     }
 
-    /// Like [`Shared::new`], reading time from `clock`.
+    /// Like [`Driver::new`], reading time from `clock`.
     pub fn with_clock(config: ServeConfig, heartbeat_port: Option<u16>, clock: Clock) -> Self {
-        let index = Index::with_config(index_config(&config));
+        let index = ChunkIndex::with_config(index_config(&config));
         let ports = config.monitor_ports;
-        Shared {
+        Driver {
             world: RwLock::new(World {
-                fleet: Fleet::new(index, CommandLog::default()),
+                fleet: ControllerState::new(index, CommandLog::default()),
                 live: HashMap::new(),
             }),
             metrics: Metrics::new(),
             sockets: SocketStats {
-                pull: LoopStats::new(ports.pull.is_some()),
-                reply: LoopStats::new(ports.reply.is_some()),
-                heartbeat: LoopStats::new(ports.heartbeat.is_some()),
+                pull: SocketLoopStats::new(ports.pull.is_some()),
+                reply: SocketLoopStats::new(ports.reply.is_some()),
+                heartbeat: SocketLoopStats::new(ports.heartbeat.is_some()),
             },
             limits: LimitLog::default(),
             drop_log: LogThrottle::default(),
@@ -149,7 +151,7 @@ impl Shared {
         &self.clock
     }
 
-    /// Now, in Unix seconds, from [`Shared::clock`].
+    /// Now, in Unix seconds, from [`Driver::clock`].
     pub fn now(&self) -> f64 {
         self.clock.now()
     }
@@ -165,13 +167,13 @@ impl Shared {
     }
 
     /// A read view of the index. Never hold it across an `.await`; it blocks every change.
-    pub fn index(&self) -> MappedRwLockReadGuard<'_, Index> {
+    pub fn index(&self) -> MappedRwLockReadGuard<'_, ChunkIndex> {
         RwLockReadGuard::map(self.world.read(), |w| w.fleet.index())
     }
 
     /// Runs `f` on the whole model under the read lock (index, downlink registry, command
     /// log). Keep `f` short: it blocks every change.
-    pub fn read<R>(&self, f: impl FnOnce(&Fleet) -> R) -> R {
+    pub fn read<R>(&self, f: impl FnOnce(&ControllerState) -> R) -> R {
         f(&self.world.read().fleet)
     }
 
@@ -229,13 +231,13 @@ impl Shared {
         self.handle_request_frame(kind, msg, None)
     }
 
-    /// [`Shared::handle_request`] of a message decoded from `frame`: the change log takes the
+    /// [`Driver::handle_request`] of a message decoded from `frame`: the change log takes the
     /// frame as received instead of encoding the message again.
     pub fn handle_request_frame(&self, kind: RouterKind, msg: Msg, frame: Option<&[u8]>) -> Msg {
         self.metrics.requests.with_label_values(&[msg.tag()]).inc();
         let started = Instant::now();
         let lookup = matches!(msg, Msg::BatchedP2PLookupMsg(_));
-        let (reply, fx) = if Fleet::is_read_request(kind, &msg) {
+        let (reply, fx) = if ControllerState::is_read_request(kind, &msg) {
             self.world.read().fleet.on_read_request(kind, msg)
         } else {
             let heartbeat_url = match &msg {
@@ -270,7 +272,7 @@ impl Shared {
 
     /// Answers a `BatchedP2PLookupMsg` that the reply loop decoded in place
     /// (`protocol::decode_lookup`): the same reply, metrics and read lock as
-    /// [`Shared::handle_request`] of that message, without building it.
+    /// [`Driver::handle_request`] of that message, without building it.
     pub fn p2p_lookup(&self, hashes: &[ChunkHash], instance_id: &str, worker_id: i64) -> Msg {
         self.metrics
             .requests
@@ -292,17 +294,17 @@ impl Shared {
     /// Applies one message from the PULL socket. Returns the drop reason if it had no effect.
     ///
     /// # Errors
-    /// The [`DropReason`] of a message that changed nothing.
-    pub fn handle_push(&self, msg: Msg) -> Result<(), DropReason> {
+    /// The [`FrameDropReason`] of a message that changed nothing.
+    pub fn handle_push(&self, msg: Msg) -> Result<(), FrameDropReason> {
         self.handle_push_frame(msg, None)
     }
 
-    /// [`Shared::handle_push`] of a message decoded from `frame` (see
-    /// [`Shared::handle_request_frame`]).
+    /// [`Driver::handle_push`] of a message decoded from `frame` (see
+    /// [`Driver::handle_request_frame`]).
     ///
     /// # Errors
-    /// The [`DropReason`] of a message that changed nothing.
-    pub fn handle_push_frame(&self, msg: Msg, frame: Option<&[u8]>) -> Result<(), DropReason> {
+    /// The [`FrameDropReason`] of a message that changed nothing.
+    pub fn handle_push_frame(&self, msg: Msg, frame: Option<&[u8]>) -> Result<(), FrameDropReason> {
         let now = self.now();
         let frame = self.log_frame(&msg, frame);
         let mut world = self.world.write();
@@ -395,7 +397,8 @@ impl Shared {
                         self.metrics.clone(),
                         &self.tasks,
                         self.shutdown.clone(),
-                    );
+                    )
+                    .with_fence(self.cluster().and_then(|c| c.fence()).cloned());
                     // Replacing an older entry drops its sender: that task ends.
                     world.live.insert(
                         key,
@@ -426,9 +429,9 @@ impl Shared {
             if let Effect::Report(event) = effect {
                 removed |= matches!(
                     event,
-                    Event::WorkerRemoved { .. }
-                        | Event::WorkerRegistered { .. }
-                        | Event::RegisteredByHeartbeat { .. }
+                    ModelEvent::WorkerRemoved { .. }
+                        | ModelEvent::WorkerRegistered { .. }
+                        | ModelEvent::RegisteredByHeartbeat { .. }
                 );
                 super::report::report(&self.reporter(), event);
             }
@@ -439,8 +442,8 @@ impl Shared {
     }
 
     /// What the reports of events use: metrics, throttles, limits.
-    pub(crate) fn reporter(&self) -> Reporter<'_> {
-        Reporter {
+    pub(crate) fn reporter(&self) -> ReportSinks<'_> {
+        ReportSinks {
             metrics: &self.metrics,
             config: &self.config,
             limits: &self.limits,
@@ -463,7 +466,7 @@ impl Shared {
     /// the followed fleet records are opened. `in_sync`: the followed fleet held every change
     /// since a fresh start; if not, its index may miss admits or evicts, so every worker
     /// resynchronises, as after a blank restart (and the log says so to the followers).
-    pub fn lead(&self, log: Arc<ChangeLog<Fleet>>, in_sync: bool) {
+    pub fn lead(&self, log: Arc<ChangeLog<ControllerState>>, in_sync: bool) {
         let mut world = self.world.write();
         let _ = self.changes.set(log);
         if !in_sync {
@@ -579,9 +582,9 @@ impl Shared {
 
     /// The index itself, write-locked, bypassing the model: for tests
     /// that stage index contents (backdated workers, keys) directly. Workers registered this
-    /// way have no downlink, so [`Shared::check_consistency`] fails after it.
+    /// way have no downlink, so [`Driver::check_consistency`] fails after it.
     #[doc(hidden)]
-    pub fn index_mut_for_tests(&self) -> MappedRwLockWriteGuard<'_, Index> {
+    pub fn index_mut_for_tests(&self) -> MappedRwLockWriteGuard<'_, ChunkIndex> {
         RwLockWriteGuard::map(self.world.write(), |w| w.fleet.index_mut())
     }
 
@@ -620,39 +623,39 @@ impl Shared {
 
 /// The fleet, followed or led, lives under the world's lock: a record is applied, and a
 /// snapshot dumped, as one step under it.
-impl Host for Shared {
-    type State = Fleet;
+impl Host for Driver {
+    type State = ControllerState;
 
-    fn write<R>(&self, f: impl FnOnce(&mut Fleet) -> R) -> Option<R> {
+    fn write<R>(&self, f: impl FnOnce(&mut ControllerState) -> R) -> Option<R> {
         Some(f(&mut self.world.write().fleet))
     }
 
-    fn read<R>(&self, f: impl FnOnce(&Fleet) -> R) -> Option<R> {
+    fn read<R>(&self, f: impl FnOnce(&ControllerState) -> R) -> Option<R> {
         Some(f(&self.world.read().fleet))
     }
 
     fn now(&self) -> f64 {
-        Shared::now(self)
+        Driver::now(self)
     }
 }
 
 /// The index's limits from the controller's configuration.
-fn index_config(config: &ServeConfig) -> IndexConfig {
-    IndexConfig {
+fn index_config(config: &ServeConfig) -> ChunkIndexConfig {
+    ChunkIndexConfig {
         sync_completion_threshold: config.full_sync_completion_threshold,
         max_workers: config.max_workers,
         max_keys_per_worker: config.max_keys_per_worker,
         max_batch_ops: config.max_batch_ops,
-        ..IndexConfig::default()
+        ..ChunkIndexConfig::default()
     }
 }
 
-/// The write lock held over a run of admit/evict batches (see [`Shared::batch_writer`]).
+/// The write lock held over a run of admit/evict batches (see [`Driver::batch_writer`]).
 #[must_use = "the lock is held only while the writer lives"]
 pub struct BatchWriter<'a> {
     world: RwLockWriteGuard<'a, World>,
     now: f64,
-    log: Option<&'a ChangeLog<Fleet>>,
+    log: Option<&'a ChangeLog<ControllerState>>,
     /// The frames applied, for the change log (only when logging).
     frames: Vec<ByteBuf>,
 }

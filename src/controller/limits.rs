@@ -10,13 +10,13 @@
 //! [`LogThrottle`] is the throttle itself; the socket loops also use one for frames they drop,
 //! so that a peer sending garbage cannot flood the log either.
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 use crate::web::limits::WebLimit;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 /// Shortest interval between two log lines for the same limit.
-pub const LOG_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A resource limit of `kvplane serve`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum Limit {
     FrameBytes,
     /// `--max-body-bytes`: an HTTP request got 413.
     HttpBodyBytes,
-    /// The full-sync range budget (built in, `IndexConfig::max_sync_ranges` and
+    /// The full-sync range budget (built in, `ChunkIndexConfig::max_sync_ranges` and
     /// `max_sync_ranges_per_worker`): an out-of-order full-sync batch was refused.
     SyncRanges,
     /// `--max-body-items`: an HTTP request got 413 before its body was parsed.
@@ -126,7 +126,7 @@ impl Limit {
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-struct Slot {
+struct ThrottleState {
     last_log: Option<Instant>,
     suppressed: u64,
 }
@@ -134,7 +134,7 @@ struct Slot {
 /// Lets one log line through every [`LOG_EVERY`] and counts the ones it holds back.
 #[derive(Debug, Default)]
 pub struct LogThrottle {
-    slot: Mutex<Slot>,
+    slot: Mutex<ThrottleState>,
 }
 
 impl LogThrottle {

@@ -6,10 +6,11 @@
 //! that stays silent and does not answer within the downlink timeout is removed.
 //!
 //! At most `--max-concurrent-probes` probes are in flight (`kvplane_probes_in_flight`); each
-//! result takes the state lock once, for an O(1) check ([`crate::index::Index::is_stale`]),
-//! and the lock is never held across an `.await`. Owns no state of its own.
+//! result takes the state lock once, for an O(1) check
+//! ([`ChunkIndex::is_stale`](super::model::index::ChunkIndex::is_stale)), and the lock is never
+//! held across an `.await`. Owns no state of its own.
 
-use super::driver::Shared;
+use super::driver::Driver;
 use super::model::ProbeTarget;
 use crate::protocol::{HealthWorkerMsg, Msg};
 use std::future::Future;
@@ -41,7 +42,7 @@ pub struct SweepStats {
 }
 
 /// Runs sweeps every `interval` until shutdown.
-pub async fn liveness_loop(shared: Arc<Shared>, interval: Duration, shutdown: CancellationToken) {
+pub async fn liveness_loop(shared: Arc<Driver>, interval: Duration, shutdown: CancellationToken) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -58,16 +59,16 @@ pub async fn liveness_loop(shared: Arc<Shared>, interval: Duration, shutdown: Ca
 
 /// One sweep over the workers' downlinks; returns when every probe it started has finished
 /// (each is bounded by the downlink timeout).
-pub async fn sweep(shared: &Arc<Shared>) -> SweepStats {
+pub async fn sweep(shared: &Arc<Driver>) -> SweepStats {
     sweep_with(shared, downlink_probe).await
 }
 
 /// One sweep with `probe` as the probe (tests pass a fake one): marks stalled syncs failed,
 /// probes the silent workers at most `--max-concurrent-probes` at a time, and removes those
 /// whose probe failed if they are still silent and still the registration probed.
-pub async fn sweep_with<P, F>(shared: &Arc<Shared>, probe: P) -> SweepStats
+pub async fn sweep_with<P, F>(shared: &Arc<Driver>, probe: P) -> SweepStats
 where
-    P: Fn(Arc<Shared>, ProbeTarget) -> F,
+    P: Fn(Arc<Driver>, ProbeTarget) -> F,
     F: Future<Output = ProbeResult> + Send + 'static,
 {
     let targets = shared.begin_sweep();
@@ -122,7 +123,7 @@ where
 }
 
 /// Sends `HealthWorkerMsg` on the worker's downlink, if it is still the generation probed.
-async fn downlink_probe(shared: Arc<Shared>, target: ProbeTarget) -> ProbeResult {
+async fn downlink_probe(shared: Arc<Driver>, target: ProbeTarget) -> ProbeResult {
     let entry = match shared.downlink(&target.key.0, target.key.1) {
         Some(e) if e.generation == target.generation => e,
         _ => return ProbeResult::Skipped,

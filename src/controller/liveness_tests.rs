@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-fn shared(max_probes: usize) -> Arc<Shared> {
+fn shared(max_probes: usize) -> Arc<Driver> {
     let mut config = ServeConfig::ephemeral();
     config.worker_timeout = TIMEOUT;
     config.full_sync_timeout = Duration::from_secs(120);
     config.max_concurrent_probes = max_probes;
-    Arc::new(Shared::new(config, None))
+    Arc::new(Driver::new(config, None))
 }
 
-fn register(shared: &Shared, inst: &str, wid: i64, port: u16) {
+fn register(shared: &Driver, inst: &str, wid: i64, port: u16) {
     let reply = shared.handle_request(
         RouterKind::Reply,
         Msg::RegisterMsg(RegisterMsg {
@@ -32,7 +32,7 @@ fn register(shared: &Shared, inst: &str, wid: i64, port: u16) {
     assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
 }
 
-fn heartbeat(shared: &Shared, inst: &str, wid: i64) -> Msg {
+fn heartbeat(shared: &Driver, inst: &str, wid: i64) -> Msg {
     shared.handle_request(
         RouterKind::Heartbeat,
         Msg::HeartbeatMsg(HeartbeatMsg {
@@ -56,7 +56,7 @@ struct Counter {
 
 fn failing_probe(
     counter: &Arc<Counter>,
-) -> impl Fn(Arc<Shared>, ProbeTarget) -> std::pin::Pin<Box<dyn Future<Output = ProbeResult> + Send>>
+) -> impl Fn(Arc<Driver>, ProbeTarget) -> std::pin::Pin<Box<dyn Future<Output = ProbeResult> + Send>>
 {
     let counter = Arc::clone(counter);
     move |_, _| {

@@ -2,7 +2,7 @@
 //! and never ends on bad input: every malformed frame is counted, logged (at most one line
 //! every 10 s, with how many were held back) and dropped.
 
-use super::driver::Shared;
+use super::driver::Driver;
 use super::limits::Limit;
 use super::model::RouterKind;
 use super::report::record_batch;
@@ -25,7 +25,7 @@ const MAX_RETAINED_OPS: usize = 1 << 16;
 const MAX_RETAINED_HASHES: usize = 1 << 16;
 
 /// Receives admit/evict batches, full-sync batches and deregistrations until shutdown.
-pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: CancellationToken) {
+pub async fn pull_loop(shared: Arc<Driver>, mut socket: PullListener, shutdown: CancellationToken) {
     let m = &shared.metrics;
     let stats = &shared.sockets.pull;
     let _serving = stats.start_serving();
@@ -63,9 +63,9 @@ pub async fn pull_loop(shared: Arc<Shared>, mut socket: PullListener, shutdown: 
 
 /// Applies one multipart from the PULL socket, in order. Admit/evict batches take the
 /// allocation-free fast path and share one index write lock; any other frame releases it and
-/// goes through the general decoder and [`Shared::handle_push`]. `ops` is scratch space kept
+/// goes through the general decoder and [`Driver::handle_push`]. `ops` is scratch space kept
 /// between calls (public so that the `pull_frames` fuzz target drives exactly this path).
-pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>) {
+pub fn apply_frames(shared: &Driver, frames: &[Bytes], ops: &mut Vec<KVOpEvent>) {
     let m = &shared.metrics;
     let mut writer = None;
     for frame in frames {
@@ -122,7 +122,7 @@ pub fn apply_frames(shared: &Shared, frames: &[Bytes], ops: &mut Vec<KVOpEvent>)
 /// socket a P2P lookup, the hot request, is decoded in place (`decode_lookup`) into a reused
 /// hashes vector; anything else goes through the general decoder.
 pub async fn router_loop(
-    shared: Arc<Shared>,
+    shared: Arc<Driver>,
     mut socket: RouterListener,
     kind: RouterKind,
     shutdown: CancellationToken,
@@ -211,7 +211,7 @@ pub async fn router_loop(
 /// Counts and (throttled) logs a frame over `--max-frame-bytes` that reached a loop. The
 /// transport normally closes the sending connection before such a frame is read; this is the
 /// second line of defence.
-fn frame_too_large(shared: &Shared, socket: &str, bytes: usize) {
+fn frame_too_large(shared: &Driver, socket: &str, bytes: usize) {
     let limit = shared.config.max_frame_bytes as u64;
     shared
         .limits

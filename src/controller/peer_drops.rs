@@ -6,7 +6,7 @@
 //! `kvplane_peer_disconnects_total{socket,reason}`, and the drops that are limit hits to
 //! `kvplane_limit_hits_total{limit}`. It touches no socket.
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 use crate::transport::{DropReason, TransportStats};
 use parking_lot::Mutex;
 use std::sync::Arc;

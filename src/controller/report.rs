@@ -1,17 +1,17 @@
-//! How the controller counts and logs what its model reports: one [`Event`] in, metric
+//! How the controller counts and logs what its model reports: one [`ModelEvent`] in, metric
 //! increments and (throttled) log lines out.
 //!
 //! Owns the policy only (which metric, which level, which throttle); touches no controller
 //! state and is called after the state lock is released.
 
 use super::limits::{Limit, LimitLog, LogThrottle};
-use super::model::Event;
+use super::metrics::Metrics;
+use super::model::ModelEvent;
 use crate::config::ServeConfig;
-use crate::index::{BatchOutcome, IndexError};
-use crate::metrics::Metrics;
+use crate::controller::model::index::{BatchOutcome, IndexError};
 
 /// What reporting reads and counts: the driver's metrics, throttles and limits.
-pub(crate) struct Reporter<'a> {
+pub(crate) struct ReportSinks<'a> {
     /// Metrics registry.
     pub metrics: &'a Metrics,
     /// The configuration (the limits named in the log lines).
@@ -23,12 +23,12 @@ pub(crate) struct Reporter<'a> {
 }
 
 /// Counts and logs one event.
-pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
+pub(crate) fn report(shared: &ReportSinks<'_>, event: ModelEvent) {
     match event {
-        Event::WorkerRefused { key, what, error } => {
+        ModelEvent::WorkerRefused { key, what, error } => {
             refused_worker(shared, &error, &key.0, key.1, what);
         }
-        Event::WorkerRegistered {
+        ModelEvent::WorkerRegistered {
             key,
             endpoint,
             again,
@@ -41,13 +41,13 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
             }
             tracing::info!(instance = %key.0, worker = key.1, %endpoint, "worker registered");
         }
-        Event::RegisteredByHeartbeat { key } => {
+        ModelEvent::RegisteredByHeartbeat { key } => {
             tracing::info!(
                 instance = %key.0, worker = key.1,
                 "heartbeat from an unknown worker: re-registered, asking for a full sync"
             );
         }
-        Event::WorkerRemoved { key, reason } => {
+        ModelEvent::WorkerRemoved { key, reason } => {
             shared
                 .metrics
                 .workers_removed
@@ -55,16 +55,16 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
                 .inc();
             tracing::info!(instance = %key.0, worker = key.1, reason = reason.label(), "worker removed");
         }
-        Event::UnknownDeregistration { key } => {
+        ModelEvent::UnknownDeregistration { key } => {
             if let Some(held_back) = shared.drop_log.admit() {
                 tracing::warn!(instance = %key.0, worker = key.1, held_back, "deregistration of an unknown worker");
             }
         }
-        Event::P2pLookup { hit } => {
+        ModelEvent::P2pLookup { hit } => {
             let label = if hit { "hit" } else { "miss" };
             shared.metrics.p2p_lookups.with_label_values(&[label]).inc();
         }
-        Event::SyncStarted {
+        ModelEvent::SyncStarted {
             key,
             sync_id,
             error,
@@ -78,7 +78,7 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
                 }
             }
         },
-        Event::SyncCompleted {
+        ModelEvent::SyncCompleted {
             key,
             sync_id,
             by_batch,
@@ -86,14 +86,14 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
             let how = if by_batch { " by a resent batch" } else { "" };
             tracing::info!(instance = %key.0, worker = key.1, %sync_id, "full sync completed{how}");
         }
-        Event::SyncIncomplete {
+        ModelEvent::SyncIncomplete {
             key,
             sync_id,
             missing,
         } => {
             tracing::warn!(instance = %key.0, worker = key.1, %sync_id, missing, "full sync ended with batches missing: waiting for them");
         }
-        Event::StaleSyncBatch {
+        ModelEvent::StaleSyncBatch {
             key,
             sync_id,
             batch,
@@ -102,10 +102,10 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
                 tracing::warn!(instance = %key.0, worker = key.1, %sync_id, batch, held_back, "full-sync batch for no active sync dropped");
             }
         }
-        Event::SyncBatchTooLarge { key, keys } => {
+        ModelEvent::SyncBatchTooLarge { key, keys } => {
             refused_batch(shared, Some(keys), &key.0, key.1, "full-sync");
         }
-        Event::SyncRangesRefused { key, batch, limit } => {
+        ModelEvent::SyncRangesRefused { key, batch, limit } => {
             shared
                 .limits
                 .hit(shared.metrics, Limit::SyncRanges, limit as u64, &|| {
@@ -115,17 +115,17 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
                     )
                 });
         }
-        Event::KeysRefused {
+        ModelEvent::KeysRefused {
             key,
             location,
             count,
         } => refused_keys(shared, count, &key.0, key.1, &location),
-        Event::Batch {
+        ModelEvent::Batch {
             key,
             location,
             outcome,
         } => record_batch(shared, outcome, &key.0, key.1, &location),
-        Event::SyncExpired { key } => {
+        ModelEvent::SyncExpired { key } => {
             tracing::warn!(instance = %key.0, worker = key.1, "full sync stalled: marked failed, the worker will be asked to retry");
         }
     }
@@ -133,7 +133,7 @@ pub(crate) fn report(shared: &Reporter<'_>, event: Event) {
 
 /// Counts what applying one admit/evict batch did, and logs sequence gaps.
 pub(crate) fn record_batch(
-    shared: &Reporter<'_>,
+    shared: &ReportSinks<'_>,
     outcome: BatchOutcome,
     instance_id: &str,
     worker_id: i64,
@@ -194,7 +194,7 @@ pub(crate) fn record_batch(
 }
 
 fn refused_worker(
-    shared: &Reporter<'_>,
+    shared: &ReportSinks<'_>,
     e: &IndexError,
     instance_id: &str,
     worker_id: i64,
@@ -214,7 +214,13 @@ fn refused_worker(
     }
 }
 
-fn refused_keys(shared: &Reporter<'_>, n: u64, instance_id: &str, worker_id: i64, location: &str) {
+fn refused_keys(
+    shared: &ReportSinks<'_>,
+    n: u64,
+    instance_id: &str,
+    worker_id: i64,
+    location: &str,
+) {
     shared.metrics.keys_refused.inc_by(n);
     let limit = shared.config.max_keys_per_worker;
     shared
@@ -225,7 +231,7 @@ fn refused_keys(shared: &Reporter<'_>, n: u64, instance_id: &str, worker_id: i64
 }
 
 fn refused_batch(
-    shared: &Reporter<'_>,
+    shared: &ReportSinks<'_>,
     keys: Option<usize>,
     instance_id: &str,
     worker_id: i64,

@@ -3,16 +3,15 @@
 //! the lease is held ([`standby`], [`run_leader`]) or serve reads as a replica
 //! ([`run_replica`]). Every path returns or runs a [`crate::service::Running`].
 //!
-//! Owns no state of its own: the state is [`Shared`]; the loops are in `loops`, `liveness`,
+//! Owns no state of its own: the state is [`Driver`]; the loops are in `loops`, `liveness`,
 //! `routes`.
 
-use super::{loops, BoundAddrs, Clock, RouterKind, Shared};
+use super::{loops, BoundAddrs, Clock, Driver, RouterKind};
 use crate::config::{MonitorPorts, ServeConfig};
 use crate::net::host_port;
-use crate::service::{bind_tcp, Running, StartError, DRAIN_DEADLINE};
+use crate::service::{bind_tcp, Running, StartError};
 use crate::transport;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The running controller's state: its bound addresses and its driver.
@@ -20,7 +19,7 @@ pub struct Controller {
     /// The addresses actually bound.
     pub addrs: BoundAddrs,
     /// The controller's state and its driver, for tests and embedding.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<Driver>,
 }
 
 /// A running controller (`server.addrs`, `server.shared` through `Deref`).
@@ -39,7 +38,7 @@ pub async fn start(config: ServeConfig) -> Result<Server, StartError> {
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
 pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Server, StartError> {
-    serve_shared(Arc::new(Shared::with_clock(config, None, clock))).await
+    serve_shared(Arc::new(Driver::with_clock(config, None, clock))).await
 }
 
 /// Binds every socket of `shared`'s configuration and starts serving its state (a standby
@@ -47,7 +46,7 @@ pub async fn start_with_clock(config: ServeConfig, clock: Clock) -> Result<Serve
 ///
 /// # Errors
 /// [`StartError::Bind`] if a socket cannot be bound.
-pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
+pub async fn serve_shared(shared: Arc<Driver>) -> Result<Server, StartError> {
     let config = &shared.config;
     let ports = config.monitor_ports;
     let zmq_addr = |port: u16| host_port(&config.host, port);
@@ -129,13 +128,7 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
             shutdown.clone(),
         ));
     }
-    let history = Arc::new(super::routes::history::History::default());
-    tasks.spawn(super::routes::history::sample_loop(
-        Arc::clone(&shared),
-        Arc::clone(&history),
-        shutdown.clone(),
-    ));
-    let app = super::routes::router_with(Arc::clone(&shared), history);
+    let app = super::routes::serving_router(Arc::clone(&shared));
     let served = crate::web::serve(
         listener,
         app,
@@ -184,9 +177,8 @@ pub async fn serve_shared(shared: Arc<Shared>) -> Result<Server, StartError> {
 /// A controller that took the cluster's lease (`--cluster`), not yet serving: see
 /// [`standby`] and [`run_leader`].
 pub struct Leadership {
-    shared: Arc<Shared>,
-    standby: super::cluster::Standby,
-    lease: crate::cluster::Lease,
+    shared: Arc<Driver>,
+    elected: crate::cluster::Elected<super::model::ControllerState>,
 }
 
 /// Runs a controller as a hot standby of its cluster (docs/CLUSTER.md): follows the leader's
@@ -200,30 +192,18 @@ pub async fn standby(
     cluster: crate::cluster::ClusterConfig,
     shutdown: &CancellationToken,
 ) -> Result<Option<Leadership>, StartError> {
-    let shared = Arc::new(Shared::new(config, None));
-    let stop = shared.shutdown_token().clone();
-    // Any error below stops the tasks started so far.
-    let stop_on_error = stop.clone().drop_guard();
-    let standby = super::cluster::Standby::join(cluster, &shared, false)
+    let shared = Arc::new(Driver::new(config, None));
+    let candidate = super::cluster::standby(cluster, &shared)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
-    let Some(lease) = standby.take_over(&shared, shutdown).await else {
-        stop.cancel();
-        shared.tasks().close();
-        let _ = tokio::time::timeout(DRAIN_DEADLINE, shared.tasks().wait()).await;
-        return Ok(None);
-    };
-    stop_on_error.disarm();
-    Ok(Some(Leadership {
-        shared,
-        standby,
-        lease,
-    }))
+    let elected = super::cluster::take_over(candidate, &shared, shutdown).await;
+    Ok(elected.map(|elected| Leadership { shared, elected }))
 }
 
-/// Serves as the cluster's leader until `shutdown` (the lease is released) or until the lease
-/// is lost (an error: the process must stop; restarted, it is a standby). Binding is retried
-/// while the lease holds, for a deposed leader that still holds the ports.
+/// Serves as the cluster's leader until `shutdown` (serving stops, then the lease is
+/// released) or until the lease is lost (an error: the process must stop; restarted, it is a
+/// standby), on the cluster's one leader loop ([`crate::cluster::Elected::lead`]): binding is
+/// retried while the lease holds, for a deposed leader that still holds the ports.
 ///
 /// # Errors
 /// [`StartError::Cluster`] when the lease is lost.
@@ -231,40 +211,11 @@ pub async fn run_leader(
     leadership: Leadership,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    let Leadership {
-        shared,
-        standby,
-        lease,
-    } = leadership;
-    let hold = standby.hold(lease, &shutdown);
-    tokio::pin!(hold);
-    let bind = async {
-        loop {
-            match serve_shared(Arc::clone(&shared)).await {
-                Ok(server) => return server,
-                Err(e) => {
-                    tracing::warn!("leader cannot bind yet ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    };
-    let server = tokio::select! {
-        server = bind => server,
-        held = &mut hold => {
-            shared.shutdown_token().cancel();
-            return held.map_err(StartError::Cluster);
-        }
-    };
-    let held = hold.await;
-    if held.is_err() {
-        tracing::error!("the controller lease was lost: stopping at once");
-        shutdown.cancel();
-    } else {
-        tracing::info!("shutting down");
-    }
-    server.stop().await;
-    held.map_err(StartError::Cluster)
+    let Leadership { shared, elected } = leadership;
+    elected
+        .lead(super::cluster::Binds(shared), &shutdown)
+        .await
+        .map_err(StartError::Cluster)
 }
 
 /// Runs a read replica of the cluster's controller (`serve --cluster --replica`,
@@ -286,9 +237,9 @@ pub async fn run_replica(
         heartbeat: None,
     };
     config.health_check_interval = None;
-    let shared = Arc::new(Shared::new(config, None));
+    let shared = Arc::new(Driver::new(config, None));
     let stop_on_error = shared.shutdown_token().clone().drop_guard();
-    let _standby = super::cluster::Standby::join(cluster, &shared, true)
+    let _replica = super::cluster::replica(cluster, &shared)
         .await
         .map_err(|e| StartError::Cluster(e.to_string()))?;
     let server = serve_shared(shared).await?;

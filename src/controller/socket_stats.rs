@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 /// it records whether one was already waiting (the receive completed on its first poll) —
 /// a backlog — or whether it had to wait.
 #[derive(Debug, Default)]
-pub struct LoopStats {
+pub struct SocketLoopStats {
     configured: bool,
     serving: AtomicBool,
     active: AtomicI64,
@@ -21,7 +21,7 @@ pub struct LoopStats {
 /// Marks a loop as serving until dropped.
 #[derive(Debug)]
 #[must_use = "the loop is serving only while the guard lives"]
-pub struct ServingGuard<'a>(&'a LoopStats);
+pub struct ServingGuard<'a>(&'a SocketLoopStats);
 
 impl Drop for ServingGuard<'_> {
     fn drop(&mut self) {
@@ -32,7 +32,7 @@ impl Drop for ServingGuard<'_> {
 /// Counts `n` messages as being handled until dropped.
 #[derive(Debug)]
 #[must_use = "the messages count as active only while the guard lives"]
-pub struct ActiveGuard<'a>(&'a LoopStats, i64);
+pub struct ActiveGuard<'a>(&'a SocketLoopStats, i64);
 
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
@@ -40,12 +40,12 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
-impl LoopStats {
+impl SocketLoopStats {
     /// Stats of a loop that runs when `configured` (its port was given).
     pub fn new(configured: bool) -> Self {
-        LoopStats {
+        SocketLoopStats {
             configured,
-            ..LoopStats::default()
+            ..SocketLoopStats::default()
         }
     }
 
@@ -103,11 +103,11 @@ impl LoopStats {
 #[derive(Debug, Default)]
 pub struct SocketStats {
     /// PULL loop.
-    pub pull: LoopStats,
+    pub pull: SocketLoopStats,
     /// Reply ROUTER loop.
-    pub reply: LoopStats,
+    pub reply: SocketLoopStats,
     /// Heartbeat ROUTER loop.
-    pub heartbeat: LoopStats,
+    pub heartbeat: SocketLoopStats,
 }
 
 #[cfg(test)]
@@ -116,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn loop_stats_record_backlog_and_active_messages() {
-        let stats = LoopStats::new(true);
+        let stats = SocketLoopStats::new(true);
         assert!(stats.configured() && !stats.serving());
         {
             let _serving = stats.start_serving();

@@ -1,27 +1,30 @@
 //! `kvplane coordinator --cluster`: one leader, hot standbys (docs/CLUSTER.md, "Coordinator
-//! leader"), on the replication core (`crate::cluster`).
+//! leader"), on the replication core (`crate::cluster`) and its one leader loop
+//! (`crate::cluster::Candidate`).
 //!
-//! Every process starts as a standby: the core's `Follower` reads the cluster's `coordinator`
+//! Every process starts as a standby: the core's follower reads the cluster's `coordinator`
 //! log and applies each record to the [`CoordinatorState`] it keeps, binding no port. One
 //! process holds the `coordinator` lease: it serves HTTP, runs the health sweep, the eviction
 //! loop (the only dispatcher) and, when needed, the startup resync, and logs every change it
-//! applies (each in the owner job that applies it: `super::logged`). When the lease lapses, a
+//! applies (each in the owner job that applies it: `super::state::logged`). When the lease lapses, a
 //! standby takes it over: the core announces the new epoch and reads the log up to it; then
-//! the followed state is handed to the owners, which log the operator state as a whole first,
-//! and the startup resync runs only if that state is not known to be complete. The leader
-//! renews the lease and stops the moment it is lost; evictions are dispatched only while the
-//! lease is certainly held by this process's clock ([`LeaseGuard`], [`fenced`]). Standbys in
-//! sync publish snapshots (the core), so one started after the stream dropped the log's start
-//! restores the latest and is in sync.
+//! the followed state is handed to the owners ([`Serves`]), which log the operator state as a
+//! whole first, and the startup resync runs only if that state is not known to be complete.
+//! The leader loop renews the lease and stops the moment it is lost; evictions are dispatched
+//! only while the lease is certainly held by this process's clock ([`fenced`], the core's
+//! `Fence`). Standbys in sync publish snapshots (the core), so one started after the stream
+//! dropped the log's start restores the latest and is in sync.
 
-use super::changes::CoordinatorState;
-use super::driver::{wall_now, Dispatcher};
-use super::CoordinatorConfig;
-use crate::cluster::{ClusterConfig, Follower, LeaseGuard, Owned};
-use crate::service::StartError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use super::state::changes::CoordinatorState;
+use super::state::driver::Dispatcher;
+use super::{Coordinator, CoordinatorConfig, Leading};
+use crate::cluster::{Candidate, ClusterConfig, Fence, LeaderService, LeaseGuard, Owned};
+use crate::service::{Running, StartError};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -36,24 +39,21 @@ pub fn fenced(
     guard: Arc<LeaseGuard>,
     refused: Arc<AtomicU64>,
 ) -> Dispatcher {
-    Arc::new(move |d| {
-        if guard.held() {
-            return dispatcher(d);
-        }
-        refused.fetch_add(1, Ordering::Relaxed);
-        Box::pin(async { Err("the coordinator lease may have lapsed: not dispatching".to_owned()) })
+    let fence = Fence::new("coordinator", guard, refused);
+    Arc::new(move |d| match fence.check() {
+        Ok(()) => dispatcher(d),
+        Err(e) => Box::pin(async move { Err(e.to_string()) }),
     })
 }
 
 /// Runs `kvplane coordinator --cluster`: a standby until it holds the lease (a takeover that
 /// fails releases it and waits again), then the leader until `shutdown` (the lease is released
 /// once the records are published) or until the lease is lost (an error: the process must
-/// stop; restarted, it is a standby). Binding is retried while the lease holds, for a deposed
-/// leader on the same host that still holds the port.
+/// stop; restarted, it is a standby), on the cluster's one leader loop
+/// ([`crate::cluster::Elected::lead`]).
 ///
 /// # Errors
-/// [`StartError::Cluster`] when NATS cannot be reached or the
-/// lease is lost.
+/// [`StartError::Cluster`] when NATS cannot be reached or the lease is lost.
 pub async fn run(
     config: CoordinatorConfig,
     cluster: ClusterConfig,
@@ -65,19 +65,15 @@ pub async fn run(
     let followed = Arc::new(Owned::new(CoordinatorState::new(super::initial_model(
         &config,
     ))));
-    let standby = Follower::join(cluster, Arc::clone(&followed), false, &stop, &tasks)
+    let candidate = Candidate::join(cluster, Arc::clone(&followed), &stop, &tasks)
         .await
         .map_err(|e| fail(e.to_string()))?;
-    let status = Arc::clone(standby.status());
-    let Some(lead) = standby.take_over(&shutdown).await else {
-        stop.cancel();
-        drain(&tasks).await;
+    let Some(elected) = candidate.elect(&shutdown).await else {
         return Ok(());
     };
     // Every record up to the takeover is applied: the owners take the state over.
     let Some(state) = followed.take() else {
-        stop.cancel();
-        drain(&tasks).await;
+        elected.abandon().await;
         return Err(fail("the followed state was taken over already".into()));
     };
     tracing::info!(
@@ -85,84 +81,51 @@ pub async fn run(
         keys = state.model.tracked_keys(),
         "coordinator took the lease"
     );
-    let guard = Arc::new(LeaseGuard::new(&lead.lease, standby.bucket().ttl()));
-    let release = CancellationToken::new();
-    let renewed = Arc::clone(&guard);
-    let hold = standby
-        .bucket()
-        .hold(lead.lease.clone(), &release, move |l| renewed.renewed(l));
-    tokio::pin!(hold);
-    let bound = tokio::select! {
-        bound = bind_retrying(&config) => bound,
-        held = &mut hold => {
-            guard.revoke();
-            drop(lead); // its log: the publisher ends
-            stop.cancel();
-            drain(&tasks).await;
-            return held.map_err(fail);
-        }
-        () = shutdown.cancelled() => {
-            drop(lead);
-            release.cancel();
-            let held = hold.await;
-            stop.cancel();
-            drain(&tasks).await;
-            return held.map_err(fail);
-        }
-    };
-    status.took_over(wall_now(), lead.elapsed_ms());
-    let leading = super::Leading {
+    let lead = &elected.leadership;
+    let leading = Leading {
         resync: lead.needs_resync(),
-        log: lead.log,
-        status: Arc::clone(&status),
-        guard: Arc::clone(&guard),
+        log: Arc::clone(&lead.log),
+        status: Arc::clone(elected.status()),
+        guard: Arc::clone(elected.fence().guard()),
     };
-    let coordinator = super::serve(config, bound, state, Some(leading), stop, tasks);
-    let lost = tokio::select! {
-        held = &mut hold => Some(held),
-        () = shutdown.cancelled() => None,
+    let serves = Serves {
+        config,
+        state,
+        leading,
+        stop: elected.stop_token().clone(),
+        tasks: elected.tasks().clone(),
     };
-    match lost {
-        Some(held) => {
-            guard.revoke();
-            tracing::error!("the coordinator lease was lost: stopping at once");
-            coordinator.stop().await;
-            held.map_err(fail)
-        }
-        None => {
-            tracing::info!("shutting down");
-            // Serving stops and the queued records are published before the lease goes.
-            let stopping = async {
-                coordinator.stop().await;
-                release.cancel();
-            };
-            let ((), held) = tokio::join!(stopping, hold);
-            held.map_err(fail)
-        }
-    }
+    elected.lead(serves, &shutdown).await.map_err(fail)
 }
 
-async fn bind_retrying(
-    config: &CoordinatorConfig,
-) -> (tokio::net::TcpListener, std::net::SocketAddr) {
-    let mut tries = 0u64;
-    loop {
-        match super::bind(config).await {
-            Ok(bound) => return bound,
-            Err(e) => {
-                if tries.is_multiple_of(50) {
-                    tracing::warn!("coordinator leader cannot bind yet ({e}); retrying");
-                }
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
+/// The coordinator's part in the leader loop: bind its HTTP port, then start the owners
+/// around the state it followed, with the leader's log, and serve.
+struct Serves {
+    config: CoordinatorConfig,
+    state: CoordinatorState,
+    leading: Leading,
+    stop: CancellationToken,
+    tasks: TaskTracker,
 }
 
-async fn drain(tasks: &TaskTracker) {
-    tasks.close();
-    let _ = tokio::time::timeout(crate::service::DRAIN_DEADLINE, tasks.wait()).await;
+impl LeaderService for Serves {
+    type Bound = (TcpListener, SocketAddr);
+    type Server = Coordinator;
+
+    async fn bind(&self) -> Result<Self::Bound, String> {
+        super::bind(&self.config).await.map_err(|e| e.to_string())
+    }
+
+    fn serve(self, bound: Self::Bound) -> Running<Coordinator> {
+        super::serve(
+            self.config,
+            bound,
+            self.state,
+            Some(self.leading),
+            self.stop,
+            self.tasks,
+        )
+    }
 }
 
 #[cfg(test)]

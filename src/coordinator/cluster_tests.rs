@@ -1,20 +1,22 @@
 //! The leader's side without NATS: the owners log every write through the change log into a
-//! channel, and a follower fed those bytes holds the leader's state; a change cut to fit
-//! applies as the whole; a lapsed lease refuses dispatches.
+//! channel, and a follower fed those bytes holds the leader's state; a lapsed lease refuses
+//! dispatches. (A change cut to fit applies as the whole: the replication laws,
+//! `changes_tests.rs`.)
 
 use super::*;
 use crate::cluster::core_tests::drain;
-use crate::cluster::{Applied, Lease, LogStats, Record};
-use crate::coordinator::changes::tests::{
+use crate::cluster::{Lease, LogStats, Record};
+use crate::coordinator::state::changes::tests::{
     batch, config, fleet_view, key, model_view, reg, stores, Follower,
 };
-use crate::coordinator::changes::Change;
-use crate::coordinator::driver::{self, Timing};
-use crate::coordinator::events::Op;
-use crate::coordinator::events::Tier;
-use crate::coordinator::logged::ChangeLog;
+use crate::coordinator::model::events::Op;
+use crate::coordinator::model::events::Tier;
 use crate::coordinator::model::Model;
+use crate::coordinator::state::changes::Change;
+use crate::coordinator::state::driver::{self, wall_now, Timing};
+use crate::coordinator::state::logged::ChangeLog;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -171,35 +173,6 @@ async fn a_standby_fed_the_leaders_log_holds_the_same_state() {
         Some(1)
     );
     shutdown.cancel();
-}
-
-/// A change larger than NATS takes is cut into records that, applied in order, give the whole
-/// (the core's numbering, gaps and drops are tested in `crate::cluster`).
-#[test]
-fn a_change_cut_to_fit_applies_as_the_whole() {
-    let (tx, mut rx) = mpsc::channel(64);
-    let stats = Arc::new(LogStats::default());
-    let log = ChangeLog::new(3, 1, 2_000, tx, Arc::clone(&stats));
-    let big = Change::Apply {
-        batch: batch("a", 1, Tier::L2, stores("t", 0..100, 10)),
-    };
-    assert!(big.encode().len() > 2_000);
-    log.record(wall_now(), &big);
-    let cut = drain(&mut rx);
-    assert!(cut.len() > 1);
-    assert!(cut.iter().all(|r| r.encode().len() <= 2_100));
-    let mut f = Follower::new();
-    let mut parts = CoordinatorState::new(Model::new(config()));
-    let local = (Instant::now(), wall_now());
-    f.apply(&mut parts, takeover(3), local);
-    for r in cut {
-        assert_eq!(f.apply(&mut parts, r, local), Applied::InOrder);
-    }
-    let mut whole = Model::new(config());
-    whole.apply_slice(batch("a", 1, Tier::L2, stores("t", 0..100, 10)));
-    assert_eq!(parts.model.tracked_keys(), whole.tracked_keys());
-    assert_eq!(parts.model.plan_evictions(), whole.plan_evictions());
-    assert_eq!(stats.oversize.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test]

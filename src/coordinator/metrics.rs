@@ -3,16 +3,16 @@
 //! background-loop outcomes and the refusals of each limit. Owns the names and help texts;
 //! keeps no state of its own (so it cannot conflict with the controller's registry).
 
-use super::api_state::Refused;
-use super::driver::LoopStats;
-use super::fleet::Fleet;
 use super::model::{Counters, Model};
+use crate::coordinator::model::fleet::Instances;
+use crate::coordinator::state::api_state::RefusalCounts;
+use crate::coordinator::state::driver::BackgroundStats;
 use crate::web::exposition::{Exposition, Kind, Kind::Counter, Kind::Gauge, SampleValue};
 use std::sync::atomic::Ordering;
 
 /// The fleet's numbers at one instant (read on the fleet owner).
 #[derive(Clone, Copy, Debug)]
-pub struct FleetNumbers {
+pub(crate) struct FleetNumbers {
     instances: usize,
     refused: u64,
     timed_out: u64,
@@ -20,7 +20,7 @@ pub struct FleetNumbers {
 
 impl FleetNumbers {
     /// Reads the fleet.
-    pub fn of(f: &Fleet) -> Self {
+    pub(crate) fn of(f: &Instances) -> Self {
         FleetNumbers {
             instances: f.len(),
             refused: f.refused,
@@ -31,7 +31,7 @@ impl FleetNumbers {
 
 /// The model's numbers at one instant.
 #[derive(Clone, Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     counters: Counters,
     fleet: FleetNumbers,
     tracked_keys: usize,
@@ -45,7 +45,7 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Reads the model; `fleet` was read just before.
-    pub fn of(m: &Model, fleet: FleetNumbers) -> Self {
+    pub(crate) fn of(m: &Model, fleet: FleetNumbers) -> Self {
         let (_, rows) = m.quota_list();
         Snapshot {
             counters: m.counters.clone(),
@@ -74,12 +74,12 @@ fn series(out: &mut Exposition, kind: Kind, name: &str, help: &str, value: impl 
 }
 
 /// Writes the model's, the loops' and the limits' series.
-pub fn write(
+pub(crate) fn write(
     out: &mut Exposition,
     s: &Snapshot,
-    loops: &LoopStats,
-    refused: &Refused,
-    metadata: &super::metadata::Persister,
+    loops: &BackgroundStats,
+    refused: &RefusalCounts,
+    metadata: &crate::coordinator::state::metadata::Persister,
 ) {
     let c = &s.counters;
     let counters: [(&str, &str, u64); 19] = [

@@ -1,6 +1,6 @@
 //! Every metric `kvplane node` exports, in its own prometheus registry (so the node shares
-//! nothing with the controller's `crate::metrics`). Counters are bumped on the hot paths;
-//! the tier gauges are set from the tiers when `/metrics` is scraped.
+//! nothing with the controller's `crate::controller::metrics`). Counters are bumped on the hot
+//! paths; the tier gauges are set from the tiers when `/metrics` is scraped.
 
 use crate::web::exposition::Exposition;
 use prometheus::{

@@ -23,8 +23,8 @@
 //!   in `error.rs`.
 //! - `metrics.rs` — the node's own prometheus registry.
 //!
-//! This module owns nothing of the controller's (`crate::controller`, `crate::metrics`) and
-//! must not touch it.
+//! This module owns nothing of the controller's (`crate::controller`, its metrics included)
+//! and must not touch it.
 
 pub mod config;
 mod controller_link;

@@ -7,9 +7,9 @@
 //! `kvplane serve --router-port` runs beside its indexer. Parses no command line itself (the
 //! binary's layered parse does) and starts nothing.
 
-use super::score;
+use super::model::score;
 use crate::config::defaults::router as d;
-use crate::indexer::service::api::EngineType;
+use crate::indexer::api::EngineType;
 use crate::service::layers::{self, Alias, Convert, Embedded, LayerError, Layout};
 use std::path::PathBuf;
 use std::time::Duration;

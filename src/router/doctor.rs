@@ -6,7 +6,7 @@
 //! The causes are read from the index's counters around the probe, so the doctor is exact on
 //! an idle fleet (at start); under traffic other engines' events can blur them.
 
-use super::state::{Engine, RouterState};
+use super::state::{RouterState, TrackedEngine};
 use super::upstream;
 use crate::indexer::index::{Counters, LoraNs, QueryScope};
 use axum::body::Body;
@@ -146,7 +146,7 @@ fn cause(
 }
 
 /// Probes `engine` (waiting at most `wait` for its events).
-pub async fn probe(st: &RouterState, engine: &Engine, wait: Duration) -> Verdict {
+pub async fn probe(st: &RouterState, engine: &TrackedEngine, wait: Duration) -> Verdict {
     let name = &engine.spec.instance;
     let bs = st.config.block_size;
     let span = st

@@ -1,6 +1,6 @@
 //! The router's metrics (`kvplane_router_*`): every name and help text is here.
 
-use super::accounting::Totals;
+use super::model::accounting::Tally;
 use crate::web::exposition::Exposition;
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -29,14 +29,14 @@ pub struct RouterMetrics {
     /// Scrapes of the engines' `/metrics`, by engine and outcome.
     pub scrapes: IntCounterVec,
     /// The counters of the reservations shared with other replicas (`--cluster`).
-    pub shared: super::shared::SharedCounters,
+    pub shared: super::cluster::SharedCounters,
     /// Reads of the registrations engines are discovered from, by outcome (`ok`, `failed`).
     pub discovery_reads: IntCounterVec,
     /// Discovered engines added and removed.
     pub discovery_changes: IntCounterVec,
     /// Registrations a read could not use, by reason (`unreadable`, `subscribe_refused`).
     pub discovery_skipped: IntCounterVec,
-    /// Registrations not routed to at the last read, by reason ([`super::discovery::Plan`]).
+    /// Registrations not routed to at the last read, by reason ([`super::model::discovery::Plan`]).
     pub discovery_unrouted: IntGaugeVec,
     /// Engines discovered at the last read.
     pub discovered: IntGauge,
@@ -149,7 +149,7 @@ impl Default for RouterMetrics {
                 r.register(Box::new(g.clone())).expect("unique metric");
                 g
             },
-            shared: super::shared::SharedCounters {
+            shared: super::cluster::SharedCounters {
                 reservations: counter(
                     &r,
                     "kvplane_router_shared_reservations_total",
@@ -257,11 +257,11 @@ pub struct EngineGauges<'a> {
     /// Every replica's reservations (`None`: not shared).
     pub shared: Option<u64>,
     /// The engine's own figures when fresh.
-    pub reported: Option<super::score::Reported>,
+    pub reported: Option<super::model::score::Reported>,
 }
 
 impl RouterMetrics {
-    fn totals(&self, engine: &str, t: &Totals) {
+    fn totals(&self, engine: &str, t: &Tally) {
         for (kind, v) in [
             ("reusable", t.reusable),
             ("predicted", t.predicted),
@@ -290,7 +290,7 @@ impl RouterMetrics {
         &self,
         out: &mut Exposition,
         engines: impl Iterator<Item = EngineGauges<'a>>,
-        accounting: &super::accounting::Accounting,
+        accounting: &super::model::accounting::Accounting,
     ) {
         for e in engines {
             self.in_flight

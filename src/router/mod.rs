@@ -2,30 +2,41 @@
 //! vLLM or SGLang engines that sends each request to the engine holding the most of its
 //! prompt's KV cache, weighed against the load it tracks.
 //!
-//! Flags and their validated form: [`config`]. Pure: [`score`] (the decision) and
-//! [`accounting`] (predicted against delivered cached tokens). Driver: [`state`] (engines and their load, the in-process index, the tokenizer,
-//! reservations), [`tokenize`] (tokenizer.json and the chat template), [`upstream`] (engine
-//! calls with timeouts). Routes: [`routes`]. The index is the indexer's own
-//! ([`crate::indexer::service`]), run in process and fed by the engines' KV events.
+//! The service's anatomy (docs/ARCHITECTURE.md), as every service's:
+//! - this file: starting it ([`start`], [`start_beside`], `--doctor`), the server type;
+//! - [`config`]: its flags and their validated form, [`RouterConfig`];
+//! - `model/`: the pure state — the decision (`score`), predicted against delivered cached
+//!   tokens (`accounting`), one engine's shared reservations (`slots`), the sessions'
+//!   engines (`sessions`), which registrations become engines (`discovery`), an engine's
+//!   Prometheus text read (`scrape`); no I/O, no clock;
+//! - the driver: `state.rs` (`RouterState`: the engines and their load, the in-process
+//!   index, the tokenizer, the decision and its reservation), [`tokenize`] (tokenizer.json and
+//!   the chat template), [`upstream`] (engine calls with timeouts), [`doctor`] (the
+//!   hash-parity probe), `discovery.rs`, `scrape.rs` and `health.rs` (the loops reading the
+//!   registrations, the engines' metrics and their health);
+//! - `cluster.rs`: `--cluster`, the reservations the replicas share;
+//! - `routes/`: one file per resource (the OpenAI routes, the probes, `/router/*`);
+//! - `metrics.rs`: its metric families.
+//!
+//! The index is the indexer's own ([`crate::indexer`]), run in process and fed by
+//! the engines' KV events.
 
-pub mod accounting;
+mod cluster;
 pub mod config;
-pub mod discovery;
+mod discovery;
 pub mod doctor;
+mod health;
 mod metrics;
-pub mod routes;
-pub mod score;
-pub mod scrape;
-pub mod sessions;
-pub mod shared;
-pub mod slots;
-pub mod state;
+pub(crate) mod model;
+mod routes;
+mod scrape;
+pub(crate) mod state;
 pub mod tokenize;
 pub mod upstream;
 
-use crate::indexer::service::api::Registration;
-use crate::indexer::service::IndexerConfig;
-use crate::service::{bind_tcp, Running, StartError};
+use crate::indexer::api::Registration;
+use crate::indexer::IndexerConfig;
+use crate::service::{bind_host, Running, StartError};
 use state::RouterState;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{EngineSpec, RouterArgs, RouterConfig};
+pub use model::score::Weights;
 
 /// The running router's state.
 pub struct Router {
@@ -61,7 +73,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
         seed: config.hash_seed,
         ..Default::default()
     };
-    let indexer = crate::indexer::service::start(IndexerConfig {
+    let indexer = crate::indexer::start(IndexerConfig {
         host: "127.0.0.1".into(),
         port: config.indexer_port,
         index,
@@ -86,7 +98,7 @@ pub async fn start(config: RouterConfig) -> Result<RouterServer, StartError> {
 /// As [`start`].
 pub async fn start_beside(
     mut config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     config.hash_seed = index.hash_seed();
@@ -97,7 +109,7 @@ pub async fn start_beside(
 /// and starts the health probes, the scrapes and the discovery.
 async fn launch(
     config: RouterConfig,
-    index: Arc<crate::indexer::service::IndexerState>,
+    index: Arc<crate::indexer::IndexerState>,
     index_addr: SocketAddr,
 ) -> Result<RouterServer, StartError> {
     let tokenizer = match &config.model_dir {
@@ -128,7 +140,7 @@ async fn launch(
             StartError::Config(format!("--engine {}: {}", e.instance, err.message))
         })?;
     }
-    let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
+    let (listener, bound) = bind_host("http", &config.host, config.port).await?;
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let metrics = metrics::RouterMetrics::default();
@@ -136,7 +148,7 @@ async fn launch(
         Some(cluster) => {
             let instances: Vec<String> =
                 config.engines.iter().map(|e| e.instance.clone()).collect();
-            let joined = shared::Shared::start(
+            let joined = cluster::SharedSlots::start(
                 cluster.clone(),
                 &instances,
                 config.reservation_ttl,
@@ -166,7 +178,7 @@ async fn launch(
         mirrored,
         shutdown.clone(),
     ));
-    tasks.spawn(health_loop(Arc::clone(&state), shutdown.clone()));
+    tasks.spawn(health::health_loop(Arc::clone(&state), shutdown.clone()));
     tasks.spawn(scrape::scrape_loop(Arc::clone(&state), shutdown.clone()));
     let count = {
         let st = Arc::clone(&state);
@@ -225,41 +237,6 @@ async fn launch(
     )
     .with_addr("http", bound)
     .with_addr("indexer", indexer_addr))
-}
-
-/// Probes every engine's `GET /health` each interval: an answer (2xx) brings it back, a
-/// failure takes it out. Probes run concurrently, each bounded by the connect timeout twice.
-async fn health_loop(st: Arc<RouterState>, shutdown: CancellationToken) {
-    // Engines start up; the first probe comes one interval in (a dead engine found sooner
-    // costs one refused connect, and the request goes to the next engine).
-    let every = st.config.health_interval;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let engines = st.engines();
-        let probes = engines.iter().map(|e| {
-            let st = Arc::clone(&st);
-            let e = Arc::clone(e);
-            async move {
-                let req = hyper::Request::get(format!("{}/health", e.spec.url))
-                    .body(axum::body::Body::empty());
-                let ok = match req {
-                    Ok(req) => upstream::send(&st.client, req, st.config.connect_timeout * 2)
-                        .await
-                        .is_ok_and(|r| r.status().is_success()),
-                    Err(_) => false,
-                };
-                if e.set_up(ok) != ok {
-                    tracing::info!(engine = %e.spec.instance, up = ok, "engine health changed");
-                }
-            }
-        });
-        futures_util::future::join_all(probes).await;
-    }
 }
 
 /// `--doctor`: starts the router's parts (bound as configured), waits for the engines'

@@ -1,18 +1,18 @@
 //! The router's driver: the engines with the load it tracks, the in-process index, the
-//! tokenizer, and the decision (tokens → index rows → [`super::score`]) with its reservation:
-//! local, or shared with the other replicas through the cluster ([`super::shared`]), where a
+//! tokenizer, and the decision (tokens → index rows → [`super::model::score`]) with its reservation:
+//! local, or shared with the other replicas through the cluster ([`super::cluster`]), where a
 //! decision and its reservation are one step (decide, write if nobody wrote since, else decide
 //! again).
 
-use super::accounting::{Accounting, Outcome};
+use super::cluster::{Miss, SharedSlots};
 use super::metrics::RouterMetrics;
-use super::score::{self, Candidate, Load, Matched, Reported};
-use super::shared::{Miss, Shared};
+use super::model::accounting::{Accounting, Delivery};
+use super::model::score::{self, Candidate, Load, Matched, Reported};
 use super::tokenize::ModelTokenizer;
 use super::upstream::{self, HttpClient};
 use super::{EngineSpec, RouterConfig};
 use crate::indexer::index::{LoraNs, QueryScope};
-use crate::indexer::service::IndexerState;
+use crate::indexer::IndexerState;
 use axum::body::Body;
 use parking_lot::Mutex;
 use serde_json::{Map, Value};
@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 /// One engine and what the router tracks of it.
 #[derive(Debug)]
-pub struct Engine {
+pub struct TrackedEngine {
     /// Its flag.
     pub spec: EngineSpec,
     /// Requests it takes at once from all replicas together (`None`: unlimited).
@@ -35,7 +35,7 @@ pub struct Engine {
     fresh_for: Option<std::time::Duration>,
 }
 
-impl Engine {
+impl TrackedEngine {
     fn new(
         spec: EngineSpec,
         default_slots: Option<u64>,
@@ -89,15 +89,15 @@ impl Engine {
 /// A routed request's share of an engine's load, released when dropped.
 #[derive(Debug)]
 pub struct Reservation {
-    engine: Arc<Engine>,
+    engine: Arc<TrackedEngine>,
     waiting: bool,
     /// The shared reservation to release: the replicas' view, its id.
-    shared: Option<(Arc<Shared>, u64)>,
+    shared: Option<(Arc<SharedSlots>, u64)>,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for SharedSlots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("SharedSlots")
             .field("replica", &self.replica)
             .finish_non_exhaustive()
     }
@@ -105,7 +105,7 @@ impl std::fmt::Debug for Shared {
 
 impl Reservation {
     /// A local share of `engine`, taken only while it holds fewer than `slots`.
-    fn try_new(engine: Arc<Engine>, slots: Option<u64>) -> Option<Self> {
+    fn try_new(engine: Arc<TrackedEngine>, slots: Option<u64>) -> Option<Self> {
         engine
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -121,7 +121,7 @@ impl Reservation {
     }
 
     /// A local share of `engine` whatever its slots (the shared write already took one).
-    fn new(engine: Arc<Engine>) -> Self {
+    fn new(engine: Arc<TrackedEngine>) -> Self {
         engine.in_flight.fetch_add(1, Ordering::AcqRel);
         engine.waiting.fetch_add(1, Ordering::Relaxed);
         Self {
@@ -139,7 +139,7 @@ impl Reservation {
     }
 
     /// The engine.
-    pub fn engine(&self) -> &Arc<Engine> {
+    pub fn engine(&self) -> &Arc<TrackedEngine> {
         &self.engine
     }
 }
@@ -166,13 +166,13 @@ pub enum NoRoute {
 }
 
 /// Tries of one route-and-reserve before it gives up ([`NoRoute::Contended`]).
-pub const ROUTE_ATTEMPTS: usize = 8;
+pub(crate) const ROUTE_ATTEMPTS: usize = 8;
 
 /// The routing decision for one request.
 #[derive(Debug)]
 pub struct Decision {
     /// The engines as they were when the index was asked (every index below is into this).
-    pub engines: Arc<Vec<Arc<Engine>>>,
+    pub engines: Arc<Vec<Arc<TrackedEngine>>>,
     /// The prompt's tokens when known (`None`: not tokenized; routed on load only).
     pub tokens: Option<usize>,
     /// Per engine (same order as the engines): reusable cached tokens by the index.
@@ -187,8 +187,8 @@ pub struct Decision {
 
 impl Decision {
     /// The accounting figures once `engine` reported `delivered`.
-    pub fn outcome(&self, engine: usize, delivered: u64) -> Outcome {
-        Outcome {
+    pub fn delivery(&self, engine: usize, delivered: u64) -> Delivery {
+        Delivery {
             reusable: self.reusable,
             best: self.predicted.iter().copied().max().unwrap_or(0),
             predicted: self.predicted.get(engine).copied().unwrap_or(0),
@@ -202,7 +202,7 @@ pub struct RouterState {
     /// The configuration.
     pub config: RouterConfig,
     /// The engines: `--engine`'s in flag order, then the discovered ones by instance.
-    engines: parking_lot::RwLock<Arc<Vec<Arc<Engine>>>>,
+    engines: parking_lot::RwLock<Arc<Vec<Arc<TrackedEngine>>>>,
     /// The in-process index.
     pub indexer: Arc<IndexerState>,
     /// The model's tokenizer (`None`: every prompt goes to an engine's `/tokenize`).
@@ -214,15 +214,15 @@ pub struct RouterState {
     /// Predicted against delivered.
     pub accounting: Mutex<Accounting>,
     /// The reservations shared with the other replicas (`--cluster`).
-    pub shared: Option<Arc<Shared>>,
+    pub shared: Option<Arc<SharedSlots>>,
     /// The engine each session went to last.
-    pub sessions: Mutex<super::sessions::Sessions>,
+    pub sessions: Mutex<super::model::sessions::Sessions>,
     rotate: AtomicUsize,
 }
 
 /// The request kinds the router routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum RequestKind {
     /// `/v1/completions`.
     Completion,
     /// `/v1/chat/completions`.
@@ -235,7 +235,7 @@ impl RouterState {
         config: RouterConfig,
         indexer: Arc<IndexerState>,
         tokenizer: Option<ModelTokenizer>,
-        shared: Option<Arc<Shared>>,
+        shared: Option<Arc<SharedSlots>>,
         metrics: RouterMetrics,
     ) -> Self {
         let engines = config
@@ -243,7 +243,7 @@ impl RouterState {
             .iter()
             .cloned()
             .map(|s| {
-                Arc::new(Engine::new(
+                Arc::new(TrackedEngine::new(
                     s,
                     config.engine_slots,
                     config.engine_metrics_interval,
@@ -261,9 +261,9 @@ impl RouterState {
             client,
             metrics,
             accounting: Mutex::new(Accounting::default()),
-            sessions: Mutex::new(super::sessions::Sessions::new(
+            sessions: Mutex::new(super::model::sessions::Sessions::new(
                 session_ttl,
-                super::sessions::MAX_SESSIONS,
+                super::model::sessions::MAX_SESSIONS,
             )),
             shared,
             rotate: AtomicUsize::new(0),
@@ -272,7 +272,7 @@ impl RouterState {
 
     /// The engines now: `--engine`'s, then the discovered ones. A request keeps the list it
     /// was decided on; discovery replaces the list, never changes one.
-    pub fn engines(&self) -> Arc<Vec<Arc<Engine>>> {
+    pub fn engines(&self) -> Arc<Vec<Arc<TrackedEngine>>> {
         Arc::clone(&self.engines.read())
     }
 
@@ -282,15 +282,15 @@ impl RouterState {
     pub fn set_discovered(&self, discovered: Vec<EngineSpec>) -> (Vec<String>, Vec<String>) {
         let mut list = self.engines.write();
         let fixed = self.config.engines.len();
-        let old: Vec<Arc<Engine>> = list[fixed..].to_vec();
-        let mut next: Vec<Arc<Engine>> = list[..fixed].to_vec();
+        let old: Vec<Arc<TrackedEngine>> = list[fixed..].to_vec();
+        let mut next: Vec<Arc<TrackedEngine>> = list[..fixed].to_vec();
         let mut added = Vec::new();
         for spec in discovered {
             match old.iter().find(|e| e.spec == spec) {
                 Some(e) => next.push(Arc::clone(e)),
                 None => {
                     added.push(spec.instance.clone());
-                    next.push(Arc::new(Engine::new(
+                    next.push(Arc::new(TrackedEngine::new(
                         spec,
                         self.config.engine_slots,
                         self.config.engine_metrics_interval,
@@ -309,18 +309,18 @@ impl RouterState {
 
     /// The prompt's token ids: given ids as they are, text through the local tokenizer, else
     /// through the first engine up that answers `/tokenize`. `None` when none could.
-    pub async fn tokens(&self, kind: Kind, body: &Map<String, Value>) -> Option<Vec<u32>> {
+    pub async fn tokens(&self, kind: RequestKind, body: &Map<String, Value>) -> Option<Vec<u32>> {
         let prompt = match kind {
-            Kind::Completion => first_prompt(body.get("prompt")?)?,
-            Kind::Chat => Prompt::Chat,
+            RequestKind::Completion => first_prompt(body.get("prompt")?)?,
+            RequestKind::Chat => PromptInput::Chat,
         };
-        if let Prompt::Ids(ids) = prompt {
+        if let PromptInput::Ids(ids) = prompt {
             self.metrics.tokenized.with_label_values(&["ids"]).inc();
             return Some(ids);
         }
         if let Some(t) = &self.tokenizer {
             let local = match &prompt {
-                Prompt::Text(text) => {
+                PromptInput::Text(text) => {
                     let special = body
                         .get("add_special_tokens")
                         .and_then(Value::as_bool)
@@ -346,7 +346,7 @@ impl RouterState {
 
     async fn tokenize_remote(
         &self,
-        prompt: &Prompt,
+        prompt: &PromptInput,
         body: &Map<String, Value>,
     ) -> Option<Vec<u32>> {
         let mut req = Map::new();
@@ -362,7 +362,7 @@ impl RouterState {
             }
         }
         match prompt {
-            Prompt::Text(t) => {
+            PromptInput::Text(t) => {
                 req.insert("prompt".into(), Value::String(t.clone()));
             }
             _ => {
@@ -495,7 +495,7 @@ impl RouterState {
                 Some(e) if e == instance => "kept",
                 Some(_) => "moved",
             };
-            if sessions.note(id, instance, now) == super::sessions::Noted::Full {
+            if sessions.note(id, instance, now) == super::model::sessions::Noted::Full {
                 self.metrics
                     .limits_hit
                     .with_label_values(&["sessions"])
@@ -583,7 +583,7 @@ impl RouterState {
                     None => continue,
                 }
             };
-            let blocks = super::slots::sample(hashes);
+            let blocks = super::model::slots::sample(hashes);
             match shared
                 .reserve(&engine.spec.instance, engine.slots, blocks)
                 .await
@@ -633,29 +633,29 @@ impl RouterState {
             (Some(d), Some(_)) => self
                 .accounting
                 .lock()
-                .record(name, &decision.outcome(engine, d)),
+                .record(name, &decision.delivery(engine, d)),
             _ => self.metrics.usage_missing.with_label_values(&[name]).inc(),
         }
     }
 }
 
 /// The part of a completion's `prompt` the router routes on.
-enum Prompt {
+enum PromptInput {
     Text(String),
     Ids(Vec<u32>),
     Chat,
 }
 
 /// A string, token ids, or the first of a batch of either.
-fn first_prompt(v: &Value) -> Option<Prompt> {
+fn first_prompt(v: &Value) -> Option<PromptInput> {
     match v {
-        Value::String(s) => Some(Prompt::Text(s.clone())),
+        Value::String(s) => Some(PromptInput::Text(s.clone())),
         Value::Array(items) => match items.first()? {
             Value::Number(_) => items
                 .iter()
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect::<Option<Vec<u32>>>()
-                .map(Prompt::Ids),
+                .map(PromptInput::Ids),
             first => first_prompt(first),
         },
         _ => None,

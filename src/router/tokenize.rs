@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Why a model directory could not be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum LoadError {
+pub enum TokenizerError {
     /// `tokenizer.json` is missing or invalid.
     #[error("{path}: {message}")]
     Tokenizer {
@@ -102,19 +102,19 @@ impl ModelTokenizer {
     /// template if the directory has one.
     ///
     /// # Errors
-    /// [`LoadError`] when the tokenizer is missing or invalid, or the template does not
+    /// [`TokenizerError`] when the tokenizer is missing or invalid, or the template does not
     /// compile.
-    pub fn load(dir: &Path) -> Result<Self, LoadError> {
+    pub fn load(dir: &Path) -> Result<Self, TokenizerError> {
         let path = dir.join("tokenizer.json");
         let mut tokenizer =
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| LoadError::Tokenizer {
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| TokenizerError::Tokenizer {
                 path: path.display().to_string(),
                 message: e.to_string(),
             })?;
         tokenizer.with_padding(None);
         tokenizer
             .with_truncation(None)
-            .map_err(|e| LoadError::Tokenizer {
+            .map_err(|e| TokenizerError::Tokenizer {
                 path: path.display().to_string(),
                 message: e.to_string(),
             })?;
@@ -125,7 +125,7 @@ impl ModelTokenizer {
         let chat = template_text(dir, &config)
             .map(environment)
             .transpose()
-            .map_err(|e| LoadError::Template {
+            .map_err(|e| TokenizerError::Template {
                 dir: dir.display().to_string(),
                 message: e.to_string(),
             })?;

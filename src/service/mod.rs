@@ -93,6 +93,19 @@ pub async fn bind_tcp(
     Ok((listener, bound))
 }
 
+/// Binds a TCP listener for `what` on `host` (a name or an address, an IPv6 literal with or
+/// without its brackets) at `port`, as [`bind_tcp`].
+///
+/// # Errors
+/// [`StartError::Bind`].
+pub async fn bind_host(
+    what: &'static str,
+    host: &str,
+    port: u16,
+) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    bind_tcp(what, &crate::net::host_port(host, port)).await
+}
+
 /// One step of a stop: an async action run once.
 type Step = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 

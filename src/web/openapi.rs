@@ -19,6 +19,8 @@ pub struct Operation {
     pub path: &'static str,
     /// One line.
     pub summary: &'static str,
+    /// More than one line, if the summary does not say it all.
+    pub description: Option<&'static str>,
     /// Who may call it.
     pub access: Access,
     /// The JSON schema of the request body, if it takes one.
@@ -43,6 +45,7 @@ impl Operation {
             method,
             path,
             summary,
+            description: None,
             access,
             body: None,
             body_optional: false,
@@ -51,6 +54,12 @@ impl Operation {
             answer_bodies: Vec::new(),
             error_body: None,
         }
+    }
+
+    /// With a longer description than its summary.
+    pub fn describe(mut self, description: &'static str) -> Self {
+        self.description = Some(description);
+        self
     }
 
     /// The body of answer `status` follows `schema` (an error status included).
@@ -145,6 +154,9 @@ pub fn document(title: &str, operations: &[Operation], auth: &Auth) -> Value {
             "summary": op.summary,
             "x-kvplane-access": op.access.as_str(),
         });
+        if let Some(description) = op.description {
+            o["description"] = description.into();
+        }
         let mut params: Vec<Value> = op
             .path
             .split('/')

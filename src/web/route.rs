@@ -101,6 +101,12 @@ impl Spec {
         self
     }
 
+    /// With a longer description than its summary.
+    pub fn describe(mut self, description: &'static str) -> Self {
+        self.op = self.op.describe(description);
+        self
+    }
+
     /// Takes a query parameter.
     pub fn query(mut self, name: &'static str, schema: Value, required: bool) -> Self {
         self.op = self.op.query(name, schema, required);

@@ -5,7 +5,7 @@
 use crate::support::nats::Nats;
 use crate::support::vllm_pub::{mp, Publisher};
 use crate::support::{eventually, http, within, SLOW};
-use kvplane::indexer::service::{start, IndexerConfig};
+use kvplane::indexer::{start, IndexerConfig};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 

@@ -1,12 +1,12 @@
 //! Handler tests: every route through `router(state).oneshot(..)` — no HTTP port — with each
 //! status code it can answer: `/lookup`, access control, the queries and the GET routes here,
-//! the worker commands in `http_commands.rs`, and the helpers both use (a `Shared` on a
+//! the worker commands in `http_commands.rs`, and the helpers both use (a `Driver` on a
 //! standing clock, registration, admission, requests). Every await is bounded.
 
 use crate::support::{call, vector, within, Answer, FakeWorker};
 use kvplane::config::{ApiToken, ServeConfig};
 use kvplane::controller::routes::router;
-use kvplane::controller::{Clock, RouterKind, Shared};
+use kvplane::controller::{Clock, Driver, RouterKind};
 use kvplane::protocol::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -14,25 +14,25 @@ use std::time::Duration;
 
 pub(crate) const CPU: &str = "LocalCPUBackend";
 
-pub(crate) fn shared_with(tweak: impl FnOnce(&mut ServeConfig)) -> Arc<Shared> {
+pub(crate) fn shared_with(tweak: impl FnOnce(&mut ServeConfig)) -> Arc<Driver> {
     let mut config = ServeConfig::ephemeral();
     config.downlink_timeout = Duration::from_millis(400);
     tweak(&mut config);
     // A clock standing still, so registration times are exact.
-    Arc::new(Shared::with_clock(
+    Arc::new(Driver::with_clock(
         config,
         None,
         Clock::fixed(1_700_000_000.0),
     ))
 }
 
-pub(crate) fn shared() -> Arc<Shared> {
+pub(crate) fn shared() -> Arc<Driver> {
     shared_with(|_| {})
 }
 
 /// Registers a worker (as its `RegisterMsg` would; the downlink to `port` opens with it).
 pub(crate) fn register(
-    shared: &Shared,
+    shared: &Driver,
     instance: &str,
     worker: i64,
     port: u16,
@@ -45,7 +45,7 @@ pub(crate) fn register(
     assert!(matches!(reply, Msg::RegisterRetMsg(_)), "{reply:?}");
 }
 
-pub(crate) fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[ChunkHash]) {
+pub(crate) fn admit(shared: &Driver, instance: &str, worker: i64, hashes: &[ChunkHash]) {
     let operations: Vec<KVOpEvent> = hashes
         .iter()
         .enumerate()
@@ -64,17 +64,17 @@ pub(crate) fn admit(shared: &Shared, instance: &str, worker: i64, hashes: &[Chun
     assert_eq!(shared.handle_push(batch), Ok(()));
 }
 
-pub(crate) async fn post(shared: &Arc<Shared>, uri: &str, body: &str) -> Answer {
+pub(crate) async fn post(shared: &Arc<Driver>, uri: &str, body: &str) -> Answer {
     call(router(Arc::clone(shared)), "POST", uri, Some(body), &[]).await
 }
 
-pub(crate) async fn get(shared: &Arc<Shared>, uri: &str) -> Answer {
+pub(crate) async fn get(shared: &Arc<Driver>, uri: &str) -> Answer {
     call(router(Arc::clone(shared)), "GET", uri, None, &[]).await
 }
 
 /// Starts `POST uri` in its own task (so a fake worker can answer meanwhile).
 pub(crate) fn post_later(
-    shared: &Arc<Shared>,
+    shared: &Arc<Driver>,
     uri: &'static str,
     body: Value,
 ) -> tokio::task::JoinHandle<Answer> {
@@ -108,7 +108,7 @@ pub(crate) fn vector_hashes(v: &Value) -> Vec<ChunkHash> {
 }
 
 /// `POST /check_finish` for `event`.
-pub(crate) async fn check_finish(shared: &Arc<Shared>, event: &str) -> Answer {
+pub(crate) async fn check_finish(shared: &Arc<Driver>, event: &str) -> Answer {
     post(
         shared,
         "/check_finish",
@@ -496,7 +496,7 @@ async fn every_route_answers_its_method_and_is_in_the_openapi_document() {
     let doc = get(&shared, "/openapi.json").await;
     assert_eq!(doc.status, 200);
     assert_eq!(doc.body["openapi"], "3.0.3");
-    for r in kvplane::controller::routes::api_routes() {
+    for r in kvplane::controller::routes::operations() {
         let method = r.method.as_str();
         let body = (method == "POST").then_some("{}");
         let a = call(router(Arc::clone(&shared)), method, r.path, body, &[]).await;

@@ -7,7 +7,8 @@
 use crate::app::{app, call, config_with, get, post, put, quiet_config, register};
 use axum::http::StatusCode;
 use axum::Router;
-use kvplane::coordinator::{driver, openapi};
+use kvplane::coordinator::routes::openapi;
+use kvplane::coordinator::state::driver;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -321,7 +321,7 @@ async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
         let body = body.map(|b| b.to_string());
         let r = within(
             "request",
-            coordinator::outbound::MP.call(
+            coordinator::state::outbound::MP.call(
                 "127.0.0.1",
                 addr.port(),
                 method,
@@ -408,7 +408,7 @@ async fn quotas_and_pins_survive_a_restart_with_a_metadata_path() {
         200
     );
     second.stop().await;
-    let doc = coordinator::metadata::load(&path).unwrap().unwrap();
+    let doc = coordinator::state::metadata::load(&path).unwrap().unwrap();
     assert_eq!(doc.pins.len(), 2);
     assert!(doc.pins.iter().all(|p| p.pin_count == 1));
 

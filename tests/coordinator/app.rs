@@ -7,7 +7,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
-use kvplane::coordinator::{self, api, driver, model, CoordinatorConfig};
+use kvplane::coordinator::state::driver;
+use kvplane::coordinator::{self, model, routes, CoordinatorConfig};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub(crate) fn app(c: &CoordinatorConfig) -> (Router, driver::Handle) {
         &TaskTracker::new(),
     );
     (
-        api::router(coordinator::api_state(c, handle.clone())),
+        routes::router(coordinator::api_state(c, handle.clone())),
         handle,
     )
 }

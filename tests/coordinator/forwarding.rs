@@ -207,7 +207,7 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
         let addr = server.addr;
         async move {
             let body = v.to_string();
-            coordinator::outbound::MP
+            coordinator::state::outbound::MP
                 .call(
                     "127.0.0.1",
                     addr.port(),
@@ -268,7 +268,7 @@ async fn the_server_evicts_over_quota_salts_through_a_registered_mp_server() {
 async fn startup_resync_pages_the_first_registered_server() {
     let (mp, fake) = fake_mp().await;
     let mut c = config();
-    c.resync = Some(coordinator::resync::ResyncConfig {
+    c.resync = Some(coordinator::state::resync::ResyncConfig {
         poll_interval: Duration::from_millis(20),
         max_wait: Duration::from_secs(10),
         page_size: 2,
@@ -276,13 +276,13 @@ async fn startup_resync_pages_the_first_registered_server() {
     let server = within("start", coordinator::start(c)).await.unwrap();
     let h = server.handle.clone();
     // An event reports "aa" first with another size: the resync must not overwrite it.
-    let body: kvplane::coordinator::events::LegacyEvents = serde_json::from_value(json!({
+    let body: kvplane::coordinator::model::events::LegacyEvents = serde_json::from_value(json!({
         "instance_id": "s1", "seq": 1,
         "events": [{"type": "store", "key": key("aa", "user-r"), "bytes": 1000}]}))
     .unwrap();
     h.admit(vec![body.into()], usize::MAX).await.unwrap();
     let port = mp.port();
-    let reg = kvplane::coordinator::fleet::Registration {
+    let reg = kvplane::coordinator::model::fleet::Registration {
         instance_id: Some("s1".into()),
         ip: "127.0.0.1".into(),
         http_port: port,

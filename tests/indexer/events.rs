@@ -4,7 +4,7 @@
 
 use crate::support::{eventually, http, within, SLOW, STEP};
 use bytes::Bytes;
-use kvplane::indexer::service::{start, IndexerConfig, IndexerServer};
+use kvplane::indexer::{start, IndexerConfig, IndexerServer};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 

@@ -6,7 +6,7 @@
 use crate::support::http::raw_exchange;
 use crate::support::http_limits::*;
 use crate::support::within;
-use kvplane::indexer::service::{start, IndexerConfig, IndexerServer};
+use kvplane::indexer::{start, IndexerConfig, IndexerServer};
 use std::time::Duration;
 
 const PREFIX: &str = "kvplane_indexer";
@@ -49,5 +49,20 @@ async fn a_client_beyond_the_connection_cap_waits_only_while_the_slot_is_busy() 
     a_second_client_waits_only_while_the_slot_is_busy(server.addr, "/healthz").await;
     assert_eq!(counted(&server, "http_connections", 1.0).await, 1.0);
     assert!(counted(&server, "http_idle_closed", 1.0).await >= 1.0);
+    server.stop().await;
+}
+
+/// `--host` takes an IPv6 literal as it is written (the bind brackets it); skipped where the
+/// machine has no IPv6 loopback.
+#[tokio::test]
+async fn binds_an_ipv6_literal() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    }
+    let server = indexer(|c| c.host = "::1".into()).await;
+    assert!(server.addr.is_ipv6(), "{}", server.addr);
+    let reply = raw_exchange(server.addr, b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
     server.stop().await;
 }

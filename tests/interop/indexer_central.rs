@@ -15,8 +15,8 @@
 use crate::indexer_vllm::publisher_dirs;
 use crate::support::process::{Launch, Process};
 use crate::support::{eventually, free_port, http, within, SLOW, STEP};
-use kvplane::indexer::service::central::CentralConfig;
-use kvplane::indexer::service::{start, IndexerConfig};
+use kvplane::indexer::CentralConfig;
+use kvplane::indexer::{start, IndexerConfig};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;

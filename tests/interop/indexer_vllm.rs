@@ -14,7 +14,7 @@
 
 use crate::support::process::{Launch, Process};
 use crate::support::{eventually, free_port, http, within, SLOW, STEP};
-use kvplane::indexer::service::{start, IndexerConfig};
+use kvplane::indexer::{start, IndexerConfig};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -101,7 +101,7 @@ async fn resync_then(eviction: Option<Duration>) {
     c.health_check_interval = None;
     c.eviction_check_interval = eviction;
     c.default_quota_gb = eviction.map(|_| 0.0);
-    c.resync = Some(coordinator::resync::ResyncConfig {
+    c.resync = Some(coordinator::state::resync::ResyncConfig {
         poll_interval: Duration::from_millis(20),
         max_wait: Duration::from_secs(10),
         page_size: 2,
@@ -111,7 +111,7 @@ async fn resync_then(eviction: Option<Duration>) {
         .expect("coordinator starts");
     let h = server.handle.clone();
     let port = http.port();
-    let reg = kvplane::coordinator::fleet::Registration {
+    let reg = kvplane::coordinator::model::fleet::Registration {
         instance_id: Some("node1".into()),
         ip: "127.0.0.1".into(),
         http_port: port,
@@ -297,7 +297,8 @@ async fn warm_prefetch_through_the_coordinator_loads_l2_into_l1() {
     let dir = tempdir("prefetch");
     let node = skip_l1_linked_node(coord, "node-p", &dir, CHUNK).await;
     let tokens: Vec<u32> = (0..(3 * CHUNK as u32)).map(|t| t * 7 + 1).collect();
-    let (keys, chunks) = coordinator::pins::resolve("m", 1, &tokens, "", CHUNK).expect("resolves");
+    let (keys, chunks) =
+        coordinator::model::pins::resolve("m", 1, &tokens, "", CHUNK).expect("resolves");
     assert_eq!(chunks, 3);
     let node_keys: Vec<String> = keys
         .iter()
@@ -578,7 +579,7 @@ async fn salted_keys_are_prefetched_and_counted_under_their_salt() {
     let node = skip_l1_linked_node(coord, "node-s", &dir, CHUNK).await;
     let tokens: Vec<u32> = (0..(2 * CHUNK as u32)).map(|t| t * 3 + 5).collect();
     let (keys, _) =
-        coordinator::pins::resolve("m", 1, &tokens, "tenant-a", CHUNK).expect("resolves");
+        coordinator::model::pins::resolve("m", 1, &tokens, "tenant-a", CHUNK).expect("resolves");
     let mut client = Client::connect(&node).await;
     // Chunk 0 under the salt, chunk 1 without it.
     let salted = format!(

@@ -98,6 +98,21 @@ fn cached(body: &Value) -> u64 {
         .expect("cached_tokens")
 }
 
+/// `--host` takes an IPv6 literal as it is written (the bind brackets it); skipped where the
+/// machine has no IPv6 loopback.
+#[tokio::test]
+async fn binds_an_ipv6_literal() {
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback here");
+        return;
+    }
+    let r = router(Vec::new(), |c| c.host = "::1".into()).await;
+    assert!(r.addr.is_ipv6(), "{}", r.addr);
+    let (status, body) = http(r.addr, "GET", "/healthz", None, &[]).await;
+    assert_eq!((status, body), (200, json!({"status": "ok"})));
+    r.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_to_the_engine_holding_the_prefix_and_accounts_it() {
     let (_engines, specs) = engines(&model_dir(), 3, BS).await;

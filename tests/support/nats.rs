@@ -83,8 +83,8 @@ impl Nats {
     }
 
     /// An indexer of cluster `name` on this server: the ingester, or a `--replica`.
-    pub fn indexer(&self, name: &str, replica: bool) -> kvplane::indexer::service::IndexerConfig {
-        kvplane::indexer::service::IndexerConfig {
+    pub fn indexer(&self, name: &str, replica: bool) -> kvplane::indexer::IndexerConfig {
+        kvplane::indexer::IndexerConfig {
             cluster: Some(kvplane::cluster::ClusterConfig {
                 name: name.into(),
                 ..kvplane::cluster::ClusterConfig::new(self.url.clone())

@@ -15,15 +15,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("protocol", &[]),
     ("transport", &[]),
     ("net", &[]),
-    ("metrics", &[]),
     ("memory", &[]),
     ("config", &["protocol"]),
-    ("index", &["protocol"]),
     ("web", &["config"]),
     // The cluster's metrics are written with the one `/metrics` writer (web::exposition).
     ("cluster", &["config", "web"]),
-    // The service skeleton (handle, start error, runner, configuration layers).
-    ("service", &[]),
+    // The service skeleton (handle, start error, runner, configuration layers); its binds
+    // write `host:port` as `net` does (IPv6 literals in brackets).
+    ("service", &["net"]),
     // Clients of the services (linked by workers and load generators).
     ("worker", &["net", "protocol", "transport"]),
     // `bench route` scores its client-side policies with the router's own formula and runs
@@ -35,8 +34,6 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "cluster",
             "config",
-            "index",
-            "metrics",
             "net",
             "protocol",
             "service",

@@ -34,7 +34,7 @@ async fn services() -> Vec<(&'static str, SocketAddr, Box<dyn std::any::Any>)> {
     .await;
     out.push(("controller", controller.addrs.http, Box::new(controller)));
 
-    let indexer = kvplane::indexer::service::start(kvplane::indexer::service::IndexerConfig {
+    let indexer = kvplane::indexer::start(kvplane::indexer::IndexerConfig {
         auth: all_routes(),
         ..Default::default()
     })

@@ -4,7 +4,7 @@
 
 use crate::bench_smoke::{scenario, timed_bench_args};
 use crate::support::within;
-use kvplane::indexer::service::{start, IndexerConfig};
+use kvplane::indexer::{start, IndexerConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn indexer_scenario_applies_the_stream_and_answers_every_query() {

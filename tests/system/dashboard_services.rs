@@ -235,7 +235,7 @@ fn feed_indexer(
 async fn indexer_page_shows_publishers_history_and_answers_the_query_box() {
     let indexer = within(
         "indexer starts",
-        kvplane::indexer::service::start(kvplane::indexer::service::IndexerConfig::default()),
+        kvplane::indexer::start(kvplane::indexer::IndexerConfig::default()),
     )
     .await
     .expect("indexer starts");
@@ -320,7 +320,7 @@ async fn indexer_replica_page_shows_its_role_and_answers_the_query_box() {
     let Some(nats) = crate::support::nats::Nats::start().await else {
         return;
     };
-    let start = kvplane::indexer::service::start;
+    let start = kvplane::indexer::start;
     let ingester = within("ingester", start(nats.indexer("dash", false)))
         .await
         .expect("ingester");

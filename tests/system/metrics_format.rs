@@ -92,10 +92,9 @@ async fn every_services_metrics_parse_as_the_text_format() {
     let text = scrape("controller", controller.addrs.http).await;
     check("controller", &text, 10).await;
 
-    let indexer =
-        kvplane::indexer::service::start(kvplane::indexer::service::IndexerConfig::default())
-            .await
-            .expect("indexer");
+    let indexer = kvplane::indexer::start(kvplane::indexer::IndexerConfig::default())
+        .await
+        .expect("indexer");
     let (status, _) = http(indexer.addr, "GET", "/no/such/route", None, &[]).await;
     assert_eq!(status, 404);
     let text = scrape("indexer", indexer.addr).await;
@@ -103,7 +102,7 @@ async fn every_services_metrics_parse_as_the_text_format() {
 
     // The replication core's series (`kvplane_cluster_*`), on an indexer with `--cluster`.
     if let Some(nats) = support::nats::Nats::start().await {
-        let clustered = kvplane::indexer::service::start(nats.indexer("metrics", false))
+        let clustered = kvplane::indexer::start(nats.indexer("metrics", false))
             .await
             .expect("indexer --cluster");
         let text = scrape("indexer --cluster", clustered.addr).await;

@@ -172,7 +172,7 @@ async fn max_frame_bytes_drops_the_frame_and_the_socket_keeps_serving() {
 async fn the_pull_path_counts_frames_over_the_limit() {
     let mut config = kvplane::config::ServeConfig::ephemeral();
     config.max_frame_bytes = 200;
-    let shared = kvplane::controller::Shared::new(config, None);
+    let shared = kvplane::controller::Driver::new(config, None);
     shared
         .index_mut_for_tests()
         .register("a", 0, "127.0.0.1", 1, None, 0.0)

@@ -24,12 +24,12 @@ pub(crate) enum Command {
     /// Load-test an LMCache-compatible controller (kvplane or LMCache's own).
     Bench(kvplane::bench::BenchArgs),
     /// Run the router-facing KV indexer (Mooncake Conductor Indexer API, fed by KV events).
-    Indexer(kvplane::indexer::service::IndexerArgs),
+    Indexer(kvplane::indexer::IndexerArgs),
     /// Run the cache-aware router: an OpenAI-compatible front over vLLM/SGLang engines
     /// (docs/ROUTER.md).
     Router(kvplane::router::RouterArgs),
     /// Run the LMCache MP coordinator (fleet membership, quotas, eviction, warm prefetch).
-    Coordinator(kvplane::coordinator::args::CoordinatorArgs),
+    Coordinator(kvplane::coordinator::config::args::CoordinatorArgs),
     /// Run a cache node speaking LMCache 0.5.6's `lm://` server protocol (docs/NODE.md).
     Node(kvplane::node::config::NodeArgs),
 }
@@ -91,7 +91,7 @@ fn layout(plain: &clap::Command, sub: &str) -> Option<Layout> {
         }
         // LMCache's MP coordinator variables, after the old shared cluster names.
         "coordinator" => {
-            let mut layout = kvplane::coordinator::args::layout();
+            let mut layout = kvplane::coordinator::config::args::layout();
             layout
                 .aliases
                 .splice(0..0, deprecated("COORDINATOR", &old, &[]));
@@ -368,7 +368,7 @@ mod tests {
         assert_eq!(c.engines[1].events.as_deref(), Some("tcp://h:5557"));
         assert_eq!(c.engines[1].replay.as_deref(), Some("tcp://h:5558"));
         assert_eq!(c.engines[1].dp_rank, 2);
-        assert_eq!(c.weights, kvplane::router::score::Weights::default());
+        assert_eq!(c.weights, kvplane::router::Weights::default());
         for (bad, says) in [
             (vec!["--engine", "10.0.0.5:8000"], "must start with http://"),
             (

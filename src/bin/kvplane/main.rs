@@ -62,14 +62,12 @@ fn main() -> anyhow::Result<()> {
             let section = |name: &str| file.as_ref().map(|f| f.section(name)).transpose();
             let env = |k: &str| std::env::var(k).ok();
             let indexer = match args.indexer_port {
-                Some(port) => Some(kvplane::indexer::service::config::embedded(
-                    &Embedded::new(
-                        &config.host,
-                        port,
-                        &env,
-                        section("indexer")?.flatten().as_ref(),
-                    ),
-                )?),
+                Some(port) => Some(kvplane::indexer::embedded(&Embedded::new(
+                    &config.host,
+                    port,
+                    &env,
+                    section("indexer")?.flatten().as_ref(),
+                ))?),
                 None => None,
             };
             let router = match args.router_port {
@@ -85,12 +83,14 @@ fn main() -> anyhow::Result<()> {
                 None => None,
             };
             let coordinator = match args.coordinator_port {
-                Some(port) => Some(kvplane::coordinator::args::embedded(&Embedded::new(
-                    &config.host,
-                    port,
-                    &env,
-                    section("coordinator")?.flatten().as_ref(),
-                ))?),
+                Some(port) => Some(kvplane::coordinator::config::args::embedded(
+                    &Embedded::new(
+                        &config.host,
+                        port,
+                        &env,
+                        section("coordinator")?.flatten().as_ref(),
+                    ),
+                )?),
                 None => None,
             };
             run(&runtime, |mut runner| {
@@ -120,7 +120,7 @@ fn main() -> anyhow::Result<()> {
                     let linked = indexer.is_some() && coordinator.is_some();
                     if let Some(c) = indexer {
                         runner.add_service("indexer", async move {
-                            let server = kvplane::indexer::service::start(c).await?;
+                            let server = kvplane::indexer::start(c).await?;
                             let _ = started_tx.send(std::sync::Arc::clone(&server.state));
                             let _ =
                                 router_tx.send((std::sync::Arc::clone(&server.state), server.addr));
@@ -158,7 +158,7 @@ fn main() -> anyhow::Result<()> {
         Command::Indexer(args) => {
             let config = args.config();
             run(&runtime, |mut runner| {
-                runner.add_service("indexer", kvplane::indexer::service::start(config));
+                runner.add_service("indexer", kvplane::indexer::start(config));
                 async { Ok(runner) }
             })?;
         }

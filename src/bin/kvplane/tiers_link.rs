@@ -4,10 +4,10 @@
 //! with their keys and the stored chunks' token ids) into the indexer's `TierBatch`es, in
 //! apply order, on the coordinator's key owner task (the indexer takes its locks briefly).
 
-use kvplane::coordinator::events::{Batch, Op as CoordOp, Tier as CoordTier};
-use kvplane::coordinator::tap::{Tap, TapEvent};
-use kvplane::indexer::service::IndexerState;
+use kvplane::coordinator::model::events::{Batch, Op as CoordOp, Tier as CoordTier};
+use kvplane::coordinator::state::tap::{Tap, TapEvent};
 use kvplane::indexer::tiers::{ChunkKey, Op, Tier, TierBatch};
+use kvplane::indexer::IndexerState;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ fn tier_batches(b: &Batch) -> Vec<TierBatch> {
         CoordTier::L1 => Tier::L1,
         CoordTier::L2 => Tier::L2,
     };
-    let tokens: HashMap<&str, &kvplane::coordinator::tokens::ChunkTokens> = b
+    let tokens: HashMap<&str, &kvplane::coordinator::model::tokens::ChunkTokens> = b
         .tokens
         .iter()
         .map(|t| (t.chunk_hash_hex.as_str(), t))

@@ -1,8 +1,8 @@
 //! The cumulative counters the dashboard shows and its history samples, read from the
-//! controller's metrics (atomic reads, no lock). A leaf: the feed (`dashboard.rs`) and the
-//! sampler (`history.rs`) both read through [`counters`].
+//! controller's metrics (atomic reads, no lock). A leaf: the feed and the history's sampler
+//! (both in `dashboard.rs`) read through [`counters`].
 
-use crate::controller::Shared;
+use crate::controller::Driver;
 use prometheus::core::Collector;
 use prometheus::IntCounterVec;
 use serde::Serialize;
@@ -56,7 +56,7 @@ fn counter_by(vec: &IntCounterVec, label: &str) -> BTreeMap<String, u64> {
 }
 
 /// The counters now.
-pub(super) fn counters(shared: &Shared) -> Counters {
+pub(super) fn counters(shared: &Driver) -> Counters {
     let m = &shared.metrics;
     let frames_dropped_by_reason = counter_by(&m.frames_dropped, "reason");
     Counters {

@@ -1,6 +1,9 @@
 //! The live dashboard of the controller: the `frontend/` folder (served by
-//! [`crate::web::assets`]) at `/` and `/static/*`, and the one JSON feed it polls,
-//! `GET /api/dashboard`, with the server-side history of [`super::history`].
+//! [`crate::web::assets`]) at `/` ([`page`]) and `/static/*` ([`static_file`]), and the one
+//! JSON feed it polls ([`feed`]),
+//! `GET /api/dashboard`, with on request the server-side history ([`crate::web::history`], as
+//! every service's page: the cumulative counters the charts draw, sampled every 2 s for 15
+//! minutes, so the charts are full on open).
 //!
 //! Owns only read access to the shared state, all of it in [`snapshot`]: one read lock on the
 //! index per feed request (never held across an `.await`), in which only the requested page of
@@ -8,26 +11,64 @@
 //! the orchestration routes (`/clear`, `/pin`, `/move`, `/health`), not here.
 
 use super::counters::{counters, Counters};
-use super::history::{History, HistoryPage};
-use crate::controller::Shared;
-use crate::index::{LocationView, WorkerView};
+use crate::controller::model::index::{LocationView, WorkerView};
+use crate::controller::Driver;
 use crate::web::error::{ApiError, FieldError};
-use crate::web::history::feed_response;
+use crate::web::history::{feed_response, spawn_sampler, History, HistoryPage, Sample};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::get;
-use axum::{Extension, Router};
+use axum::Extension;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// The dashboards' files, compiled into the binary once for every service.
-use crate::web::assets::Frontend as Assets;
+use crate::web::assets::{asset, Frontend};
 
-/// The dashboard routes, merged into the API router before its state is attached. The feed
-/// reads the [`History`] from an `Extension` layered on by the caller.
-pub(crate) fn routes() -> Router<Arc<Shared>> {
-    crate::web::assets::routes::<Assets, Arc<Shared>>().route("/api/dashboard", get(feed))
+/// `GET /`: the page (`frontend/index.html`).
+pub(super) async fn page(headers: HeaderMap) -> Response {
+    asset::<Frontend>("index.html", &headers)
+}
+
+/// `GET /static/{*path}`: its scripts, styles and images (`frontend/static/`).
+pub(super) async fn static_file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    asset::<Frontend>(&format!("static/{path}"), &headers)
+}
+
+/// The values a history sample holds (the charts' five counters).
+const HISTORY_SERIES: usize = 5;
+
+/// An empty history, never sampled (a router built for tests).
+pub(crate) fn history() -> Arc<History> {
+    Arc::new(History::dashboard(HISTORY_SERIES))
+}
+
+/// The history of a serving controller: its counters sampled every 2 s, the first at once,
+/// until the controller stops (the sampler holds it weakly and ends at its shutdown).
+pub(crate) fn sampled_history(shared: &Arc<Driver>) -> Arc<History> {
+    let history = history();
+    let driver = Arc::downgrade(shared);
+    spawn_sampler(&history, move || {
+        let taken = driver
+            .upgrade()
+            .filter(|d| !d.shutdown_token().is_cancelled())
+            .map(|d| sample(&d, d.now()));
+        std::future::ready(taken)
+    });
+    history
+}
+
+/// One history sample at Unix time `now`: the cumulative counters the charts turn into rates
+/// (ops admitted, ops evicted, P2P lookup hits, misses, frames dropped).
+fn sample(shared: &Driver, now: f64) -> Sample {
+    let c = counters(shared);
+    Sample::at(now)
+        .with("admit", c.ops_admit as f64)
+        .with("evict", c.ops_evict as f64)
+        .with("hit", c.p2p_lookup_hit as f64)
+        .with("miss", c.p2p_lookup_miss as f64)
+        .with("dropped", c.frames_dropped as f64)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -38,7 +79,7 @@ pub(crate) fn routes() -> Router<Arc<Shared>> {
 /// server-side history (the page asks for it on its first poll).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FeedQuery {
+pub(super) struct FeedQuery {
     offset: Option<usize>,
     limit: Option<usize>,
     history: Option<u8>,
@@ -99,7 +140,7 @@ struct Totals {
     global_sync_progress: f64,
 }
 
-/// Column names of [`Row`], sent once so the array form stays self-describing.
+/// Column names of [`FeedRow`], sent once so the array form stays self-describing.
 const COLUMNS: [&str; 13] = [
     "instance_id",
     "worker_id",
@@ -123,12 +164,12 @@ struct WorkerPage {
     columns: [&'static str; 13],
     /// Location entries are `[name, key_count, last_seq]`.
     location_columns: [&'static str; 3],
-    rows: Vec<Row>,
+    rows: Vec<FeedRow>,
 }
 
 /// One worker as a JSON array (about a third of the object form's size), in [`COLUMNS`] order.
 #[derive(Serialize)]
-struct Row(
+struct FeedRow(
     String,
     i64,
     String,
@@ -166,7 +207,7 @@ fn ms(t: f64) -> f64 {
     (t * 1000.0).round() / 1000.0
 }
 
-impl From<WorkerView> for Row {
+impl From<WorkerView> for FeedRow {
     fn from(w: WorkerView) -> Self {
         let s = w.sync;
         let sync = (s.state != "idle").then(|| SyncInfo {
@@ -184,7 +225,7 @@ impl From<WorkerView> for Row {
             failure: s.failure,
         });
         let heartbeated = w.last_heartbeat_time > w.registration_time;
-        Row(
+        FeedRow(
             w.instance_id,
             w.worker_id,
             w.ip,
@@ -213,7 +254,7 @@ impl From<WorkerView> for Row {
 
 /// Everything the feed reads from the controller's state, in one read lock: the totals and
 /// `limit` workers from `offset` (only those are built), with the total worker count.
-fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
+fn snapshot(shared: &Driver, offset: usize, limit: usize) -> (Totals, Vec<WorkerView>) {
     let index = shared.index();
     let (syncing, sync_completed, sync_missing_batches) = index.sync_counts();
     let totals = Totals {
@@ -230,9 +271,10 @@ fn snapshot(shared: &Shared, offset: usize, limit: usize) -> (Totals, Vec<Worker
 }
 
 /// `GET /api/dashboard[?offset=N&limit=N][&history=1]`: totals, counters and a page of
-/// workers (all of them by default) in registration order, as compact rows.
-async fn feed(
-    State(shared): State<Arc<Shared>>,
+/// workers (all of them by default) in registration order, as compact rows. The history is
+/// the [`History`] the router was built with (an `Extension`).
+pub(super) async fn feed(
+    State(shared): State<Arc<Driver>>,
     history: Option<Extension<Arc<History>>>,
     query: Result<Query<FeedQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -256,7 +298,7 @@ async fn feed(
     let (totals, views) = snapshot(&shared, offset, q.limit.unwrap_or(usize::MAX));
     let server_time = shared.now();
     let total = totals.workers;
-    let rows = views.into_iter().map(Row::from).collect();
+    let rows = views.into_iter().map(FeedRow::from).collect();
     let config = &shared.config;
     let interval = config.health_check_interval.map(|d| d.as_secs_f64());
     let worker_timeout_s = config.worker_timeout.as_secs_f64();
@@ -301,14 +343,16 @@ mod tests {
     use crate::protocol::{ChunkHash, KVOpEvent, OpType};
     use crate::web::testing::{body_bytes, ctype, get_req, json};
     use axum::http::{header, StatusCode};
+    use axum::Router;
     use serde_json::Value;
+    use std::time::Duration;
 
-    fn app(shared: &Arc<Shared>) -> Router {
-        routes().with_state(Arc::clone(shared))
+    fn app(shared: &Arc<Driver>) -> Router {
+        crate::controller::routes::router(Arc::clone(shared))
     }
 
-    fn shared() -> Arc<Shared> {
-        Arc::new(Shared::new(ServeConfig::ephemeral(), None))
+    fn shared() -> Arc<Driver> {
+        Arc::new(Driver::new(ServeConfig::ephemeral(), None))
     }
 
     fn ops(keys: std::ops::Range<i64>, first_seq: i64) -> Vec<KVOpEvent> {
@@ -414,19 +458,15 @@ mod tests {
     #[tokio::test]
     async fn feed_serves_the_status_rule_and_on_request_the_history() {
         let s = shared();
-        let history = Arc::new(History::default());
+        let history = history();
         for t in 0..3 {
             s.metrics
                 .ops_applied
                 .with_label_values(&["admit"])
                 .inc_by(5);
-            history.sample(&s, 1000.0 + 2.0 * f64::from(t));
+            history.push(&sample(&s, 1000.0 + 2.0 * f64::from(t)));
         }
-        let app = || {
-            routes()
-                .layer(Extension(Arc::clone(&history)))
-                .with_state(Arc::clone(&s))
-        };
+        let app = || super::super::router_with(Arc::clone(&s), Arc::clone(&history));
         let v = json(get_req(app(), "/api/dashboard", &[]).await).await;
         assert!(v.get("history").is_none(), "only on request");
         let rule = &v["config"]["status"];
@@ -439,15 +479,35 @@ mod tests {
         let v = json(get_req(app(), "/api/dashboard?history=1", &[]).await).await;
         let h = &v["history"];
         assert_eq!(h["interval_s"], 2.0);
-        assert_eq!(h["columns"][1], "admit");
+        assert_eq!(
+            h["columns"],
+            serde_json::json!(["t", "admit", "evict", "hit", "miss", "dropped"])
+        );
         assert_eq!(
             h["rows"],
             serde_json::json!([
-                [1000.0, 5, 0, 0, 0, 0],
-                [1002.0, 10, 0, 0, 0, 0],
-                [1004.0, 15, 0, 0, 0, 0]
+                [1000, 5, 0, 0, 0, 0],
+                [1002, 10, 0, 0, 0, 0],
+                [1004, 15, 0, 0, 0, 0]
             ])
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_history_is_sampled_every_two_seconds_until_the_controller_stops() {
+        let s = shared();
+        let history = sampled_history(&s);
+        s.metrics
+            .ops_applied
+            .with_label_values(&["evict"])
+            .inc_by(7);
+        // The first sample at once, then one every 2 s (paused time).
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(history.len(), 6);
+        assert_eq!(history.page().rows[5].0[2], Some(7.0), "cumulative evicts");
+        s.shutdown_token().cancel();
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(history.len(), 6, "no sample once the controller stops");
     }
 
     #[tokio::test]

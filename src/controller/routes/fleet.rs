@@ -4,9 +4,9 @@
 //! `.await`.
 
 use super::lookup::worker_info;
-use crate::controller::socket_stats::LoopStats;
-use crate::controller::Shared;
-use crate::index::WorkerView;
+use crate::controller::model::index::WorkerView;
+use crate::controller::socket_stats::SocketLoopStats;
+use crate::controller::Driver;
 use crate::web::error::{ApiError, FieldError};
 use crate::web::exposition::Exposition;
 use axum::extract::rejection::QueryRejection;
@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// `GET /controller/key-stats`: key, instance and worker totals, and per-instance key and
 /// worker counts (LMCache's shape; keys are memberships, as in LMCache).
-pub(crate) async fn key_stats(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn key_stats(State(shared): State<Arc<Driver>>) -> Json<Value> {
     let (total_keys, workers, instances) = {
         let index = shared.index();
         (index.key_count(), index.worker_count(), index.instances())
@@ -84,7 +84,7 @@ fn query_error(loc: &str, msg: String, input: Value) -> ApiError {
 /// `?instance_id=&worker_id=` one worker object (404 `Worker (X, N) not found`). With only
 /// `?worker_id=`, the workers with that id in every instance (LMCache ignores it).
 pub(crate) async fn workers(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<Driver>>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| {
@@ -137,7 +137,7 @@ pub(crate) async fn workers(
 }
 
 /// `GET /healthz`: liveness — the process answers HTTP — with fleet totals.
-pub(crate) async fn healthz(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn healthz(State(shared): State<Arc<Driver>>) -> Json<Value> {
     let index = shared.index();
     Json(json!({
         "status": "ok",
@@ -147,7 +147,7 @@ pub(crate) async fn healthz(State(shared): State<Arc<Shared>>) -> Json<Value> {
     }))
 }
 
-fn socket_state(s: &LoopStats) -> &'static str {
+fn socket_state(s: &SocketLoopStats) -> &'static str {
     match (s.configured(), s.serving()) {
         (false, _) => "not_configured",
         (true, true) => "serving",
@@ -158,7 +158,7 @@ fn socket_state(s: &LoopStats) -> &'static str {
 /// `GET /readyz`: 200 once every configured ZMQ socket is bound and its loop is receiving
 /// (this answer proves the HTTP side), 503 otherwise — before the loops start and during
 /// shutdown.
-pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+pub(crate) async fn readyz(State(shared): State<Arc<Driver>>) -> impl IntoResponse {
     let s = &shared.sockets;
     let loops = [
         ("pull", &s.pull),
@@ -187,7 +187,7 @@ pub(crate) async fn readyz(State(shared): State<Arc<Shared>>) -> impl IntoRespon
 }
 
 /// `GET /metrics`: every metric in the Prometheus text format, LMCache's gauges refreshed.
-pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+pub(crate) async fn metrics(State(shared): State<Arc<Driver>>) -> impl IntoResponse {
     shared.refresh_lmcache_gauges();
     shared.peer_drops.export(&shared.metrics);
     let mut out = Exposition::new();
@@ -200,7 +200,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoRespo
 
 /// `GET /controller/cluster`: this controller's place in its cluster (`--cluster`), or
 /// `{"role": "standalone"}`.
-pub(crate) async fn cluster(State(shared): State<Arc<Shared>>) -> Json<Value> {
+pub(crate) async fn cluster(State(shared): State<Arc<Driver>>) -> Json<Value> {
     Json(
         shared
             .cluster()

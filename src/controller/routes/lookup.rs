@@ -3,11 +3,12 @@
 
 use super::lookup_hash::chunk_hashes;
 use super::new_event_id;
-use crate::controller::Shared;
-use crate::index::WorkerView;
+use crate::controller::model::index::WorkerView;
+use crate::controller::Driver;
 use crate::protocol::ChunkHash;
 use crate::web::error::{ApiError, FieldError};
-use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
+use crate::web::json::Json as Valid;
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -108,8 +109,8 @@ impl Body for QueryWorkerInfoRequest {
 /// #4471) lists *every* holder of the first chunk with how many consecutive chunks of the
 /// query it holds.
 pub(crate) async fn lookup(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<LookupRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<LookupRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
     let chunk_size = shared.config.lookup_chunk_size;
@@ -193,8 +194,8 @@ pub(crate) async fn lookup(
 /// `POST /query_instance`: the first instance (registration order) with a worker at `ip`;
 /// 404 if none (LMCache: 500).
 pub(crate) async fn query_instance(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<QueryInstRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<QueryInstRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let instance = shared.index().instance_by_ip(&req.ip).map(str::to_owned);
     match instance {
@@ -226,8 +227,8 @@ pub(crate) fn worker_info(w: &WorkerView) -> Value {
 /// `instance_id = "all"` of every worker (registration order, filtered by `worker_ids`).
 /// An unknown instance is a 404 (LMCache: 200 with an empty list).
 pub(crate) async fn query_worker_info(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<QueryWorkerInfoRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<QueryWorkerInfoRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let wanted = req.worker_ids.filter(|ids| !ids.is_empty());
     let workers: Vec<WorkerView> = if req.instance_id == "all" {

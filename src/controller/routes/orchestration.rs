@@ -19,13 +19,14 @@
 //! * `/check_finish` works (LMCache: always 500).
 
 use super::new_event_id;
-use crate::controller::{Downlink, DownlinkError, Shared};
+use crate::controller::{Downlink, DownlinkError, Driver};
 use crate::protocol::{
     ClearWorkerMsg, CompressWorkerMsg, DecompressWorkerMsg, HealthWorkerMsg, MoveWorkerMsg, Msg,
     PinWorkerMsg,
 };
 use crate::web::error::{ApiError, FailureKind, WorkerFailure, WorkersFailed};
-use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType, ValidJson};
+use crate::web::json::Json as Valid;
+use crate::web::schema::{Body, BodySpec, Field, FieldDefault, FieldType};
 use axum::extract::State;
 use axum::Json;
 use indexmap::IndexMap;
@@ -222,7 +223,7 @@ impl Body for CheckFinishRequest {
 }
 
 /// One worker a command goes to.
-struct Target {
+struct CommandTarget {
     instance_id: String,
     worker_id: i64,
     endpoint: String,
@@ -230,7 +231,7 @@ struct Target {
 }
 
 /// The workers of `instance_id`, sorted by worker id; 404 if it has none.
-fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> {
+fn targets(shared: &Driver, instance_id: &str) -> Result<Vec<CommandTarget>, ApiError> {
     let mut workers = shared
         .index()
         .instance_workers(instance_id)
@@ -247,7 +248,7 @@ fn targets(shared: &Shared, instance_id: &str) -> Result<Vec<Target>, ApiError> 
             let downlink = shared
                 .downlink(instance_id, w.worker_id)
                 .map(|e| e.downlink);
-            Target {
+            CommandTarget {
                 instance_id: w.instance_id,
                 worker_id: w.worker_id,
                 endpoint: downlink.as_ref().map_or_else(
@@ -266,7 +267,7 @@ pub const MAX_FAN_OUT: usize = 64;
 
 /// Sends `msgs[i]` to `targets[i]`, at most [`MAX_FAN_OUT`] at a time, and returns the answers
 /// in the same order.
-async fn fan_out(targets: &[Target], msgs: Vec<Msg>) -> Vec<Result<Msg, DownlinkError>> {
+async fn fan_out(targets: &[CommandTarget], msgs: Vec<Msg>) -> Vec<Result<Msg, DownlinkError>> {
     let mut set = JoinSet::new();
     let mut pending = targets.iter().zip(msgs).enumerate();
     let mut answers: Vec<Result<Msg, DownlinkError>> = (0..targets.len())
@@ -299,7 +300,7 @@ async fn fan_out(targets: &[Target], msgs: Vec<Msg>) -> Vec<Result<Msg, Downlink
 /// Runs `work` as command `event_id` in its own task, recording it in the command log as
 /// pending, then finished or failed, and counting its outcome.
 async fn run_command<F>(
-    shared: &Arc<Shared>,
+    shared: &Arc<Driver>,
     command: &'static str,
     event_id: &str,
     instance_id: &str,
@@ -348,7 +349,7 @@ where
 }
 
 /// Counts a command refused before it started (unknown instance, …).
-fn refused(shared: &Shared, command: &'static str, error: ApiError) -> ApiError {
+fn refused(shared: &Driver, command: &'static str, error: ApiError) -> ApiError {
     let outcome = match &error {
         ApiError::NotFound(_) => "not_found",
         ApiError::Conflict(_) => "conflict",
@@ -370,7 +371,7 @@ type NumTokens = fn(&Msg) -> Option<i64>;
 fn num_tokens_answer(
     command: &'static str,
     event_id: String,
-    targets: &[Target],
+    targets: &[CommandTarget],
     answers: Vec<Result<Msg, DownlinkError>>,
     expect: NumTokens,
 ) -> Result<Value, ApiError> {
@@ -433,7 +434,7 @@ fn num_tokens_answer(
 /// `<event>…`, and to each worker the message `make` builds from its
 /// `worker_event_id`, `<worker><worker_id><event id>`.
 async fn num_tokens_command(
-    shared: Arc<Shared>,
+    shared: Arc<Driver>,
     command: &'static str,
     (event, worker): (&str, &str),
     instance_id: &str,
@@ -456,8 +457,8 @@ async fn num_tokens_command(
 
 /// `POST /clear`: `ClearWorkerMsg` to every worker of the instance.
 pub(crate) async fn clear(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<ClearRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<ClearRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let ClearRequest {
         instance_id,
@@ -484,8 +485,8 @@ pub(crate) async fn clear(
 
 /// `POST /pin`: `PinWorkerMsg` to every worker of the instance.
 pub(crate) async fn pin(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<PinRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<PinRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let PinRequest {
         instance_id,
@@ -514,8 +515,8 @@ pub(crate) async fn pin(
 
 /// `POST /compress`: `CompressWorkerMsg` to every worker of the instance.
 pub(crate) async fn compress(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<CompressRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<CompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let CompressRequest {
         instance_id,
@@ -546,8 +547,8 @@ pub(crate) async fn compress(
 
 /// `POST /decompress`: `DecompressWorkerMsg` to every worker of the instance.
 pub(crate) async fn decompress(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(DecompressRequest(req)): ValidJson<DecompressRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(DecompressRequest(req)): Valid<DecompressRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let CompressRequest {
         instance_id,
@@ -580,8 +581,8 @@ pub(crate) async fn decompress(
 /// LMCache does (the shorter list decides how many pairs), a `MoveWorkerMsg` to the source
 /// with `new_position = (destination peer_init_url, destination location)`.
 pub(crate) async fn move_kv(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<MoveRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<MoveRequest>,
 ) -> Result<Json<Value>, ApiError> {
     const COMMAND: &str = "move";
     let (src_instance, src_location) = req.old_position;
@@ -640,8 +641,8 @@ pub(crate) async fn move_kv(
 /// whose body still carries `error_codes`, with −1004 for it (−1005: unreachable). An unknown
 /// instance answers 200 with no codes, as LMCache does.
 pub(crate) async fn health(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<HealthRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<HealthRequest>,
 ) -> Result<Json<Value>, ApiError> {
     const COMMAND: &str = "health";
     let event_id = new_event_id("health");
@@ -715,14 +716,14 @@ pub(crate) async fn health(
 /// or `failed` — with what it returned or why it failed; 404 for an id the controller does not
 /// know (never issued, or older than the last 10,000 commands).
 pub(crate) async fn check_finish(
-    State(shared): State<Arc<Shared>>,
-    ValidJson(req): ValidJson<CheckFinishRequest>,
+    State(shared): State<Arc<Driver>>,
+    Valid(req): Valid<CheckFinishRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let Some(r) = shared.command(&req.event_id) else {
         return Err(ApiError::NotFound(format!(
             "Unknown event_id {} (the controller remembers the last {} commands)",
             req.event_id,
-            crate::controller::command_log::COMMAND_LOG_CAPACITY
+            crate::controller::model::command_log::COMMAND_LOG_CAPACITY
         )));
     };
     let mut body = json!({
