@@ -2,7 +2,7 @@
 //! index's registrations against the router's configuration; the driver (`discovery.rs`)
 //! reads them, mirrors them into the router's index and swaps the engines.
 
-use crate::indexer::service::api::{EngineType, Registration};
+use crate::indexer::api::{EngineType, Registration};
 use crate::router::config::{EngineSpec, RouterConfig};
 use std::collections::BTreeMap;
 
