@@ -10,16 +10,16 @@
 //! the node's own prometheus registry (never `with_label_values` on a read, which would
 //! create empty series in `/metrics`).
 
+use super::AppState;
 use crate::node::metrics::NodeMetrics;
 use crate::node::tiers::TieredStore;
-use crate::web::assets::{page, Frontend};
+use crate::web::assets::{asset, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
 };
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::get;
-use axum::Router;
 use prometheus::core::Collector;
 use serde::Serialize;
 use std::sync::Arc;
@@ -27,31 +27,26 @@ use std::sync::Arc;
 /// Values per history sample: the node sends 10.
 const MAX_SERIES: usize = 16;
 
-#[derive(Clone)]
-struct Dash {
-    tiers: Arc<TieredStore>,
-    metrics: Arc<NodeMetrics>,
-    history: Arc<History>,
-}
-
-/// The dashboard's routes, and its sampler (which ends when these routes are dropped).
-pub(crate) fn routes<S: Clone + Send + Sync + 'static>(
-    tiers: &Arc<TieredStore>,
-    metrics: &Arc<NodeMetrics>,
-) -> Router<S> {
+/// The dashboard's history, and its sampler (which ends when the history's last owner, the
+/// router's state, is dropped).
+pub(super) fn history(tiers: &Arc<TieredStore>, metrics: &Arc<NodeMetrics>) -> Arc<History> {
     let history = Arc::new(History::dashboard(MAX_SERIES));
     let (t, m) = (Arc::clone(tiers), Arc::clone(metrics));
     spawn_sampler(&history, move || {
         let s = sample(&t, &m, unix_now());
         async move { Some(s) }
     });
-    page::<Frontend, Dash>("node.html")
-        .route("/api/dashboard", get(feed))
-        .with_state(Dash {
-            tiers: Arc::clone(tiers),
-            metrics: Arc::clone(metrics),
-            history,
-        })
+    history
+}
+
+/// `GET /`: the node's page of the shared `frontend/` app.
+pub(super) async fn page(headers: HeaderMap) -> Response {
+    asset::<Frontend>("node.html", &headers)
+}
+
+/// `GET /static/<path>`: the app's modules.
+pub(super) async fn static_file(Path(path): Path<String>, headers: HeaderMap) -> Response {
+    asset::<Frontend>(&format!("static/{path}"), &headers)
 }
 
 /// Sum of the samples of `metric` (a counter or gauge family) whose labels include every
@@ -236,7 +231,8 @@ fn sample(tiers: &TieredStore, m: &NodeMetrics, now: f64) -> Sample {
         .with("get_bytes", c.get_bytes as f64)
 }
 
-async fn feed(State(d): State<Dash>, Query(q): Query<HistoryQuery>) -> Response {
+/// `GET /api/dashboard[?history=1]`.
+pub(super) async fn feed(State(d): State<AppState>, Query(q): Query<HistoryQuery>) -> Response {
     let usage = d.tiers.usage();
     let m = &d.metrics;
     let (l1_pinned, l2_pinned) = d.tiers.held_counts();

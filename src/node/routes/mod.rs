@@ -1,13 +1,13 @@
-//! The node's small HTTP listener: `/metrics` (the node's own registry, tier gauges refreshed
-//! at scrape), `/healthz`, the coordinator's `GET`/`DELETE /cache/objects` (`objects`), warm prefetch
-//! (`POST /cache/prefetches`, `GET /cache/prefetches/{request}`: `prefetch`), the
-//! controller's pins (`GET /pins`, `POST /unpin`: `pins`), and the
-//! dashboard (`dashboard`: `/`, `/static/*`, `/api/dashboard`).
+//! The node's HTTP listener (`--http-port`) and its one route table ([`table`]): the axum
+//! router, the access policy and `/openapi.json` are derived from it, so each route's path,
+//! access class, body and answers are written once, here. The handlers live in the file of
+//! their resource: the coordinator's objects (`objects`) and warm prefetch (`prefetch`), the
+//! controller's pins (`pins`), the dashboard (`dashboard`); every refusal with its status in
+//! `error`.
 
 mod dashboard;
 mod error;
 mod objects;
-mod openapi;
 mod pins;
 mod prefetch;
 
@@ -16,16 +16,18 @@ use crate::node::metrics::NodeMetrics;
 use crate::node::model::keys::TokenChunks;
 use crate::node::model::prefetches::Prefetches;
 use crate::node::tiers::TieredStore;
-use crate::web::access::{Auth, Policy};
+use crate::web::access::Access::{Peer, Read, Write};
 use crate::web::exposition::Exposition;
+use crate::web::history::History;
+use crate::web::json::ErrorStyle;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
+use crate::web::route::{delete, get, post, Routes};
 use crate::web::stack::{Guard, Stack};
 use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
 use axum::Router;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -37,20 +39,84 @@ struct AppState {
     metrics: Arc<NodeMetrics>,
     prefetches: Arc<Prefetches>,
     chunks: TokenChunks,
+    /// The dashboard's figures over time (its sampler ends when the router is dropped).
+    history: Arc<History>,
 }
 
-/// The coordinator's calls, which LMCache's coordinator makes without a token
-/// (`--api-token-peers` covers them), and the routes that never need one; the rest by
-/// method (GETs read; `POST /unpin`, an operator's, writes).
-pub(crate) fn policy(auth: Auth) -> Policy {
-    let routes = openapi::operations()
-        .into_iter()
-        .map(|op| (op.method, op.path, op.access))
-        .collect();
-    Policy::new("node", routes, auth)
+/// An `i64` in a body's schema.
+fn i64_schema() -> Value {
+    json!({"type": "integer", "minimum": i64::MIN, "maximum": i64::MAX})
 }
 
-/// The node's HTTP routes.
+/// The coordinator's objects: `GET` lists a page, `DELETE` evicts (one path, two routes).
+const OBJECTS: &str = "/cache/objects";
+
+/// Every HTTP route of the node. The coordinator's calls, which LMCache's coordinator makes
+/// without a token, are `Peer` (`--api-token-peers` covers them); `POST /unpin`, an
+/// operator's, writes.
+fn table() -> Routes<AppState> {
+    Routes::new("node", "kvplane node")
+        // `ok\n`, as the node has always answered (its probes read the status only).
+        .health(|| async { "ok\n" })
+        .ready(|| async { "ok\n" })
+        .metrics(metrics_route)
+        .route(
+            get(OBJECTS, Read, "Keys held, by tier, one page")
+                .query(
+                    "tier",
+                    json!({"type": "string", "enum": ["l1", "l2"]}),
+                    false,
+                )
+                .query(
+                    "page_size",
+                    json!({"type": "integer", "minimum": 1, "maximum": u64::MAX,
+                        "description": "at most 1000 keys are listed whatever is asked, as \
+                            LMCache's MP server"}),
+                    false,
+                )
+                .query("page_token", json!({"type": "string"}), false)
+                .answers(&[
+                    (200, "A page of keys"),
+                    (400, "A query that does not parse"),
+                    (422, "A tier other than l1 or l2, or a page_size of 0"),
+                ])
+                .to(objects::list),
+        )
+        .route(
+            delete(OBJECTS, Peer, "Delete objects (a coordinator's eviction)")
+                .body::<objects::DeleteKeysBody>()
+                .answers(&[
+                    (200, "Deleted"),
+                    (503, "The tier includes l2 and the node has no L2"),
+                ])
+                .to(objects::delete),
+        )
+        .route(get("/pins", Read, "Pinned objects").to(pins::list))
+        .route(
+            post("/unpin", Write, "Unpin what a controller's /pin pinned")
+                .optional_body::<pins::UnpinBody>()
+                .to(pins::unpin),
+        )
+        .route(
+            post("/cache/prefetches", Peer, "Warm prefetch (a coordinator's)")
+                .body::<prefetch::PrefetchBody>()
+                .answers(&[
+                    (202, "Submitted, or a noop (no complete chunk)"),
+                    (503, "1,024 prefetches are running"),
+                ])
+                .to(prefetch::submit),
+        )
+        .route(get("/cache/prefetches/{request}", Read, "A prefetch's progress").to(prefetch::poll))
+        .route(get("/", Read, "The node's dashboard page").to(dashboard::page))
+        .route(get("/api/dashboard", Read, "The dashboard's feed").to(dashboard::feed))
+        .undocumented(
+            Read,
+            "/static/{*path}",
+            axum::routing::get(dashboard::static_file),
+        )
+}
+
+/// The node's HTTP routes, in the one stack every service's go through.
 pub(crate) fn router(
     config: &NodeConfig,
     tiers: Arc<TieredStore>,
@@ -58,10 +124,9 @@ pub(crate) fn router(
     chunks: TokenChunks,
 ) -> Router {
     let (limits, auth) = (config.http, config.auth.clone());
-    let prefetches = Arc::new(Prefetches::new(config.max_prefetch_jobs, config.chunk_size));
-    let doc = Arc::new(openapi::document(&auth));
+    let table = table();
     let stack = Stack {
-        policy: Arc::new(policy(auth)),
+        policy: Arc::new(table.policy(auth.clone())),
         limits,
         metrics: Arc::new(HttpMetrics::standalone(
             "kvplane_node_",
@@ -71,32 +136,21 @@ pub(crate) fn router(
         // The coordinator's DELETE carries JSON; the prefetch and unpin bodies may come
         // from scripts without a content type.
         guard: Guard::OriginOnly,
-        style: crate::web::json::ErrorStyle::FastApi,
+        // LMCache's MP server, whose routes the coordinator calls, is a FastAPI app.
+        style: ErrorStyle::FastApi,
     };
     let http = Arc::clone(&stack.metrics);
-    let routes = Router::new()
-        .merge(dashboard::routes(&tiers, &metrics))
-        .route("/metrics", get(metrics_route))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/cache/objects", get(objects::list).delete(objects::delete))
-        .route("/pins", get(pins::list))
-        .route("/unpin", post(pins::unpin))
-        .route("/cache/prefetches", post(prefetch::submit))
-        .route("/cache/prefetches/{request}", get(prefetch::poll))
-        .route("/readyz", get(|| async { "ok\n" }))
-        .route(
-            "/openapi.json",
-            get(move || async move { axum::Json(Value::clone(&doc)) }),
-        );
+    let state = AppState {
+        history: dashboard::history(&tiers, &metrics),
+        prefetches: Arc::new(Prefetches::new(config.max_prefetch_jobs, config.chunk_size)),
+        tiers,
+        metrics,
+        chunks,
+    };
     stack
-        .finish(routes)
+        .finish(table.into_router(&auth))
         .layer(axum::Extension(http))
-        .with_state(AppState {
-            tiers,
-            metrics,
-            prefetches,
-            chunks,
-        })
+        .with_state(state)
 }
 
 /// Serves `app` on `listener` until `shutdown`, on `tasks`.

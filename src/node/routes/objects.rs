@@ -8,13 +8,15 @@
 //! cannot be deleted by an encoded key (a DELETE may also name raw key strings).
 
 use super::error::NodeError;
-use super::AppState;
-use crate::node::config::{MAX_DELETE_BODY, MAX_DELETE_KEYS};
+use super::{i64_schema, AppState};
+use crate::node::config::MAX_DELETE_KEYS;
 use crate::node::metrics::NodeMetrics;
 use crate::node::model::keys::{encode, norm_hex, EncodedKey};
 use crate::node::tiers::{TierSet, TieredStore};
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
+use crate::web::error::ApiError;
+use crate::web::json::{from_object, RawBody};
+use crate::web::route::Documented;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -52,7 +54,7 @@ pub(super) struct ObjectPage {
 }
 
 /// Counts one call of `route` by its outcome (every refusal is `bad_request`).
-fn counted<T>(metrics: &NodeMetrics, route: &str, r: Result<T, NodeError>) -> Result<T, NodeError> {
+fn counted<T>(metrics: &NodeMetrics, route: &str, r: Result<T, ApiError>) -> Result<T, ApiError> {
     let outcome = if r.is_ok() { "ok" } else { "bad_request" };
     metrics
         .coordinator_requests
@@ -66,29 +68,27 @@ fn counted<T>(metrics: &NodeMetrics, route: &str, r: Result<T, NodeError>) -> Re
 pub(super) async fn list(
     State(s): State<AppState>,
     q: Result<Query<PageQuery>, QueryRejection>,
-) -> Result<Json<ObjectPage>, NodeError> {
+) -> Result<Json<ObjectPage>, ApiError> {
     counted(&s.metrics, "list", page(&s.tiers, q)).map(Json)
 }
 
 fn page(
     tiers: &TieredStore,
     q: Result<Query<PageQuery>, QueryRejection>,
-) -> Result<ObjectPage, NodeError> {
+) -> Result<ObjectPage, ApiError> {
     // A query that does not parse gets the one error shape, not axum's text.
     let q = q.map_err(|e| NodeError::Query(e.body_text()))?;
     let l2 = match q.tier.as_deref().unwrap_or("l2") {
         "l2" | "L2" => true,
         "l1" | "L1" => false,
         other => {
-            return Err(NodeError::Invalid(format!(
-                "tier must be l1 or l2, not {other:?}"
-            )))
+            return Err(NodeError::Invalid(format!("tier must be l1 or l2, not {other:?}")).into())
         }
     };
     // 0 is refused, as the document's `minimum: 1` says; above the ceiling the page is the
     // ceiling's size (LMCache's MP server clamps it the same way, and says so).
     let size = match q.page_size.unwrap_or(DEFAULT_PAGE_SIZE) {
-        0 => return Err(NodeError::Invalid("page_size must be at least 1".into())),
+        0 => return Err(NodeError::Invalid("page_size must be at least 1".into()).into()),
         n => n.min(MAX_PAGE_SIZE),
     };
     let (listed, more) = tiers.page(l2, q.page_token.as_deref(), size);
@@ -121,8 +121,9 @@ enum DeleteKey {
     Raw(String),
 }
 
+/// `DELETE /cache/objects`'s body (LMCache 0.5.6's MP server's).
 #[derive(Deserialize)]
-struct DeleteKeysBody {
+pub(super) struct DeleteKeysBody {
     keys: Vec<DeleteKey>,
     /// `l1`, `l2` or `all`; 0.5.6's default is `l2` (what its eviction loop means).
     #[serde(default)]
@@ -132,6 +133,22 @@ struct DeleteKeysBody {
     /// objects stay either way. `adapter` is accepted and ignored: a node has one L2.
     #[serde(default)]
     force: bool,
+}
+
+impl Documented for DeleteKeysBody {
+    fn schema() -> Value {
+        let key = json!({"oneOf": [
+            {"type": "string", "description": "the key as `lm://` names it"},
+            {"type": "object", "required": ["chunk_hash_hex", "model_name", "kv_rank"],
+             "properties": {"chunk_hash_hex": {"type": "string"}, "model_name": {"type": "string"},
+                            "kv_rank": i64_schema(), "object_group_id": i64_schema(),
+                            "cache_salt": {"type": "string"}}}]});
+        json!({"type": "object", "required": ["keys"], "properties": {
+            "keys": {"type": "array", "items": key},
+            "tier": {"type": "string", "enum": ["l1", "l2", "all"]},
+            "force": {"type": "boolean"},
+            "adapter": {"description": "0.5.6's L2 adapter name: accepted and ignored (a node has one L2)"}}})
+    }
 }
 
 /// The tiers a delete's `tier` names (0.5.6's default: `l2`).
@@ -154,8 +171,8 @@ fn delete_tiers(tier: Option<&str>) -> Option<TierSet> {
 /// → `{"deleted": n, "skipped": m, "ok": true}`, as LMCache 0.5.6's MP server answers.
 pub(super) async fn delete(
     State(s): State<AppState>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, NodeError> {
+    body: Result<RawBody, ApiError>,
+) -> Result<Json<Value>, ApiError> {
     let deleted = counted(&s.metrics, "delete", delete_keys(&s.tiers, body))?;
     s.metrics.coordinator_deleted.inc_by(deleted.deleted);
     Ok(Json(json!({
@@ -173,30 +190,25 @@ struct DeleteCount {
 
 fn delete_keys(
     tiers: &Arc<TieredStore>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<DeleteCount, NodeError> {
-    // A read timeout is counted by `web::serve`'s limit hook.
-    let body = body.map_err(NodeError::Unreadable)?;
-    if body.len() > MAX_DELETE_BODY {
-        return Err(NodeError::TooLarge(format!(
-            "body over {MAX_DELETE_BODY} bytes"
-        )));
-    }
-    let parsed: DeleteKeysBody =
-        crate::web::body::read(&body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?;
+    body: Result<RawBody, ApiError>,
+) -> Result<DeleteCount, ApiError> {
+    // A refused body is counted here too (a read timeout also by `web::serve`'s limit hook).
+    let RawBody(body) = body?;
+    let parsed: DeleteKeysBody = from_object(&body)?;
     let Some(which) = delete_tiers(parsed.tier.as_deref()) else {
         return Err(NodeError::Invalid(format!(
             "tier must be l1, l2 or all, not {:?}",
             parsed.tier
-        )));
+        ))
+        .into());
     };
     if which.l2 && !tiers.has_l2() {
-        return Err(NodeError::NoL2);
+        return Err(NodeError::NoL2.into());
     }
     if parsed.keys.len() > MAX_DELETE_KEYS {
-        return Err(NodeError::TooLarge(format!(
-            "at most {MAX_DELETE_KEYS} keys per request"
-        )));
+        return Err(
+            NodeError::TooLarge(format!("at most {MAX_DELETE_KEYS} keys per request")).into(),
+        );
     }
     let requested = parsed.keys.len() as u64;
     let mut encoded = HashSet::new();

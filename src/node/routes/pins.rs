@@ -4,13 +4,14 @@
 //! pins last until released, takes the release here.
 
 use super::error::NodeError;
-use super::AppState;
-use crate::node::controller_link::location;
-use crate::node::controller_link::tier_of;
+use super::{i64_schema, AppState};
+use crate::node::controller_link::{location, tier_of};
 use crate::node::tiers::TierId;
+use crate::web::error::ApiError;
+use crate::web::json::{from_object, RawBody};
+use crate::web::route::Documented;
 use axum::extract::State;
 use axum::Json;
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -18,14 +19,23 @@ use serde_json::{json, Value};
 const LISTED_KEYS: usize = 1000;
 
 /// `POST /unpin`'s body.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct UnpinBody {
+pub(super) struct UnpinBody {
     /// `LocalCPUBackend` or `LocalDiskBackend`; absent: both.
     location: Option<String>,
     /// The tokens a `/pin` named (their prefix's objects, every rank); absent: every pinned
     /// object of the location.
     tokens: Option<Vec<i64>>,
+}
+
+impl Documented for UnpinBody {
+    fn schema() -> Value {
+        json!({"type": "object", "additionalProperties": false, "properties": {
+            "location": {"type": ["string", "null"],
+                "enum": ["LocalCPUBackend", "LocalDiskBackend", null]},
+            "tokens": {"type": ["array", "null"], "items": i64_schema()}}})
+    }
 }
 
 /// `GET /pins` → `{"LocalCPUBackend": {"count": n, "keys": [...]}, "LocalDiskBackend": …}`.
@@ -46,18 +56,16 @@ pub(super) async fn list(State(s): State<AppState>) -> Json<Value> {
 }
 
 /// `POST /unpin {"location"?, "tokens"?}` → `{"released": objects, "num_tokens": prefix}`.
+/// The body may be left out (both locations, every pin).
 pub(super) async fn unpin(
     State(s): State<AppState>,
-    body: Bytes,
-) -> Result<Json<Value>, NodeError> {
+    RawBody(body): RawBody,
+) -> Result<Json<Value>, ApiError> {
     let (tiers, chunks) = (&s.tiers, s.chunks);
     let parsed: UnpinBody = if body.is_empty() {
-        UnpinBody {
-            location: None,
-            tokens: None,
-        }
+        UnpinBody::default()
     } else {
-        crate::web::body::read(&body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?
+        from_object(&body)?
     };
     let which: Vec<TierId> = match parsed.location.as_deref() {
         None => vec![TierId::L1, TierId::L2],
@@ -68,7 +76,8 @@ pub(super) async fn unpin(
                     "unknown location {loc:?}: {} or {}",
                     location(TierId::L1),
                     location(TierId::L2)
-                )))
+                ))
+                .into())
             }
         },
     };

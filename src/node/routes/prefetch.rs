@@ -19,6 +19,9 @@ use super::AppState;
 use crate::node::model::keys::{blake3_chunk_hashes, encode, EncodedKey};
 use crate::node::model::prefetches::PrefetchJob;
 use crate::node::tiers::Warmed;
+use crate::web::error::ApiError;
+use crate::web::json::{from_object, RawBody};
+use crate::web::route::Documented;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -29,8 +32,9 @@ use std::collections::HashSet;
 /// Most token ids in one request (0.5.6's cap).
 const MAX_TOKEN_IDS: usize = 1_000_000;
 
+/// `POST /cache/prefetches`'s body (LMCache 0.5.6's MP server's).
 #[derive(Deserialize)]
-struct Submit {
+pub(super) struct PrefetchBody {
     model_name: String,
     world_size: i64,
     token_ids: Vec<u32>,
@@ -42,11 +46,29 @@ struct Submit {
     target_tier: Option<String>,
 }
 
+/// A salt as LMCache writes it into a key (`@cache_salt%S`): the node refuses others.
+fn salt_schema() -> Value {
+    json!({"type": "string", "maxLength": 128, "pattern": r"^[^@/\\\x00]*$"})
+}
+
+impl Documented for PrefetchBody {
+    fn schema() -> Value {
+        json!({"type": "object", "required": ["model_name", "world_size", "token_ids"],
+            "properties": {"model_name": {"type": "string", "pattern": "^[^@]*$"},
+                "world_size": {"type": "integer", "minimum": 1, "maximum": 255},
+                "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                    "maximum": u32::MAX}},
+                "cache_salt": salt_schema(),
+                "source_tier": {"type": ["string", "null"], "enum": ["l2", null]},
+                "target_tier": {"type": ["string", "null"], "enum": ["l1", null]}}})
+    }
+}
+
 /// `POST /cache/prefetches`: 202 whether submitted or a noop (no complete chunk).
 pub(super) async fn submit(
     State(s): State<AppState>,
-    body: axum::body::Bytes,
-) -> Result<(StatusCode, Json<Value>), NodeError> {
+    RawBody(body): RawBody,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let submitted = start(&s, &body);
     if submitted.is_err() {
         s.metrics.prefetches.with_label_values(&["refused"]).inc();
@@ -55,9 +77,8 @@ pub(super) async fn submit(
 }
 
 /// Checks a submit, and starts its job unless it names no complete chunk.
-fn start(s: &AppState, body: &[u8]) -> Result<Value, NodeError> {
-    let b: Submit =
-        crate::web::body::read(body).map_err(|e| NodeError::Invalid(format!("body: {e}")))?;
+fn start(s: &AppState, body: &[u8]) -> Result<Value, ApiError> {
+    let b: PrefetchBody = from_object(body)?;
     let world = u8::try_from(b.world_size)
         .ok()
         .filter(|w| *w != 0)
@@ -67,23 +88,24 @@ fn start(s: &AppState, body: &[u8]) -> Result<Value, NodeError> {
     {
         return Err(NodeError::Unsupported(
             "only source_tier l2 to target_tier l1 is supported".into(),
-        ));
+        )
+        .into());
     }
     if b.token_ids.len() > MAX_TOKEN_IDS {
         return Err(NodeError::Unsupported(format!(
             "too many token_ids in a single request (limit={MAX_TOKEN_IDS}, got={})",
             b.token_ids.len()
-        )));
+        ))
+        .into());
     }
     if b.model_name.contains('@') {
-        return Err(NodeError::Unsupported(
-            "model_name must not contain '@'".into(),
-        ));
+        return Err(NodeError::Unsupported("model_name must not contain '@'".into()).into());
     }
     if b.cache_salt.chars().count() > 128 || b.cache_salt.contains(['@', '/', '\\', '\0']) {
         return Err(NodeError::Unsupported(
             "cache_salt: at most 128 characters, without '@ / \\ NUL'".into(),
-        ));
+        )
+        .into());
     }
     let hashes = blake3_chunk_hashes(&b.token_ids, s.prefetches.chunk_size());
     if hashes.is_empty() {
@@ -141,12 +163,12 @@ fn start(s: &AppState, body: &[u8]) -> Result<Value, NodeError> {
 pub(super) async fn poll(
     State(s): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, NodeError> {
+) -> Result<Json<Value>, ApiError> {
     match s.prefetches.job(&id) {
         Some(PrefetchJob::Pending) => Ok(Json(json!({"request_id": id, "status": "pending"}))),
         Some(PrefetchJob::Completed { found, total }) => Ok(Json(json!({
             "request_id": id, "status": "completed", "found_keys": found, "total_keys": total
         }))),
-        None => Err(NodeError::UnknownPrefetch(id)),
+        None => Err(NodeError::UnknownPrefetch(id).into()),
     }
 }
