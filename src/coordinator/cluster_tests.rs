@@ -6,12 +6,12 @@
 use super::*;
 use crate::cluster::core_tests::drain;
 use crate::cluster::{Lease, LogStats, Record};
-use crate::coordinator::state::changes::tests::{
-    batch, config, fleet_view, key, model_view, reg, stores, Follower,
-};
 use crate::coordinator::model::events::Op;
 use crate::coordinator::model::events::Tier;
 use crate::coordinator::model::Model;
+use crate::coordinator::state::changes::tests::{
+    batch, config, fleet_view, key, model_view, reg, stores, Follower,
+};
 use crate::coordinator::state::changes::Change;
 use crate::coordinator::state::driver::{self, wall_now, Timing};
 use crate::coordinator::state::logged::ChangeLog;

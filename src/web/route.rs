@@ -208,6 +208,8 @@ async fn openai_shape(response: Response) -> Response {
         "code": status.as_u16(),
     }});
     let mut out = (status, Json(body)).into_response();
+    // What the stack reads off the answer (a limit hit for the metrics layer) stays with it.
+    *out.extensions_mut() = parts.extensions;
     for (name, value) in &parts.headers {
         if name != axum::http::header::CONTENT_LENGTH && name != axum::http::header::CONTENT_TYPE {
             out.headers_mut().insert(name.clone(), value.clone());
@@ -268,6 +270,8 @@ impl<S: Clone + Send + Sync + 'static> Routes<S> {
         self.route(
             get("/readyz", Access::Open, "Readiness")
                 .answers(&[(200, "Ready"), (503, "Not ready")])
+                // The probe answers with the service's readiness document, ready or not.
+                .answer_body(503, serde_json::json!({"type": "object"}))
                 .to(handler),
         )
     }

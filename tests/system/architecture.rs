@@ -18,8 +18,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("memory", &[]),
     ("config", &["protocol"]),
     ("web", &["config"]),
-    // The cluster's metrics are written with the one `/metrics` writer (web::exposition).
-    ("cluster", &["config", "web"]),
+    // The cluster's metrics are written with the one `/metrics` writer (web::exposition); the
+    // one leader loop serves the service it elected as a `service::Running`.
+    ("cluster", &["config", "service", "web"]),
     // The service skeleton (handle, start error, runner, configuration layers); its binds
     // write `host:port` as `net` does (IPv6 literals in brackets).
     ("service", &["net"]),
@@ -221,4 +222,110 @@ fn the_scanner_sees_uses_and_skips_comments() {
     let text = "use crate::web::serve;\n// crate::controller in a comment\nlet x = crate::net::host_port(a, b); // crate::node\nlet s = crate::Server::x;";
     let uses: Vec<String> = crate_uses(text).into_iter().collect();
     assert_eq!(uses, ["net", "web"]);
+}
+
+/// The five services, each laid out by docs/ARCHITECTURE.md's "One service anatomy".
+const SERVICES: &[&str] = &["controller", "coordinator", "indexer", "node", "router"];
+
+/// The route-declaring calls of `web::route` whose first argument is a path.
+const ROUTE_CALLS: &[&str] = &["get(\"/", "post(\"/", "put(\"/", "delete(\"/"];
+
+#[test]
+fn every_service_has_the_one_anatomy() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut missing = Vec::new();
+    for service in SERVICES {
+        let dir = src.join(service);
+        let has = |alternatives: &[&str]| alternatives.iter().any(|p| dir.join(p).exists());
+        for (part, alternatives) in [
+            ("mod.rs", &["mod.rs"][..]),
+            ("config", &["config.rs", "config/mod.rs"][..]),
+            ("model/", &["model/mod.rs"][..]),
+            ("routes/", &["routes/mod.rs"][..]),
+            ("metrics.rs", &["metrics.rs"][..]),
+        ] {
+            if !has(alternatives) {
+                missing.push(format!("src/{service}/: no {part}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+}
+
+#[test]
+fn path_attributes_are_for_test_files_only() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read source");
+        for line in text.lines() {
+            let line = line.trim();
+            if let Some(rest) = line.strip_prefix("#[path = \"") {
+                let target = rest.split('"').next().unwrap_or("");
+                if !target.ends_with("_tests.rs") {
+                    found.push(format!("{}: {line}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// Every (method, path) a service declares, with the files that spell it in a route declaration.
+fn declared_paths(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut files = Vec::new();
+    rust_files(dir, &mut files);
+    let mut paths: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in &files {
+        let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with("_tests.rs") || name == "tests.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("read source");
+        // Test modules at the end of a file declare their own little tables.
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for call in ROUTE_CALLS.iter().chain(&[".route(\"/", "undocumented("]) {
+            let method = call.split('(').next().unwrap_or("");
+            for (at, _) in code.match_indices(call) {
+                let open = at + call.find('(').unwrap_or(0);
+                let rest = code[open..]
+                    .trim_start_matches(|c: char| c != '"')
+                    .trim_start_matches('"');
+                let Some(path) = rest.split('"').next() else {
+                    continue;
+                };
+                paths
+                    .entry(format!("{method} {path}"))
+                    .or_default()
+                    .push(file.display().to_string());
+            }
+        }
+    }
+    paths
+}
+
+#[test]
+fn each_route_path_is_written_once_per_service() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut repeated = Vec::new();
+    let mut seen = 0;
+    for service in SERVICES {
+        for (path, places) in declared_paths(&src.join(service)) {
+            seen += 1;
+            if places.len() > 1 {
+                repeated.push(format!(
+                    "src/{service}: {path} declared {} times: {places:?}",
+                    places.len()
+                ));
+            }
+        }
+    }
+    assert!(repeated.is_empty(), "{}", repeated.join("\n"));
+    // Each service declares routes, so a change of the declaration form cannot pass unseen.
+    assert!(
+        seen >= 40,
+        "only {seen} route paths found: has the table's form changed?"
+    );
 }
