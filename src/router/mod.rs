@@ -124,9 +124,9 @@ async fn launch(
             http: Some(e.url.clone()),
             backends: Vec::new(),
         };
-        index.register(reg).map_err(|err| {
-            StartError::Config(format!("--engine {}: {}", e.instance, err.message))
-        })?;
+        index
+            .register(reg)
+            .map_err(|err| StartError::Config(format!("--engine {}: {err}", e.instance)))?;
     }
     let (listener, bound) = bind_tcp("http", &format!("{}:{}", config.host, config.port)).await?;
     let shutdown = CancellationToken::new();
