@@ -1,11 +1,23 @@
 //! The JSON contract of the indexer's HTTP API (spec §1): request bodies read tolerantly
-//! (aliases, unknown fields ignored) and validated into typed requests; a refusal is a
+//! (aliases, unknown fields ignored) and validated into typed requests, each with its schema
+//! for `/openapi.json` beside it ([`Documented`]); a refusal is a
 //! [`crate::web::error::Refusal`], the one error shape's Conductor form (`error`, `reason`
 //! with the C++ Conductor's codes, `field`, `index`). Pure: no axum here.
 
 use crate::indexer::model::index::LoraNs;
 pub(crate) use crate::web::error::Refusal;
+use crate::web::route::Documented;
 use serde_json::{json, Map, Value};
+
+/// A port, 0 to 65535 in 1 to 5 digits, as the schemas' patterns write it ([`port`] reads it
+/// alike).
+const PORT: &str =
+    "(?:[0-9]{1,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])";
+
+/// The schema of `block_size` and of every `u32` the bodies carry.
+fn u32_schema(minimum: u32) -> Value {
+    json!({"type": "integer", "minimum": minimum, "maximum": 4294967295u64})
+}
 
 /// Parses a body as a JSON object, whatever the Content-Type says.
 pub(crate) fn object(bytes: &[u8]) -> Result<Map<String, Value>, Refusal> {
@@ -159,13 +171,36 @@ impl Registration {
     }
 }
 
+impl Documented for Registration {
+    fn schema() -> Value {
+        let id = json!({"type": "string", "minLength": 1, "maxLength": 256});
+        json!({"type": "object",
+            "required": ["endpoint", "type", "modelname", "instance_id", "block_size", "dp_rank"],
+            "properties": {
+              "endpoint": {"type": "string", "example": "tcp://10.0.0.5:5557",
+                           "pattern": format!("^tcp://[^*]+:{PORT}$")},
+              "replay_endpoint": {"type": ["string", "null"],
+                                  "pattern": format!("^(tcp://[^*]+:{PORT})?$")},
+              "type": {"type": "string", "enum": ["vLLM", "SGLang", "Mooncake"]},
+              "modelname": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
+              "tenant_id": {"type": ["string", "null"]},
+              "instance_id": {"type": "string", "minLength": 1},
+              "block_size": u32_schema(1),
+              "dp_rank": u32_schema(0),
+              "additionalsalt": {"type": ["string", "null"]},
+              "http_endpoint": {"type": ["string", "null"], "example": "http://10.0.0.5:8000",
+                                "pattern": format!("^(http://[^*/]+:{PORT}/*)?$")},
+              "backend_id": {"oneOf": [{"type": "null"}, id.clone(),
+                  {"type": "array", "maxItems": 64, "items": id}]}}})
+    }
+}
+
 /// `instance|tenant|dp_rank`, the Go service's key.
 pub(crate) fn service_key(instance: &str, tenant: &str, dp_rank: u32) -> String {
     format!("{instance}|{tenant}|{dp_rank}")
 }
 
-/// A port as the document's pattern writes it ([`super::routes::openapi::PORT`]): 1 to 5 digits, at
-/// most 65535.
+/// A port as the schemas' pattern writes it ([`PORT`]): 1 to 5 digits, at most 65535.
 fn port(p: &str) -> bool {
     p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
 }
@@ -302,6 +337,14 @@ pub struct Unregistration {
     pub dp_rank: Option<u32>,
 }
 
+impl Documented for Unregistration {
+    fn schema() -> Value {
+        json!({"type": "object", "required": ["instance_id"], "properties": {
+            "instance_id": {"type": "string"}, "tenant_id": {"type": ["string", "null"]},
+            "dp_rank": {"type": ["integer", "null"], "minimum": 0, "maximum": 4294967295u64}}})
+    }
+}
+
 /// Validates an `/unregister` body (the doc's extra fields are accepted and ignored).
 ///
 /// # Errors
@@ -329,6 +372,22 @@ pub(crate) struct QueryHead {
     pub block_size: u32,
     /// The effective salt asked for.
     pub salt: String,
+}
+
+/// The schema of a `/query` or `/query_by_hash` body: the fields they share and `blocks`,
+/// the list naming the prompt's blocks (its name and schema).
+pub(crate) fn query_schema(blocks: (&str, Value)) -> Value {
+    let mut props = json!({
+        "model": {"type": "string"}, "lora_name": {"type": ["string", "null"]},
+        "lora_id": {"type": ["integer", "null"], "deprecated": true},
+        "tenant_id": {"type": ["string", "null"], "default": "default"},
+        "instance_id": {"type": ["string", "null"]}, "block_size": u32_schema(1),
+        "cache_salt": {"type": ["string", "null"]}});
+    props[blocks.0] = blocks.1;
+    json!({"type": "object", "required": ["model", "block_size", blocks.0], "properties": props,
+        // lora_id is the deprecated form of lora_name: never both.
+        "not": {"required": ["lora_name", "lora_id"], "properties": {
+            "lora_name": {"type": "string"}, "lora_id": {"type": "integer"}}}})
 }
 
 /// Validates the fields `/query` and `/query_by_hash` share.
@@ -461,6 +520,37 @@ pub(crate) fn seq_hashes(body: &Map<String, Value>) -> Result<Vec<u64>, Refusal>
         .collect()
 }
 
+/// A validated `/query_by_hash` body: the shared fields and the blocks' standard sequence
+/// hashes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HashQuery {
+    /// The shared fields.
+    pub(crate) head: QueryHead,
+    /// The hashes, as [`seq_hashes`] reads them.
+    pub(crate) hashes: Vec<u64>,
+}
+
+impl Documented for HashQuery {
+    fn schema() -> Value {
+        let hashes = json!({"type": "array", "items": {"oneOf": [
+            {"type": "integer", "minimum": -9223372036854775808i64,
+             "maximum": 18446744073709551615u64},
+            {"type": "string", "pattern": "^(0[xX][0-9a-fA-F]{1,16}|-?[0-9]{1,18})$"}]}});
+        query_schema(("seq_hashes", hashes))
+    }
+}
+
+/// Validates a `/query_by_hash` body: its shared fields, then its hashes.
+///
+/// # Errors
+/// 400 [`Refusal`]s naming the field (and the index of a bad hash).
+pub(crate) fn hash_query(body: &Map<String, Value>) -> Result<HashQuery, Refusal> {
+    Ok(HashQuery {
+        head: query_head(body)?,
+        hashes: seq_hashes(body)?,
+    })
+}
+
 /// Reads `--publishers`: a list of `/register` bodies, or `{"kvevent_instance": [...]}`.
 ///
 /// # Errors
@@ -509,7 +599,7 @@ mod tests {
     /// A port is what the document's pattern says: 1 to 5 digits, at most 65535.
     #[test]
     fn ports_as_the_document_writes_them() {
-        let whole = format!("^{}$", super::super::routes::openapi::PORT);
+        let whole = format!("^{PORT}$");
         let pattern = regex::Regex::new(&whole).unwrap();
         for (p, ok) in [
             ("0", true),

@@ -356,7 +356,7 @@ fn resolve(
         backends: Vec::new(),
     };
     if let Err(e) = state.register_as(reg, true) {
-        tracing::warn!(%topic, "instance of a topic not registered: {}", e.message);
+        tracing::warn!(%topic, "instance of a topic not registered: {e}");
         return Err(TopicRefusal::Conflict);
     }
     tracing::info!(%topic, instance = address, model, dp_rank, "instance registered by its topic");

@@ -36,7 +36,7 @@ pub use central::CentralConfig;
 pub use config::{embedded, IndexerArgs, IndexerConfig};
 pub use metrics::IndexerMetrics;
 pub use model::{events, hash, index, replica, tiers};
-pub use state::{IndexerState, PublisherStatus};
+pub use state::{IndexerState, PublisherStatus, RegistryError};
 
 use crate::service::{bind_host, Running, StartError};
 use std::net::SocketAddr;
@@ -97,7 +97,7 @@ pub async fn start(config: IndexerConfig) -> Result<IndexerServer, StartError> {
     for reg in initial.into_iter().filter(|_| !state.role.is_replica()) {
         let key = reg.key();
         if let Err(e) = state.register(reg) {
-            tracing::warn!(%key, "publisher from the file not registered: {}", e.message);
+            tracing::warn!(%key, "publisher from the file not registered: {e}");
         }
     }
     if !state.role.is_replica() {

@@ -3,11 +3,13 @@
 //! behind another, the LMCache tier pools and the Mooncake backends' readers — and the
 //! registrations that change them. The index lock is never held across an `.await`.
 
-use super::api::{self, EngineType, Refusal, Registration, Unregistration};
+use super::api::{self, EngineType, Registration, Unregistration};
 use super::{backends, cluster, publisher, tier_pools, IndexerConfig, IndexerMetrics};
 use crate::indexer::model::index::{StreamId, StreamSpec, SWEEP_SLICE};
 use crate::indexer::model::replica::{Change, Core};
 use crate::indexer::model::seq::{SeqConfig, SeqCounters};
+use crate::web::json::ServiceError;
+use axum::http::StatusCode;
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,6 +76,62 @@ pub(super) struct Registry {
     pub(super) services: BTreeMap<String, Service>,
     pub(super) publishers: HashMap<String, PublisherEntry>,
     next_publisher: u32,
+}
+
+/// Why a registration or an unregistration was refused: each with its status, the
+/// Conductor's reason code and the field at fault ([`ServiceError`]), as `/register` and
+/// `/unregister` answer it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// This is a read replica.
+    #[error(
+        "this indexer is a read replica (--replica): register and unregister \
+         publishers on the cluster's ingester"
+    )]
+    ReadReplica,
+    /// The service key is registered with another configuration.
+    #[error("{0} is registered with another configuration")]
+    KeyTaken(String),
+    /// The endpoint is registered with another replay endpoint or engine type.
+    #[error("{0} is registered with another replay endpoint or type")]
+    EndpointTaken(String),
+    /// `--max-services` are registered.
+    #[error("{0} services are registered, the limit")]
+    TooManyServices(usize),
+    /// The index holds as many streams as it can.
+    #[error("{0} services are registered, the most one indexer holds: unregister some first")]
+    IndexFull(usize),
+    /// No registration matches (`instance|tenant|rank`, `*` for every rank).
+    #[error("service not found: {0}")]
+    NotFound(String),
+}
+
+impl ServiceError for RegistryError {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::TooManyServices(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::ReadReplica | Self::KeyTaken(_) | Self::EndpointTaken(_) | Self::IndexFull(_) => {
+                StatusCode::CONFLICT
+            }
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::TooManyServices(_) => "out_of_range",
+            Self::NotFound(_) => "not_found",
+            _ => "conflict",
+        }
+    }
+
+    fn field(&self) -> Option<&'static str> {
+        match self {
+            Self::EndpointTaken(_) => Some("endpoint"),
+            Self::NotFound(_) => None,
+            _ => Some("instance_id"),
+        }
+    }
 }
 
 /// Everything the indexer's tasks and routes share.
@@ -165,14 +223,10 @@ impl IndexerState {
         });
     }
 
-    /// 409 on a replica: publishers register on the ingester.
-    fn writable(&self) -> Result<(), Refusal> {
+    /// Refused on a replica: publishers register on the ingester.
+    fn writable(&self) -> Result<(), RegistryError> {
         if self.role.is_replica() {
-            return Err(Refusal::conflict(
-                "instance_id",
-                "this indexer is a read replica (--replica): register and unregister \
-                 publishers on the cluster's ingester",
-            ));
+            return Err(RegistryError::ReadReplica);
         }
         Ok(())
     }
@@ -225,8 +279,9 @@ impl IndexerState {
     /// Registers a stream (idempotent; 409 on a conflicting one).
     ///
     /// # Errors
-    /// 409 when the key or the endpoint is registered with another configuration.
-    pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, Refusal> {
+    /// [`RegistryError`]: the key or the endpoint is registered with another configuration,
+    /// a limit is reached, or this is a read replica.
+    pub fn register(self: &Arc<Self>, reg: Registration) -> Result<bool, RegistryError> {
         self.register_as(reg, false)
     }
 
@@ -238,7 +293,7 @@ impl IndexerState {
         self: &Arc<Self>,
         reg: Registration,
         by_topic: bool,
-    ) -> Result<bool, Refusal> {
+    ) -> Result<bool, RegistryError> {
         self.writable()?;
         let mut registry = self.registry.lock();
         let mut bound = None;
@@ -250,30 +305,14 @@ impl IndexerState {
             if existing.reg == reg {
                 return Ok(false);
             }
-            return Err(Refusal::conflict(
-                "instance_id",
-                format!("{key} is registered with another configuration"),
-            ));
+            return Err(RegistryError::KeyTaken(key));
         }
         if registry.services.len() >= self.config.max_services {
-            return Err(Refusal::field(
-                "out_of_range",
-                "instance_id",
-                format!(
-                    "{} services are registered, the limit",
-                    self.config.max_services
-                ),
-            ));
+            return Err(RegistryError::TooManyServices(self.config.max_services));
         }
         if let Some(p) = registry.publishers.get(&reg.endpoint) {
             if p.replay_endpoint != reg.replay_endpoint || p.kind != reg.kind || p.by_topic {
-                return Err(Refusal::conflict(
-                    "endpoint",
-                    format!(
-                        "{} is registered with another replay endpoint or type",
-                        reg.endpoint
-                    ),
-                ));
+                return Err(RegistryError::EndpointTaken(reg.endpoint));
             }
         }
         let spec = stream_spec(&reg, reg.kind == EngineType::Mooncake);
@@ -289,13 +328,8 @@ impl IndexerState {
         let stream = {
             let mut core = self.core.write();
             let Some(stream) = core.index.add_stream(spec.clone()) else {
-                return Err(Refusal::conflict(
-                    "instance_id",
-                    format!(
-                        "{} services are registered, the most one indexer holds: \
-                         unregister some first",
-                        crate::indexer::model::index::MAX_STREAMS
-                    ),
+                return Err(RegistryError::IndexFull(
+                    crate::indexer::model::index::MAX_STREAMS,
                 ));
             };
             self.role.record(Change::AddStream {
@@ -363,8 +397,8 @@ impl IndexerState {
     /// Removes the matching services and every membership they held; returns their keys.
     ///
     /// # Errors
-    /// 404 when nothing matches.
-    pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, Refusal> {
+    /// [`RegistryError::NotFound`] when nothing matches; refused on a read replica.
+    pub fn unregister(&self, req: &Unregistration) -> Result<Vec<String>, RegistryError> {
         self.writable()?;
         let mut registry = self.registry.lock();
         let keys: Vec<String> = match req.dp_rank {
@@ -384,8 +418,8 @@ impl IndexerState {
                 .collect(),
         };
         if keys.is_empty() {
-            return Err(Refusal::not_found(format!(
-                "service not found: {}|{}|{}",
+            return Err(RegistryError::NotFound(format!(
+                "{}|{}|{}",
                 req.instance,
                 req.tenant,
                 req.dp_rank.map_or("*".to_owned(), |r| r.to_string())

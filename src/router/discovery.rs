@@ -87,7 +87,7 @@ fn mirror(
             dp_rank: Some(reg.dp_rank),
         };
         if let Err(e) = st.indexer.unregister(&gone) {
-            tracing::debug!(%key, "discovered registration already gone: {}", e.message);
+            tracing::debug!(%key, "discovered registration already gone: {e}");
         }
         false
     });
@@ -100,7 +100,7 @@ fn mirror(
                 mirrored.insert(key, reg);
             }
             Err(e) => {
-                tracing::warn!(%key, "discovered engine's events not subscribed: {}", e.message);
+                tracing::warn!(%key, "discovered engine's events not subscribed: {e}");
                 st.metrics
                     .discovery_skipped
                     .with_label_values(&["subscribe_refused"])

@@ -44,9 +44,9 @@ pub(super) async fn launch(
             http: Some(e.url.clone()),
             backends: Vec::new(),
         };
-        index.register(reg).map_err(|err| {
-            StartError::Config(format!("--engine {}: {}", e.instance, err.message))
-        })?;
+        index
+            .register(reg)
+            .map_err(|err| StartError::Config(format!("--engine {}: {err}", e.instance)))?;
     }
     let (listener, bound) = bind_host("http", &config.host, config.port).await?;
     let shutdown = CancellationToken::new();

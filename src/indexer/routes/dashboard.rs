@@ -9,13 +9,13 @@
 //! then the index for reading, as `GET /services` takes them; neither across an `.await`.
 
 use crate::indexer::IndexerState;
-use crate::web::assets::{page, Frontend};
+use crate::web::assets::{self, Frontend};
 use crate::web::history::{
     feed_response, spawn_sampler, unix_now, History, HistoryPage, HistoryQuery, Sample,
 };
 use axum::extract::{Query, State};
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{get, MethodRouter};
 use axum::Router;
 use serde::Serialize;
 use serde_json::Value;
@@ -32,21 +32,26 @@ struct Dash {
     history: Arc<History>,
 }
 
-/// The page and its feed, and the history's sampler (which ends when these routes are
+/// The page: `indexer.html` at `/` and its static files (left out of the document).
+pub(super) fn page<S: Clone + Send + Sync + 'static>() -> Router<S> {
+    assets::page::<Frontend, S>("indexer.html")
+}
+
+/// The feed, `GET /api/dashboard`, and the history's sampler (which ends when the route is
 /// dropped, or when the indexer shuts down).
-pub(crate) fn routes<S: Clone + Send + Sync + 'static>(state: &Arc<IndexerState>) -> Router<S> {
+pub(super) fn feed_route<S: Clone + Send + Sync + 'static>(
+    state: &Arc<IndexerState>,
+) -> MethodRouter<S> {
     let history = Arc::new(History::dashboard(16));
     let st = Arc::clone(state);
     spawn_sampler(&history, move || {
         let s = (!st.shutdown.is_cancelled()).then(|| sample(&st, unix_now()));
         async move { s }
     });
-    page::<Frontend, Dash>("indexer.html")
-        .route("/api/dashboard", get(feed))
-        .with_state(Dash {
-            state: Arc::clone(state),
-            history,
-        })
+    get(feed).with_state(Dash {
+        state: Arc::clone(state),
+        history,
+    })
 }
 
 /// Blocks per tier, as `/query` names the tiers.

@@ -1,48 +1,133 @@
-//! The indexer's routes (spec §1), one file per resource: `register` (`POST /register`,
-//! `/unregister`, `GET /services`), `query` (`POST /query`, `/query_by_hash`), `views`
-//! (`GET /global_view`, `/dump`), `status` (`GET /healthz`, `/readyz`, `/indexer/cluster`,
-//! `/metrics`), `openapi` (`GET /openapi.json`), `dashboard` (`/`, `/static/*`,
-//! `/api/dashboard`; a POST from a page of another origin is a 403). Every error is JSON
-//! (`api::Refusal`), a wrong method included (405).
+//! The indexer's routes (spec §1): its one route table ([`table`]), from which the axum
+//! router, the access policy and `/openapi.json` are derived, and the handlers, one file per
+//! resource: `register` (`/register`, `/unregister`, `/services`), `query` (`/query` with its
+//! one-pass body reader `query_body`, `/query_by_hash`), `views` (`/global_view`, `/dump`),
+//! `status` (the probes, `/indexer/cluster`, `/metrics`), `dashboard` (the page and its feed;
+//! a POST from a page of another origin is a 403). Bodies are read through
+//! `web::json::RawBody` and validated by `api` with the Conductor's refusals; every error is
+//! JSON in the Conductor's style (the stack's), a wrong method included (405).
 
 mod dashboard;
-pub(super) mod openapi;
 mod query;
 mod query_body;
 mod register;
 mod status;
 mod views;
 
-use crate::indexer::api::Refusal;
+use crate::indexer::api::{HashQuery, Registration, Unregistration};
 use crate::indexer::IndexerState;
-use crate::web::access::{Access, Auth, Policy};
+use crate::web::access::Access::{Read, Write};
+use crate::web::json::ErrorStyle;
 use crate::web::limits::{RefusalCounter, WebLimit};
 use crate::web::metrics_layer::HttpMetrics;
+use crate::web::route::{get, post, Routes};
 use crate::web::stack::{Guard, Stack};
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
-use axum::routing::{get, post};
+use axum::extract::State;
 use axum::{Extension, Router};
+use query_body::QueryBody;
+use serde_json::json;
 use std::sync::Arc;
 
 type St = State<Arc<IndexerState>>;
 
-/// The routes that never need a token, and the queries (POSTs that read); registrations
-/// are writes.
-pub(super) fn policy(auth: Auth) -> Policy {
-    use axum::http::Method as M;
-    use Access::{Open, Read};
-    let routes = vec![
-        (M::POST, "/query", Read),
-        (M::POST, "/query_by_hash", Read),
-        (M::GET, "/healthz", Open),
-        (M::GET, "/readyz", Open),
-        (M::GET, "/openapi.json", Open),
-    ];
-    Policy::new("indexer", routes, auth)
+/// Every route the indexer serves but `/openapi.json` (the table adds it) and the page's
+/// static files: method, path, access class, summary, body, answers and handler, each
+/// written once. Registrations are writes; the queries (POSTs that read) and every GET but
+/// the probes are reads.
+fn table(state: &Arc<IndexerState>) -> Routes<Arc<IndexerState>> {
+    const WRONG_METHOD: (u16, &str) = (405, "Method not allowed on this route.");
+    let ok = [(200, "OK"), WRONG_METHOD];
+    let object = || json!({"type": "object"});
+    Routes::new("indexer", "kvplane indexer")
+        .route(
+            post("/register", Write, "Subscribe to a publisher")
+                .body::<Registration>()
+                .answers(&[
+                    (200, "OK"),
+                    WRONG_METHOD,
+                    (409, "Registered with another configuration."),
+                ])
+                .answer_body(200, object())
+                .to(register::register),
+        )
+        .route(
+            post("/unregister", Write, "Remove a stream and its blocks")
+                .body::<Unregistration>()
+                .answers(&ok)
+                .answer_body(200, object())
+                .to(register::unregister),
+        )
+        .route(
+            post(
+                "/query",
+                Read,
+                "Longest cached prefix per instance, tier and rank",
+            )
+            .body::<QueryBody>()
+            .answers(&ok)
+            .answer_body(200, query::answer_schema())
+            .to(query::query),
+        )
+        .route(
+            post(
+                "/query_by_hash",
+                Read,
+                "As /query, from rolling XXH3 sequence hashes (alias block_hash)",
+            )
+            .body::<HashQuery>()
+            .answers(&ok)
+            .answer_body(200, query::answer_schema())
+            .to(query::query_by_hash),
+        )
+        .route(
+            get(
+                "/services",
+                Read,
+                "Registered streams with connection and sequence state",
+            )
+            .answers(&ok)
+            .answer_body(200, object())
+            .to(register::services),
+        )
+        .route(
+            get(
+                "/global_view",
+                Read,
+                "Every instance with its streams, blocks per tier, publishers and LMCache servers",
+            )
+            .answers(&ok)
+            .answer_body(200, object())
+            .to(views::global_view),
+        )
+        .route(
+            get(
+                "/dump",
+                Read,
+                "Every stream's blocks by standard sequence hash with their tier references",
+            )
+            .answers(&ok)
+            .answer_body(200, object())
+            .to(views::dump),
+        )
+        .route(
+            get(
+                "/indexer/cluster",
+                Read,
+                "Place in the --cluster (role, log position, lag, published records; \
+                 {\"role\": \"standalone\"} without one)",
+            )
+            .answers(&ok)
+            .answer_body(200, object())
+            .to(status::cluster_status),
+        )
+        .health(status::healthz)
+        .ready(status::readyz)
+        .metrics(status::metrics)
+        .undocumented(Read, "/api/dashboard", dashboard::feed_route(state))
 }
 
-/// The router.
+/// The router: the table's routes and the page's, in the stack (the Conductor's error
+/// style; its clients post without a content type, so the CSRF guard checks origins only).
 pub(super) fn router(state: Arc<IndexerState>) -> Router {
     let limits = state.config.http_limits();
     let http = Arc::new(HttpMetrics::standalone(
@@ -50,46 +135,21 @@ pub(super) fn router(state: Arc<IndexerState>) -> Router {
         limits.max_body_bytes,
         crate::web::limits::counting_hook("indexer", refusals(&state)),
     ));
+    let table = table(&state);
     let stack = Stack {
-        policy: Arc::new(policy(state.config.auth.clone())),
+        policy: Arc::new(table.policy(state.config.auth.clone())),
         limits,
         metrics: Arc::clone(&http),
-        // The Conductor's clients post without a content type.
         guard: Guard::OriginOnly,
-        style: crate::web::json::ErrorStyle::Conductor,
+        style: ErrorStyle::Conductor,
     };
-    let routes = Router::new()
-        .merge(dashboard::routes(&state))
-        .route("/register", post(register::register))
-        .route("/unregister", post(register::unregister))
-        .route("/query", post(query::query))
-        .route("/query_by_hash", post(query::query_by_hash))
-        .route("/services", get(register::services))
-        .route("/global_view", get(views::global_view))
-        .route("/dump", get(views::dump))
-        .route("/healthz", get(status::healthz))
-        .route("/readyz", get(status::readyz))
-        .route("/indexer/cluster", get(status::cluster_status))
-        .route("/metrics", get(status::metrics))
-        .route("/openapi.json", get(openapi::openapi));
+    let routes = table
+        .into_router(&state.config.auth)
+        .merge(dashboard::page());
     stack
         .finish(routes)
         .layer(Extension(http))
         .with_state(state)
-}
-
-/// A request body, or the [`Refusal`] saying why it could not be read (413, 408, 400).
-pub(super) struct Body(Bytes);
-
-impl FromRequest<Arc<IndexerState>> for Body {
-    type Rejection = Refusal;
-
-    async fn from_request(req: Request, state: &Arc<IndexerState>) -> Result<Self, Refusal> {
-        Bytes::from_request(req, state)
-            .await
-            .map(Body)
-            .map_err(|e| Refusal::unreadable_body(&e, state.config.max_body_bytes))
-    }
 }
 
 /// Counts a refusal of the indexer's HTTP server in `http_limits_hit_total{limit}`.

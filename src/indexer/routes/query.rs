@@ -2,13 +2,16 @@
 //! `/query_by_hash` (standard sequence hashes), answered from the index under its read lock
 //! in the Conductor's shape.
 
-use super::{query_body, Body, St};
+use super::{query_body, St};
 use crate::indexer::api::{self, Refusal};
 use crate::indexer::model::index::{InstanceMatch, QueryScope};
+use crate::web::error::ApiError;
+use crate::web::json::RawBody;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
 /// The `/query` and `/query_by_hash` answer, `{tenant: {instance: {"longest_matched", "GPU",
@@ -54,6 +57,16 @@ impl Serialize for Answer<'_> {
     }
 }
 
+/// The schema of the answer, for `/openapi.json`.
+pub(super) fn answer_schema() -> Value {
+    json!({"type": "object", "description": "{tenant: {instance: match}}",
+      "additionalProperties": {"type": "object", "additionalProperties": {
+        "type": "object", "properties": {
+          "longest_matched": {"type": "integer"}, "GPU": {"type": "integer"},
+          "CPU": {"type": "integer"}, "DISK": {"type": "integer"},
+          "DP": {"type": "object", "additionalProperties": {"type": "integer"}}}}}})
+}
+
 /// The answer as a JSON response.
 fn answer(tenant: &str, rows: &BTreeMap<String, InstanceMatch>) -> Response {
     let mut out = Vec::with_capacity(64 + rows.len() * 128);
@@ -66,18 +79,11 @@ fn answer(tenant: &str, rows: &BTreeMap<String, InstanceMatch>) -> Response {
             out,
         )
             .into_response(),
-        Err(e) => Refusal {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            reason: "internal",
-            message: format!("cannot write the answer: {e}"),
-            field: None,
-            index: None,
-        }
-        .into_response(),
+        Err(e) => ApiError::Internal(format!("cannot write the answer: {e}")).into_response(),
     }
 }
 
-pub(super) async fn query(State(st): St, Body(body): Body) -> Result<Response, Refusal> {
+pub(super) async fn query(State(st): St, RawBody(body): RawBody) -> Result<Response, Refusal> {
     let body = query_body::QueryBody::parse(&body)?;
     let head = api::query_head(&body.fields)?;
     let tokens = body.token_ids()?;
@@ -86,10 +92,11 @@ pub(super) async fn query(State(st): St, Body(body): Body) -> Result<Response, R
     Ok(answer(&head.tenant, &rows))
 }
 
-pub(super) async fn query_by_hash(State(st): St, Body(body): Body) -> Result<Response, Refusal> {
-    let body = api::object(&body)?;
-    let head = api::query_head(&body)?;
-    let hashes = api::seq_hashes(&body)?;
+pub(super) async fn query_by_hash(
+    State(st): St,
+    RawBody(body): RawBody,
+) -> Result<Response, Refusal> {
+    let api::HashQuery { head, hashes } = api::hash_query(&api::object(&body)?)?;
     let rows = st.core.read().index.query_hashes(&scope(&head), &hashes);
     Ok(answer(&head.tenant, &rows))
 }
@@ -108,7 +115,7 @@ fn scope(head: &api::QueryHead) -> QueryScope<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{json, Map, Value};
+    use serde_json::Map;
 
     /// The answer as it was built before: a `serde_json::Value`.
     fn as_value(tenant: &str, rows: BTreeMap<String, InstanceMatch>) -> Value {

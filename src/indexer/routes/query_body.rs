@@ -8,8 +8,9 @@
 //! [`QueryBody::token_ids`] with the same error as [`api::token_ids`].
 
 use crate::indexer::api::{self, Refusal};
+use crate::web::route::Documented;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use std::fmt;
 
 /// What `token_ids` held.
@@ -78,6 +79,14 @@ impl QueryBody {
             }
         }
         api::token_ids(&one)
+    }
+}
+
+impl Documented for QueryBody {
+    fn schema() -> Value {
+        let ids = json!({"type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 4294967295u64}});
+        api::query_schema(("token_ids", ids))
     }
 }
 

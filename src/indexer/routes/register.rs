@@ -2,14 +2,19 @@
 //! `GET /services`, every registration with its blocks per tier and its publisher's
 //! connection. Locks: the registry, then the index for reading; neither across an `.await`.
 
-use super::{Body, St};
-use crate::indexer::api::{self, Refusal};
+use super::St;
+use crate::indexer::api;
+use crate::web::error::ApiError;
+use crate::web::json::RawBody;
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 
-pub(super) async fn register(State(st): St, Body(body): Body) -> Result<Json<Value>, Refusal> {
+pub(super) async fn register(
+    State(st): St,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>, ApiError> {
     let reg = api::registration(&api::object(&body)?)?;
     let instance = reg.instance.clone();
     st.register(reg)?;
@@ -18,7 +23,10 @@ pub(super) async fn register(State(st): St, Body(body): Body) -> Result<Json<Val
     ))
 }
 
-pub(super) async fn unregister(State(st): St, Body(body): Body) -> Result<Json<Value>, Refusal> {
+pub(super) async fn unregister(
+    State(st): St,
+    RawBody(body): RawBody,
+) -> Result<Json<Value>, ApiError> {
     let req = api::unregistration(&api::object(&body)?)?;
     let removed = st.unregister(&req)?;
     Ok(Json(

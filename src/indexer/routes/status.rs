@@ -12,6 +12,7 @@ use axum::{Extension, Json};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
+/// Liveness, `{"status": "ok"}`: the Conductor's clients read this answer.
 pub(super) async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
@@ -35,6 +36,7 @@ pub(super) async fn cluster_status(State(st): St) -> Json<Value> {
     Json(crate::indexer::cluster::status_json(&st))
 }
 
+/// Every `kvplane_indexer_*` series, the HTTP families and, with `--cluster`, the cluster's.
 pub(super) async fn metrics(
     State(st): St,
     Extension(http): Extension<Arc<HttpMetrics>>,
