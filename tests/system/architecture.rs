@@ -325,7 +325,7 @@ fn each_route_path_is_written_once_per_service() {
     assert!(repeated.is_empty(), "{}", repeated.join("\n"));
     // Each service declares routes, so a change of the declaration form cannot pass unseen.
     assert!(
-        seen >= 40,
+        seen >= 30,
         "only {seen} route paths found: has the table's form changed?"
     );
 }
